@@ -1,0 +1,199 @@
+"""Served throughput under load vs the offline peak of the same model.
+
+What: 256 concurrent callers (asyncio tasks, each ``await b.infer(row)`` in a
+loop) feed a ``carpool.Batcher`` with ``max_batch_size`` 32 (and 64).  The
+served rows/s is compared with the *offline peak*: the same rows pushed
+through ``carpool.batch_inference(model, rows, batch_size=max_batch_size)``,
+i.e. the model called back-to-back on full batches with nothing else going
+on.  Both are measured in the same process, interleaved, repeated (default 5)
+and reported as medians; the ratio is median served / median offline.
+
+Models (``models.py``):
+  * ``sleep``: GPU-like cost ``time.sleep(0.002 + 0.00005 * rows)``, sync, run
+    in carpool's worker thread(s), releases the GIL.  Run with ``workers=1``
+    (the headline: the offline peak is one model call at a time) and
+    ``workers=2`` (two batches in flight; since sleep overlaps, this can exceed
+    the single-threaded offline peak -- shown for information).
+  * ``mlp``: a real numpy float32 MLP 512->2048->2048->512 (ReLU), fixed-seed
+    weights, one BLAS thread.  ``workers=1``.
+
+Why: with enough callers a batcher should keep the model busy with full
+batches, so serving loses almost nothing to the offline peak.  Target:
+served/offline >= 0.95 for ``workers=1``.  The mean batch size (from
+``b.stats()``, timed section only) shows whether batches were full.
+
+Pinning: by default the process is pinned to CPUs 0,1 (both cores of the
+reference box).  The model gets one core (one BLAS thread / one worker
+thread) and carpool's event loop the other, like a GPU server where the model
+runs on the accelerator and batching on the host.  ``--cpus 0`` puts
+everything on one core instead (the MLP then also pays carpool's Python
+overhead out of its own core's time).  Nothing is asserted; exits 0.
+
+    taskset -c 0,1 benchmarks/.venv/bin/python benchmarks/efficiency.py
+    benchmarks/.venv/bin/python benchmarks/efficiency.py --quick
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import sys
+from typing import Any
+
+import _bench  # before numpy: sets single-thread BLAS env vars
+import models
+import numpy as np
+
+CALLERS = 256
+
+
+async def served_run(
+    carpool: Any, model: Any, rows: list[np.ndarray], batch: int, workers: int
+) -> dict[str, float]:
+    """rows/s with CALLERS concurrent callers; returns rate + mean batch size of the timed part."""
+    per = len(rows) // CALLERS
+    outs: list[Any] = [None] * (per * CALLERS)
+
+    async with carpool.Batcher(model, max_batch_size=batch, max_wait_ms=5.0, workers=workers) as b:
+
+        async def caller(base: int, n: int, keep: bool) -> None:
+            for i in range(base, base + n):
+                y = await b.infer(rows[i])
+                if keep:
+                    outs[i] = y
+
+        # warm-up: a few rounds through the full path (threads started, caches hot)
+        warm = max(2, per // 8)
+        await asyncio.gather(*(caller(k * per, warm, False) for k in range(CALLERS)))
+        before = _bench.batch_stats(b.stats())
+        gc.collect()
+        t0 = _bench.now()
+        await asyncio.gather(*(caller(k * per, per, True) for k in range(CALLERS)))
+        dt = _bench.now() - t0
+        after = _bench.batch_stats(b.stats())
+
+    done = after["rows"] - before["rows"]
+    nb = after["batches"] - before["batches"]
+    mean = done / nb if nb and nb == nb else after["mean_batch_size"]
+    return {"rps": per * CALLERS / dt, "mean_batch": mean, "outs": outs}  # type: ignore[dict-item]
+
+
+def offline_run(carpool: Any, model: Any, rows: list[np.ndarray], batch: int) -> dict[str, Any]:
+    carpool.batch_inference(model, rows[: batch * 4], batch_size=batch)  # warm-up
+    gc.collect()
+    t0 = _bench.now()
+    outs = carpool.batch_inference(model, rows, batch_size=batch)
+    dt = _bench.now() - t0
+    return {"rps": len(rows) / dt, "outs": outs}
+
+
+def check_same(served: list[Any], offline: list[Any], what: str) -> None:
+    idx = [0, len(offline) // 3, len(offline) - 1]
+    for i in idx:
+        if served[i] is None or not np.allclose(
+            np.asarray(served[i]), np.asarray(offline[i]), rtol=1e-4, atol=1e-4
+        ):
+            raise AssertionError(f"{what}: served output {i} differs from offline output")
+
+
+def main() -> int:
+    p = _bench.base_parser(__doc__, default_cpus="0,1")
+    p.add_argument("--batch-sizes", default="32,64", help="comma-separated max_batch_size values")
+    p.add_argument("--models", default="sleep,mlp", help="comma-separated: sleep,mlp")
+    args = p.parse_args()
+
+    cpus = _bench.parse_cpus(args.cpus)
+    pinned = _bench.pin(cpus)
+    carpool = _bench.import_carpool()
+    repeats = args.repeats or (1 if args.quick else 5)
+    batch_sizes = [32] if args.quick else [int(x) for x in args.batch_sizes.split(",")]
+    n_rows = CALLERS * (4 if args.quick else 32)
+    rows = models.make_rows(n_rows)
+    mlp = models.MLP()
+
+    model_fns = {"sleep": models.sleep_model, "mlp": mlp}
+    configs: list[tuple[str, int, int]] = []  # (model, batch, workers); workers 0 = offline
+    for m in args.models.split(","):
+        for bs in batch_sizes:
+            configs.append((m, bs, 0))
+            configs.append((m, bs, 1))
+            if m == "sleep":
+                configs.append((m, bs, 2))
+
+    _bench.header(
+        "carpool efficiency: served rows/s vs offline peak (batch_inference)",
+        {
+            "cpus": pinned,
+            "blas": models.blas_info(),
+            "callers": CALLERS,
+            "rows": n_rows,
+            "repeats": repeats,
+            "carpool": getattr(carpool, "__version__", "?"),
+        },
+    )
+
+    res: dict[tuple[str, int, int], list[dict[str, Any]]] = {c: [] for c in configs}
+    for r in range(repeats):
+        for m, bs, w in configs:
+            fn = model_fns[m]
+            if w == 0:
+                out = offline_run(carpool, fn, rows, bs)
+            else:
+                out = asyncio.run(served_run(carpool, fn, rows, bs, w))
+                offline_outs = res[(m, bs, 0)][-1]["outs"]
+                check_same(out["outs"], offline_outs, f"{m} b={bs} w={w}")
+            res[(m, bs, w)].append(out)
+            kind = "offline" if w == 0 else f"served w={w}"
+            rps = out["rps"]
+            print(f"  repeat {r + 1}/{repeats}  {m:5s} b={bs:<3d} {kind:11s} {rps:>10,.0f} rows/s")
+        for lst in res.values():  # keep only the latest outputs (memory)
+            for d in lst[:-1]:
+                d.pop("outs", None)
+    print()
+
+    rows_out = []
+    headline: list[float] = []
+    for m, bs, w in configs:
+        if w == 0:
+            continue
+        off = _bench.median(x["rps"] for x in res[(m, bs, 0)])
+        srv = _bench.median(x["rps"] for x in res[(m, bs, w)])
+        mb = _bench.median(x["mean_batch"] for x in res[(m, bs, w)])
+        ratio = srv / off
+        if w == 1:
+            headline.append(ratio)
+        rows_out.append(
+            [
+                m,
+                bs,
+                w,
+                _bench.fmt_num(off),
+                _bench.fmt_num(srv),
+                f"{ratio:.3f}",
+                _bench.fmt_num(mb, 1),
+                _bench.verdict(ratio, 0.95) if w == 1 else "(info)",
+            ]
+        )
+    print(
+        _bench.table(
+            [
+                "model",
+                "max_batch",
+                "workers",
+                "offline rows/s",
+                "served rows/s",
+                "served/offline",
+                "mean batch",
+                "target>=0.95",
+            ],
+            rows_out,
+        )
+    )
+    if headline:
+        lo, mid = min(headline), _bench.median(headline)
+        print(f"\n  workers=1 served/offline: min {lo:.3f}, median {mid:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""Model functions shared by the benchmarks (not a benchmark itself).
+
+* ``sleep_model``: a GPU-like cost, ``2 ms + 50 us/row`` spent in
+  ``time.sleep`` (releases the GIL, like a CUDA kernel launch + sync would).
+* ``MLP``: a real numpy float32 MLP, 512 -> 2048 -> 2048 -> 512 with ReLU,
+  fixed-seed weights.  Import ``_bench`` before this module so BLAS uses one
+  thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import _bench  # noqa: F401  (single-thread BLAS env vars before numpy)
+import numpy as np
+
+IN_DIM = 512
+SLEEP_FIXED_S = 0.002
+SLEEP_PER_ROW_S = 0.00005
+
+
+def sleep_cost_s(rows: int) -> float:
+    return SLEEP_FIXED_S + SLEEP_PER_ROW_S * rows
+
+
+def sleep_model(batch: Any) -> Any:
+    """Sleep 2 ms + 50 us per row, return the batch (one output row per input row)."""
+    time.sleep(SLEEP_FIXED_S + SLEEP_PER_ROW_S * len(batch))
+    return batch
+
+
+class MLP:
+    """float32 MLP 512->2048->2048->512, ReLU between layers; deterministic weights."""
+
+    def __init__(self, dims: tuple[int, ...] = (512, 2048, 2048, 512), seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        self.layers = []
+        for d_in, d_out in itertools.pairwise(dims):
+            w = (rng.standard_normal((d_in, d_out)) / np.sqrt(d_in)).astype(np.float32)
+            b = np.zeros(d_out, dtype=np.float32)
+            self.layers.append((w, b))
+
+    def __call__(self, batch: Any) -> np.ndarray:
+        h = np.asarray(batch, dtype=np.float32)
+        last = len(self.layers) - 1
+        for i, (w, b) in enumerate(self.layers):
+            h = h @ w
+            h += b
+            if i != last:
+                np.maximum(h, 0, out=h)
+        return h
+
+
+def make_rows(n: int, dim: int = IN_DIM, seed: int = 1) -> list[np.ndarray]:
+    """n independent float32 rows of shape (dim,)."""
+    rng = np.random.default_rng(seed)
+    data = rng.standard_normal((n, dim)).astype(np.float32)
+    return [row.copy() for row in data]
+
+
+def blas_info() -> str:
+    try:
+        from threadpoolctl import threadpool_info
+
+        infos = threadpool_info()
+        return ",".join(f"{i.get('internal_api')}:{i.get('num_threads')}t" for i in infos) or "none"
+    except Exception:
+        return "threadpoolctl not installed"

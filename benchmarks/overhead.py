@@ -1,0 +1,402 @@
+"""Per-request overhead of carpool vs Ray Serve's ``@serve.batch`` vs a bare floor.
+
+What: requests/s pushed through a batcher whose model is a no-op (``async def
+model(batch): return batch``), so all that is measured is the batching
+machinery: queueing a request, forming batches of up to 64, calling the model,
+and handing each caller its own row back.
+
+Two front ends, each with three implementations, measured side by side in the
+same run:
+
+``async`` -- 1000 asyncio tasks, each awaiting requests in a loop.
+  * carpool: ``async with Batcher(model, max_batch_size=64)`` + ``await b.infer(x)``
+  * ray:     ``@serve.batch(max_batch_size=64, batch_wait_timeout_s=T)`` on an
+             async function, awaited directly (in-process; see below)
+  * floor:   the honest minimum of handing a value back through asyncio: per
+             request create a future, append it to a list; one ``call_soon``
+             callback per loop turn resolves the pending futures in chunks of 64;
+             the caller awaits the future.  No model call, no coroutine wrapper.
+
+``threads`` -- 8 OS threads, each keeping a window of 32 outstanding
+concurrent.futures.Future (submit, and wait for the oldest when the window is
+full).
+  * carpool: ``with Batcher(model, max_batch_size=64)`` + ``b.submit(x)``
+  * ray:     the serve.batch function on an asyncio loop running in its own
+             thread, called via ``asyncio.run_coroutine_threadsafe`` (the
+             natural way for threaded code to use an async API)
+  * floor:   a ``queue.SimpleQueue`` drained by one server thread in chunks of
+             64, resolving ``concurrent.futures.Future`` objects.
+
+Why: carpool's promise is that batching is nearly free on the host, so a fast
+model is never starved by Python overhead.  Targets: carpool >= 5x Ray's req/s
+and >= 0.4x the floor.
+
+Ray notes: ``serve.batch`` is plain asyncio and does *not* need
+``ray.init()`` (verified: ``ray.is_initialized()`` stays False).  Ray 2.60
+only insists on a replica context when the queue is built, so we install one
+(see ``_bench.ray_serve_batch``); the per-request path is Ray's own code.  No
+actor, RPC or HTTP is involved, which is the most favourable setting for Ray.
+``batch_wait_timeout_s`` defaults to 0 here (Ray's fastest setting under
+saturation: it takes whatever is queued without waiting; 0.005 measured the
+same within noise).
+
+Method: every (front end, implementation) runs in a fresh subprocess pinned
+with ``sched_setaffinity`` (default: all of it on CPU 0, so the comparison is
+one core vs one core and the threaded variants measure GIL/thread hand-off on
+one core, not cross-core cache traffic).  Each child warms up, sizes its run
+to ~1 s, and reports requests/s.  Configurations are interleaved round-robin
+across repeats (default 5) and the medians are reported, with ratios computed
+from the medians.  Nothing is asserted: the script prints and exits 0.
+
+    taskset -c 0 benchmarks/.venv/bin/python benchmarks/overhead.py
+    benchmarks/.venv/bin/python benchmarks/overhead.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import sys
+import threading
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import _bench  # before numpy/carpool: sets single-thread BLAS env vars
+
+SCRIPT = Path(__file__).resolve()
+MAX_BATCH = 64
+ASYNC_TASKS = 1000
+THREADS = 8
+WINDOW = 32
+
+
+# --------------------------------------------------------------------------
+# async front end
+# --------------------------------------------------------------------------
+async def _noop_async(batch: Any) -> Any:
+    return batch
+
+
+async def _drive_async(call: Any, total: int, tasks: int) -> float:
+    """``tasks`` coroutines each awaiting ``call(i)`` total/tasks times; seconds taken."""
+    per = max(1, total // tasks)
+    bad = 0
+
+    async def caller(base: int) -> None:
+        nonlocal bad
+        for i in range(base, base + per):
+            if await call(i) != i:
+                bad += 1
+
+    t0 = _bench.now()
+    await asyncio.gather(*(caller(k * per) for k in range(tasks)))
+    dt = _bench.now() - t0
+    if bad:
+        raise AssertionError(f"{bad} wrong results")
+    return dt
+
+
+class _AsyncFloor:
+    """Minimal asyncio hand-back: future per request, resolved in chunks of 64."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.pending: list[tuple[Any, asyncio.Future[Any]]] = []
+        self.scheduled = False
+
+    def infer(self, x: Any) -> asyncio.Future[Any]:
+        fut = self.loop.create_future()
+        self.pending.append((x, fut))
+        if not self.scheduled:
+            self.scheduled = True
+            self.loop.call_soon(self._flush)
+        return fut
+
+    def _flush(self) -> None:
+        self.scheduled = False
+        pending, self.pending = self.pending, []
+        for i in range(0, len(pending), MAX_BATCH):
+            for x, fut in pending[i : i + MAX_BATCH]:
+                fut.set_result(x)
+
+
+async def _async_bench(impl: str, target_s: float, ray_timeout: float) -> dict[str, Any]:
+    extra: dict[str, Any] = {}
+    if impl == "floor":
+        floor = _AsyncFloor()
+        return await _measure_async(floor.infer, target_s)
+    if impl == "ray":
+        import ray
+
+        noop = _bench.ray_serve_batch(MAX_BATCH, ray_timeout)(_noop_async)
+        res = await _measure_async(noop, target_s)
+        res["ray_initialized"] = ray.is_initialized()
+        return res
+    if impl == "carpool":
+        carpool = _bench.import_carpool()
+        async with carpool.Batcher(_noop_async, max_batch_size=MAX_BATCH) as b:
+            res = await _measure_async(b.infer, target_s)
+            extra = _bench.batch_stats(b.stats())
+        res.update(extra)
+        return res
+    raise ValueError(impl)
+
+
+async def _measure_async(call: Any, target_s: float) -> dict[str, Any]:
+    # warm-up (also sizes the run so it lasts ~target_s)
+    n_warm = ASYNC_TASKS * 20
+    dt = await _drive_async(call, n_warm, ASYNC_TASKS)
+    rate = n_warm / dt
+    total = max(ASYNC_TASKS * 10, int(rate * target_s) // ASYNC_TASKS * ASYNC_TASKS)
+    gc.collect()
+    dt = await _drive_async(call, total, ASYNC_TASKS)
+    return {"rps": total / dt, "n": total}
+
+
+# --------------------------------------------------------------------------
+# threaded front end
+# --------------------------------------------------------------------------
+def _drive_threads(submit: Any, total: int, threads: int, window: int) -> float:
+    per = max(1, total // threads)
+    errors: list[BaseException] = []
+    start = threading.Barrier(threads + 1)
+
+    def worker(base: int) -> None:
+        try:
+            futs: deque[tuple[int, Any]] = deque()
+            start.wait()
+            for i in range(base, base + per):
+                if len(futs) >= window:
+                    x, f = futs.popleft()
+                    if f.result() != x:
+                        raise AssertionError("wrong result")
+                futs.append((i, submit(i)))
+            while futs:
+                x, f = futs.popleft()
+                if f.result() != x:
+                    raise AssertionError("wrong result")
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    ts = [threading.Thread(target=worker, args=(k * per,)) for k in range(threads)]
+    for t in ts:
+        t.start()
+    start.wait()
+    t0 = _bench.now()
+    for t in ts:
+        t.join()
+    dt = _bench.now() - t0
+    if errors:
+        raise errors[0]
+    return dt
+
+
+def _measure_threads(submit: Any, target_s: float) -> dict[str, Any]:
+    n_warm = THREADS * 2000
+    dt = _drive_threads(submit, n_warm, THREADS, WINDOW)
+    rate = n_warm / dt
+    total = max(THREADS * 1000, int(rate * target_s) // THREADS * THREADS)
+    gc.collect()
+    dt = _drive_threads(submit, total, THREADS, WINDOW)
+    return {"rps": total / dt, "n": total}
+
+
+class _ThreadFloor:
+    """Minimal concurrent.futures hand-off: SimpleQueue + one server thread."""
+
+    def __init__(self) -> None:
+        import queue
+        from concurrent.futures import Future
+
+        self._Future = Future
+        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._empty = queue.Empty
+        self._t = threading.Thread(target=self._serve, daemon=True)
+        self._t.start()
+
+    def submit(self, x: Any) -> Any:
+        f = self._Future()
+        self._q.put((x, f))
+        return f
+
+    def _serve(self) -> None:
+        q, empty = self._q, self._empty
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            batch = [item]
+            try:
+                while len(batch) < MAX_BATCH:
+                    batch.append(q.get_nowait())
+            except empty:
+                pass
+            stop = False
+            for it in batch:
+                if it is None:
+                    stop = True
+                    continue
+                it[1].set_result(it[0])
+            if stop:
+                return
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._t.join()
+
+
+def _threads_bench(impl: str, target_s: float, ray_timeout: float) -> dict[str, Any]:
+    if impl == "floor":
+        floor = _ThreadFloor()
+        try:
+            return _measure_threads(floor.submit, target_s)
+        finally:
+            floor.close()
+    if impl == "ray":
+        import ray
+
+        loop = asyncio.new_event_loop()
+        lt = threading.Thread(target=loop.run_forever, daemon=True)
+        lt.start()
+        noop: Any = None
+
+        async def make() -> Any:  # build the decorated fn on the loop thread
+            return _bench.ray_serve_batch(MAX_BATCH, ray_timeout)(_noop_async)
+
+        noop = asyncio.run_coroutine_threadsafe(make(), loop).result()
+
+        def submit(x: Any) -> Any:
+            return asyncio.run_coroutine_threadsafe(noop(x), loop)
+
+        try:
+            res = _measure_threads(submit, target_s)
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            lt.join()
+        res["ray_initialized"] = ray.is_initialized()
+        return res
+    if impl == "carpool":
+        carpool = _bench.import_carpool()
+        with carpool.Batcher(_noop_async, max_batch_size=MAX_BATCH) as b:
+            res = _measure_threads(b.submit, target_s)
+            res.update(_bench.batch_stats(b.stats()))
+        return res
+    raise ValueError(impl)
+
+
+def child_main(spec: dict[str, Any]) -> None:
+    if spec["mode"] == "async":
+        res = asyncio.run(_async_bench(spec["impl"], spec["target_s"], spec["ray_timeout"]))
+    else:
+        res = _threads_bench(spec["impl"], spec["target_s"], spec["ray_timeout"])
+    print(json.dumps(res))
+
+
+# --------------------------------------------------------------------------
+# driver
+# --------------------------------------------------------------------------
+def main() -> int:
+    p = _bench.base_parser(__doc__, default_cpus="0")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--ray-timeout", type=float, default=0.0, help="Ray batch_wait_timeout_s (default 0)"
+    )
+    p.add_argument("--only", choices=["async", "threads"], help="run one front end only")
+    args = p.parse_args()
+    if args.child:
+        child_main(json.loads(args.child))
+        return 0
+
+    cpus = _bench.parse_cpus(args.cpus)
+    repeats = args.repeats or (1 if args.quick else 5)
+    target_s = 0.15 if args.quick else 1.0
+    have_ray = _bench.ray_available()
+    try:
+        _bench.import_carpool()
+        have_carpool = True
+    except ImportError as e:
+        print(f"(carpool not importable: {e}; carpool rows skipped)")
+        have_carpool = False
+
+    impls = ["floor"] + (["carpool"] if have_carpool else []) + (["ray"] if have_ray else [])
+    modes = [args.only] if args.only else ["async", "threads"]
+    configs = [(m, i) for m in modes for i in impls]
+
+    _bench.header(
+        "carpool overhead: no-op model, max_batch_size=64",
+        {
+            "cpus": ",".join(map(str, sorted(cpus))) if cpus else "unpinned",
+            "ray": _bench.ray_version(),
+            "ray_batch_wait_timeout_s": args.ray_timeout,
+            "repeats": repeats,
+            "async_callers": ASYNC_TASKS,
+            "threads": f"{THREADS}x window {WINDOW}",
+        },
+    )
+    if not have_ray:
+        print("(ray not installed: ray rows skipped; run benchmarks/setup.sh)\n")
+
+    results: dict[tuple[str, str], list[dict[str, Any]]] = {c: [] for c in configs}
+    for r in range(repeats):
+        for mode, impl in configs:
+            spec = {
+                "mode": mode,
+                "impl": impl,
+                "target_s": target_s,
+                "ray_timeout": args.ray_timeout,
+            }
+            res = _bench.run_child(SCRIPT, ["--child", json.dumps(spec)], cpus, timeout=300)
+            results[(mode, impl)].append(res)
+            print(
+                f"  repeat {r + 1}/{repeats}  {mode:7s} {impl:8s} {res['rps']:>12,.0f} req/s",
+                flush=True,
+            )
+    print()
+
+    for mode in modes:
+        med = {i: _bench.median(x["rps"] for x in results[(mode, i)]) for i in impls}
+        rows = []
+        for i in impls:
+            runs = [x["rps"] for x in results[(mode, i)]]
+            mbs = _bench.median(x.get("mean_batch_size", float("nan")) for x in results[(mode, i)])
+            rows.append(
+                [
+                    i,
+                    _bench.fmt_num(med[i]),
+                    _bench.fmt_num(min(runs)),
+                    _bench.fmt_num(max(runs)),
+                    _bench.fmt_num(med[i] / med["floor"], 2),
+                    _bench.fmt_num(mbs, 1) if i == "carpool" else "",
+                ]
+            )
+        label = (
+            f"{ASYNC_TASKS} asyncio tasks, await infer(x)"
+            if mode == "async"
+            else f"{THREADS} threads, submit(x) with {WINDOW} outstanding each"
+        )
+        print(f"[{mode}] {label}")
+        print(_bench.table(["impl", "req/s (median)", "min", "max", "x floor", "mean batch"], rows))
+        if "carpool" in med:
+            vs_floor = med["carpool"] / med["floor"]
+            ok = _bench.verdict(vs_floor, 0.4)
+            line = f"  carpool/floor = {vs_floor:.2f}x (target >= 0.40: {ok})"
+            if "ray" in med:
+                vs_ray = med["carpool"] / med["ray"]
+                line += (
+                    f"   carpool/ray = {vs_ray:.2f}x (target >= 5: {_bench.verdict(vs_ray, 5.0)})"
+                )
+            print(line)
+        if "ray" in med:
+            print(
+                f"  ray/floor = {med['ray'] / med['floor']:.2f}x  (ray.is_initialized() in child: "
+                f"{results[(mode, 'ray')][0].get('ray_initialized')})"
+            )
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Create benchmarks/.venv with carpool (editable, from the repo root) plus the
+# benchmark-only requirements (Ray Serve, numpy, ...). Safe to re-run.
+#
+#   bash benchmarks/setup.sh            # from anywhere
+#   PYTHON=python3.11 bash benchmarks/setup.sh
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/.." && pwd)"
+PYTHON="${PYTHON:-python3}"
+VENV="$HERE/.venv"
+
+if [ ! -x "$VENV/bin/python" ]; then
+    "$PYTHON" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install --upgrade pip wheel
+"$VENV/bin/python" -m pip install -r "$HERE/requirements.txt"
+
+SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+rm -f "$SITE/carpool-src.pth"
+if [ -f "$ROOT/pyproject.toml" ] && "$VENV/bin/python" -m pip install -e "$ROOT"; then
+    :
+else
+    # No installable project at the repo root (yet): expose src/ through a
+    # .pth file so `import carpool` works in the venv all the same.
+    echo "$ROOT/src" > "$SITE/carpool-src.pth"
+    echo "WARNING: could not 'pip install -e $ROOT'; added $ROOT/src to the venv via carpool-src.pth" >&2
+fi
+
+"$VENV/bin/python" - <<'PY'
+from ray import serve
+import numpy, ray
+print("ray", ray.__version__, "numpy", numpy.__version__, "serve.batch:", serve.batch)
+try:
+    import carpool
+    print("carpool:", getattr(carpool, "__file__", carpool))
+except Exception as e:  # core may not have landed yet
+    print("carpool not importable yet:", type(e).__name__, e)
+PY
+echo "OK: activate with  source $VENV/bin/activate"

@@ -1,0 +1,57 @@
+"""carpool: dynamic request batching for ML model inference.
+
+Requests arrive one at a time; carpool holds them for a short window or until a batch is
+full, runs the model once on the stacked batch, and hands each caller exactly its own row.
+"""
+
+from carpool.batcher import Batcher
+from carpool.collate import Collator
+from carpool.compat import InferenceBatcher, batch_inference
+from carpool.decorator import batch
+from carpool.errors import (
+    BatcherClosed,
+    BatchSizeMismatch,
+    CarpoolError,
+    CollationError,
+    DeadlineExceeded,
+    QueueFull,
+)
+from carpool.policy import (
+    Dispatch,
+    DispatchReason,
+    EagerPolicy,
+    FixedPolicy,
+    Policy,
+    QueueView,
+    WaitUntil,
+)
+from carpool.stats import BatcherStats, Percentiles
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # the engine
+    "Batcher",
+    "batch",
+    "BatcherStats",
+    "Percentiles",
+    "Collator",
+    # policies: write your own with decide(view, now)
+    "Policy",
+    "QueueView",
+    "Dispatch",
+    "WaitUntil",
+    "DispatchReason",
+    "EagerPolicy",
+    "FixedPolicy",
+    # errors
+    "CarpoolError",
+    "QueueFull",
+    "DeadlineExceeded",
+    "BatcherClosed",
+    "CollationError",
+    "BatchSizeMismatch",
+    # the classic manual API
+    "InferenceBatcher",
+    "batch_inference",
+]

@@ -1,0 +1,565 @@
+"""The engine users hold: the one place where queue, policy, workers and the clock meet.
+
+Everything here runs on one event loop (the batcher's): admission, the scheduler task, batch
+tasks, deadline timers and resolution. Other threads reach it only through :meth:`submit`,
+whose requests cross into the loop through one inbox, and through the blocking facade in
+``carpool.blocking``.
+
+Lifecycle: ``async with Batcher(...)`` owns an engine task holding a TaskGroup for the
+scheduler and every batch; leaving the block (or ``aclose()``) stops admission, runs what was
+accepted to completion, and only then returns. Every accepted request gets exactly one
+outcome: its result, its own model error, ``DeadlineExceeded``, or ``BatcherClosed`` if the
+engine is torn down by cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import enum
+import inspect
+import logging
+import math
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from types import TracebackType
+from typing import Any, Self
+
+from carpool.blocking import LoopThread
+from carpool.collate import Collator
+from carpool.errors import BatcherClosed, CollationError, DeadlineExceeded
+from carpool.policy import Dispatch, DispatchReason, Policy, QueueView, make_policy
+from carpool.queue import Entry, RequestQueue, Segment
+from carpool.stats import BatcherStats, StatsRecorder
+from carpool.worker import BatchRunner, Failure
+
+__all__ = ["Batcher"]
+
+log = logging.getLogger("carpool")
+
+_FutureErrors = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
+
+
+class _State(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+class _Request(Entry):
+    """A queue entry plus what it takes to answer its caller exactly once."""
+
+    __slots__ = ("done", "future", "pending", "pieces", "timer")
+
+    def __init__(
+        self, value: Any, span: int | None, key: Any, priority: int, arrival: float, future: Any
+    ) -> None:
+        Entry.__init__(self, value, span, key, priority, arrival)
+        self.future = future  # asyncio.Future (infer) or concurrent.futures.Future (submit)
+        self.done = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.pending = self.rows  # rows whose output has not come back yet
+        self.pieces: list[tuple[int, Any]] | None = None  # outputs of a split request
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _check_ms(name: str, value: object, *, positive: bool) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a number of milliseconds, got {type(value).__name__}")
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"{name} must be finite and {bound}, got {value}")
+    return float(value)
+
+
+def _is_async_callable(fn: Callable[..., Any]) -> bool:
+    call = getattr(fn, "__call__", None)  # noqa: B004 - we want the method, not callable()
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+class Batcher:
+    """Collects single requests into batches for ``model_fn`` and hands each caller its rows.
+
+    ``model_fn`` takes one stacked batch and returns outputs indexable along axis 0, one row
+    per input row. A plain function runs in ``workers`` threads; an ``async def`` runs on the
+    loop. See the README for the policies and the admission rules.
+    """
+
+    def __init__(
+        self,
+        model_fn: Callable[[Any], Any],
+        *,
+        max_batch_size: int = 32,  # Triton and TorchServe examples start here; fits most GPUs
+        max_wait_ms: float = 5.0,  # TF Serving's and Ray's order of magnitude; eager never waits
+        policy: str | Policy = "eager",
+        max_queue_size: int | None = None,  # rows; None: bounded only by memory
+        workers: int = 1,  # one model replica; more overlap GIL-releasing models
+        isolate_errors: bool = True,
+        name: str | None = None,
+        collator: Collator | None = None,
+    ) -> None:
+        if not callable(model_fn):
+            raise TypeError(f"model_fn must be callable, got {type(model_fn).__name__}")
+        self.max_batch_size = _check_int("max_batch_size", max_batch_size, 1)
+        self.max_wait_ms = _check_ms("max_wait_ms", max_wait_ms, positive=False)
+        if max_queue_size is not None:
+            _check_int("max_queue_size", max_queue_size, 1)
+        self.max_queue_size = max_queue_size
+        self.workers = _check_int("workers", workers, 1)
+        if not isinstance(isolate_errors, bool):
+            raise TypeError(f"isolate_errors must be a bool, got {type(isolate_errors).__name__}")
+        self.isolate_errors = isolate_errors
+        self.name = name if name is not None else getattr(model_fn, "__name__", "model")
+        self.model_fn = model_fn
+        self.policy = make_policy(policy)
+        self._collator = collator if collator is not None else Collator()
+        self._is_async = _is_async_callable(model_fn)
+
+        self._state = _State.NEW
+        self._queue = RequestQueue(max_queue_size)
+        self._stats = StatsRecorder()
+        self._runner = BatchRunner(
+            model_fn,
+            is_async=self._is_async,
+            collator=self._collator,
+            isolate_errors=isolate_errors,
+            name=self.name,
+            model_times=self._stats.model_times,
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread_id = 0
+        self._engine: asyncio.Task[None] | None = None
+        self._tg: asyncio.TaskGroup | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._wake = asyncio.Event()
+        self._busy = 0
+        self._inbox: deque[tuple[Any, float | None, int, concurrent.futures.Future[Any]]]
+        self._inbox = deque()
+        self._inbox_armed = False
+        self._portal: LoopThread | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<Batcher {self.name!r} {self._state.value} max_batch_size={self.max_batch_size} "
+            f"max_wait_ms={self.max_wait_ms:g} workers={self.workers}>"
+        )
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def __aenter__(self) -> Self:
+        self._open(asyncio.get_running_loop())
+        return self
+
+    def _open(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start the engine on ``loop``, the running loop of the calling thread."""
+        if self._state is not _State.NEW:
+            raise RuntimeError(f"Batcher {self.name!r} is {self._state.value}; it runs once")
+        self._loop = loop
+        self._loop_thread_id = threading.get_ident()
+        if not self._is_async:
+            self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix=self.name)
+        self._state = _State.RUNNING
+        self._engine = loop.create_task(self._run_engine(), name=f"carpool:{self.name}")
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is not None and not isinstance(exc, Exception):
+            await self._abort()
+        else:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop accepting, finish every request already accepted, then return."""
+        if self._state is _State.NEW:
+            self._state = _State.CLOSED
+            return
+        if self._state is _State.RUNNING:
+            self._state = _State.CLOSING
+            self._wake.set()
+        if self._engine is not None:
+            await asyncio.shield(self._engine)
+
+    async def _abort(self) -> None:
+        """Cancellation of the owner: stop now; whatever was pending gets BatcherClosed."""
+        if self._state is _State.RUNNING:
+            self._state = _State.CLOSING
+        if self._engine is not None and not self._engine.done():
+            self._engine.cancel()
+            try:
+                await self._engine
+            except asyncio.CancelledError:
+                pass
+
+    def __enter__(self) -> Self:
+        """Run the batcher on its own event loop in a background thread."""
+        if self._state is not _State.NEW:
+            raise RuntimeError(f"Batcher {self.name!r} is {self._state.value}; it runs once")
+        self._portal = LoopThread(self, name=f"carpool-{self.name}")
+        self._portal.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """The blocking ``aclose()``: for batchers entered with ``with``."""
+        if self._portal is None:
+            if self._state is _State.NEW:
+                self._state = _State.CLOSED
+                return
+            raise RuntimeError(
+                f"Batcher {self.name!r} runs on an event loop; use 'await batcher.aclose()'"
+            )
+        self._portal.stop()
+
+    async def _run_engine(self) -> None:
+        error: BaseException | None = None
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                await self._schedule()
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            self._state = _State.CLOSED
+            self._tg = None
+            reason = (
+                "was cancelled"
+                if isinstance(error, asyncio.CancelledError)
+                else (f"stopped after an internal error ({error!r})" if error else "is closed")
+            )
+            for entry in self._queue.drain():
+                self._fail(entry, BatcherClosed(self.name, reason))
+            self._reject_inbox()
+            if self._executor is not None:
+                self._executor.shutdown(wait=False)
+            if error is not None and not isinstance(error, asyncio.CancelledError):
+                log.error("batcher %r stopped after an internal error", self.name, exc_info=error)
+
+    # ----------------------------------------------------------------- requests
+
+    async def infer(self, x: Any, *, timeout_ms: float | None = None, priority: int = 0) -> Any:
+        """The model's output row for one input row ``x``.
+
+        Raises :class:`QueueFull`, :class:`DeadlineExceeded`, :class:`BatcherClosed`,
+        :class:`CollationError`, or whatever ``model_fn`` raised on this row.
+        """
+        fut = self._check_loop().create_future()
+        request = self._admit(x, None, timeout_ms, priority, fut)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            self._cancel(request)
+            raise
+
+    async def infer_many(
+        self, xs: Any, *, timeout_ms: float | None = None, priority: int = 0
+    ) -> Any:
+        """Outputs for ``xs``, which carries k >= 1 rows along axis 0.
+
+        Its rows share batches with other requests; more than ``max_batch_size`` rows are
+        split over several batches and reassembled in order.
+        """
+        loop = self._check_loop()
+        rows = self._collator.rows(xs)
+        if rows < 1:
+            raise CollationError("infer_many needs at least one row, got 0", field="input")
+        fut = loop.create_future()
+        request = self._admit(xs, rows, timeout_ms, priority, fut)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            self._cancel(request)
+            raise
+
+    def submit(
+        self, x: Any, *, timeout_ms: float | None = None, priority: int = 0
+    ) -> concurrent.futures.Future[Any]:
+        """``infer`` from any thread: a future of the output row.
+
+        Raises :class:`BatcherClosed` at once when not running; admission errors
+        (:class:`QueueFull`, bad input) arrive through the future. Cancelling the future
+        withdraws the request if it has not run yet.
+        """
+        if priority.__class__ is not int:
+            _check_int("priority", priority, -(2**63))
+        if timeout_ms is not None:
+            _check_ms("timeout_ms", timeout_ms, positive=True)
+        loop = self._loop
+        if loop is None or self._state is not _State.RUNNING:
+            raise self._closed_error()
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self._inbox.append((x, timeout_ms, priority, fut))
+        if not self._inbox_armed:
+            self._inbox_armed = True
+            try:
+                loop.call_soon_threadsafe(self._take_inbox)
+            except RuntimeError:  # the loop closed after the state check
+                self._reject_inbox()
+        if self._closed:  # closed meanwhile: the engine may have drained the inbox already
+            self._reject_inbox()
+        return fut
+
+    def stats(self) -> BatcherStats:
+        """A consistent snapshot of counters and latency percentiles; from any thread."""
+        loop = self._loop
+        if (
+            loop is not None
+            and self._state is not _State.CLOSED
+            and threading.get_ident() != self._loop_thread_id
+        ):
+
+            async def snap() -> BatcherStats:
+                return self._stats.snapshot(self._queue.rows)
+
+            try:
+                return asyncio.run_coroutine_threadsafe(snap(), loop).result()
+            except RuntimeError:  # the loop is gone: the counters no longer move
+                pass
+        return self._stats.snapshot(self._queue.rows)
+
+    # ----------------------------------------------------------------- on the loop
+
+    @property
+    def _closed(self) -> bool:
+        return self._state is _State.CLOSED
+
+    def _check_loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is None or self._state is not _State.RUNNING:
+            raise self._closed_error()
+        if threading.get_ident() != self._loop_thread_id:
+            raise RuntimeError(
+                f"Batcher {self.name!r} runs on another event loop or thread; "
+                "call submit() from other threads"
+            )
+        return loop
+
+    def _closed_error(self) -> BatcherClosed:
+        if self._state is _State.NEW:
+            return BatcherClosed(self.name, "is not started")
+        if self._state is _State.CLOSING:
+            return BatcherClosed(self.name, "is closing")
+        return BatcherClosed(self.name)
+
+    def _admit(
+        self, value: Any, span: int | None, timeout_ms: float | None, priority: int, future: Any
+    ) -> _Request:
+        if self._state is not _State.RUNNING:
+            raise self._closed_error()
+        if priority.__class__ is not int:
+            _check_int("priority", priority, -(2**63))
+        key = self._collator.key(value, span is not None)
+        loop = self._loop
+        assert loop is not None
+        now = loop.time()
+        request = _Request(value, span, key, priority, now, future)
+        try:
+            self._queue.push(request)
+        except Exception:
+            self._stats.rejected += 1
+            raise
+        self._stats.submitted += 1
+        if timeout_ms is not None:
+            timeout_ms = _check_ms("timeout_ms", timeout_ms, positive=True)
+            request.timer = loop.call_at(
+                now + timeout_ms / 1000.0, self._expire, request, timeout_ms
+            )
+        self._wake.set()
+        return request
+
+    def _take_inbox(self) -> None:
+        self._inbox_armed = False
+        inbox = self._inbox
+        while inbox:
+            value, timeout_ms, priority, fut = inbox.popleft()
+            if fut.cancelled():
+                continue
+            try:
+                request = self._admit(value, None, timeout_ms, priority, fut)
+            except Exception as exc:
+                try:
+                    fut.set_exception(exc)
+                except _FutureErrors:
+                    pass
+                continue
+            fut.add_done_callback(partial(self._on_future_done, request))
+
+    def _on_future_done(self, request: _Request, fut: concurrent.futures.Future[Any]) -> None:
+        # Runs in whichever thread finished the future: only a caller's cancel matters.
+        if fut.cancelled() and self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._cancel, request)
+            except RuntimeError:
+                pass
+
+    def _reject_inbox(self) -> None:
+        inbox = self._inbox
+        while inbox:
+            try:
+                fut = inbox.popleft()[3]
+            except IndexError:  # another thread emptied it first
+                return
+            try:
+                fut.set_exception(BatcherClosed(self.name))
+            except _FutureErrors:
+                pass
+
+    def _expire(self, request: _Request, timeout_ms: float) -> None:
+        if request.done:
+            return
+        stage = "queued" if request.taken == 0 else "running"
+        self._queue.remove(request)
+        self._stats.expired += 1
+        self._resolve(request, None, DeadlineExceeded(timeout_ms=timeout_ms, stage=stage))
+
+    def _cancel(self, request: _Request) -> None:
+        if request.done:
+            return
+        request.done = True
+        if request.timer is not None:
+            request.timer.cancel()
+        self._queue.remove(request)
+        self._stats.cancelled += 1
+
+    def _resolve(self, request: _Request, value: Any, error: BaseException | None) -> None:
+        request.done = True
+        if request.timer is not None:
+            request.timer.cancel()
+        fut = request.future
+        try:
+            if error is None:
+                fut.set_result(value)
+            else:
+                fut.set_exception(error)
+        except _FutureErrors:  # the caller cancelled its concurrent future meanwhile
+            pass
+
+    def _fail(self, entry: Entry, error: BaseException) -> None:
+        request: _Request = entry  # type: ignore[assignment]
+        if request.done:
+            return
+        self._queue.remove(request)
+        self._stats.failed += 1
+        self._resolve(request, None, error)
+
+    # ----------------------------------------------------------------- scheduling
+
+    async def _schedule(self) -> None:
+        queue = self._queue
+        policy = self.policy
+        wake = self._wake
+        loop = asyncio.get_running_loop()
+        max_wait = self.max_wait_ms / 1000.0
+        while True:
+            wake.clear()
+            wait_until = math.inf
+            if queue.rows and self._busy < self.workers:
+                head = queue.head()
+                assert head is not None
+                head_rows = queue.rows_like(head)
+                now = loop.time()
+                decision = policy.decide(
+                    QueueView(
+                        queued_rows=queue.rows,
+                        head_rows=head_rows,
+                        head_arrival=head.arrival,
+                        idle_workers=self.workers - self._busy,
+                        busy_workers=self._busy,
+                        max_batch_size=self.max_batch_size,
+                        max_wait=max_wait,
+                    ),
+                    now,
+                )
+                if isinstance(decision, Dispatch):
+                    self._dispatch(head, head_rows, decision.rows, decision.reason, now)
+                    continue
+                if self._state is _State.CLOSING:
+                    self._dispatch(head, head_rows, head_rows, DispatchReason.DRAIN, now)
+                    continue
+                wait_until = decision.time
+            elif self._state is not _State.RUNNING and not queue.rows and not self._busy:
+                return
+            if wait_until == math.inf:
+                await wake.wait()
+            else:
+                timer = loop.call_at(wait_until, wake.set)
+                try:
+                    await wake.wait()
+                finally:
+                    timer.cancel()
+
+    def _dispatch(self, head: Entry, head_rows: int, rows: int, reason: str, now: float) -> None:
+        rows = max(1, min(rows, head_rows, self.max_batch_size))
+        segments = self._queue.pop_batch(head, rows)
+        stats = self._stats
+        stats.batch(rows, reason)
+        waits = stats.queue_waits
+        for entry, start, _ in segments:
+            if start == 0:
+                waits.append(now - entry.arrival)
+        self._busy += 1
+        assert self._tg is not None
+        self._tg.create_task(self._run_batch(segments))
+
+    async def _run_batch(self, segments: list[Segment]) -> None:
+        try:
+            parts = await self._runner.run(segments, self._executor)
+        except BaseException as exc:
+            closed = BatcherClosed(self.name, "was cancelled")
+            for entry, _, _ in segments:
+                self._fail(entry, closed if isinstance(exc, asyncio.CancelledError) else exc)
+            raise
+        finally:
+            self._busy -= 1
+            self._wake.set()
+        stats = self._stats
+        for (entry, start, stop), part in zip(segments, parts, strict=True):
+            request: _Request = entry  # type: ignore[assignment]
+            if request.done:
+                continue
+            if part.__class__ is Failure:
+                self._fail(request, part.error)
+            elif request.span is None or (start == 0 and stop == request.rows):
+                stats.completed += 1
+                self._resolve(request, part, None)
+            else:
+                self._gather(request, start, stop, part)
+
+    def _gather(self, request: _Request, start: int, stop: int, part: Any) -> None:
+        if request.pieces is None:
+            request.pieces = []
+        request.pieces.append((start, part))
+        request.pending -= stop - start
+        if request.pending:
+            return
+        request.pieces.sort(key=lambda piece: piece[0])
+        try:
+            value = self._collator.concat([piece for _, piece in request.pieces])
+        except Exception as exc:
+            self._fail(request, exc)
+            return
+        request.pieces = None
+        self._stats.completed += 1
+        self._resolve(request, value, None)

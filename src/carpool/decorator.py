@@ -1,0 +1,172 @@
+"""``@carpool.batch``: write a function over a list, call it with one item.
+
+The decorated function takes a list of items and returns a list of equal length. Callers
+pass ONE item and get ONE result; concurrent callers share calls. It works on plain functions
+and on methods (one batcher per instance), without Ray:
+
+- ``async def``: callers ``await f(item)``; one batcher per event loop, started on first use.
+- ``def``: callers in any number of threads call ``f(item)`` and block; the batcher runs on
+  its own loop in a background thread, and the function runs in its worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import functools
+import threading
+import weakref
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from carpool.batcher import Batcher, _is_async_callable
+from carpool.collate import Collator, Handler
+from carpool.policy import Policy
+
+__all__ = ["BatchedFunction", "batch"]
+
+
+class _ListCollator(Collator):
+    """Every item is an opaque row, so the function always receives a plain list."""
+
+    def handler(self, value: Any) -> Handler:
+        return self._by_type[list]
+
+    def key(self, value: Any, many: bool = False, field: str = "input") -> Hashable:
+        return list
+
+
+class BatchedFunction:
+    """What ``@batch`` returns: call it with one item; ``.batcher_stats()`` to observe it."""
+
+    def __init__(
+        self, fn: Callable[..., Any], options: dict[str, Any], is_async: bool | None = None
+    ) -> None:
+        functools.update_wrapper(self, fn)
+        self._fn = fn
+        self._options = options
+        self._is_async = _is_async_callable(fn) if is_async is None else is_async
+        self._lock = threading.Lock()
+        self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Batcher]
+        self._by_loop = weakref.WeakKeyDictionary()
+        self._threaded: Batcher | None = None
+        self._bound: weakref.WeakKeyDictionary[Any, BatchedFunction] | None = None
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        with self._lock:
+            if self._bound is None:
+                self._bound = weakref.WeakKeyDictionary()
+            bound = self._bound.get(instance)
+            if bound is None:
+                bound = BatchedFunction(
+                    _weak_method(self._fn, instance, self._is_async), self._options, self._is_async
+                )
+                self._bound[instance] = bound
+        return bound
+
+    def __call__(self, item: Any) -> Any:
+        if self._is_async:
+            return self._batcher_for_loop().infer(item)
+        return self._threaded_batcher().submit(item).result()
+
+    def _new_batcher(self) -> Batcher:
+        return Batcher(
+            self._fn,
+            name=getattr(self._fn, "__qualname__", None),
+            collator=_ListCollator(),
+            **self._options,
+        )
+
+    def _batcher_for_loop(self) -> Batcher:
+        loop = asyncio.get_running_loop()
+        batcher = self._by_loop.get(loop)
+        if batcher is None:
+            batcher = self._new_batcher()
+            batcher._open(loop)  # runs until the loop ends, or until aclose()
+            self._by_loop[loop] = batcher
+        return batcher
+
+    def _threaded_batcher(self) -> Batcher:
+        batcher = self._threaded
+        if batcher is None:
+            with self._lock:
+                batcher = self._threaded
+                if batcher is None:
+                    batcher = self._new_batcher().__enter__()
+                    atexit.register(batcher.close)
+                    self._threaded = batcher
+        return batcher
+
+    def batcher_stats(self) -> Any:
+        """Stats of the batcher serving the current loop (async) or the threads (sync)."""
+        batcher = (
+            self._threaded if not self._is_async else self._by_loop.get(asyncio.get_running_loop())
+        )
+        return batcher.stats() if batcher is not None else None
+
+    async def aclose(self) -> None:
+        """Drain and stop the batcher of the current event loop (async functions)."""
+        batcher = self._by_loop.pop(asyncio.get_running_loop(), None)
+        if batcher is not None:
+            await batcher.aclose()
+
+    def close(self) -> None:
+        """Drain and stop the background batcher (sync functions)."""
+        with self._lock:
+            batcher, self._threaded = self._threaded, None
+        if batcher is not None:
+            atexit.unregister(batcher.close)
+            batcher.close()
+
+
+def _weak_method(fn: Callable[..., Any], instance: Any, is_async: bool) -> Callable[..., Any]:
+    """``fn`` bound to ``instance`` without keeping it alive (its batcher is cached by it)."""
+    ref = weakref.ref(instance)
+
+    if is_async:
+
+        async def method_async(items: list[Any]) -> Any:
+            return await fn(ref(), items)
+
+        method: Callable[..., Any] = method_async
+    else:
+
+        def method(items: list[Any]) -> Any:
+            return fn(ref(), items)
+
+    method.__qualname__ = method.__name__ = getattr(fn, "__qualname__", "method")
+    return method
+
+
+def batch(
+    fn: Callable[..., Any] | None = None,
+    *,
+    max_batch_size: int = 32,
+    max_wait_ms: float = 5.0,
+    policy: str | Policy = "eager",
+    max_queue_size: int | None = None,
+    workers: int = 1,
+    isolate_errors: bool = True,
+) -> Any:
+    """Decorate a list -> list function so callers pass one item and get one result.
+
+    Options are those of :class:`carpool.Batcher`. Usable bare (``@batch``) or with options.
+    """
+    options: dict[str, Any] = {
+        "max_batch_size": max_batch_size,
+        "max_wait_ms": max_wait_ms,
+        "policy": policy,
+        "max_queue_size": max_queue_size,
+        "workers": workers,
+        "isolate_errors": isolate_errors,
+    }
+    Batcher(lambda rows: rows, **options)  # validate the options now, at decoration time
+
+    def wrap(f: Callable[..., Any]) -> BatchedFunction:
+        if not callable(f):
+            raise TypeError(f"@batch decorates a function, got {type(f).__name__}")
+        return BatchedFunction(f, options)
+
+    return wrap if fn is None else wrap(fn)

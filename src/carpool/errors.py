@@ -1,0 +1,99 @@
+"""Every error carpool raises on purpose; stdlib only.
+
+The tree, with the builtin each one also is, so ``except TimeoutError`` and friends keep
+working in code that does not know carpool::
+
+    CarpoolError
+    ├── QueueFull (RuntimeError)          refused at the door: max_queue_size rows already wait
+    ├── DeadlineExceeded (TimeoutError)   the request's timeout_ms passed before its result
+    ├── BatcherClosed (RuntimeError)      the batcher stopped accepting requests
+    ├── CollationError (TypeError)        rows that cannot be stacked, or an unsplittable output
+    └── BatchSizeMismatch (ValueError)    the model returned more or fewer rows than it got
+
+Errors raised by the model itself are not wrapped: the caller whose rows failed gets the
+model's own exception, with a note naming the batch it ran in.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BatchSizeMismatch",
+    "BatcherClosed",
+    "CarpoolError",
+    "CollationError",
+    "DeadlineExceeded",
+    "QueueFull",
+]
+
+
+class CarpoolError(Exception):
+    """Base class of every error carpool raises itself."""
+
+
+class QueueFull(CarpoolError, RuntimeError):
+    """The queue already holds ``max_queue_size`` rows; nothing of the request was queued.
+
+    Triton's wording (``Exceeds maximum queue size``) is kept because operators grep for it.
+    """
+
+    def __init__(self, *, max_queue_size: int, queued: int, rows: int) -> None:
+        self.max_queue_size = max_queue_size
+        self.queued = queued
+        self.rows = rows
+        super().__init__(
+            f"Exceeds maximum queue size: {queued} rows queued, {rows} more would pass "
+            f"max_queue_size={max_queue_size}. Retry later, add workers, or raise max_queue_size."
+        )
+
+
+class DeadlineExceeded(CarpoolError, TimeoutError):
+    """The request's ``timeout_ms`` passed before it had a result.
+
+    ``stage`` says where it was: ``"queued"`` (it never reached the model) or ``"running"``
+    (its batch was still executing; the result is discarded).
+    """
+
+    def __init__(self, *, timeout_ms: float, stage: str) -> None:
+        self.timeout_ms = timeout_ms
+        self.stage = stage
+        where = "while queued" if stage == "queued" else "while its batch was running"
+        super().__init__(
+            f"Request timeout expired: timeout_ms={timeout_ms:g} passed {where}. "
+            "Raise timeout_ms, lower max_wait_ms, or add workers."
+        )
+
+
+class BatcherClosed(CarpoolError, RuntimeError):
+    """The batcher is closing or closed, or was never started, and takes no new requests."""
+
+    def __init__(self, name: str, reason: str = "is closed") -> None:
+        self.name = name
+        super().__init__(
+            f"Batcher {name!r} {reason} and accepts no new requests. "
+            "Use it inside 'async with Batcher(...)' or 'with Batcher(...)'."
+        )
+
+
+class CollationError(CarpoolError, TypeError):
+    """Rows could not be stacked into a batch, or the model's output could not be split.
+
+    ``field`` names the part of the request that failed (``"input"``, ``"input['ids']"``,
+    ``"output"``), so a server can report it to the client.
+    """
+
+    def __init__(self, message: str, *, field: str = "input") -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class BatchSizeMismatch(CarpoolError, ValueError):
+    """``model_fn`` returned a different number of rows than the batch it was given."""
+
+    def __init__(self, *, expected: int, actual: int, field: str = "output") -> None:
+        self.expected = expected
+        self.actual = actual
+        self.field = field
+        super().__init__(
+            f"model_fn returned {actual} rows in {field} for a batch of {expected} rows; "
+            "it must return exactly one output row per input row, along axis 0."
+        )

@@ -1,0 +1,173 @@
+"""WHO waits, in WHAT order: a bounded queue of rows by priority, then arrival, per shape.
+
+Pure: no event loop, no clock (arrival times are given), no futures. Lower ``priority``
+values are served first (Triton's priority levels, Unix nice); within a level requests keep
+their arrival order. Requests whose collation keys differ (different shapes or dtypes) are
+kept apart, and a batch only ever holds one key.
+
+Removal (cancellation, deadline) is O(1): the entry is marked and skipped later, while the
+row counts that admission and policies read are updated at once. A multi-row request that
+does not fit the batch being formed gives the rows that fit and keeps its place at the head
+for the rest, so order is never lost (unlike re-queueing at the tail).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Hashable
+from typing import Any
+
+from carpool.errors import QueueFull
+
+__all__ = ["Entry", "RequestQueue", "Segment"]
+
+
+class Entry:
+    """One request in the queue: ``rows`` rows, of which ``taken`` already left in batches."""
+
+    __slots__ = ("arrival", "key", "priority", "queued", "rows", "seq", "span", "taken", "value")
+
+    def __init__(
+        self,
+        value: Any,
+        span: int | None,
+        key: Hashable,
+        priority: int,
+        arrival: float,
+    ) -> None:
+        self.value = value
+        self.span = span  # None: one row without a batch axis; k: k rows along axis 0
+        self.rows = 1 if span is None else span
+        self.key = key
+        self.priority = priority
+        self.arrival = arrival
+        self.seq = 0
+        self.taken = 0
+        self.queued = False
+
+
+# (entry, first row, end row) of an entry's share in one batch.
+Segment = tuple[Entry, int, int]
+
+
+class RequestQueue:
+    """Bounded by rows (``max_rows=None``: unbounded)."""
+
+    def __init__(self, max_rows: int | None = None) -> None:
+        self.max_rows = max_rows
+        self.rows = 0  # live rows queued, all keys
+        self._seq = 0
+        self._levels: dict[int, dict[Hashable, deque[Entry]]] = {}
+        self._priorities: list[int] = []  # sorted keys of _levels
+        self._key_rows: dict[Hashable, int] = {}
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def push(self, entry: Entry) -> None:
+        """Queue all of ``entry``'s rows, or raise :class:`QueueFull` and queue none."""
+        rows = entry.rows
+        if self.max_rows is not None and self.rows + rows > self.max_rows:
+            raise QueueFull(max_queue_size=self.max_rows, queued=self.rows, rows=rows)
+        self._seq += 1
+        entry.seq = self._seq
+        entry.queued = True
+        level = self._levels.get(entry.priority)
+        if level is None:
+            level = self._levels[entry.priority] = {}
+            bisect.insort(self._priorities, entry.priority)
+        lane = level.get(entry.key)
+        if lane is None:
+            lane = level[entry.key] = deque()
+        lane.append(entry)
+        self.rows += rows
+        key_rows = self._key_rows
+        key_rows[entry.key] = key_rows.get(entry.key, 0) + rows
+
+    def remove(self, entry: Entry) -> bool:
+        """Withdraw the rows of ``entry`` not yet dispatched; False if none were queued."""
+        if not entry.queued:
+            return False
+        entry.queued = False
+        left = entry.rows - entry.taken
+        self.rows -= left
+        self._release(entry.key, left)
+        return True
+
+    def _release(self, key: Hashable, rows: int) -> None:
+        left = self._key_rows[key] - rows
+        if left:
+            self._key_rows[key] = left
+        else:
+            del self._key_rows[key]
+
+    def head(self) -> Entry | None:
+        """The entry served next: most urgent priority, then earliest arrival."""
+        for priority in list(self._priorities):
+            level = self._levels[priority]
+            best: Entry | None = None
+            for key in list(level):
+                lane = level[key]
+                while lane and not lane[0].queued:
+                    lane.popleft()
+                if not lane:
+                    del level[key]
+                elif best is None or lane[0].seq < best.seq:
+                    best = lane[0]
+            if best is not None:
+                return best
+            del self._levels[priority]
+            self._priorities.remove(priority)
+        return None
+
+    def rows_like(self, entry: Entry) -> int:
+        """Rows queued that can share a batch with ``entry`` (its own included)."""
+        return self._key_rows.get(entry.key, 0)
+
+    def pop_batch(self, head: Entry, max_rows: int) -> list[Segment]:
+        """Up to ``max_rows`` rows of ``head``'s key, in priority then arrival order.
+
+        ``head`` must be what :meth:`head` just returned.
+        """
+        key = head.key
+        segments: list[Segment] = []
+        room = max_rows
+        for priority in self._priorities:
+            if priority < head.priority:
+                continue
+            lane = self._levels[priority].get(key)
+            while lane and room:
+                entry = lane[0]
+                if not entry.queued:
+                    lane.popleft()
+                    continue
+                start = entry.taken
+                stop = min(entry.rows, start + room)
+                segments.append((entry, start, stop))
+                room -= stop - start
+                entry.taken = stop
+                if stop == entry.rows:
+                    entry.queued = False
+                    lane.popleft()
+            if not room:
+                break
+        taken = max_rows - room
+        self.rows -= taken
+        self._release(key, taken)
+        return segments
+
+    def drain(self) -> list[Entry]:
+        """Remove and return every entry that still has rows queued."""
+        entries = [
+            entry
+            for level in self._levels.values()
+            for lane in level.values()
+            for entry in lane
+            if entry.queued
+        ]
+        for entry in entries:
+            self.remove(entry)
+        self._levels.clear()
+        self._priorities.clear()
+        return entries

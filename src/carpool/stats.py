@@ -1,0 +1,112 @@
+"""Counters and latency samples of one batcher, and the frozen snapshot users read.
+
+Pure: the batcher passes durations in; nothing here reads a clock or knows about metrics
+libraries (the server renders Prometheus from :class:`BatcherStats`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+__all__ = ["BatcherStats", "Percentiles", "StatsRecorder"]
+
+# Percentiles are over the most recent samples: enough for a stable p99 (~80 samples beyond
+# it), small enough that a snapshot sorts in well under a millisecond.
+SAMPLE_WINDOW = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class Percentiles:
+    """Milliseconds over the recent window; all 0.0 when nothing was measured yet."""
+
+    p50: float = 0.0
+    p90: float = 0.0
+    p99: float = 0.0
+    count: int = 0
+
+    @classmethod
+    def of(cls, seconds: Iterable[float]) -> Percentiles:
+        ordered = sorted(seconds)
+        n = len(ordered)
+        if not n:
+            return cls()
+
+        def at(q: float) -> float:
+            # nearest rank: the smallest sample with at least q of the samples at or below it
+            rank = max(1, math.ceil(round(q * n, 9)))
+            return ordered[rank - 1] * 1000.0
+
+        return cls(p50=at(0.50), p90=at(0.90), p99=at(0.99), count=n)
+
+
+@dataclass(frozen=True, slots=True)
+class BatcherStats:
+    """A consistent snapshot. Requests are counted once each, by their one outcome:
+    ``submitted == completed + failed + expired + cancelled + pending``; ``rejected``
+    (refused at the door: queue full or closed) were never submitted."""
+
+    submitted: int
+    completed: int
+    failed: int
+    expired: int
+    cancelled: int
+    rejected: int
+    pending: int
+    queued_rows: int
+    batches: int
+    rows: int
+    batch_sizes: Mapping[int, int]  # rows in a batch -> batches of that size
+    dispatch_reasons: Mapping[str, int]  # DispatchReason value -> batches
+    queue_wait_ms: Percentiles  # arrival -> first row dispatched, per request
+    model_ms: Percentiles  # one model_fn call
+
+    @property
+    def mean_batch_size(self) -> float:
+        return self.rows / self.batches if self.batches else 0.0
+
+
+class StatsRecorder:
+    """Mutable counters, updated on the batcher's event loop only."""
+
+    def __init__(self) -> None:
+        self.submitted = 0
+        self.completed = 0
+        self.failed = 0
+        self.expired = 0
+        self.cancelled = 0
+        self.rejected = 0
+        self.batches = 0
+        self.rows = 0
+        self.batch_sizes: Counter[int] = Counter()
+        self.dispatch_reasons: Counter[str] = Counter()
+        self.queue_waits: deque[float] = deque(maxlen=SAMPLE_WINDOW)
+        self.model_times: deque[float] = deque(maxlen=SAMPLE_WINDOW)
+
+    def batch(self, rows: int, reason: str) -> None:
+        self.batches += 1
+        self.rows += rows
+        self.batch_sizes[rows] += 1
+        self.dispatch_reasons[str(reason)] += 1
+
+    def snapshot(self, queued_rows: int) -> BatcherStats:
+        done = self.completed + self.failed + self.expired + self.cancelled
+        return BatcherStats(
+            submitted=self.submitted,
+            completed=self.completed,
+            failed=self.failed,
+            expired=self.expired,
+            cancelled=self.cancelled,
+            rejected=self.rejected,
+            pending=self.submitted - done,
+            queued_rows=queued_rows,
+            batches=self.batches,
+            rows=self.rows,
+            batch_sizes=MappingProxyType(dict(sorted(self.batch_sizes.items()))),
+            dispatch_reasons=MappingProxyType(dict(self.dispatch_reasons)),
+            queue_wait_ms=Percentiles.of(self.queue_waits),
+            model_ms=Percentiles.of(self.model_times),
+        )
