@@ -370,6 +370,8 @@ class Batcher:
             raise self._closed_error()
         if priority.__class__ is not int:
             _check_int("priority", priority, -(2**63))
+        if timeout_ms is not None:
+            timeout_ms = _check_ms("timeout_ms", timeout_ms, positive=True)
         key = self._collator.key(value, span is not None)
         loop = self._loop
         assert loop is not None
@@ -382,7 +384,6 @@ class Batcher:
             raise
         self._stats.submitted += 1
         if timeout_ms is not None:
-            timeout_ms = _check_ms("timeout_ms", timeout_ms, positive=True)
             request.timer = loop.call_at(
                 now + timeout_ms / 1000.0, self._expire, request, timeout_ms
             )

@@ -1,0 +1,130 @@
+"""@carpool.batch: one item in, one result out; the function sees lists."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+from typing import Any
+
+import pytest
+
+import carpool
+
+
+async def test_async_function_callers_share_calls() -> None:
+    calls: list[list[int]] = []
+
+    @carpool.batch(max_batch_size=4)
+    async def double(items: list[int]) -> list[int]:
+        calls.append(items)
+        return [i * 2 for i in items]
+
+    results = await asyncio.gather(*(double(i) for i in range(10)))
+    assert results == [i * 2 for i in range(10)]
+    assert [len(c) for c in calls] == [4, 4, 2]
+    assert all(isinstance(c, list) for c in calls)
+    stats = double.batcher_stats()
+    assert (stats.completed, stats.batches) == (10, 3)
+    await double.aclose()
+    assert double.__name__ == "double"
+
+
+async def test_the_function_gets_a_list_even_for_arrays() -> None:
+    import numpy as np
+
+    seen: list[Any] = []
+
+    @carpool.batch
+    async def first_elements(items: list[Any]) -> list[Any]:
+        seen.append(type(items))
+        return [item[0] for item in items]
+
+    out = await asyncio.gather(first_elements(np.arange(3)), first_elements(np.arange(5)))
+    assert [int(o) for o in out] == [0, 0]
+    assert seen == [list]  # arrays of different shapes still share one list
+    await first_elements.aclose()
+
+
+async def test_methods_get_one_batcher_per_instance() -> None:
+    class Scaler:
+        def __init__(self, factor: int) -> None:
+            self.factor = factor
+            self.calls = 0
+
+        @carpool.batch(max_batch_size=8)
+        async def scale(self, items: list[int]) -> list[int]:
+            self.calls += 1
+            return [i * self.factor for i in items]
+
+    a, b = Scaler(2), Scaler(3)
+    out = await asyncio.gather(*(a.scale(i) for i in range(3)), *(b.scale(i) for i in range(3)))
+    assert out == [0, 2, 4, 0, 3, 6]
+    assert (a.calls, b.calls) == (1, 1)
+    assert a.scale is a.scale
+    await a.scale.aclose()
+    await b.scale.aclose()
+
+
+def test_sync_function_batches_callers_from_many_threads() -> None:
+    barrier = threading.Barrier(16)
+    sizes: list[int] = []
+
+    @carpool.batch(max_batch_size=16)
+    def square(items: list[int]) -> list[int]:
+        sizes.append(len(items))
+        return [i * i for i in items]
+
+    results: dict[int, int] = {}
+
+    def caller(i: int) -> None:
+        barrier.wait()
+        results[i] = square(i)
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {i: i * i for i in range(16)}
+    assert sum(sizes) == 16
+    stats = square.batcher_stats()
+    assert (stats.completed, stats.failed) == (16, 0)
+    square.close()
+    square.close()  # idempotent
+
+
+def test_errors_reach_only_their_caller() -> None:
+    @carpool.batch(max_batch_size=8)
+    def checked(items: list[int]) -> list[int]:
+        if any(i < 0 for i in items):
+            raise ValueError("negative")
+        return items
+
+    with pytest.raises(ValueError, match="negative"):
+        checked(-1)
+    assert checked(5) == 5
+    checked.close()
+
+
+def test_instances_are_not_kept_alive_by_their_batchers() -> None:
+    class Model:
+        @carpool.batch
+        def run(self, items: list[int]) -> list[int]:
+            return items
+
+    model = Model()
+    bound = model.run
+    assert bound(1) == 1
+    bound.close()
+    ref = __import__("weakref").ref(model)
+    del model, bound
+    gc.collect()
+    assert ref() is None
+
+
+def test_options_are_checked_when_decorating() -> None:
+    with pytest.raises(ValueError, match="max_batch_size must be >= 1"):
+        carpool.batch(max_batch_size=0)
+    with pytest.raises(TypeError, match="decorates a function"):
+        carpool.batch()(3)

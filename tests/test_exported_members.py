@@ -1,0 +1,36 @@
+"""The public surface is a decision: changing it must change this test."""
+
+import carpool
+import carpool.errors
+
+
+def test_public_api() -> None:
+    assert set(carpool.__all__) == {
+        "Batcher",
+        "batch",
+        "BatcherStats",
+        "Percentiles",
+        "Collator",
+        "Policy",
+        "QueueView",
+        "Dispatch",
+        "WaitUntil",
+        "DispatchReason",
+        "EagerPolicy",
+        "FixedPolicy",
+        "CarpoolError",
+        "QueueFull",
+        "DeadlineExceeded",
+        "BatcherClosed",
+        "CollationError",
+        "BatchSizeMismatch",
+        "InferenceBatcher",
+        "batch_inference",
+    }
+    for name in carpool.__all__:
+        assert getattr(carpool, name).__module__.startswith("carpool.")
+
+
+def test_errors_are_re_exported() -> None:
+    for name in carpool.errors.__all__:
+        assert getattr(carpool, name) is getattr(carpool.errors, name)
