@@ -21,6 +21,7 @@ import inspect
 import logging
 import math
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +41,9 @@ __all__ = ["Batcher"]
 
 log = logging.getLogger("carpool")
 
+# The batcher's clock; asyncio's loop.time() reads the same one through a method call.
+_monotonic = time.monotonic
+
 _FutureErrors = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
 
 
@@ -58,7 +62,16 @@ class _Request(Entry):
     def __init__(
         self, value: Any, span: int | None, key: Any, priority: int, arrival: float, future: Any
     ) -> None:
-        Entry.__init__(self, value, span, key, priority, arrival)
+        # Entry's fields, set here rather than through Entry.__init__: this is the hot path.
+        self.value = value
+        self.span = span
+        self.rows = 1 if span is None else span
+        self.key = key
+        self.priority = priority
+        self.arrival = arrival
+        self.seq = 0
+        self.taken = 0
+        self.queued = False
         self.future = future  # asyncio.Future (infer) or concurrent.futures.Future (submit)
         self.done = False
         self.timer: asyncio.TimerHandle | None = None
@@ -142,7 +155,7 @@ class Batcher:
         self._engine: asyncio.Task[None] | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self._wake = asyncio.Event()
+        self._waiter: asyncio.Future[None] | None = None  # the parked scheduler's wake-up
         self._busy = 0
         self._inbox: deque[tuple[Any, float | None, int, concurrent.futures.Future[Any]]]
         self._inbox = deque()
@@ -190,7 +203,7 @@ class Batcher:
             return
         if self._state is _State.RUNNING:
             self._state = _State.CLOSING
-            self._wake.set()
+            self._notify()
         if self._engine is not None:
             await asyncio.shield(self._engine)
 
@@ -265,7 +278,10 @@ class Batcher:
         Raises :class:`QueueFull`, :class:`DeadlineExceeded`, :class:`BatcherClosed`,
         :class:`CollationError`, or whatever ``model_fn`` raised on this row.
         """
-        fut = self._check_loop().create_future()
+        loop = self._loop
+        if loop is None or threading.get_ident() != self._loop_thread_id:
+            loop = self._check_loop()
+        fut = loop.create_future()
         request = self._admit(x, None, timeout_ms, priority, fut)
         try:
             return await fut
@@ -373,9 +389,7 @@ class Batcher:
         if timeout_ms is not None:
             timeout_ms = _check_ms("timeout_ms", timeout_ms, positive=True)
         key = self._collator.key(value, span is not None)
-        loop = self._loop
-        assert loop is not None
-        now = loop.time()
+        now = _monotonic()
         request = _Request(value, span, key, priority, now, future)
         try:
             self._queue.push(request)
@@ -384,11 +398,22 @@ class Batcher:
             raise
         self._stats.submitted += 1
         if timeout_ms is not None:
-            request.timer = loop.call_at(
+            request.timer = self._loop.call_at(  # type: ignore[union-attr]
                 now + timeout_ms / 1000.0, self._expire, request, timeout_ms
             )
-        self._wake.set()
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            waiter.set_result(None)
         return request
+
+    def _notify(self) -> None:
+        """Wake the scheduler if it is parked; it re-reads everything when it runs."""
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _take_inbox(self) -> None:
         self._inbox_armed = False
@@ -470,17 +495,15 @@ class Batcher:
     async def _schedule(self) -> None:
         queue = self._queue
         policy = self.policy
-        wake = self._wake
         loop = asyncio.get_running_loop()
         max_wait = self.max_wait_ms / 1000.0
         while True:
-            wake.clear()
             wait_until = math.inf
             if queue.rows and self._busy < self.workers:
                 head = queue.head()
                 assert head is not None
                 head_rows = queue.rows_like(head)
-                now = loop.time()
+                now = _monotonic()
                 decision = policy.decide(
                     QueueView(
                         queued_rows=queue.rows,
@@ -502,12 +525,14 @@ class Batcher:
                 wait_until = decision.time
             elif self._state is not _State.RUNNING and not queue.rows and not self._busy:
                 return
+            # Nothing runs between deciding and parking, so no wake-up can be missed.
+            waiter = self._waiter = loop.create_future()
             if wait_until == math.inf:
-                await wake.wait()
+                await waiter
             else:
-                timer = loop.call_at(wait_until, wake.set)
+                timer = loop.call_at(wait_until, self._notify)
                 try:
-                    await wake.wait()
+                    await waiter
                 finally:
                     timer.cancel()
 
@@ -516,10 +541,7 @@ class Batcher:
         segments = self._queue.pop_batch(head, rows)
         stats = self._stats
         stats.batch(rows, reason)
-        waits = stats.queue_waits
-        for entry, start, _ in segments:
-            if start == 0:
-                waits.append(now - entry.arrival)
+        stats.queue_waits.extend([now - entry.arrival for entry, start, _ in segments if not start])
         self._busy += 1
         assert self._tg is not None
         self._tg.create_task(self._run_batch(segments))
@@ -534,8 +556,8 @@ class Batcher:
             raise
         finally:
             self._busy -= 1
-            self._wake.set()
-        stats = self._stats
+            self._notify()
+        completed = 0
         for (entry, start, stop), part in zip(segments, parts, strict=True):
             request: _Request = entry  # type: ignore[assignment]
             if request.done:
@@ -543,10 +565,17 @@ class Batcher:
             if part.__class__ is Failure:
                 self._fail(request, part.error)
             elif request.span is None or (start == 0 and stop == request.rows):
-                stats.completed += 1
-                self._resolve(request, part, None)
+                completed += 1
+                request.done = True
+                if request.timer is not None:
+                    request.timer.cancel()
+                try:
+                    request.future.set_result(part)
+                except _FutureErrors:  # the caller cancelled its concurrent future meanwhile
+                    pass
             else:
                 self._gather(request, start, stop, part)
+        self._stats.completed += completed
 
     def _gather(self, request: _Request, start: int, stop: int, part: Any) -> None:
         if request.pieces is None:

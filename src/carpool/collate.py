@@ -318,7 +318,8 @@ class Collator:
 
     def key(self, value: Any, many: bool = False, field: str = "input") -> Hashable:
         """The grouping signature; raises :class:`CollationError` for an unusable value."""
-        return self.handler(value).key(self, value, many, field)
+        handler = self._cache.get(value.__class__) or self.handler(value)
+        return handler.key(self, value, many, field)
 
     def rows(self, value: Any, field: str = "input") -> int:
         """Rows of a multi-row value; raises :class:`CollationError` when they disagree."""

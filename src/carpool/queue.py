@@ -70,20 +70,26 @@ class RequestQueue:
         rows = entry.rows
         if self.max_rows is not None and self.rows + rows > self.max_rows:
             raise QueueFull(max_queue_size=self.max_rows, queued=self.rows, rows=rows)
-        self._seq += 1
-        entry.seq = self._seq
+        self._seq = seq = self._seq + 1
+        entry.seq = seq
         entry.queued = True
-        level = self._levels.get(entry.priority)
-        if level is None:
-            level = self._levels[entry.priority] = {}
-            bisect.insort(self._priorities, entry.priority)
-        lane = level.get(entry.key)
-        if lane is None:
-            lane = level[entry.key] = deque()
+        key = entry.key
+        try:
+            lane = self._levels[entry.priority][key]
+        except KeyError:
+            lane = self._new_lane(entry.priority, key)
         lane.append(entry)
         self.rows += rows
         key_rows = self._key_rows
-        key_rows[entry.key] = key_rows.get(entry.key, 0) + rows
+        key_rows[key] = key_rows.get(key, 0) + rows
+
+    def _new_lane(self, priority: int, key: Hashable) -> deque[Entry]:
+        level = self._levels.get(priority)
+        if level is None:
+            level = self._levels[priority] = {}
+            bisect.insort(self._priorities, priority)
+        lane = level[key] = deque()
+        return lane
 
     def remove(self, entry: Entry) -> bool:
         """Withdraw the rows of ``entry`` not yet dispatched; False if none were queued."""

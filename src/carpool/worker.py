@@ -53,21 +53,25 @@ class BatchRunner:
 
     async def run(self, segments: list[Segment], executor: Executor | None) -> list[Any]:
         """One part per segment, in order; the model is re-run on halves to find bad rows."""
+        for entry, _, _ in segments:
+            if entry.span is not None:
+                break
+        else:  # all single rows: the common case, kept cheap
+            values = [entry.value for entry, _, _ in segments]
+            return await self._attempt(values, None, len(values), executor)
         take = self._collator.take
-        values: list[Any] = []
+        values = []
         spans: list[Span] = []
-        partial = False
         for entry, start, stop in segments:
             if entry.span is None:
                 values.append(entry.value)
                 spans.append(None)
             else:
-                partial = True
                 whole = start == 0 and stop == entry.rows
                 values.append(entry.value if whole else take(entry.value, start, stop))
                 spans.append(stop - start)
-        rows = len(values) if not partial else sum(1 if s is None else s for s in spans)
-        return await self._attempt(values, spans if partial else None, rows, executor)
+        rows = sum(1 if s is None else s for s in spans)
+        return await self._attempt(values, spans, rows, executor)
 
     async def _attempt(
         self, values: list[Any], spans: list[Span] | None, rows: int, executor: Executor | None
