@@ -216,7 +216,13 @@ class _DictHandler:
     """Mappings: every key is collated on its own; all keys must carry the same rows."""
 
     def key(self, collator: Collator, value: Any, many: bool, field: str) -> Hashable:
-        return (dict, *((k, collator.key(v, many, f"{field}[{k!r}]")) for k, v in value.items()))
+        # Sorted, so the same fields in another order (JSON from different clients) share a
+        # batch; stack() reads values by key, never by position.
+        try:
+            names = sorted(value)
+        except TypeError:  # keys of mixed types: insertion order
+            names = list(value)
+        return (dict, *((k, collator.key(value[k], many, f"{field}[{k!r}]")) for k in names))
 
     def rows(self, collator: Collator, value: Any, field: str) -> int:
         counts = {k: collator.rows(v, f"{field}[{k!r}]") for k, v in value.items()}

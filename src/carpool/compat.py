@@ -11,25 +11,43 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
+import numpy as np
+
 from carpool.collate import Collator
 from carpool.policy import Dispatch, FixedPolicy, QueueView
 
 __all__ = ["InferenceBatcher", "batch_inference"]
 
 _COLLATOR = Collator()
+_PYTHON_ROWS = _COLLATOR.handler(None)  # what the engine does with plain Python objects
 
 
 def _run(model_fn: Callable[[Any], Any], inputs: Sequence[Any]) -> list[Any]:
     rows = list(inputs)
-    return _COLLATOR.split(model_fn(_COLLATOR.stack(rows)), None, len(rows))
+    batch = _COLLATOR.stack(rows)
+    if _COLLATOR.handler(rows[0]) is _PYTHON_ROWS:
+        # The seed API stacks numbers (scalars, nested lists) with numpy; text and other
+        # objects stay a list rather than becoming a string or object array.
+        try:
+            stacked = np.stack(rows)
+        except ValueError:  # ragged rows
+            stacked = None
+        if stacked is not None and stacked.dtype.kind not in "OUSV":
+            batch = stacked
+    return _COLLATOR.split(model_fn(batch), None, len(rows))
+
+
+def _check_batch_size(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
 
 
 def batch_inference(
     model_fn: Callable[[Any], Any], inputs: Sequence[Any], batch_size: int = 32
 ) -> list[Any]:
     """Run ``model_fn`` once per consecutive chunk of ``batch_size`` inputs; rows out, in order."""
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    _check_batch_size("batch_size", batch_size)
     outputs: list[Any] = []
     for start in range(0, len(inputs), batch_size):
         outputs.extend(_run(model_fn, inputs[start : start + batch_size]))
@@ -44,7 +62,7 @@ class InferenceBatcher:
         self, model_fn: Callable[[Any], Any], max_batch_size: int = 32, max_wait_ms: float = 50.0
     ) -> None:
         self.model_fn = model_fn
-        self.max_batch_size = max_batch_size
+        self.max_batch_size = _check_batch_size("max_batch_size", max_batch_size)
         self.max_wait_ms = max_wait_ms
         self.queue: list[dict[str, Any]] = []
         self._policy = FixedPolicy()
@@ -68,12 +86,16 @@ class InferenceBatcher:
         return isinstance(self._policy.decide(view, time.monotonic()), Dispatch)
 
     def process_batch(self) -> list[dict[str, Any]]:
-        """Run the oldest ``max_batch_size`` requests; ``[{"id": ..., "output": row}, ...]``."""
+        """Run the oldest ``max_batch_size`` requests; ``[{"id": ..., "output": row}, ...]``.
+
+        If ``model_fn`` raises, the requests stay queued (nothing is lost) and the error
+        propagates to the caller.
+        """
         if not self.queue:
             return []
         batch = self.queue[: self.max_batch_size]
-        del self.queue[: self.max_batch_size]
         outputs = _run(self.model_fn, [request["input"] for request in batch])
+        del self.queue[: len(batch)]
         return [
             {"id": request["id"], "output": output}
             for request, output in zip(batch, outputs, strict=True)

@@ -16,6 +16,8 @@ model's own exception, with a note naming the batch it ran in.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "BatchSizeMismatch",
     "BatcherClosed",
@@ -29,6 +31,18 @@ __all__ = [
 class CarpoolError(Exception):
     """Base class of every error carpool raises itself."""
 
+    def _fields(self) -> dict[str, Any]:
+        return {}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword-only constructors: rebuild from the fields, so errors survive pickling
+        # (process pools) and copying with their data and message intact.
+        return (_rebuild, (type(self), self._fields()))
+
+
+def _rebuild(cls: type[CarpoolError], fields: dict[str, Any]) -> CarpoolError:
+    return cls(**fields)
+
 
 class QueueFull(CarpoolError, RuntimeError):
     """The queue already holds ``max_queue_size`` rows; nothing of the request was queued.
@@ -40,10 +54,17 @@ class QueueFull(CarpoolError, RuntimeError):
         self.max_queue_size = max_queue_size
         self.queued = queued
         self.rows = rows
+        if rows > max_queue_size:
+            remedy = "Split the request or raise max_queue_size"
+        else:
+            remedy = "Retry later, add workers, or raise max_queue_size"
         super().__init__(
             f"Exceeds maximum queue size: {queued} rows queued, {rows} more would pass "
-            f"max_queue_size={max_queue_size}. Retry later, add workers, or raise max_queue_size."
+            f"max_queue_size={max_queue_size}. {remedy}."
         )
+
+    def _fields(self) -> dict[str, Any]:
+        return {"max_queue_size": self.max_queue_size, "queued": self.queued, "rows": self.rows}
 
 
 class DeadlineExceeded(CarpoolError, TimeoutError):
@@ -62,16 +83,23 @@ class DeadlineExceeded(CarpoolError, TimeoutError):
             "Raise timeout_ms, lower max_wait_ms, or add workers."
         )
 
+    def _fields(self) -> dict[str, Any]:
+        return {"timeout_ms": self.timeout_ms, "stage": self.stage}
+
 
 class BatcherClosed(CarpoolError, RuntimeError):
     """The batcher is closing or closed, or was never started, and takes no new requests."""
 
     def __init__(self, name: str, reason: str = "is closed") -> None:
         self.name = name
+        self.reason = reason
         super().__init__(
             f"Batcher {name!r} {reason} and accepts no new requests. "
             "Use it inside 'async with Batcher(...)' or 'with Batcher(...)'."
         )
+
+    def _fields(self) -> dict[str, Any]:
+        return {"name": self.name, "reason": self.reason}
 
 
 class CollationError(CarpoolError, TypeError):
@@ -83,7 +111,11 @@ class CollationError(CarpoolError, TypeError):
 
     def __init__(self, message: str, *, field: str = "input") -> None:
         self.field = field
+        self.detail = message
         super().__init__(f"{field}: {message}")
+
+    def _fields(self) -> dict[str, Any]:
+        return {"message": self.detail, "field": self.field}
 
 
 class BatchSizeMismatch(CarpoolError, ValueError):
@@ -97,3 +129,6 @@ class BatchSizeMismatch(CarpoolError, ValueError):
             f"model_fn returned {actual} rows in {field} for a batch of {expected} rows; "
             "it must return exactly one output row per input row, along axis 0."
         )
+
+    def _fields(self) -> dict[str, Any]:
+        return {"expected": self.expected, "actual": self.actual, "field": self.field}

@@ -124,7 +124,11 @@ def make_policy(policy: str | Policy) -> Policy:
                 f"policy must be one of {names} or a Policy object, got {policy!r}"
             ) from None
     candidate: object = policy  # callers without type checking pass anything
-    if not isinstance(candidate, Policy):
-        kind = type(candidate).__name__
+    if isinstance(candidate, type) or not isinstance(candidate, Policy):
+        kind = (
+            f"the class {candidate.__name__}"
+            if isinstance(candidate, type)
+            else (type(candidate).__name__)
+        )
         raise TypeError(f"policy must be a name or an object with decide(view, now), got {kind}")
     return policy

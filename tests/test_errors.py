@@ -1,0 +1,182 @@
+"""The error tree: each error is also the builtin it resembles, carries data, names a remedy."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+
+import carpool
+from carpool.errors import (
+    BatcherClosed,
+    BatchSizeMismatch,
+    CarpoolError,
+    CollationError,
+    DeadlineExceeded,
+    QueueFull,
+)
+
+
+def examples() -> list[CarpoolError]:
+    return [
+        QueueFull(max_queue_size=64, queued=63, rows=2),
+        DeadlineExceeded(timeout_ms=250.0, stage="queued"),
+        BatcherClosed("embed"),
+        CollationError("bad rows", field="input['ids']"),
+        BatchSizeMismatch(expected=8, actual=7),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("cls", "builtin"),
+    [
+        (QueueFull, RuntimeError),
+        (DeadlineExceeded, TimeoutError),
+        (BatcherClosed, RuntimeError),
+        (CollationError, TypeError),
+        (BatchSizeMismatch, ValueError),
+    ],
+)
+def test_each_error_is_a_carpool_error_and_its_builtin(
+    cls: type[CarpoolError], builtin: type[Exception]
+) -> None:
+    assert issubclass(cls, CarpoolError)
+    assert issubclass(cls, builtin)
+    assert cls.__mro__[1:3] == (CarpoolError, builtin)
+
+
+def test_carpool_error_is_an_exception_and_not_a_builtin_subkind() -> None:
+    assert CarpoolError.__mro__ == (CarpoolError, Exception, BaseException, object)
+
+
+def test_builtin_except_clauses_catch_carpool_errors() -> None:
+    with pytest.raises(TimeoutError):
+        raise DeadlineExceeded(timeout_ms=10, stage="queued")
+    with pytest.raises(ValueError, match="for a batch of 4 rows"):
+        raise BatchSizeMismatch(expected=4, actual=5)
+    with pytest.raises(TypeError, match=r"^input: nope$"):
+        raise CollationError("nope")
+
+
+def test_errors_are_re_exported_from_carpool() -> None:
+    assert carpool.QueueFull is QueueFull
+    assert carpool.DeadlineExceeded is DeadlineExceeded
+    assert carpool.BatcherClosed is BatcherClosed
+    assert carpool.CollationError is CollationError
+    assert carpool.BatchSizeMismatch is BatchSizeMismatch
+    assert carpool.CarpoolError is CarpoolError
+
+
+def test_queue_full() -> None:
+    error = QueueFull(max_queue_size=64, queued=63, rows=2)
+    assert (error.max_queue_size, error.queued, error.rows) == (64, 63, 2)
+    assert str(error) == (
+        "Exceeds maximum queue size: 63 rows queued, 2 more would pass max_queue_size=64. "
+        "Retry later, add workers, or raise max_queue_size."
+    )
+
+
+def test_queue_full_takes_keywords_only() -> None:
+    with pytest.raises(TypeError):
+        QueueFull(64, 63, 2)  # type: ignore[call-arg]
+
+
+def test_deadline_exceeded_while_queued() -> None:
+    error = DeadlineExceeded(timeout_ms=250.0, stage="queued")
+    assert (error.timeout_ms, error.stage) == (250.0, "queued")
+    assert str(error) == (
+        "Request timeout expired: timeout_ms=250 passed while queued. "
+        "Raise timeout_ms, lower max_wait_ms, or add workers."
+    )
+
+
+def test_deadline_exceeded_while_running() -> None:
+    error = DeadlineExceeded(timeout_ms=12.5, stage="running")
+    assert error.stage == "running"
+    assert str(error) == (
+        "Request timeout expired: timeout_ms=12.5 passed while its batch was running. "
+        "Raise timeout_ms, lower max_wait_ms, or add workers."
+    )
+
+
+def test_batcher_closed() -> None:
+    error = BatcherClosed("embed")
+    assert error.name == "embed"
+    assert str(error) == (
+        "Batcher 'embed' is closed and accepts no new requests. "
+        "Use it inside 'async with Batcher(...)' or 'with Batcher(...)'."
+    )
+
+
+def test_batcher_closed_with_a_reason() -> None:
+    error = BatcherClosed("embed", reason="was never started")
+    assert str(error).startswith("Batcher 'embed' was never started and accepts no new requests.")
+
+
+def test_collation_error_names_its_field() -> None:
+    error = CollationError("cannot stack str with int", field="input['ids']")
+    assert error.field == "input['ids']"
+    assert str(error) == "input['ids']: cannot stack str with int"
+    assert CollationError("x").field == "input"
+
+
+def test_batch_size_mismatch() -> None:
+    error = BatchSizeMismatch(expected=8, actual=7)
+    assert (error.expected, error.actual, error.field) == (8, 7, "output")
+    assert str(error) == (
+        "model_fn returned 7 rows in output for a batch of 8 rows; "
+        "it must return exactly one output row per input row, along axis 0."
+    )
+    named = BatchSizeMismatch(expected=2, actual=3, field="output['logits']")
+    assert named.field == "output['logits']"
+    assert "3 rows in output['logits'] for a batch of 2 rows" in str(named)
+
+
+def test_tritons_wording_is_kept() -> None:
+    assert str(QueueFull(max_queue_size=1, queued=1, rows=1)).startswith(
+        "Exceeds maximum queue size"
+    )
+    for stage in ("queued", "running"):
+        assert str(DeadlineExceeded(timeout_ms=1, stage=stage)).startswith(
+            "Request timeout expired"
+        )
+
+
+@pytest.mark.parametrize(
+    ("error", "remedy"),
+    [
+        (QueueFull(max_queue_size=2, queued=2, rows=1), "raise max_queue_size"),
+        (DeadlineExceeded(timeout_ms=5, stage="queued"), "Raise timeout_ms"),
+        (BatcherClosed("m"), "Use it inside 'async with Batcher(...)'"),
+        (BatchSizeMismatch(expected=1, actual=2), "exactly one output row per input row"),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, Exception) else "",
+)
+def test_every_message_names_a_remedy(error: CarpoolError, remedy: str) -> None:
+    assert remedy in str(error)
+
+
+def test_module_docstring_draws_the_tree() -> None:
+    import carpool.errors as errors
+
+    doc = errors.__doc__ or ""
+    for line in (
+        "QueueFull (RuntimeError)",
+        "DeadlineExceeded (TimeoutError)",
+        "BatcherClosed (RuntimeError)",
+        "CollationError (TypeError)",
+        "BatchSizeMismatch (ValueError)",
+    ):
+        assert line in doc
+    assert set(errors.__all__) == {type(e).__name__ for e in examples()} | {"CarpoolError"}
+
+
+@pytest.mark.parametrize("error", examples(), ids=lambda e: type(e).__name__)
+def test_errors_survive_pickle_and_copy(error: CarpoolError) -> None:
+    # Errors cross process boundaries (process pools, multiprocessing workers, test runners)
+    # and are copied by some frameworks; they must come back with their data and message.
+    for clone in (pickle.loads(pickle.dumps(error)), copy.copy(error)):
+        assert type(clone) is type(error)
+        assert str(clone) == str(error)
+        assert vars(clone) == vars(error)

@@ -1,0 +1,408 @@
+"""The request queue: priority, then arrival, per collation key; bounded by rows; pure."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from carpool.errors import QueueFull
+from carpool.queue import Entry, RequestQueue, Segment
+
+
+def entry(value: Any, *, span: int | None = None, key: Hashable = "k", priority: int = 0) -> Entry:
+    return Entry(value, span, key, priority, arrival=0.0)
+
+
+def names(segments: list[Segment]) -> list[tuple[Any, int, int]]:
+    return [(e.value, start, stop) for e, start, stop in segments]
+
+
+def pop(queue: RequestQueue, max_rows: int) -> list[tuple[Any, int, int]]:
+    head = queue.head()
+    assert head is not None
+    return names(queue.pop_batch(head, max_rows))
+
+
+# Entry
+
+
+def test_entry_single_row_and_multi_row() -> None:
+    one = Entry("x", None, "k", 3, arrival=1.5)
+    many = Entry("xs", 4, "k", 0, arrival=2.0)
+    assert (one.rows, one.span, one.priority, one.arrival, one.taken, one.queued) == (
+        1,
+        None,
+        3,
+        1.5,
+        0,
+        False,
+    )
+    assert (many.rows, many.span) == (4, 4)
+
+
+# order
+
+
+def test_empty_queue() -> None:
+    queue = RequestQueue()
+    assert queue.head() is None
+    assert len(queue) == 0
+    assert queue.rows == 0
+    assert queue.max_rows is None
+    assert queue.drain() == []
+
+
+def test_fifo_within_a_priority_level() -> None:
+    queue = RequestQueue()
+    for value in "abcd":
+        queue.push(entry(value))
+    assert pop(queue, 10) == [("a", 0, 1), ("b", 0, 1), ("c", 0, 1), ("d", 0, 1)]
+    assert queue.head() is None
+
+
+def test_lower_priority_value_is_served_first() -> None:
+    queue = RequestQueue()
+    queue.push(entry("late-urgent", priority=0))
+    queue.push(entry("bulk-1", priority=5))
+    queue.push(entry("bulk-2", priority=5))
+    queue.push(entry("urgent", priority=-1))
+    queue.push(entry("normal", priority=0))
+    head = queue.head()
+    assert head is not None
+    assert head.value == "urgent"
+    assert pop(queue, 10) == [
+        ("urgent", 0, 1),
+        ("late-urgent", 0, 1),
+        ("normal", 0, 1),
+        ("bulk-1", 0, 1),
+        ("bulk-2", 0, 1),
+    ]
+
+
+def test_batch_holds_up_to_max_rows_and_leaves_the_rest_in_order() -> None:
+    queue = RequestQueue()
+    for value in "abcde":
+        queue.push(entry(value))
+    assert pop(queue, 2) == [("a", 0, 1), ("b", 0, 1)]
+    assert len(queue) == 3
+    assert pop(queue, 2) == [("c", 0, 1), ("d", 0, 1)]
+    assert pop(queue, 2) == [("e", 0, 1)]
+    assert len(queue) == 0
+
+
+def test_a_batch_only_holds_one_collation_key() -> None:
+    queue = RequestQueue()
+    queue.push(entry("a1", key="A"))
+    queue.push(entry("b1", key="B"))
+    queue.push(entry("a2", key="A"))
+    queue.push(entry("b2", key="B"))
+    assert pop(queue, 10) == [("a1", 0, 1), ("a2", 0, 1)]
+    assert pop(queue, 10) == [("b1", 0, 1), ("b2", 0, 1)]
+
+
+def test_head_is_the_earliest_arrival_across_keys() -> None:
+    queue = RequestQueue()
+    queue.push(entry("b1", key="B"))
+    queue.push(entry("a1", key="A"))
+    head = queue.head()
+    assert head is not None
+    assert head.value == "b1"
+
+
+def test_a_batch_of_the_head_key_gathers_rows_from_less_urgent_levels() -> None:
+    queue = RequestQueue()
+    queue.push(entry("a-p2", key="A", priority=2))
+    queue.push(entry("b-p1", key="B", priority=1))
+    queue.push(entry("a-p0", key="A", priority=0))
+    assert pop(queue, 10) == [("a-p0", 0, 1), ("a-p2", 0, 1)]
+    assert pop(queue, 10) == [("b-p1", 0, 1)]
+
+
+def test_rows_like_counts_rows_of_the_same_key_across_levels() -> None:
+    queue = RequestQueue()
+    a = entry("a", key="A", span=3)
+    queue.push(a)
+    queue.push(entry("a2", key="A", priority=7))
+    queue.push(entry("b", key="B", span=5))
+    assert queue.rows_like(a) == 4
+    assert queue.rows_like(entry("probe", key="B")) == 5
+    assert queue.rows_like(entry("probe", key="C")) == 0
+    assert len(queue) == 9
+
+
+# multi-row entries
+
+
+def test_multi_row_entry_splits_and_keeps_its_place_at_the_head() -> None:
+    queue = RequestQueue()
+    big = entry("big", span=5)
+    queue.push(big)
+    queue.push(entry("next"))
+    assert pop(queue, 2) == [("big", 0, 2)]
+    assert (big.taken, big.queued) == (2, True)
+    assert queue.head() is big
+    assert len(queue) == 4
+    assert queue.rows_like(big) == 4
+    assert pop(queue, 2) == [("big", 2, 4)]
+    # the last row of big goes first, then the request behind it fills the batch
+    assert pop(queue, 2) == [("big", 4, 5), ("next", 0, 1)]
+    assert (big.taken, big.queued) == (5, False)
+    assert queue.head() is None
+    assert len(queue) == 0
+
+
+def test_multi_row_entry_fills_the_rest_of_a_batch() -> None:
+    queue = RequestQueue()
+    queue.push(entry("one"))
+    queue.push(entry("big", span=4))
+    queue.push(entry("two"))
+    assert pop(queue, 3) == [("one", 0, 1), ("big", 0, 2)]
+    assert pop(queue, 3) == [("big", 2, 4), ("two", 0, 1)]
+
+
+def test_partial_entry_is_not_overtaken_by_later_arrivals() -> None:
+    queue = RequestQueue()
+    big = entry("big", span=3)
+    queue.push(big)
+    assert pop(queue, 1) == [("big", 0, 1)]
+    queue.push(entry("later"))
+    assert queue.head() is big
+    assert pop(queue, 5) == [("big", 1, 3), ("later", 0, 1)]
+
+
+# removal
+
+
+def test_remove_a_queued_entry_updates_counts_and_skips_it() -> None:
+    queue = RequestQueue()
+    a, b, c = entry("a"), entry("b", span=3), entry("c")
+    for e in (a, b, c):
+        queue.push(e)
+    assert queue.remove(b) is True
+    assert b.queued is False
+    assert len(queue) == 2
+    assert queue.rows_like(a) == 2
+    assert pop(queue, 10) == [("a", 0, 1), ("c", 0, 1)]
+
+
+def test_remove_the_head_moves_the_head_on() -> None:
+    queue = RequestQueue()
+    a, b = entry("a"), entry("b")
+    queue.push(a)
+    queue.push(b)
+    queue.remove(a)
+    assert queue.head() is b
+
+
+def test_remove_a_partially_taken_entry_withdraws_only_its_remaining_rows() -> None:
+    queue = RequestQueue()
+    big = entry("big", span=5)
+    queue.push(big)
+    queue.push(entry("other", span=2))
+    assert pop(queue, 2) == [("big", 0, 2)]
+    assert len(queue) == 5
+    assert queue.remove(big) is True
+    assert len(queue) == 2
+    assert queue.rows_like(big) == 2
+    assert pop(queue, 10) == [("other", 0, 2)]
+    assert len(queue) == 0
+    assert queue.rows_like(big) == 0
+
+
+def test_remove_twice_or_after_dispatch_or_never_pushed_is_false() -> None:
+    queue = RequestQueue()
+    a, b = entry("a"), entry("b")
+    queue.push(a)
+    queue.push(b)
+    assert queue.remove(a) is True
+    assert queue.remove(a) is False
+    assert pop(queue, 1) == [("b", 0, 1)]
+    assert queue.remove(b) is False
+    assert queue.remove(entry("stranger")) is False
+    assert len(queue) == 0
+
+
+def test_removing_the_last_row_of_a_key_forgets_the_key() -> None:
+    queue = RequestQueue()
+    a = entry("a", key="A")
+    queue.push(a)
+    queue.remove(a)
+    assert queue.rows_like(a) == 0
+    assert queue.head() is None
+
+
+# bound
+
+
+def test_push_up_to_the_bound_then_queue_full() -> None:
+    queue = RequestQueue(max_rows=3)
+    queue.push(entry("a", span=2))
+    queue.push(entry("b"))
+    refused = entry("c")
+    with pytest.raises(QueueFull) as info:
+        queue.push(refused)
+    error = info.value
+    assert (error.max_queue_size, error.queued, error.rows) == (3, 3, 1)
+    assert str(error) == (
+        "Exceeds maximum queue size: 3 rows queued, 1 more would pass max_queue_size=3. "
+        "Retry later, add workers, or raise max_queue_size."
+    )
+    assert refused.queued is False
+    assert len(queue) == 3
+
+
+def test_a_multi_row_entry_that_does_not_fit_queues_none_of_its_rows() -> None:
+    queue = RequestQueue(max_rows=4)
+    queue.push(entry("a", span=2))
+    big = entry("big", span=3)
+    with pytest.raises(QueueFull) as info:
+        queue.push(big)
+    assert (info.value.queued, info.value.rows) == (2, 3)
+    assert len(queue) == 2
+    assert queue.rows_like(big) == 2
+    assert pop(queue, 10) == [("a", 0, 2)]
+    assert queue.head() is None
+
+
+def test_queue_full_with_nothing_queued_for_a_request_larger_than_the_bound() -> None:
+    queue = RequestQueue(max_rows=2)
+    big = entry("big", span=3)
+    with pytest.raises(QueueFull) as info:
+        queue.push(big)
+    assert (info.value.max_queue_size, info.value.queued, info.value.rows) == (2, 0, 3)
+    assert len(queue) == 0
+    assert queue.head() is None
+    assert big.queued is False
+
+
+def test_zero_bound_refuses_everything() -> None:
+    queue = RequestQueue(max_rows=0)
+    with pytest.raises(QueueFull) as info:
+        queue.push(entry("a"))
+    assert (info.value.max_queue_size, info.value.queued, info.value.rows) == (0, 0, 1)
+
+
+def test_room_frees_as_rows_leave() -> None:
+    queue = RequestQueue(max_rows=2)
+    a = entry("a", span=2)
+    queue.push(a)
+    assert pop(queue, 1) == [("a", 0, 1)]
+    queue.push(entry("b"))  # one row dispatched, one row of room
+    with pytest.raises(QueueFull):
+        queue.push(entry("c"))
+    queue.remove(a)
+    queue.push(entry("c"))
+    assert len(queue) == 2
+
+
+# drain
+
+
+def test_drain_returns_every_entry_with_rows_left_and_empties_the_queue() -> None:
+    queue = RequestQueue()
+    big = entry("big", span=3)
+    queue.push(big)
+    queue.push(entry("b", key="B", priority=4))
+    gone = entry("gone")
+    queue.push(gone)
+    queue.push(entry("c", priority=-2))
+    queue.remove(gone)
+    head = queue.head()
+    assert head is not None
+    assert head.value == "c"
+    assert names(queue.pop_batch(head, 2)) == [("c", 0, 1), ("big", 0, 1)]
+    drained = queue.drain()
+    assert sorted(e.value for e in drained) == ["b", "big"]
+    assert all(not e.queued for e in drained)
+    assert big.taken == 1
+    assert len(queue) == 0
+    assert queue.rows_like(big) == 0
+    assert queue.head() is None
+    assert queue.drain() == []
+
+
+def test_queue_is_usable_after_drain() -> None:
+    queue = RequestQueue(max_rows=1)
+    queue.push(entry("a"))
+    queue.drain()
+    queue.push(entry("b"))
+    assert pop(queue, 1) == [("b", 0, 1)]
+
+
+# invariants against a reference model
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("push"),
+            st.integers(-2, 2),  # priority
+            st.sampled_from("AB"),  # key
+            st.one_of(st.none(), st.integers(1, 5)),  # span
+        ),
+        st.tuples(st.just("pop"), st.integers(1, 6)),
+        st.tuples(st.just("remove"), st.integers(0, 50)),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=ops, bound=st.one_of(st.none(), st.integers(0, 12)))
+def test_queue_matches_a_sorted_reference(ops: list[tuple[Any, ...]], bound: int | None) -> None:
+    queue = RequestQueue(max_rows=bound)
+    pushed: list[Entry] = []
+    left: dict[int, int] = {}  # id(entry) -> rows not yet dispatched or removed
+
+    def live() -> list[Entry]:
+        order = sorted(pushed, key=lambda e: (e.priority, e.seq))
+        return [e for e in order if left[id(e)]]
+
+    for op in ops:
+        if op[0] == "push":
+            _, priority, key, span = op
+            e = Entry(len(pushed), span, key, priority, arrival=float(len(pushed)))
+            total = sum(left.values())
+            if bound is not None and total + e.rows > bound:
+                with pytest.raises(QueueFull):
+                    queue.push(e)
+                assert not e.queued
+            else:
+                queue.push(e)
+                pushed.append(e)
+                left[id(e)] = e.rows
+        elif op[0] == "pop":
+            expected_head = next(iter(live()), None)
+            head = queue.head()
+            assert head is expected_head
+            if head is None:
+                continue
+            room = op[1]
+            expected: list[tuple[Any, int, int]] = []
+            for e in live():
+                if e.key != head.key or not room:
+                    continue
+                start = e.rows - left[id(e)]
+                n = min(room, left[id(e)])
+                expected.append((e.value, start, start + n))
+                left[id(e)] -= n
+                room -= n
+            assert names(queue.pop_batch(head, op[1])) == expected
+        elif pushed:
+            target = pushed[op[1] % len(pushed)]
+            had = left[id(target)] > 0
+            assert queue.remove(target) is had
+            left[id(target)] = 0
+        assert len(queue) == sum(left.values())
+        for key in "AB":
+            rows = sum(left[id(e)] for e in pushed if e.key == key)
+            assert queue.rows_like(Entry(None, None, key, 0, 0.0)) == rows
+        assert all(e.queued == (left[id(e)] > 0) for e in pushed)
+
+    drained = queue.drain()
+    assert {id(e) for e in drained} == {id(e) for e in pushed if left[id(e)]}
+    assert len(queue) == 0
+    assert queue.head() is None

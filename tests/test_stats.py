@@ -1,0 +1,175 @@
+"""Counters, nearest-rank percentiles and the frozen snapshot; durations are passed in."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from carpool.policy import DispatchReason
+from carpool.stats import SAMPLE_WINDOW, BatcherStats, Percentiles, StatsRecorder
+
+# Percentiles
+
+
+def test_percentiles_of_1_to_100_ms() -> None:
+    samples = [i / 1000 for i in range(1, 101)]
+    random.Random(7).shuffle(samples)  # order of arrival does not matter
+    assert Percentiles.of(samples) == Percentiles(p50=50.0, p90=90.0, p99=99.0, count=100)
+
+
+def test_percentiles_of_nothing_are_zero() -> None:
+    assert Percentiles.of([]) == Percentiles(p50=0.0, p90=0.0, p99=0.0, count=0)
+    assert Percentiles() == Percentiles.of(iter(()))
+
+
+def test_percentiles_of_one_sample() -> None:
+    assert Percentiles.of([0.25]) == Percentiles(p50=250.0, p90=250.0, p99=250.0, count=1)
+
+
+def test_percentiles_nearest_rank_of_ten() -> None:
+    # ranks: p50 -> 5th, p90 -> 9th, p99 -> ceil(9.9) = 10th
+    samples = [0.010, 0.020, 0.030, 0.040, 0.050, 0.060, 0.070, 0.080, 0.090, 1.0]
+    result = Percentiles.of(samples)
+    assert result == Percentiles(p50=0.050 * 1000, p90=0.090 * 1000, p99=1000.0, count=10)
+
+
+def test_percentiles_of_two() -> None:
+    assert Percentiles.of([0.002, 0.001]) == Percentiles(p50=1.0, p90=2.0, p99=2.0, count=2)
+
+
+def test_percentiles_accept_any_iterable() -> None:
+    assert Percentiles.of(x / 1000 for x in (3, 1, 2)).p50 == 2.0
+
+
+@given(st.lists(st.floats(0, 100, allow_nan=False), min_size=1, max_size=300))
+def test_percentiles_are_samples_in_order(samples: list[float]) -> None:
+    result = Percentiles.of(samples)
+    ms = sorted(s * 1000.0 for s in samples)
+    assert result.count == len(samples)
+    assert ms[0] <= result.p50 <= result.p90 <= result.p99 <= ms[-1]
+    for p, q in ((result.p50, 0.5), (result.p90, 0.9), (result.p99, 0.99)):
+        assert p in ms
+        # nearest rank: at least q of the samples are <= p, fewer than q are < p
+        assert sum(x <= p for x in ms) >= q * len(ms) - 1e-9
+        assert sum(x < p for x in ms) < q * len(ms)
+
+
+def test_percentiles_are_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Percentiles().p50 = 1.0  # type: ignore[misc]
+
+
+# StatsRecorder
+
+
+def test_fresh_recorder_snapshot() -> None:
+    stats = StatsRecorder().snapshot(queued_rows=0)
+    assert stats == BatcherStats(
+        submitted=0,
+        completed=0,
+        failed=0,
+        expired=0,
+        cancelled=0,
+        rejected=0,
+        pending=0,
+        queued_rows=0,
+        batches=0,
+        rows=0,
+        batch_sizes={},
+        dispatch_reasons={},
+        queue_wait_ms=Percentiles(),
+        model_ms=Percentiles(),
+    )
+    assert stats.mean_batch_size == 0.0
+
+
+def test_counts_and_pending_arithmetic() -> None:
+    recorder = StatsRecorder()
+    recorder.submitted = 20
+    recorder.completed = 9
+    recorder.failed = 3
+    recorder.expired = 2
+    recorder.cancelled = 1
+    recorder.rejected = 4
+    stats = recorder.snapshot(queued_rows=7)
+    assert (stats.submitted, stats.completed, stats.failed, stats.expired) == (20, 9, 3, 2)
+    assert (stats.cancelled, stats.rejected, stats.queued_rows) == (1, 4, 7)
+    assert stats.pending == 5  # 20 - (9 + 3 + 2 + 1); rejected were never submitted
+    assert stats.submitted == (
+        stats.completed + stats.failed + stats.expired + stats.cancelled + stats.pending
+    )
+
+
+def test_batches_rows_sizes_and_mean() -> None:
+    recorder = StatsRecorder()
+    recorder.batch(8, DispatchReason.FULL)
+    recorder.batch(2, DispatchReason.WAIT_ELAPSED)
+    recorder.batch(8, DispatchReason.FULL)
+    recorder.batch(4, DispatchReason.DRAIN)
+    stats = recorder.snapshot(queued_rows=0)
+    assert (stats.batches, stats.rows) == (4, 22)
+    assert stats.mean_batch_size == 5.5
+    assert dict(stats.batch_sizes) == {2: 1, 4: 1, 8: 2}
+    assert list(stats.batch_sizes) == [2, 4, 8]  # sorted by size
+
+
+def test_dispatch_reasons_are_keyed_by_plain_strings() -> None:
+    recorder = StatsRecorder()
+    recorder.batch(1, DispatchReason.WORKER_IDLE)
+    recorder.batch(1, DispatchReason.WORKER_IDLE)
+    recorder.batch(3, "full")
+    recorder.batch(3, DispatchReason.FULL)
+    reasons = recorder.snapshot(queued_rows=0).dispatch_reasons
+    assert dict(reasons) == {"worker_idle": 2, "full": 2}
+    assert all(type(k) is str for k in reasons)
+
+
+def test_latency_percentiles_in_the_snapshot() -> None:
+    recorder = StatsRecorder()
+    recorder.queue_waits.extend(i / 1000 for i in range(1, 101))
+    recorder.model_times.append(0.004)
+    stats = recorder.snapshot(queued_rows=0)
+    assert stats.queue_wait_ms == Percentiles(p50=50.0, p90=90.0, p99=99.0, count=100)
+    assert stats.model_ms == Percentiles(p50=4.0, p90=4.0, p99=4.0, count=1)
+
+
+def test_latency_samples_keep_only_the_recent_window() -> None:
+    recorder = StatsRecorder()
+    recorder.model_times.extend([100.0] * 10)  # old outliers fall out of the window
+    recorder.model_times.extend([0.001] * SAMPLE_WINDOW)
+    stats = recorder.snapshot(queued_rows=0)
+    assert stats.model_ms == Percentiles(p50=1.0, p90=1.0, p99=1.0, count=SAMPLE_WINDOW)
+
+
+def test_snapshot_is_immutable() -> None:
+    recorder = StatsRecorder()
+    recorder.batch(2, DispatchReason.FULL)
+    stats = recorder.snapshot(queued_rows=1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        stats.completed = 5  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        stats.batch_sizes[2] = 10  # type: ignore[index]
+    with pytest.raises(TypeError):
+        stats.dispatch_reasons["full"] = 10  # type: ignore[index]
+
+
+def test_snapshot_does_not_change_when_the_recorder_does() -> None:
+    recorder = StatsRecorder()
+    recorder.batch(2, DispatchReason.FULL)
+    recorder.model_times.append(0.002)
+    before = recorder.snapshot(queued_rows=3)
+    recorder.batch(2, DispatchReason.FULL)
+    recorder.batch(5, DispatchReason.DRAIN)
+    recorder.submitted += 1
+    recorder.model_times.append(0.009)
+    assert (before.batches, before.rows, before.submitted) == (1, 2, 0)
+    assert dict(before.batch_sizes) == {2: 1}
+    assert dict(before.dispatch_reasons) == {"full": 1}
+    assert before.model_ms.count == 1
+    after = recorder.snapshot(queued_rows=0)
+    assert dict(after.batch_sizes) == {2: 2, 5: 1}
+    assert dict(after.dispatch_reasons) == {"full": 2, "drain": 1}
