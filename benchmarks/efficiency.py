@@ -6,7 +6,9 @@ served rows/s is compared with the *offline peak*: the same rows pushed
 through ``carpool.batch_inference(model, rows, batch_size=max_batch_size)``,
 i.e. the model called back-to-back on full batches with nothing else going
 on.  Both are measured in the same process, interleaved, repeated (default 5)
-and reported as medians; the ratio is median served / median offline.
+and reported as medians; the ratio is median served / median offline ("paired":
+the median over repeats of served / the offline run just before it, which is robust to
+the machine's speed drifting during the run).
 
 Models (``models.py``):
   * ``sleep``: GPU-like cost ``time.sleep(0.002 + 0.00005 * rows)``, sync, run
@@ -160,6 +162,11 @@ def main() -> int:
         srv = _bench.median(x["rps"] for x in res[(m, bs, w)])
         mb = _bench.median(x["mean_batch"] for x in res[(m, bs, w)])
         ratio = srv / off
+        # ratio of each served run to the offline run just before it (same repeat): robust
+        # to slow drifts in machine speed, which a ratio of medians is not
+        paired = _bench.median(
+            s["rps"] / o["rps"] for o, s in zip(res[(m, bs, 0)], res[(m, bs, w)], strict=True)
+        )
         if w == 1:
             headline.append(ratio)
         rows_out.append(
@@ -170,6 +177,7 @@ def main() -> int:
                 _bench.fmt_num(off),
                 _bench.fmt_num(srv),
                 f"{ratio:.3f}",
+                f"{paired:.3f}",
                 _bench.fmt_num(mb, 1),
                 _bench.verdict(ratio, 0.95) if w == 1 else "(info)",
             ]
@@ -183,6 +191,7 @@ def main() -> int:
                 "offline rows/s",
                 "served rows/s",
                 "served/offline",
+                "paired",
                 "mean batch",
                 "target>=0.95",
             ],

@@ -25,7 +25,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from types import TracebackType
 from typing import Any, Self
 
@@ -57,7 +56,7 @@ class _State(enum.Enum):
 class _Request(Entry):
     """A queue entry plus what it takes to answer its caller exactly once."""
 
-    __slots__ = ("done", "future", "pending", "pieces", "timer")
+    __slots__ = ("done", "future", "pending", "pieces", "running", "timer")
 
     def __init__(
         self, value: Any, span: int | None, key: Any, priority: int, arrival: float, future: Any
@@ -74,9 +73,28 @@ class _Request(Entry):
         self.queued = False
         self.future = future  # asyncio.Future (infer) or concurrent.futures.Future (submit)
         self.done = False
+        self.running = False  # some of its rows reached the model
         self.timer: asyncio.TimerHandle | None = None
         self.pending = self.rows  # rows whose output has not come back yet
         self.pieces: list[tuple[int, Any]] | None = None  # outputs of a split request
+
+
+class _SubmitFuture(concurrent.futures.Future[Any]):
+    """The future ``submit`` returns: cancelling it withdraws the request.
+
+    A subclass rather than a done-callback on every future: only a real cancel pays.
+    """
+
+    def __init__(self, batcher: Batcher) -> None:
+        super().__init__()
+        self.batcher = batcher
+        self.request: _Request | None = None  # set on the loop once admitted
+
+    def cancel(self) -> bool:
+        cancelled = super().cancel()
+        if cancelled:
+            self.batcher._withdraw_threadsafe(self)
+        return cancelled
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -148,7 +166,9 @@ class Batcher:
             collator=self._collator,
             isolate_errors=isolate_errors,
             name=self.name,
+            workers=self.workers,
             model_times=self._stats.model_times,
+            claim=self._claim,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread_id = 0
@@ -157,10 +177,13 @@ class Batcher:
         self._executor: ThreadPoolExecutor | None = None
         self._waiter: asyncio.Future[None] | None = None  # the parked scheduler's wake-up
         self._busy = 0
-        self._inbox: deque[tuple[Any, float | None, int, concurrent.futures.Future[Any]]]
+        self._inbox: deque[tuple[Any, float | None, int, _SubmitFuture]]
         self._inbox = deque()
         self._inbox_armed = False
         self._portal: LoopThread | None = None
+        # Orders a batch starting in a worker thread against a deadline or cancel on the loop,
+        # so a request is either withdrawn before its rows run or reported as running.
+        self._claim_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return (
@@ -202,6 +225,8 @@ class Batcher:
             self._state = _State.CLOSED
             return
         if self._state is _State.RUNNING:
+            # Admit what submit() already handed over: its futures were returned before close.
+            self._take_inbox()
             self._state = _State.CLOSING
             self._notify()
         if self._engine is not None:
@@ -325,7 +350,7 @@ class Batcher:
         loop = self._loop
         if loop is None or self._state is not _State.RUNNING:
             raise self._closed_error()
-        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        fut = _SubmitFuture(self)
         self._inbox.append((x, timeout_ms, priority, fut))
         if not self._inbox_armed:
             self._inbox_armed = True
@@ -345,12 +370,18 @@ class Batcher:
             and self._state is not _State.CLOSED
             and threading.get_ident() != self._loop_thread_id
         ):
+            answer: concurrent.futures.Future[BatcherStats] = concurrent.futures.Future()
 
-            async def snap() -> BatcherStats:
-                return self._stats.snapshot(self._queue.rows)
+            def snap() -> None:
+                answer.set_result(self._stats.snapshot(self._queue.rows))
 
             try:
-                return asyncio.run_coroutine_threadsafe(snap(), loop).result()
+                loop.call_soon_threadsafe(snap)
+                while not self._closed:
+                    try:
+                        return answer.result(timeout=0.05)
+                    except concurrent.futures.TimeoutError:
+                        continue  # the loop may have stopped before running snap
             except RuntimeError:  # the loop is gone: the counters no longer move
                 pass
         return self._stats.snapshot(self._queue.rows)
@@ -383,6 +414,7 @@ class Batcher:
         self, value: Any, span: int | None, timeout_ms: float | None, priority: int, future: Any
     ) -> _Request:
         if self._state is not _State.RUNNING:
+            self._stats.rejected += 1
             raise self._closed_error()
         if priority.__class__ is not int:
             _check_int("priority", priority, -(2**63))
@@ -420,7 +452,7 @@ class Batcher:
         inbox = self._inbox
         while inbox:
             value, timeout_ms, priority, fut = inbox.popleft()
-            if fut.cancelled():
+            if fut.cancelled():  # before admission: never queued, never counted
                 continue
             try:
                 request = self._admit(value, None, timeout_ms, priority, fut)
@@ -430,15 +462,20 @@ class Batcher:
                 except _FutureErrors:
                     pass
                 continue
-            fut.add_done_callback(partial(self._on_future_done, request))
+            fut.request = request
 
-    def _on_future_done(self, request: _Request, fut: concurrent.futures.Future[Any]) -> None:
-        # Runs in whichever thread finished the future: only a caller's cancel matters.
-        if fut.cancelled() and self._loop is not None:
+    def _withdraw_threadsafe(self, fut: _SubmitFuture) -> None:
+        # In the cancelling thread. The loop runs _withdraw after any _take_inbox under way,
+        # so fut.request is set by then if the request was admitted at all.
+        if self._loop is not None:
             try:
-                self._loop.call_soon_threadsafe(self._cancel, request)
-            except RuntimeError:
+                self._loop.call_soon_threadsafe(self._withdraw, fut)
+            except RuntimeError:  # the loop is gone, and with it every pending request
                 pass
+
+    def _withdraw(self, fut: _SubmitFuture) -> None:
+        if fut.request is not None:
+            self._cancel(fut.request)
 
     def _reject_inbox(self) -> None:
         inbox = self._inbox
@@ -452,18 +489,33 @@ class Batcher:
             except _FutureErrors:
                 pass
 
+    def _claim(self, segments: list[Segment]) -> list[int]:
+        """As a batch starts: which segments still need computing; marks their requests."""
+        live = []
+        with self._claim_lock:
+            for i, (entry, _, _) in enumerate(segments):
+                request: _Request = entry  # type: ignore[assignment]
+                if not request.done:
+                    request.running = True
+                    live.append(i)
+        return live
+
     def _expire(self, request: _Request, timeout_ms: float) -> None:
-        if request.done:
-            return
-        stage = "queued" if request.taken == 0 else "running"
+        with self._claim_lock:
+            if request.done:
+                return
+            request.done = True
+            stage = "running" if request.running else "queued"
         self._queue.remove(request)
         self._stats.expired += 1
         self._resolve(request, None, DeadlineExceeded(timeout_ms=timeout_ms, stage=stage))
 
     def _cancel(self, request: _Request) -> None:
-        if request.done:
-            return
-        request.done = True
+        with self._claim_lock:
+            if request.done:
+                return
+            request.done = True
+        request.future = None
         if request.timer is not None:
             request.timer.cancel()
         self._queue.remove(request)
@@ -474,6 +526,7 @@ class Batcher:
         if request.timer is not None:
             request.timer.cancel()
         fut = request.future
+        request.future = None  # a submit future points back at its request
         try:
             if error is None:
                 fut.set_result(value)
@@ -497,9 +550,18 @@ class Batcher:
         policy = self.policy
         loop = asyncio.get_running_loop()
         max_wait = self.max_wait_ms / 1000.0
+        max_rows = self.max_batch_size
         while True:
             wait_until = math.inf
-            if queue.rows and self._busy < self.workers:
+            if queue.rows and self._busy >= self.workers:
+                # Every worker is busy. Stage a batch that is already full, so that a worker
+                # starts it the moment it frees up: a full batch cannot grow by waiting.
+                if self._busy < 2 * self.workers:
+                    full = queue.head_of_full(max_rows)
+                    if full is not None:
+                        self._dispatch(full, max_rows, max_rows, DispatchReason.FULL, _monotonic())
+                        continue
+            elif queue.rows:
                 head = queue.head()
                 assert head is not None
                 head_rows = queue.rows_like(head)
@@ -522,8 +584,13 @@ class Batcher:
                 if self._state is _State.CLOSING:
                     self._dispatch(head, head_rows, head_rows, DispatchReason.DRAIN, now)
                     continue
+                # A full batch of another shape never waits behind the head's partial one.
+                full = queue.head_of_full(max_rows)
+                if full is not None:
+                    self._dispatch(full, max_rows, max_rows, DispatchReason.FULL, now)
+                    continue
                 wait_until = decision.time
-            elif self._state is not _State.RUNNING and not queue.rows and not self._busy:
+            elif self._state is not _State.RUNNING and not self._busy:
                 return
             # Nothing runs between deciding and parking, so no wake-up can be missed.
             waiter = self._waiter = loop.create_future()
@@ -569,8 +636,10 @@ class Batcher:
                 request.done = True
                 if request.timer is not None:
                     request.timer.cancel()
+                fut = request.future
+                request.future = None  # a submit future points back at its request
                 try:
-                    request.future.set_result(part)
+                    fut.set_result(part)
                 except _FutureErrors:  # the caller cancelled its concurrent future meanwhile
                     pass
             else:

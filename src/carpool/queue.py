@@ -127,6 +127,22 @@ class RequestQueue:
             self._priorities.remove(priority)
         return None
 
+    def head_of_full(self, max_rows: int) -> Entry | None:
+        """The first entry of the most urgent key with ``max_rows`` rows queued, if any."""
+        full = [key for key, rows in self._key_rows.items() if rows >= max_rows]
+        if not full:
+            return None
+        best: Entry | None = None
+        for priority in self._priorities:
+            for key in full:
+                lane = self._levels[priority].get(key)
+                entry = next((e for e in lane if e.queued), None) if lane else None
+                if entry is not None and (best is None or entry.seq < best.seq):
+                    best = entry
+            if best is not None:
+                return best
+        return None
+
     def rows_like(self, entry: Entry) -> int:
         """Rows queued that can share a batch with ``entry`` (its own included)."""
         return self._key_rows.get(entry.key, 0)
@@ -146,6 +162,13 @@ class RequestQueue:
             while lane and room:
                 entry = lane[0]
                 if not entry.queued:
+                    lane.popleft()
+                    continue
+                if entry.rows == 1:  # the common single-row request
+                    segments.append((entry, 0, 1))
+                    room -= 1
+                    entry.taken = 1
+                    entry.queued = False
                     lane.popleft()
                     continue
                 start = entry.taken

@@ -47,7 +47,7 @@ class Percentiles:
 class BatcherStats:
     """A consistent snapshot. Requests are counted once each, by their one outcome:
     ``submitted == completed + failed + expired + cancelled + pending``; ``rejected``
-    (refused at the door: queue full or closed) were never submitted."""
+    (refused at admission: queue full, or the batcher closing) were never submitted."""
 
     submitted: int
     completed: int

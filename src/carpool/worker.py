@@ -1,9 +1,15 @@
 """Run one batch: collate -> model -> check rows -> split, and isolate failing rows.
 
 Knows nothing of queues, policies or futures: it takes segments and returns one part per
-segment, where a part is that segment's output or a :class:`Failure`. A plain ``model_fn``
-runs in the batcher's worker threads together with stacking and splitting, so large copies
-and GIL-releasing models (numpy, torch, onnxruntime) stay off the event loop.
+segment, where a part is that segment's output, a :class:`Failure`, or ``None`` for a
+segment that ``claim`` declined as the batch started (its request was cancelled or expired
+while the batch was staged), whose rows are then not computed at all.
+
+A plain ``model_fn`` runs in the batcher's worker threads together with stacking, splitting
+and bisection, so large copies and GIL-releasing models (numpy, torch, onnxruntime) stay off
+the event loop, and a worker goes from one staged batch to the next without the loop.
+Which rows to re-run after an error is decided by :func:`isolate`, a generator that never
+calls the model itself, so the same plan drives threads and coroutines alike.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from concurrent.futures import Executor
 from typing import Any
 
@@ -19,7 +25,7 @@ from carpool.collate import Collator, Span
 from carpool.errors import BatchSizeMismatch
 from carpool.queue import Segment
 
-__all__ = ["BatchRunner", "Failure"]
+__all__ = ["BatchRunner", "Failure", "isolate"]
 
 
 class Failure:
@@ -29,6 +35,45 @@ class Failure:
 
     def __init__(self, error: BaseException) -> None:
         self.error = error
+
+
+# What isolate() asks to run: (values, spans, rows); what it is told: (parts, None) or
+# (None, exception).
+Attempt = tuple[list[Any], list[Span] | None, int]
+Outcome = tuple[list[Any] | None, Exception | None]
+
+
+def _rows(spans: list[Span]) -> int:
+    return sum(1 if span is None else span for span in spans)
+
+
+def isolate(
+    values: list[Any], spans: list[Span] | None, rows: int, *, bisect: bool, note: str
+) -> Generator[Attempt, Outcome, list[Any]]:
+    """Plan the model calls for one batch: run it whole; if that raises, run each half.
+
+    Recursing down to single segments finds every failing request in about
+    ``2 * failures * log2(segments)`` extra calls; the rest get their results. A wrong row
+    count is the model's contract broken, not a bad row: every segment gets it, unbisected.
+    """
+    parts, error = yield values, spans, rows
+    if error is None:
+        assert parts is not None
+        return parts
+    if isinstance(error, BatchSizeMismatch) or not bisect or len(values) == 1:
+        if not isinstance(error, BatchSizeMismatch):
+            error.add_note(note.format(rows=rows))
+        return [Failure(error)] * len(values)
+    mid = len(values) // 2
+    if spans is None:
+        left_spans, right_spans, left_rows = None, None, mid
+    else:
+        left_spans, right_spans, left_rows = spans[:mid], spans[mid:], _rows(spans[:mid])
+    left = yield from isolate(values[:mid], left_spans, left_rows, bisect=bisect, note=note)
+    right = yield from isolate(
+        values[mid:], right_spans, rows - left_rows, bisect=bisect, note=note
+    )
+    return left + right
 
 
 class BatchRunner:
@@ -42,63 +87,90 @@ class BatchRunner:
         collator: Collator,
         isolate_errors: bool,
         name: str,
+        workers: int,
         model_times: deque[float],
+        claim: Callable[[list[Segment]], list[int]],
     ) -> None:
         self._model_fn = model_fn
         self._is_async = is_async
         self._collator = collator
-        self._isolate = isolate_errors
-        self._name = name
+        self._bisect = isolate_errors
+        self._note = f"carpool: raised by model_fn of batcher {name!r} on a batch of {{rows}} rows"
         self._model_times = model_times
+        self._claim = claim
+        # A plain model runs in an executor of `workers` threads, which queues staged batches;
+        # an async one needs this gate to run at most `workers` batches at once.
+        self._slots = asyncio.Semaphore(workers)
 
     async def run(self, segments: list[Segment], executor: Executor | None) -> list[Any]:
-        """One part per segment, in order; the model is re-run on halves to find bad rows."""
-        for entry, _, _ in segments:
-            if entry.span is not None:
-                break
-        else:  # all single rows: the common case, kept cheap
-            values = [entry.value for entry, _, _ in segments]
-            return await self._attempt(values, None, len(values), executor)
-        take = self._collator.take
-        values = []
+        """One part per segment, in order."""
+        if self._is_async:
+            async with self._slots:
+                return await self._run_async(segments)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(executor, self._run_sync, segments)
+
+    def _prepare(self, segments: list[Segment]) -> tuple[list[int], Attempt]:
+        """The segments still worth computing, and the values and spans to stack."""
+        live = self._claim(segments)
+        values: list[Any] = []
         spans: list[Span] = []
-        for entry, start, stop in segments:
+        single = True
+        take = self._collator.take
+        for i in live:
+            entry, start, stop = segments[i]
             if entry.span is None:
                 values.append(entry.value)
                 spans.append(None)
             else:
+                single = False
                 whole = start == 0 and stop == entry.rows
                 values.append(entry.value if whole else take(entry.value, start, stop))
                 spans.append(stop - start)
-        rows = sum(1 if s is None else s for s in spans)
-        return await self._attempt(values, spans, rows, executor)
+        if single:
+            return live, (values, None, len(values))
+        return live, (values, spans, _rows(spans))
 
-    async def _attempt(
-        self, values: list[Any], spans: list[Span] | None, rows: int, executor: Executor | None
-    ) -> list[Any]:
+    @staticmethod
+    def _place(segments: list[Segment], live: list[int], parts: list[Any]) -> list[Any]:
+        if len(live) == len(segments):
+            return parts
+        placed: list[Any] = [None] * len(segments)
+        for i, part in zip(live, parts, strict=True):
+            placed[i] = part
+        return placed
+
+    def _run_sync(self, segments: list[Segment]) -> list[Any]:
+        live, attempt = self._prepare(segments)
+        if not live:
+            return [None] * len(segments)
+        plan = isolate(*attempt, bisect=self._bisect, note=self._note)
         try:
-            if self._is_async:
-                return await self._execute_async(values, spans, rows)
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(executor, self._execute, values, spans, rows)
-        except BatchSizeMismatch as exc:
-            return [Failure(exc)] * len(values)
-        except Exception as exc:
-            if not self._isolate or len(values) == 1:
-                exc.add_note(
-                    f"carpool: raised by model_fn of batcher {self._name!r} "
-                    f"on a batch of {rows} rows"
-                )
-                return [Failure(exc)] * len(values)
-        mid = len(values) // 2
-        if spans is None:
-            left = await self._attempt(values[:mid], None, mid, executor)
-            right = await self._attempt(values[mid:], None, rows - mid, executor)
-        else:
-            left_rows = sum(1 if s is None else s for s in spans[:mid])
-            left = await self._attempt(values[:mid], spans[:mid], left_rows, executor)
-            right = await self._attempt(values[mid:], spans[mid:], rows - left_rows, executor)
-        return left + right
+            attempt = next(plan)
+            while True:
+                try:
+                    outcome: Outcome = (self._execute(*attempt), None)
+                except Exception as exc:
+                    outcome = (None, exc)
+                attempt = plan.send(outcome)
+        except StopIteration as done:
+            return self._place(segments, live, done.value)
+
+    async def _run_async(self, segments: list[Segment]) -> list[Any]:
+        live, attempt = self._prepare(segments)
+        if not live:
+            return [None] * len(segments)
+        plan = isolate(*attempt, bisect=self._bisect, note=self._note)
+        try:
+            attempt = next(plan)
+            while True:
+                try:
+                    outcome: Outcome = (await self._execute_async(*attempt), None)
+                except Exception as exc:
+                    outcome = (None, exc)
+                attempt = plan.send(outcome)
+        except StopIteration as done:
+            return self._place(segments, live, done.value)
 
     def _execute(self, values: list[Any], spans: list[Span] | None, rows: int) -> list[Any]:
         collator = self._collator
