@@ -169,7 +169,7 @@ def test_cancelling_a_queued_future_withdraws_it_and_it_is_never_computed() -> N
 
 def test_cancelling_right_after_submit_never_computes_the_row() -> None:
     model = Model(hold=True)
-    with Batcher(model, max_batch_size=4) as batcher:
+    with Batcher(model, max_batch_size=32) as batcher:  # no full batch to stage while held
         try:
             first = batcher.submit(row(0))
             assert model.entered.wait(timeout=30)
@@ -268,7 +268,7 @@ async def test_submit_after_aclose_raises_batcher_closed() -> None:
 
 def test_stats_from_another_thread_sees_the_queue_while_the_model_is_held() -> None:
     model = Model(hold=True)
-    with Batcher(model, max_batch_size=2) as batcher:
+    with Batcher(model, max_batch_size=8) as batcher:  # no full batch to stage while held
         try:
             futures = [batcher.submit(row(0))]
             assert model.entered.wait(timeout=30)
@@ -282,7 +282,7 @@ def test_stats_from_another_thread_sees_the_queue_while_the_model_is_held() -> N
         finally:
             model.open()
         assert [f.result().tolist() for f in futures] == [expected(i) for i in range(6)]
-    assert model.batches == [[0], [1, 2], [3, 4], [5]]
+    assert model.batches == [[0], [1, 2, 3, 4, 5]]
 
 
 def test_submits_racing_close_are_all_answered() -> None:
