@@ -67,7 +67,7 @@ def test_percentiles_are_frozen() -> None:
 
 
 def test_fresh_recorder_snapshot() -> None:
-    stats = StatsRecorder().snapshot(queued_rows=0)
+    stats = StatsRecorder().snapshot(submitted=0, queued_rows=0)
     assert stats == BatcherStats(
         submitted=0,
         completed=0,
@@ -89,13 +89,12 @@ def test_fresh_recorder_snapshot() -> None:
 
 def test_counts_and_pending_arithmetic() -> None:
     recorder = StatsRecorder()
-    recorder.submitted = 20
     recorder.completed = 9
     recorder.failed = 3
     recorder.expired = 2
     recorder.cancelled = 1
     recorder.rejected = 4
-    stats = recorder.snapshot(queued_rows=7)
+    stats = recorder.snapshot(submitted=20, queued_rows=7)
     assert (stats.submitted, stats.completed, stats.failed, stats.expired) == (20, 9, 3, 2)
     assert (stats.cancelled, stats.rejected, stats.queued_rows) == (1, 4, 7)
     assert stats.pending == 5  # 20 - (9 + 3 + 2 + 1); rejected were never submitted
@@ -110,7 +109,7 @@ def test_batches_rows_sizes_and_mean() -> None:
     recorder.batch(2, DispatchReason.WAIT_ELAPSED)
     recorder.batch(8, DispatchReason.FULL)
     recorder.batch(4, DispatchReason.DRAIN)
-    stats = recorder.snapshot(queued_rows=0)
+    stats = recorder.snapshot(submitted=0, queued_rows=0)
     assert (stats.batches, stats.rows) == (4, 22)
     assert stats.mean_batch_size == 5.5
     assert dict(stats.batch_sizes) == {2: 1, 4: 1, 8: 2}
@@ -123,7 +122,7 @@ def test_dispatch_reasons_are_keyed_by_plain_strings() -> None:
     recorder.batch(1, DispatchReason.WORKER_IDLE)
     recorder.batch(3, "full")
     recorder.batch(3, DispatchReason.FULL)
-    reasons = recorder.snapshot(queued_rows=0).dispatch_reasons
+    reasons = recorder.snapshot(submitted=0, queued_rows=0).dispatch_reasons
     assert dict(reasons) == {"worker_idle": 2, "full": 2}
     assert all(type(k) is str for k in reasons)
 
@@ -132,7 +131,7 @@ def test_latency_percentiles_in_the_snapshot() -> None:
     recorder = StatsRecorder()
     recorder.queue_waits.extend(i / 1000 for i in range(1, 101))
     recorder.model_times.append(0.004)
-    stats = recorder.snapshot(queued_rows=0)
+    stats = recorder.snapshot(submitted=0, queued_rows=0)
     assert stats.queue_wait_ms == Percentiles(p50=50.0, p90=90.0, p99=99.0, count=100)
     assert stats.model_ms == Percentiles(p50=4.0, p90=4.0, p99=4.0, count=1)
 
@@ -141,14 +140,14 @@ def test_latency_samples_keep_only_the_recent_window() -> None:
     recorder = StatsRecorder()
     recorder.model_times.extend([100.0] * 10)  # old outliers fall out of the window
     recorder.model_times.extend([0.001] * SAMPLE_WINDOW)
-    stats = recorder.snapshot(queued_rows=0)
+    stats = recorder.snapshot(submitted=0, queued_rows=0)
     assert stats.model_ms == Percentiles(p50=1.0, p90=1.0, p99=1.0, count=SAMPLE_WINDOW)
 
 
 def test_snapshot_is_immutable() -> None:
     recorder = StatsRecorder()
     recorder.batch(2, DispatchReason.FULL)
-    stats = recorder.snapshot(queued_rows=1)
+    stats = recorder.snapshot(submitted=0, queued_rows=1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         stats.completed = 5  # type: ignore[misc]
     with pytest.raises(TypeError):
@@ -161,15 +160,14 @@ def test_snapshot_does_not_change_when_the_recorder_does() -> None:
     recorder = StatsRecorder()
     recorder.batch(2, DispatchReason.FULL)
     recorder.model_times.append(0.002)
-    before = recorder.snapshot(queued_rows=3)
+    before = recorder.snapshot(submitted=0, queued_rows=3)
     recorder.batch(2, DispatchReason.FULL)
     recorder.batch(5, DispatchReason.DRAIN)
-    recorder.submitted += 1
     recorder.model_times.append(0.009)
     assert (before.batches, before.rows, before.submitted) == (1, 2, 0)
     assert dict(before.batch_sizes) == {2: 1}
     assert dict(before.dispatch_reasons) == {"full": 1}
     assert before.model_ms.count == 1
-    after = recorder.snapshot(queued_rows=0)
+    after = recorder.snapshot(submitted=0, queued_rows=0)
     assert dict(after.batch_sizes) == {2: 2, 5: 1}
     assert dict(after.dispatch_reasons) == {"full": 2, "drain": 1}

@@ -25,6 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from threading import get_ident as _get_ident
 from types import TracebackType
 from typing import Any, Self
 
@@ -304,7 +305,7 @@ class Batcher:
         :class:`CollationError`, or whatever ``model_fn`` raised on this row.
         """
         loop = self._loop
-        if loop is None or threading.get_ident() != self._loop_thread_id:
+        if loop is None or _get_ident() != self._loop_thread_id:
             loop = self._check_loop()
         fut = loop.create_future()
         request = self._admit(x, None, timeout_ms, priority, fut)
@@ -368,12 +369,12 @@ class Batcher:
         if (
             loop is not None
             and self._state is not _State.CLOSED
-            and threading.get_ident() != self._loop_thread_id
+            and _get_ident() != self._loop_thread_id
         ):
             answer: concurrent.futures.Future[BatcherStats] = concurrent.futures.Future()
 
             def snap() -> None:
-                answer.set_result(self._stats.snapshot(self._queue.rows))
+                answer.set_result(self._stats.snapshot(self._queue.pushed, self._queue.rows))
 
             try:
                 loop.call_soon_threadsafe(snap)
@@ -384,7 +385,7 @@ class Batcher:
                         continue  # the loop may have stopped before running snap
             except RuntimeError:  # the loop is gone: the counters no longer move
                 pass
-        return self._stats.snapshot(self._queue.rows)
+        return self._stats.snapshot(self._queue.pushed, self._queue.rows)
 
     # ----------------------------------------------------------------- on the loop
 
@@ -396,7 +397,7 @@ class Batcher:
         loop = self._loop
         if loop is None or self._state is not _State.RUNNING:
             raise self._closed_error()
-        if threading.get_ident() != self._loop_thread_id:
+        if _get_ident() != self._loop_thread_id:
             raise RuntimeError(
                 f"Batcher {self.name!r} runs on another event loop or thread; "
                 "call submit() from other threads"
@@ -428,7 +429,6 @@ class Batcher:
         except Exception:
             self._stats.rejected += 1
             raise
-        self._stats.submitted += 1
         if timeout_ms is not None:
             request.timer = self._loop.call_at(  # type: ignore[union-attr]
                 now + timeout_ms / 1000.0, self._expire, request, timeout_ms
@@ -489,16 +489,22 @@ class Batcher:
             except _FutureErrors:
                 pass
 
-    def _claim(self, segments: list[Segment]) -> list[int]:
-        """As a batch starts: which segments still need computing; marks their requests."""
-        live = []
+    def _claim(self, segments: list[Segment]) -> list[int] | None:
+        """As a batch starts: mark its requests running; the indices of those still
+        unanswered, or None when all are (the common case)."""
         with self._claim_lock:
+            for entry, _, _ in segments:
+                if entry.done:  # type: ignore[attr-defined]
+                    break
+                entry.running = True  # type: ignore[attr-defined]
+            else:
+                return None
+            live = []
             for i, (entry, _, _) in enumerate(segments):
-                request: _Request = entry  # type: ignore[assignment]
-                if not request.done:
-                    request.running = True
+                if not entry.done:  # type: ignore[attr-defined]
+                    entry.running = True  # type: ignore[attr-defined]
                     live.append(i)
-        return live
+            return live
 
     def _expire(self, request: _Request, timeout_ms: float) -> None:
         with self._claim_lock:

@@ -65,6 +65,11 @@ class RequestQueue:
     def __len__(self) -> int:
         return self.rows
 
+    @property
+    def pushed(self) -> int:
+        """Entries ever admitted."""
+        return self._seq
+
     def push(self, entry: Entry) -> None:
         """Queue all of ``entry``'s rows, or raise :class:`QueueFull` and queue none."""
         rows = entry.rows
@@ -167,7 +172,6 @@ class RequestQueue:
                 if entry.rows == 1:  # the common single-row request
                     segments.append((entry, 0, 1))
                     room -= 1
-                    entry.taken = 1
                     entry.queued = False
                     lane.popleft()
                     continue

@@ -73,7 +73,6 @@ class StatsRecorder:
     """Mutable counters, updated on the batcher's event loop only."""
 
     def __init__(self) -> None:
-        self.submitted = 0
         self.completed = 0
         self.failed = 0
         self.expired = 0
@@ -92,16 +91,17 @@ class StatsRecorder:
         self.batch_sizes[rows] += 1
         self.dispatch_reasons[str(reason)] += 1
 
-    def snapshot(self, queued_rows: int) -> BatcherStats:
+    def snapshot(self, submitted: int, queued_rows: int) -> BatcherStats:
+        """``submitted``: requests ever admitted, as the queue counts them."""
         done = self.completed + self.failed + self.expired + self.cancelled
         return BatcherStats(
-            submitted=self.submitted,
+            submitted=submitted,
             completed=self.completed,
             failed=self.failed,
             expired=self.expired,
             cancelled=self.cancelled,
             rejected=self.rejected,
-            pending=self.submitted - done,
+            pending=submitted - done,
             queued_rows=queued_rows,
             batches=self.batches,
             rows=self.rows,

@@ -89,7 +89,7 @@ class BatchRunner:
         name: str,
         workers: int,
         model_times: deque[float],
-        claim: Callable[[list[Segment]], list[int]],
+        claim: Callable[[list[Segment]], list[int] | None],
     ) -> None:
         self._model_fn = model_fn
         self._is_async = is_async
@@ -110,9 +110,15 @@ class BatchRunner:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(executor, self._run_sync, segments)
 
-    def _prepare(self, segments: list[Segment]) -> tuple[list[int], Attempt]:
-        """The segments still worth computing, and the values and spans to stack."""
+    def _prepare(self, segments: list[Segment]) -> tuple[list[int] | None, Attempt]:
+        """The segments still worth computing (None: all), and the values and spans to stack."""
         live = self._claim(segments)
+        if live is None:
+            spans_now = [entry.span for entry, _, _ in segments]
+            if spans_now.count(None) == len(spans_now):  # all single rows: the common case
+                values_now = [entry.value for entry, _, _ in segments]
+                return None, (values_now, None, len(values_now))
+            live = list(range(len(segments)))
         values: list[Any] = []
         spans: list[Span] = []
         single = True
@@ -132,8 +138,8 @@ class BatchRunner:
         return live, (values, spans, _rows(spans))
 
     @staticmethod
-    def _place(segments: list[Segment], live: list[int], parts: list[Any]) -> list[Any]:
-        if len(live) == len(segments):
+    def _place(segments: list[Segment], live: list[int] | None, parts: list[Any]) -> list[Any]:
+        if live is None or len(live) == len(segments):
             return parts
         placed: list[Any] = [None] * len(segments)
         for i, part in zip(live, parts, strict=True):
@@ -142,7 +148,7 @@ class BatchRunner:
 
     def _run_sync(self, segments: list[Segment]) -> list[Any]:
         live, attempt = self._prepare(segments)
-        if not live:
+        if live is not None and not live:  # every request was answered while staged
             return [None] * len(segments)
         plan = isolate(*attempt, bisect=self._bisect, note=self._note)
         try:
@@ -158,7 +164,7 @@ class BatchRunner:
 
     async def _run_async(self, segments: list[Segment]) -> list[Any]:
         live, attempt = self._prepare(segments)
-        if not live:
+        if live is not None and not live:  # every request was answered while staged
             return [None] * len(segments)
         plan = isolate(*attempt, bisect=self._bisect, note=self._note)
         try:
