@@ -22,14 +22,13 @@ import logging
 import math
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from threading import get_ident as _get_ident
 from types import TracebackType
 from typing import Any, Self
 
-from carpool.blocking import LoopThread
+from carpool.blocking import Inbox, LoopThread
 from carpool.collate import Collator
 from carpool.errors import BatcherClosed, CollationError, DeadlineExceeded
 from carpool.policy import Dispatch, DispatchReason, Policy, QueueView, make_policy
@@ -43,6 +42,7 @@ log = logging.getLogger("carpool")
 
 # The batcher's clock; asyncio's loop.time() reads the same one through a method call.
 _monotonic = time.monotonic
+_Future = asyncio.Future  # what loop.create_future() makes, without its Python frame
 
 _FutureErrors = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
 
@@ -78,24 +78,6 @@ class _Request(Entry):
         self.timer: asyncio.TimerHandle | None = None
         self.pending = self.rows  # rows whose output has not come back yet
         self.pieces: list[tuple[int, Any]] | None = None  # outputs of a split request
-
-
-class _SubmitFuture(concurrent.futures.Future[Any]):
-    """The future ``submit`` returns: cancelling it withdraws the request.
-
-    A subclass rather than a done-callback on every future: only a real cancel pays.
-    """
-
-    def __init__(self, batcher: Batcher) -> None:
-        super().__init__()
-        self.batcher = batcher
-        self.request: _Request | None = None  # set on the loop once admitted
-
-    def cancel(self) -> bool:
-        cancelled = super().cancel()
-        if cancelled:
-            self.batcher._withdraw_threadsafe(self)
-        return cancelled
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -178,9 +160,7 @@ class Batcher:
         self._executor: ThreadPoolExecutor | None = None
         self._waiter: asyncio.Future[None] | None = None  # the parked scheduler's wake-up
         self._busy = 0
-        self._inbox: deque[tuple[Any, float | None, int, _SubmitFuture]]
-        self._inbox = deque()
-        self._inbox_armed = False
+        self._inbox = Inbox(self._admit_one, self._cancel)
         self._portal: LoopThread | None = None
         # Orders a batch starting in a worker thread against a deadline or cancel on the loop,
         # so a request is either withdrawn before its rows run or reported as running.
@@ -204,6 +184,7 @@ class Batcher:
             raise RuntimeError(f"Batcher {self.name!r} is {self._state.value}; it runs once")
         self._loop = loop
         self._loop_thread_id = threading.get_ident()
+        self._inbox.bind(loop)
         if not self._is_async:
             self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix=self.name)
         self._state = _State.RUNNING
@@ -227,7 +208,7 @@ class Batcher:
             return
         if self._state is _State.RUNNING:
             # Admit what submit() already handed over: its futures were returned before close.
-            self._take_inbox()
+            self._inbox.take()
             self._state = _State.CLOSING
             self._notify()
         if self._engine is not None:
@@ -290,7 +271,7 @@ class Batcher:
             )
             for entry in self._queue.drain():
                 self._fail(entry, BatcherClosed(self.name, reason))
-            self._reject_inbox()
+            self._inbox.reject(BatcherClosed(self.name))
             if self._executor is not None:
                 self._executor.shutdown(wait=False)
             if error is not None and not isinstance(error, asyncio.CancelledError):
@@ -307,7 +288,7 @@ class Batcher:
         loop = self._loop
         if loop is None or _get_ident() != self._loop_thread_id:
             loop = self._check_loop()
-        fut = loop.create_future()
+        fut: asyncio.Future[Any] = _Future(loop=loop)
         request = self._admit(x, None, timeout_ms, priority, fut)
         try:
             return await fut
@@ -348,19 +329,11 @@ class Batcher:
             _check_int("priority", priority, -(2**63))
         if timeout_ms is not None:
             _check_ms("timeout_ms", timeout_ms, positive=True)
-        loop = self._loop
-        if loop is None or self._state is not _State.RUNNING:
+        if self._loop is None or self._state is not _State.RUNNING:
             raise self._closed_error()
-        fut = _SubmitFuture(self)
-        self._inbox.append((x, timeout_ms, priority, fut))
-        if not self._inbox_armed:
-            self._inbox_armed = True
-            try:
-                loop.call_soon_threadsafe(self._take_inbox)
-            except RuntimeError:  # the loop closed after the state check
-                self._reject_inbox()
+        fut = self._inbox.put(x, timeout_ms, priority)
         if self._closed:  # closed meanwhile: the engine may have drained the inbox already
-            self._reject_inbox()
+            self._inbox.reject(BatcherClosed(self.name))
         return fut
 
     def stats(self) -> BatcherStats:
@@ -447,47 +420,10 @@ class Batcher:
             if not waiter.done():
                 waiter.set_result(None)
 
-    def _take_inbox(self) -> None:
-        self._inbox_armed = False
-        inbox = self._inbox
-        while inbox:
-            value, timeout_ms, priority, fut = inbox.popleft()
-            if fut.cancelled():  # before admission: never queued, never counted
-                continue
-            try:
-                request = self._admit(value, None, timeout_ms, priority, fut)
-            except Exception as exc:
-                try:
-                    fut.set_exception(exc)
-                except _FutureErrors:
-                    pass
-                continue
-            fut.request = request
-
-    def _withdraw_threadsafe(self, fut: _SubmitFuture) -> None:
-        # In the cancelling thread. The loop runs _withdraw after any _take_inbox under way,
-        # so fut.request is set by then if the request was admitted at all.
-        if self._loop is not None:
-            try:
-                self._loop.call_soon_threadsafe(self._withdraw, fut)
-            except RuntimeError:  # the loop is gone, and with it every pending request
-                pass
-
-    def _withdraw(self, fut: _SubmitFuture) -> None:
-        if fut.request is not None:
-            self._cancel(fut.request)
-
-    def _reject_inbox(self) -> None:
-        inbox = self._inbox
-        while inbox:
-            try:
-                fut = inbox.popleft()[3]
-            except IndexError:  # another thread emptied it first
-                return
-            try:
-                fut.set_exception(BatcherClosed(self.name))
-            except _FutureErrors:
-                pass
+    def _admit_one(
+        self, value: Any, timeout_ms: float | None, priority: int, future: Any
+    ) -> _Request:
+        return self._admit(value, None, timeout_ms, priority, future)
 
     def _claim(self, segments: list[Segment]) -> list[int] | None:
         """As a batch starts: mark its requests running; the indices of those still

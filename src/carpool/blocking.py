@@ -1,18 +1,22 @@
-"""The thread bridge: run an async context manager on a private event loop in a thread.
+"""The thread bridge: a private event loop in a thread, and an inbox into a loop.
 
-``with Batcher(...)`` is this facade over the one async engine (no second implementation):
-the loop thread enters ``async with batcher`` and parks until :meth:`LoopThread.stop`; other
-threads talk to the batcher through ``submit()``, which crosses into that loop.
+``with Batcher(...)`` is :class:`LoopThread` over the one async engine (no second
+implementation): the loop thread enters ``async with batcher`` and parks until
+:meth:`LoopThread.stop`. Other threads reach the engine through ``Batcher.submit``, whose
+requests cross into its loop through an :class:`Inbox`. Imports nothing from carpool.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
+from collections import deque
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-__all__ = ["LoopThread"]
+__all__ = ["Inbox", "LoopThread", "SubmitFuture"]
 
 
 class LoopThread:
@@ -66,3 +70,105 @@ class LoopThread:
         async with self._target:
             self._started.set()
             await self._stop.wait()
+
+
+class SubmitFuture(concurrent.futures.Future[Any]):
+    """The future ``Batcher.submit`` returns: cancelling it withdraws the request.
+
+    A subclass rather than a done-callback on every future: only a real cancel pays, and no
+    reference cycle is left for the garbage collector on the hot path.
+    """
+
+    def __init__(self, inbox: Inbox) -> None:
+        super().__init__()
+        self.inbox = inbox
+        self.request: Any = None  # the admitted request, set on the loop
+
+    def cancel(self) -> bool:
+        cancelled = super().cancel()
+        if cancelled:
+            self.inbox.withdraw(self)
+        return cancelled
+
+
+class Inbox:
+    """Requests handed over from other threads, admitted on the loop in bursts.
+
+    ``put`` appends and wakes the loop only if no wake-up is already on its way, so a burst
+    of submits from many threads costs one ``call_soon_threadsafe``, not one each. The loop
+    admits with ``admit(value, timeout_ms, priority, future) -> request``; a caller's cancel
+    reaches the loop as ``cancel(request)``.
+    """
+
+    def __init__(
+        self,
+        admit: Callable[[Any, float | None, int, SubmitFuture], Any],
+        cancel: Callable[[Any], None],
+    ) -> None:
+        self._admit = admit
+        self._cancel = cancel
+        self._items: deque[tuple[Any, float | None, int, SubmitFuture]] = deque()
+        self._armed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def put(self, value: Any, timeout_ms: float | None, priority: int) -> SubmitFuture:
+        """From any thread. Order matters: append, then arm (see :meth:`take`)."""
+        fut = SubmitFuture(self)
+        self._items.append((value, timeout_ms, priority, fut))
+        if not self._armed:
+            self._armed = True
+            try:
+                self._loop.call_soon_threadsafe(self.take)  # type: ignore[union-attr]
+            except RuntimeError:  # the loop already ended: nobody will admit it
+                self.reject(RuntimeError("the batcher's event loop has ended"))
+        return fut
+
+    def take(self) -> None:
+        """On the loop: admit everything handed over so far.
+
+        Disarming before draining means a ``put`` that sees the inbox armed has appended
+        before this drain, so no request is ever left behind without a wake-up.
+        """
+        self._armed = False
+        items = self._items
+        while items:
+            value, timeout_ms, priority, fut = items.popleft()
+            if fut.cancelled():  # before admission: never queued, never counted
+                continue
+            try:
+                fut.request = self._admit(value, timeout_ms, priority, fut)
+            except Exception as exc:
+                _set_exception(fut, exc)
+
+    def reject(self, error: BaseException) -> None:
+        """From any thread: fail everything not yet admitted."""
+        items = self._items
+        while items:
+            try:
+                fut = items.popleft()[3]
+            except IndexError:  # another thread emptied it first
+                return
+            _set_exception(fut, error)
+
+    def withdraw(self, fut: SubmitFuture) -> None:
+        # In the cancelling thread. The loop runs this after any take() under way, so
+        # fut.request is set by then if the request was admitted at all.
+        if self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._withdraw, fut)
+            except RuntimeError:  # the loop is gone, and with it every pending request
+                pass
+
+    def _withdraw(self, fut: SubmitFuture) -> None:
+        if fut.request is not None:
+            self._cancel(fut.request)
+
+
+def _set_exception(fut: concurrent.futures.Future[Any], error: BaseException) -> None:
+    try:
+        fut.set_exception(error)
+    except concurrent.futures.InvalidStateError:  # the caller cancelled it meanwhile
+        pass
