@@ -1,0 +1,34 @@
+"""The benchmarks still run: each script's --quick smoke run, as a user would start it.
+
+Numbers are not asserted (these machines are noisy); the shape of the report is.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [
+        ("overhead.py", ["[async] 1000 asyncio tasks, await infer(x)", "carpool/floor = "]),
+        ("efficiency.py", ["served/offline", "workers=1 served/offline"]),
+        ("low_load.py", ["eager overhead", "fixed"]),
+    ],
+)
+def test_benchmark_quick_run(script: str, expected: list[str]) -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), "--quick", "--cpus", "none"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    for text in expected:
+        assert text in done.stdout
