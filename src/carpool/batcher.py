@@ -57,7 +57,7 @@ class _State(enum.Enum):
 class _Request(Entry):
     """A queue entry plus what it takes to answer its caller exactly once."""
 
-    __slots__ = ("done", "future", "pending", "pieces", "running", "timer")
+    __slots__ = ("future", "pending", "pieces", "running", "timer")
 
     def __init__(
         self, value: Any, span: int | None, key: Any, priority: int, arrival: float, future: Any
@@ -72,8 +72,9 @@ class _Request(Entry):
         self.seq = 0
         self.taken = 0
         self.queued = False
-        self.future = future  # asyncio.Future (infer) or concurrent.futures.Future (submit)
-        self.done = False
+        # asyncio.Future (infer) or concurrent.futures.Future (submit); None once answered,
+        # which also breaks the cycle between a submit future and its request.
+        self.future = future
         self.running = False  # some of its rows reached the model
         self.timer: asyncio.TimerHandle | None = None
         self.pending = self.rows  # rows whose output has not come back yet
@@ -270,7 +271,7 @@ class Batcher:
                 else (f"stopped after an internal error ({error!r})" if error else "is closed")
             )
             for entry in self._queue.drain():
-                self._fail(entry, BatcherClosed(self.name, reason))
+                self._answer(entry, None, BatcherClosed(self.name, reason))  # type: ignore[arg-type]
             self._inbox.reject(BatcherClosed(self.name))
             if self._executor is not None:
                 self._executor.shutdown(wait=False)
@@ -347,7 +348,7 @@ class Batcher:
             answer: concurrent.futures.Future[BatcherStats] = concurrent.futures.Future()
 
             def snap() -> None:
-                answer.set_result(self._stats.snapshot(self._queue.pushed, self._queue.rows))
+                answer.set_result(self._snapshot())
 
             try:
                 loop.call_soon_threadsafe(snap)
@@ -358,6 +359,12 @@ class Batcher:
                         continue  # the loop may have stopped before running snap
             except RuntimeError:  # the loop is gone: the counters no longer move
                 pass
+        return self._snapshot()
+
+    def _snapshot(self) -> BatcherStats:
+        if self._state is _State.RUNNING and _get_ident() == self._loop_thread_id:
+            # Count what submit() already handed over, even if its wake-up is still on its way.
+            self._inbox.take()
         return self._stats.snapshot(self._queue.pushed, self._queue.rows)
 
     # ----------------------------------------------------------------- on the loop
@@ -430,60 +437,53 @@ class Batcher:
         unanswered, or None when all are (the common case)."""
         with self._claim_lock:
             for entry, _, _ in segments:
-                if entry.done:  # type: ignore[attr-defined]
+                if entry.future is None:  # type: ignore[attr-defined]
                     break
                 entry.running = True  # type: ignore[attr-defined]
             else:
                 return None
             live = []
             for i, (entry, _, _) in enumerate(segments):
-                if not entry.done:  # type: ignore[attr-defined]
+                if entry.future is not None:  # type: ignore[attr-defined]
                     entry.running = True  # type: ignore[attr-defined]
                     live.append(i)
             return live
 
     def _expire(self, request: _Request, timeout_ms: float) -> None:
         with self._claim_lock:
-            if request.done:
+            fut = request.future
+            if fut is None:
                 return
-            request.done = True
+            request.future = None
             stage = "running" if request.running else "queued"
         self._queue.remove(request)
         self._stats.expired += 1
-        self._resolve(request, None, DeadlineExceeded(timeout_ms=timeout_ms, stage=stage))
+        _settle(fut, None, DeadlineExceeded(timeout_ms=timeout_ms, stage=stage))
 
     def _cancel(self, request: _Request) -> None:
         with self._claim_lock:
-            if request.done:
+            if request.future is None:
                 return
-            request.done = True
-        request.future = None
+            request.future = None
         if request.timer is not None:
             request.timer.cancel()
         self._queue.remove(request)
         self._stats.cancelled += 1
 
-    def _resolve(self, request: _Request, value: Any, error: BaseException | None) -> None:
-        request.done = True
+    def _answer(self, request: _Request, value: Any, error: BaseException | None) -> None:
+        """Give ``request`` its one outcome, unless it already has one."""
+        fut = request.future
+        if fut is None:
+            return
+        request.future = None
         if request.timer is not None:
             request.timer.cancel()
-        fut = request.future
-        request.future = None  # a submit future points back at its request
-        try:
-            if error is None:
-                fut.set_result(value)
-            else:
-                fut.set_exception(error)
-        except _FutureErrors:  # the caller cancelled its concurrent future meanwhile
-            pass
-
-    def _fail(self, entry: Entry, error: BaseException) -> None:
-        request: _Request = entry  # type: ignore[assignment]
-        if request.done:
-            return
-        self._queue.remove(request)
-        self._stats.failed += 1
-        self._resolve(request, None, error)
+        if error is None:
+            self._stats.completed += 1
+        else:
+            self._queue.remove(request)  # rows of a split request still queued
+            self._stats.failed += 1
+        _settle(fut, value, error)
 
     # ----------------------------------------------------------------- scheduling
 
@@ -561,7 +561,8 @@ class Batcher:
         except BaseException as exc:
             closed = BatcherClosed(self.name, "was cancelled")
             for entry, _, _ in segments:
-                self._fail(entry, closed if isinstance(exc, asyncio.CancelledError) else exc)
+                error = closed if isinstance(exc, asyncio.CancelledError) else exc
+                self._answer(entry, None, error)  # type: ignore[arg-type]
             raise
         finally:
             self._busy -= 1
@@ -569,17 +570,17 @@ class Batcher:
         completed = 0
         for (entry, start, stop), part in zip(segments, parts, strict=True):
             request: _Request = entry  # type: ignore[assignment]
-            if request.done:
+            fut = request.future
+            if fut is None:  # cancelled or expired meanwhile
                 continue
             if part.__class__ is Failure:
-                self._fail(request, part.error)
+                self._answer(request, None, part.error)
             elif request.span is None or (start == 0 and stop == request.rows):
+                # _answer inlined: this loop runs once per row of every batch
                 completed += 1
-                request.done = True
+                request.future = None
                 if request.timer is not None:
                     request.timer.cancel()
-                fut = request.future
-                request.future = None  # a submit future points back at its request
                 try:
                     fut.set_result(part)
                 except _FutureErrors:  # the caller cancelled its concurrent future meanwhile
@@ -599,8 +600,17 @@ class Batcher:
         try:
             value = self._collator.concat([piece for _, piece in request.pieces])
         except Exception as exc:
-            self._fail(request, exc)
+            self._answer(request, None, exc)
             return
         request.pieces = None
-        self._stats.completed += 1
-        self._resolve(request, value, None)
+        self._answer(request, value, None)
+
+
+def _settle(fut: Any, value: Any, error: BaseException | None) -> None:
+    try:
+        if error is None:
+            fut.set_result(value)
+        else:
+            fut.set_exception(error)
+    except _FutureErrors:  # the caller cancelled its concurrent future meanwhile
+        pass

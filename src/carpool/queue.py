@@ -159,30 +159,30 @@ class RequestQueue:
         """
         key = head.key
         segments: list[Segment] = []
+        append = segments.append
         room = max_rows
         for priority in self._priorities:
             if priority < head.priority:
                 continue
             lane = self._levels[priority].get(key)
             while lane and room:
-                entry = lane[0]
+                entry = lane.popleft()
                 if not entry.queued:
-                    lane.popleft()
                     continue
                 if entry.rows == 1:  # the common single-row request
-                    segments.append((entry, 0, 1))
+                    append((entry, 0, 1))
                     room -= 1
                     entry.queued = False
-                    lane.popleft()
                     continue
                 start = entry.taken
                 stop = min(entry.rows, start + room)
-                segments.append((entry, start, stop))
+                append((entry, start, stop))
                 room -= stop - start
                 entry.taken = stop
                 if stop == entry.rows:
                     entry.queued = False
-                    lane.popleft()
+                else:  # the rest keeps its place at the head, never re-queued at the tail
+                    lane.appendleft(entry)
             if not room:
                 break
         taken = max_rows - room
