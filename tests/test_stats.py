@@ -10,7 +10,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from carpool.policy import DispatchReason
-from carpool.stats import SAMPLE_WINDOW, BatcherStats, Percentiles, StatsRecorder
+from carpool.stats import (
+    LATENCY_BOUNDS,
+    SAMPLE_WINDOW,
+    BatcherStats,
+    Histogram,
+    HistogramSnapshot,
+    Percentiles,
+    StatsRecorder,
+)
 
 # Percentiles
 
@@ -68,6 +76,7 @@ def test_percentiles_are_frozen() -> None:
 
 def test_fresh_recorder_snapshot() -> None:
     stats = StatsRecorder().snapshot(submitted=0, queued_rows=0)
+    empty = HistogramSnapshot(LATENCY_BOUNDS, (0,) * len(LATENCY_BOUNDS), 0, 0.0)
     assert stats == BatcherStats(
         submitted=0,
         completed=0,
@@ -83,6 +92,8 @@ def test_fresh_recorder_snapshot() -> None:
         dispatch_reasons={},
         queue_wait_ms=Percentiles(),
         model_ms=Percentiles(),
+        queue_wait_seconds=empty,
+        model_seconds=empty,
     )
     assert stats.mean_batch_size == 0.0
 
@@ -171,3 +182,27 @@ def test_snapshot_does_not_change_when_the_recorder_does() -> None:
     after = recorder.snapshot(submitted=0, queued_rows=0)
     assert dict(after.batch_sizes) == {2: 2, 5: 1}
     assert dict(after.dispatch_reasons) == {"full": 2, "drain": 1}
+
+
+# Histogram
+
+
+def test_histogram_counts_are_cumulative_and_bounds_inclusive() -> None:
+    hist = Histogram((0.001, 0.01, 0.1))
+    hist.add_many([0.0005, 0.001, 0.002, 0.05, 0.1, 3.0])
+    hist.add_many([0.01])
+    snap = hist.snapshot()
+    assert snap.bounds == (0.001, 0.01, 0.1)
+    assert snap.counts == (2, 4, 6)  # <= 1 ms: 0.5 ms and 1 ms; <= 10 ms adds 2 and 10 ms
+    assert snap.count == 7  # 3 s is only in +Inf
+    assert snap.sum == pytest.approx(3.1635)
+
+
+def test_recorder_feeds_percentiles_and_histograms() -> None:
+    recorder = StatsRecorder()
+    recorder.waited([0.002, 0.004])
+    recorder.modelled(0.003)
+    stats = recorder.snapshot(submitted=2, queued_rows=0)
+    assert (stats.queue_wait_ms.count, stats.queue_wait_seconds.count) == (2, 2)
+    assert (stats.model_ms.p50, stats.model_seconds.count) == (3.0, 1)
+    assert stats.queue_wait_seconds.counts[LATENCY_BOUNDS.index(0.005)] == 2

@@ -151,7 +151,7 @@ class Batcher:
             isolate_errors=isolate_errors,
             name=self.name,
             workers=self.workers,
-            model_times=self._stats.model_times,
+            record_model_time=self._stats.modelled,
             claim=self._claim,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -550,7 +550,7 @@ class Batcher:
         segments = self._queue.pop_batch(head, rows)
         stats = self._stats
         stats.batch(rows, reason)
-        stats.queue_waits.extend([now - entry.arrival for entry, start, _ in segments if not start])
+        stats.waited([now - entry.arrival for entry, start, _ in segments if not start])
         self._busy += 1
         assert self._tg is not None
         self._tg.create_task(self._run_batch(segments))

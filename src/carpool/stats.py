@@ -7,12 +7,22 @@ libraries (the server renders Prometheus from :class:`BatcherStats`).
 from __future__ import annotations
 
 import math
+import threading
+from bisect import bisect_left
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from types import MappingProxyType
 
-__all__ = ["BatcherStats", "Percentiles", "StatsRecorder"]
+__all__ = ["BatcherStats", "Histogram", "HistogramSnapshot", "Percentiles", "StatsRecorder"]
+
+# Seconds. Prometheus' default latency buckets, extended down to 100 µs (batching overhead
+# and small models live there) and up to 60 s (queueing under overload).
+LATENCY_BOUNDS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
 
 # Percentiles are over the most recent samples: enough for a stable p99 (~80 samples beyond
 # it), small enough that a snapshot sorts in well under a millisecond.
@@ -44,6 +54,48 @@ class Percentiles:
 
 
 @dataclass(frozen=True, slots=True)
+class HistogramSnapshot:
+    """Cumulative counts: ``counts[i]`` samples were ``<= bounds[i]``; ``count`` in all."""
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    count: int
+    sum: float
+
+
+class Histogram:
+    """Fixed buckets that only ever count up, as Prometheus histograms must.
+
+    Safe to update from several threads (model times arrive from worker threads).
+    """
+
+    def __init__(self, bounds: tuple[float, ...] = LATENCY_BOUNDS) -> None:
+        self.bounds = bounds
+        self._bucket_of = partial(bisect_left, bounds)  # index of the first bound >= value
+        self._counts: Counter[int] = Counter()
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def add_many(self, values: list[float]) -> None:
+        buckets = list(map(self._bucket_of, values))  # C-speed: this runs once per batch
+        with self._lock:
+            self._counts.update(buckets)
+            self._sum += sum(values)
+
+    def snapshot(self) -> HistogramSnapshot:
+        with self._lock:
+            counts = dict(self._counts)
+            total = self._sum
+        running = 0
+        cumulative = []
+        for i in range(len(self.bounds)):
+            running += counts.get(i, 0)
+            cumulative.append(running)
+        count = running + counts.get(len(self.bounds), 0)
+        return HistogramSnapshot(self.bounds, tuple(cumulative), count, total)
+
+
+@dataclass(frozen=True, slots=True)
 class BatcherStats:
     """A consistent snapshot. Requests are counted once each, by their one outcome:
     ``submitted == completed + failed + expired + cancelled + pending``; ``rejected``
@@ -63,6 +115,8 @@ class BatcherStats:
     dispatch_reasons: Mapping[str, int]  # DispatchReason value -> batches
     queue_wait_ms: Percentiles  # arrival -> first row dispatched, per request
     model_ms: Percentiles  # one model_fn call
+    queue_wait_seconds: HistogramSnapshot  # the same, since the start, for metrics
+    model_seconds: HistogramSnapshot
 
     @property
     def mean_batch_size(self) -> float:
@@ -84,6 +138,18 @@ class StatsRecorder:
         self.dispatch_reasons: Counter[str] = Counter()
         self.queue_waits: deque[float] = deque(maxlen=SAMPLE_WINDOW)
         self.model_times: deque[float] = deque(maxlen=SAMPLE_WINDOW)
+        self.queue_wait_hist = Histogram()
+        self.model_time_hist = Histogram()
+
+    def waited(self, seconds: list[float]) -> None:
+        """Queue waits of the requests whose first rows just left in a batch."""
+        self.queue_waits.extend(seconds)
+        self.queue_wait_hist.add_many(seconds)
+
+    def modelled(self, seconds: float) -> None:
+        """One model call's duration; from any thread."""
+        self.model_times.append(seconds)
+        self.model_time_hist.add_many([seconds])
 
     def batch(self, rows: int, reason: str) -> None:
         self.batches += 1
@@ -109,4 +175,6 @@ class StatsRecorder:
             dispatch_reasons=MappingProxyType(dict(self.dispatch_reasons)),
             queue_wait_ms=Percentiles.of(self.queue_waits),
             model_ms=Percentiles.of(self.model_times),
+            queue_wait_seconds=self.queue_wait_hist.snapshot(),
+            model_seconds=self.model_time_hist.snapshot(),
         )

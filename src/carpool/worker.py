@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from collections.abc import Callable, Generator
 from concurrent.futures import Executor
 from typing import Any
@@ -77,7 +76,7 @@ def isolate(
 
 
 class BatchRunner:
-    """Executes batches of one model. ``model_times`` receives each call's seconds."""
+    """Executes batches of one model. ``record_model_time`` gets each call's seconds."""
 
     def __init__(
         self,
@@ -88,7 +87,7 @@ class BatchRunner:
         isolate_errors: bool,
         name: str,
         workers: int,
-        model_times: deque[float],
+        record_model_time: Callable[[float], None],
         claim: Callable[[list[Segment]], list[int] | None],
     ) -> None:
         self._model_fn = model_fn
@@ -96,7 +95,7 @@ class BatchRunner:
         self._collator = collator
         self._bisect = isolate_errors
         self._note = f"carpool: raised by model_fn of batcher {name!r} on a batch of {{rows}} rows"
-        self._model_times = model_times
+        self._record_model_time = record_model_time
         self._claim = claim
         # A plain model runs in an executor of `workers` threads, which queues staged batches;
         # an async one needs this gate to run at most `workers` batches at once.
@@ -183,7 +182,7 @@ class BatchRunner:
         batch = collator.stack(values, spans)
         started = time.perf_counter()
         output = self._model_fn(batch)
-        self._model_times.append(time.perf_counter() - started)
+        self._record_model_time(time.perf_counter() - started)
         return collator.split(output, spans, rows)
 
     async def _execute_async(
@@ -193,5 +192,5 @@ class BatchRunner:
         batch = collator.stack(values, spans)
         started = time.perf_counter()
         output = await self._model_fn(batch)
-        self._model_times.append(time.perf_counter() - started)
+        self._record_model_time(time.perf_counter() - started)
         return collator.split(output, spans, rows)
