@@ -25,7 +25,7 @@ def test_help_explains_the_commands() -> None:
     assert done.returncode == 0
     assert "demo" in done.stdout
     demo = run("demo", "--help")
-    assert "CARPOOL_DEMO_REQUESTS" in demo.stdout
+    assert "CARPOOL_REQUESTS" in demo.stdout
 
 
 def test_unknown_command_is_a_usage_error() -> None:

@@ -1,15 +1,89 @@
-"""The ``carpool`` command: flags in, calls into the library out; no logic of its own."""
+"""The ``carpool`` command: flags in, calls into the library out; no logic of its own.
+
+Every option also reads an environment variable (``CARPOOL_`` + its name), which the flag
+overrides, so containers can be configured without rewriting the command line.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
 
 
-def _env_int(name: str, default: int) -> int:
+def _env(name: str, convert: Callable[[str], Any], default: Any) -> Any:
     value = os.environ.get(name)
-    return int(value) if value else default
+    if value is None or value == "":
+        return default
+    try:
+        return convert(value)
+    except ValueError:
+        raise SystemExit(f"carpool: environment variable {name}={value!r} is invalid") from None
+
+
+def _flag(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    convert: Callable[[str], Any],
+    default: Any,
+    help: str,
+    **kwargs: Any,
+) -> None:
+    env = "CARPOOL_" + flag.lstrip("-").replace("-", "_").upper()
+    shown = "unset" if default is None else default
+    parser.add_argument(
+        flag,
+        type=convert,
+        default=_env(env, convert, default),
+        help=f"{help} (env {env}; default {shown})",
+        **kwargs,
+    )
+
+
+def _bool(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(value)
+
+
+def _add_serve(commands: Any) -> None:
+    serve = commands.add_parser(
+        "serve",
+        help="serve models over the KServe v2 / Triton HTTP protocol, batching requests",
+        description="Serve one or more models over the KServe v2 Open Inference Protocol "
+        "(REST), with dynamic batching behind every model. Works with tritonclient, "
+        "perf_analyzer and KServe. With no TARGET, serves the built-in 'demo' model.",
+        epilog="TARGET is 'module:attr' naming a batched function (stacked batch in, one "
+        "row out per row) or a carpool.Model, or 'demo'. Batching flags apply to every "
+        "model and override the config file's [models.NAME] tables, which override what "
+        "a carpool.Model declares.",
+    )
+    serve.add_argument("targets", nargs="*", metavar="TARGET", help="models to serve")
+    _flag(serve, "--host", str, None, "address to listen on [127.0.0.1]")
+    _flag(serve, "--port", int, None, "port to listen on [8000]")
+    _flag(serve, "--name", str, None, "model name for a single TARGET (default: attr name)")
+    _flag(serve, "--config", str, None, "TOML file with [server] and [models.NAME] tables")
+    _flag(serve, "--max-batch-size", int, None, "rows per model call at most [32]")
+    _flag(serve, "--max-wait-ms", float, None, "longest deliberate wait for a batch [5.0]")
+    _flag(serve, "--policy", str, None, "batching policy: eager or fixed [eager]")
+    _flag(serve, "--workers", int, None, "batches run at once per model [1]")
+    _flag(serve, "--max-queue-size", int, None, "rows allowed to wait; then 503 [no limit]")
+    _flag(
+        serve,
+        "--default-timeout-ms",
+        float,
+        None,
+        "queue timeout for requests that send none; then 503 [none]",
+    )
+    _flag(serve, "--max-body-bytes", int, None, "largest request body; then 413 [67108864]")
+    _flag(serve, "--drain-timeout", float, None, "seconds to finish requests on SIGTERM [30]")
+    _flag(serve, "--log-level", str, None, "debug, info, warning or error [info]")
+    _flag(serve, "--access-log", _bool, None, "log every request (true/false) [true]")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,36 +92,56 @@ def build_parser() -> argparse.ArgumentParser:
         description="Dynamic request batching for ML model inference.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_serve(commands)
     demo = commands.add_parser(
         "demo",
-        help="batch concurrent requests through the built-in model and show what happened",
+        help="batch concurrent requests through the built-in model, in process",
         description="Send single-row requests from many concurrent callers through a "
         "carpool.Batcher around a built-in numpy MLP, compare with one model call per "
         "request, and check every caller got exactly its own row.",
     )
-    demo.add_argument(
-        "--requests",
-        type=int,
-        default=_env_int("CARPOOL_DEMO_REQUESTS", 2000),
-        help="requests to send (env CARPOOL_DEMO_REQUESTS; default %(default)s)",
-    )
-    demo.add_argument(
-        "--concurrency",
-        type=int,
-        default=_env_int("CARPOOL_DEMO_CONCURRENCY", 64),
-        help="concurrent callers (env CARPOOL_DEMO_CONCURRENCY; default %(default)s)",
-    )
-    demo.add_argument(
-        "--max-batch-size",
-        type=int,
-        default=_env_int("CARPOOL_MAX_BATCH_SIZE", 32),
-        help="rows per model call at most (env CARPOOL_MAX_BATCH_SIZE; default %(default)s)",
-    )
+    _flag(demo, "--requests", int, 2000, "requests to send")
+    _flag(demo, "--concurrency", int, 64, "concurrent callers")
+    _flag(demo, "--max-batch-size", int, 32, "rows per model call at most")
     return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from carpool.server.config import ConfigError, ServerConfig, read_config_file, resolve_models
+    from carpool.server.serve import serve
+
+    file: dict[str, Any] = read_config_file(args.config) if args.config else {}
+    server = dict(file.get("server", {}))
+    for key in ("host", "port", "max_body_bytes", "log_level", "access_log"):
+        value = getattr(args, key)
+        if value is not None:
+            server[key] = value
+    if args.drain_timeout is not None:
+        server["drain_timeout_s"] = args.drain_timeout
+    flags = {
+        key: getattr(args, key)
+        for key in ("max_batch_size", "max_wait_ms", "policy", "workers", "max_queue_size",
+                    "default_timeout_ms")
+        if getattr(args, key) is not None
+    }  # fmt: skip
+    try:
+        models = resolve_models(
+            args.targets, name=args.name, flags=flags, file_models=file.get("models", {})
+        )
+        config = ServerConfig(models=models, **server)
+    except ConfigError as exc:
+        print(f"carpool serve: {exc}", file=sys.stderr)
+        return 2
+    except TypeError as exc:
+        print(f"carpool serve: config file [server]: {exc}", file=sys.stderr)
+        return 2
+    return serve(config)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
     if args.command == "demo":
         from carpool.demo import run_demo
 

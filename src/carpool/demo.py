@@ -16,8 +16,9 @@ from threadpoolctl import threadpool_limits
 
 from carpool.batcher import Batcher
 from carpool.compat import batch_inference
+from carpool.model import Model, Tensor
 
-__all__ = ["DemoMLP", "run_demo"]
+__all__ = ["DemoMLP", "demo_model", "run_demo"]
 
 
 class DemoMLP:
@@ -43,6 +44,21 @@ class DemoMLP:
             if i < len(self.layers) - 1:
                 np.maximum(x, 0.0, out=x)
         return x
+
+
+def demo_model() -> Model:
+    """The ``demo`` model ``carpool serve`` runs with no target: 256 floats in, 8 out."""
+    # One BLAS thread: idle OpenBLAS threads spin on both cores and starve the event loop,
+    # and a serving process wants one thread per model worker anyway.
+    threadpool_limits(1, user_api="blas")
+    mlp = DemoMLP()
+    return Model(
+        mlp,
+        name="demo",
+        inputs=[Tensor("INPUT0", "FP32", (mlp.features,))],
+        outputs=[Tensor("OUTPUT0", "FP32", (8,))],
+        platform="carpool_numpy",
+    )
 
 
 async def _serve_concurrently(

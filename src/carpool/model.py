@@ -1,0 +1,168 @@
+"""A servable model: a batched function plus its signature and its batching settings.
+
+``carpool serve module:attr`` accepts a plain function (signature learned from requests) or
+a :class:`Model`, which declares input and output tensors the way Triton's model config does,
+so that metadata is exact and mismatched requests are refused before they queue.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from carpool.policy import Policy
+
+__all__ = ["Batching", "Model", "Tensor"]
+
+_DATATYPES = frozenset(
+    {"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+     "FP16", "FP32", "FP64", "BF16", "BYTES"}
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """One input or output: v2 datatype and the shape of ONE row (no batch dimension);
+    ``-1`` marks a dimension of any size."""
+
+    name: str
+    datatype: str = "FP32"
+    shape: tuple[int, ...] = (-1,)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"tensor name must be a non-empty string, got {self.name!r}")
+        if self.datatype not in _DATATYPES:
+            raise ValueError(
+                f"tensor {self.name!r}: datatype must be one of {sorted(_DATATYPES)}, "
+                f"got {self.datatype!r}"
+            )
+        shape = tuple(self.shape)
+        if any(not isinstance(d, int) or isinstance(d, bool) or d < -1 for d in shape):
+            raise ValueError(f"tensor {self.name!r}: shape dims must be ints >= -1, got {shape}")
+        object.__setattr__(self, "shape", shape)
+
+
+@dataclass(frozen=True, slots=True)
+class Batching:
+    """How requests for one model are batched (``carpool.Batcher``'s options) and admitted.
+
+    ``default_timeout_ms``: queue timeout for requests that give none; a request's own
+    ``timeout`` parameter may shorten it, never extend it (Triton's rule).
+    ``default_priority_level``: the level of requests sending ``priority`` 0 (or none);
+    lower levels are served first.
+    """
+
+    max_batch_size: int = 32
+    max_wait_ms: float = 5.0
+    policy: str | Policy = "eager"
+    workers: int = 1
+    max_queue_size: int | None = None
+    isolate_errors: bool = True
+    default_timeout_ms: float | None = None
+    priority_levels: int = 0  # 0: any priority >= 1 is accepted
+    default_priority_level: int = 1
+
+    def merged(self, overrides: Mapping[str, Any]) -> Batching:
+        """These settings with ``overrides`` applied (unknown keys are a ValueError)."""
+        unknown = set(overrides) - set(self.__dataclass_fields__)
+        if unknown:
+            known = ", ".join(sorted(self.__dataclass_fields__))
+            raise ValueError(f"unknown batching settings {sorted(unknown)}; known: {known}")
+        return replace(self, **overrides)
+
+    def batcher_options(self) -> dict[str, Any]:
+        return {
+            "max_batch_size": self.max_batch_size,
+            "max_wait_ms": self.max_wait_ms,
+            "policy": self.policy,
+            "workers": self.workers,
+            "max_queue_size": self.max_queue_size,
+            "isolate_errors": self.isolate_errors,
+        }
+
+
+@dataclass
+class Model:
+    """A batched function with a declared signature.
+
+    ``fn`` receives one stacked batch and returns one output row per input row:
+    with one input, the batch is that input's array; with several, a dict of arrays by input
+    name. It returns an array (the one output) or a dict of arrays by output name.
+    ``inputs=None`` accepts one input of whatever datatype and row shape requests send
+    (named ``INPUT0`` in metadata); ``outputs=None`` names the single output ``OUTPUT0``.
+    """
+
+    fn: Callable[[Any], Any]
+    name: str | None = None
+    inputs: Sequence[Tensor] | None = None
+    outputs: Sequence[Tensor] | None = None
+    batching: Batching = field(default_factory=Batching)
+    version: str = "1"
+    platform: str = "python"
+
+    def __post_init__(self) -> None:
+        if not callable(self.fn):
+            raise TypeError(f"Model fn must be callable, got {type(self.fn).__name__}")
+        for kind in ("inputs", "outputs"):
+            tensors = getattr(self, kind)
+            if tensors is not None:
+                tensors = tuple(tensors)
+                if not tensors:
+                    raise ValueError(f"{kind} must name at least one tensor, or be None")
+                names = [t.name for t in tensors]
+                if len(set(names)) != len(names):
+                    raise ValueError(f"{kind} has duplicate names: {names}")
+                setattr(self, kind, tensors)
+
+    @property
+    def declared(self) -> bool:
+        """Whether the inputs are declared (requests are checked against them)."""
+        return self.inputs is not None
+
+    @property
+    def input_specs(self) -> tuple[Tensor, ...]:
+        return tuple(self.inputs) if self.inputs is not None else (Tensor("INPUT0"),)
+
+    @property
+    def output_specs(self) -> tuple[Tensor, ...]:
+        return tuple(self.outputs) if self.outputs is not None else (Tensor("OUTPUT0"),)
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(
+            getattr(self.fn, "__call__", None)  # noqa: B004 - the method, not callable()
+        )
+
+    def batched_fn(self) -> Callable[[dict[str, Any]], Any]:
+        """``fn`` as the batcher calls it: a dict of stacked inputs in, a dict of outputs out."""
+        fn = self.fn
+        single = len(self.input_specs) == 1
+        first = self.input_specs[0].name
+        outputs = self.output_specs
+
+        def as_dict(result: Any) -> dict[str, Any]:
+            if isinstance(result, Mapping):
+                return dict(result)
+            if len(outputs) != 1:
+                names = [t.name for t in outputs]
+                raise TypeError(
+                    f"model {self.name!r} declares outputs {names}; return a dict of arrays"
+                )
+            return {outputs[0].name: np.asarray(result) if isinstance(result, list) else result}
+
+        if self.is_async:
+
+            async def call_async(batch: dict[str, Any]) -> dict[str, Any]:
+                return as_dict(await fn(batch[first] if single else batch))
+
+            return call_async
+
+        def call(batch: dict[str, Any]) -> dict[str, Any]:
+            return as_dict(fn(batch[first] if single else batch))
+
+        return call

@@ -1,0 +1,139 @@
+"""From targets, flags and a config file to the models a server runs, and its settings.
+
+Precedence for a model's batching settings, strongest first: command-line flags (or their
+``CARPOOL_*`` environment variables), the config file's ``[models.NAME]`` table, what a
+:class:`~carpool.Model` object declares, carpool's defaults.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from carpool.model import Batching, Model
+
+__all__ = ["ConfigError", "ServerConfig", "load_target", "resolve_models"]
+
+DEMO = "demo"
+
+
+class ConfigError(ValueError):
+    """A target, flag or config file that cannot be used; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    log_level: str = "info"
+    access_log: bool = True
+    max_body_bytes: int = 64 * 1024 * 1024  # Triton's HTTP default is the same order
+    drain_timeout_s: float = 30.0  # Kubernetes' default terminationGracePeriodSeconds
+    models: tuple[Model, ...] = field(default_factory=tuple)
+
+
+def load_target(target: str, *, name: str | None = None) -> Model:
+    """A :class:`Model` from ``module:attr`` (a function or a Model), or ``demo``."""
+    if target == DEMO:
+        from carpool.demo import demo_model
+
+        model = demo_model()
+    else:
+        module_name, sep, attr = target.partition(":")
+        if not sep or not module_name or not attr:
+            raise ConfigError(
+                f"target {target!r} must look like 'module:attr' (as with uvicorn), "
+                f"e.g. 'mypkg.models:predict', or be {DEMO!r}"
+            )
+        if "" not in sys.path and "." not in sys.path:
+            sys.path.insert(0, "")  # like `python -m`, find modules in the current folder
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ConfigError(
+                f"cannot import module {module_name!r} of target {target!r}: {exc}"
+            ) from exc
+        obj: Any = module
+        for part in attr.split("."):
+            try:
+                obj = getattr(obj, part)
+            except AttributeError:
+                raise ConfigError(
+                    f"module {module_name!r} has no attribute {attr!r} (target {target!r})"
+                ) from None
+        if isinstance(obj, Model):
+            model = obj
+        elif callable(obj):
+            model = Model(obj, name=attr.rsplit(".", 1)[-1])
+        else:
+            raise ConfigError(
+                f"target {target!r} is a {type(obj).__name__}; it must be a batched function "
+                "or a carpool.Model"
+            )
+    if name is not None:
+        model = replace(model, name=name)
+    elif model.name is None:
+        model = replace(model, name=target.rpartition(":")[2])
+    return model
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The parsed TOML file: ``[server]`` settings and ``[models.NAME]`` tables."""
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+    unknown = set(data) - {"server", "models"}
+    if unknown:
+        raise ConfigError(
+            f"config file {str(path)!r}: unknown tables {sorted(unknown)}; "
+            "use [server] and [models.NAME]"
+        )
+    return data
+
+
+def resolve_models(
+    targets: Sequence[str],
+    *,
+    name: str | None,
+    flags: Mapping[str, Any],
+    file_models: Mapping[str, Mapping[str, Any]],
+) -> tuple[Model, ...]:
+    """Load every target and settle each model's batching settings."""
+    if name is not None and len(targets) > 1:
+        raise ConfigError("--name applies to a single target; use a config file for several")
+    models = []
+    for target in targets or [DEMO]:
+        model = load_target(target, name=name)
+        overrides = dict(file_models.get(model.name or "", {}))
+        overrides.update(flags)
+        try:
+            batching = model.batching.merged(overrides)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"model {model.name!r}: {exc}") from None
+        models.append(replace(model, batching=batching))
+    unknown = set(file_models) - {m.name for m in models}
+    if unknown:
+        raise ConfigError(
+            f"config file has settings for models {sorted(unknown)} that are not served; "
+            f"serving {[m.name for m in models]}"
+        )
+    return tuple(models)
+
+
+def check_batching(batching: Batching) -> None:
+    """Refuse settings the batcher would refuse, before the server binds its port."""
+    from carpool.batcher import Batcher
+
+    try:
+        Batcher(lambda rows: rows, **batching.batcher_options())
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None

@@ -1,0 +1,195 @@
+"""Between the wire and the batcher: check a request against the model, shape the answer.
+
+Pure: decoded requests in, the batcher's value out; the model's outputs in, response tensors
+out. Everything a client can get wrong is refused here, before anything is queued, so a bad
+request never reaches a batch that other callers share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from carpool.model import Model, Tensor
+from carpool.server.protocol import (
+    InferRequest,
+    OutputTensor,
+    ProtocolError,
+    datatype_of,
+    wants_binary,
+)
+
+__all__ = ["Admission", "ModelOutputError", "admit", "respond"]
+
+# Triton's reserved parameter names this server understands or refuses.
+_SEQUENCE = ("sequence_id", "sequence_start", "sequence_end")
+
+
+class ModelOutputError(RuntimeError):
+    """The model returned outputs that do not match its declared signature (a 500)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What the batcher gets for one request, and how to answer it."""
+
+    value: dict[str, np.ndarray[Any, Any]]  # input name -> k rows
+    rows: int
+    outputs: tuple[tuple[str, bool], ...]  # (output name, binary?) in response order
+    priority: int
+    timeout_ms: float | None
+
+
+def _matches(shape: tuple[int, ...], spec: Tensor) -> bool:
+    return len(shape) == len(spec.shape) and all(
+        want in (-1, got) for want, got in zip(spec.shape, shape, strict=True)
+    )
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _check_inputs(model: Model, request: InferRequest) -> dict[str, np.ndarray[Any, Any]]:
+    specs = {t.name: t for t in model.input_specs}
+    got = [i.name for i in request.inputs]
+    missing = [n for n in specs if n not in got]
+    unknown = [n for n in got if n not in specs]
+    if missing or unknown:
+        message = (
+            f"expected {len(specs)} inputs but got {len(got)} inputs for model "
+            f"'{model.name}'. Got input(s) {got}, but missing required input(s) {missing}"
+        )
+        if unknown:
+            message = f"unexpected inference input(s) {unknown} for model '{model.name}'; " + (
+                f"expected {list(specs)}"
+            )
+        raise ProtocolError(message, field="inputs")
+    value = {}
+    for tensor in request.inputs:
+        spec = specs[tensor.name]
+        if model.declared and tensor.datatype != spec.datatype:
+            raise ProtocolError(
+                f"inference input '{tensor.name}' data-type is '{tensor.datatype}', but model "
+                f"'{model.name}' expects '{spec.datatype}'",
+                field=tensor.name,
+            )
+        if not tensor.shape:
+            raise ProtocolError(
+                f"input '{tensor.name}' has shape [], but model '{model.name}' batches along "
+                "the first dimension: send shape [rows, ...]",
+                field=tensor.name,
+            )
+        row_shape = tensor.shape[1:]
+        if model.declared and not _matches(row_shape, spec):
+            raise ProtocolError(
+                f"unexpected shape for input '{tensor.name}' for model '{model.name}'. "
+                f"Expected [-1,{_dims(spec.shape)[1:]}, got {_dims(tensor.shape)}",
+                field=tensor.name,
+            )
+        value[tensor.name] = tensor.data.reshape(tensor.shape)
+    return value
+
+
+def _rows(request: InferRequest) -> int:
+    counts = {i.name: i.shape[0] for i in request.inputs}
+    if len(set(counts.values())) > 1:
+        raise ProtocolError(
+            f"inputs disagree on the batch size (first dimension): {counts}", field="inputs"
+        )
+    rows = next(iter(counts.values()))
+    if rows < 1:
+        raise ProtocolError("the batch dimension must be at least 1, got 0", field="inputs")
+    return rows
+
+
+def _requested(model: Model, request: InferRequest) -> tuple[tuple[str, bool], ...]:
+    names = [t.name for t in model.output_specs]
+    if request.outputs is None:
+        return tuple((name, wants_binary(request, None)) for name in names)
+    chosen = []
+    for output in request.outputs:
+        if output.name not in names:
+            raise ProtocolError(
+                f"unexpected inference output '{output.name}' for model '{model.name}'; "
+                f"it has {names}",
+                field=f"outputs.{output.name}",
+            )
+        chosen.append((output.name, wants_binary(request, output)))
+    return tuple(chosen)
+
+
+def _int_parameter(request: InferRequest, name: str) -> int | None:
+    value = request.parameters.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ProtocolError(
+            f"parameter '{name}' must be a non-negative integer, got {value!r}",
+            field=f"parameters.{name}",
+        )
+    return value
+
+
+def admit(model: Model, request: InferRequest) -> Admission:
+    """Check ``request`` against ``model``; raises :class:`ProtocolError` (a 400)."""
+    for name in _SEQUENCE:
+        if name in request.parameters:
+            raise ProtocolError(
+                f"parameter '{name}': model '{model.name}' is stateless; sequence batching "
+                "is not supported",
+                field=f"parameters.{name}",
+            )
+    value = _check_inputs(model, request)
+    rows = _rows(request)
+    outputs = _requested(model, request)
+    batching = model.batching
+
+    priority = _int_parameter(request, "priority") or 0
+    levels = batching.priority_levels
+    if levels and priority > levels:
+        raise ProtocolError(
+            f"parameter 'priority' must be in [0, {levels}] for model '{model.name}', "
+            f"got {priority}",
+            field="parameters.priority",
+        )
+    level = priority or batching.default_priority_level
+
+    timeout_us = _int_parameter(request, "timeout")  # Triton: microseconds, 0 = none
+    timeout_ms = batching.default_timeout_ms
+    if timeout_us:
+        requested_ms = timeout_us / 1000.0
+        timeout_ms = requested_ms if timeout_ms is None else min(timeout_ms, requested_ms)
+    return Admission(value, rows, outputs, level, timeout_ms)
+
+
+def respond(
+    model: Model, admission: Admission, result: Mapping[str, Any]
+) -> list[tuple[OutputTensor, bool]]:
+    """Response tensors for the requested outputs; :class:`ModelOutputError` if missing."""
+    declared = {t.name: t for t in model.output_specs}
+    tensors = []
+    for name, binary in admission.outputs:
+        if name not in result:
+            raise ModelOutputError(
+                f"model '{model.name}' returned outputs {sorted(result)}, without '{name}'"
+            )
+        array = np.asarray(result[name])
+        spec = declared[name]
+        if model.outputs is not None and spec.datatype not in ("BYTES", "BF16"):
+            array = array.astype(_NUMPY[spec.datatype], copy=False)
+            datatype = spec.datatype
+        else:
+            datatype = spec.datatype if spec.datatype == "BF16" else datatype_of(array)
+        tensors.append((OutputTensor(name, datatype, tuple(array.shape), array), binary))
+    return tensors
+
+
+_NUMPY = {
+    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
+    "UINT64": np.uint64, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
+    "INT64": np.int64, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
+}  # fmt: skip

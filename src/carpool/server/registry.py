@@ -1,0 +1,162 @@
+"""The models a server holds, each with its batcher, and how each describes itself.
+
+Metadata follows the v2 protocol; ``config`` and ``statistics`` follow Triton's
+``model_configuration`` and ``statistics`` extensions, which perf_analyzer and Triton's
+tooling read (``max_batch_size``, ``input``/``output`` dims without the batch dimension,
+``inference_count`` > ``execution_count`` when batching happens).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from carpool.batcher import Batcher
+from carpool.errors import CarpoolError
+from carpool.model import Model, Tensor
+from carpool.stats import BatcherStats
+
+__all__ = ["ModelNotFound", "Registry", "ServedModel"]
+
+
+class ModelNotFound(CarpoolError, LookupError):
+    """No model (or no such version of it) is served under that name: a 404."""
+
+    def __init__(self, name: str, version: str | None = None) -> None:
+        self.name = name
+        self.version = version
+        what = f"Model '{name}'" if version is None else f"Model '{name}' version '{version}'"
+        super().__init__(f"{what} is not found")
+
+    def _fields(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version}
+
+
+def _tensor(spec: Tensor, batched: bool) -> dict[str, Any]:
+    shape = [-1, *spec.shape] if batched else list(spec.shape)
+    return {"name": spec.name, "datatype": spec.datatype, "shape": shape}
+
+
+def _config_tensor(spec: Tensor) -> dict[str, Any]:
+    datatype = "TYPE_STRING" if spec.datatype == "BYTES" else f"TYPE_{spec.datatype}"
+    return {"name": spec.name, "data_type": datatype, "dims": list(spec.shape)}
+
+
+def _duration(count: int, seconds: float) -> dict[str, int]:
+    return {"count": count, "ns": int(seconds * 1e9)}
+
+
+class ServedModel:
+    """One model behind the server: its signature, its batcher, its request outcomes."""
+
+    def __init__(self, model: Model) -> None:
+        if model.name is None:
+            raise ValueError("a served model needs a name")
+        self.model = model
+        self.name: str = model.name
+        self.version = model.version
+        self.batcher = Batcher(
+            model.batched_fn(), name=self.name, **model.batching.batcher_options()
+        )
+        self.statuses: Counter[int] = Counter()  # HTTP status -> requests
+
+    def describe(self) -> str:
+        b = self.model.batching
+        inputs = ", ".join(f"{t.name}:{t.datatype}{list(t.shape)}" for t in self.model.input_specs)
+        return (
+            f"inputs [{inputs}], max_batch_size={b.max_batch_size}, max_wait_ms={b.max_wait_ms:g}, "
+            f"policy={b.policy}, workers={b.workers}, max_queue_size={b.max_queue_size}"
+        )
+
+    def metadata(self) -> dict[str, Any]:
+        model = self.model
+        return {
+            "name": self.name,
+            "versions": [self.version],
+            "platform": model.platform,
+            "inputs": [_tensor(t, True) for t in model.input_specs],
+            "outputs": [_tensor(t, True) for t in model.output_specs],
+        }
+
+    def config(self) -> dict[str, Any]:
+        b = self.model.batching
+        policy: dict[str, Any] = {}
+        if b.default_timeout_ms is not None:
+            policy = {
+                "timeout_action": "REJECT",
+                "default_timeout_microseconds": int(b.default_timeout_ms * 1000),
+                "allow_timeout_override": True,
+            }
+        return {
+            "name": self.name,
+            "platform": self.model.platform,
+            "backend": "carpool",
+            "version_policy": {"specific": {"versions": [self.version]}},
+            "max_batch_size": b.max_batch_size,
+            "input": [_config_tensor(t) for t in self.model.input_specs],
+            "output": [_config_tensor(t) for t in self.model.output_specs],
+            "dynamic_batching": {
+                "max_queue_delay_microseconds": int(b.max_wait_ms * 1000),
+                "preferred_batch_size": [b.max_batch_size],
+                "priority_levels": b.priority_levels,
+                "default_priority_level": b.default_priority_level,
+                "default_queue_policy": policy,
+                "policy": str(b.policy),
+                "max_queue_size": b.max_queue_size or 0,
+            },
+            "instance_group": [{"count": b.workers, "kind": "KIND_CPU"}],
+            "model_transaction_policy": {"decoupled": False},
+        }
+
+    def statistics(self, stats: BatcherStats | None = None) -> dict[str, Any]:
+        s = stats if stats is not None else self.batcher.stats()
+        failed = s.failed + s.expired + s.rejected
+        model_seconds = s.model_seconds
+        return {
+            "name": self.name,
+            "version": self.version,
+            "inference_count": s.rows,
+            "execution_count": s.batches,
+            "inference_stats": {
+                "success": _duration(s.completed, 0.0),
+                "fail": _duration(failed, 0.0),
+                "queue": _duration(s.queue_wait_seconds.count, s.queue_wait_seconds.sum),
+                "compute_infer": _duration(model_seconds.count, model_seconds.sum),
+            },
+            "batch_stats": [
+                {"batch_size": size, "compute_infer": _duration(count, 0.0)}
+                for size, count in s.batch_sizes.items()
+            ],
+            "dispatch_reasons": dict(s.dispatch_reasons),
+            "pending": s.pending,
+            "queued_rows": s.queued_rows,
+        }
+
+
+class Registry:
+    """Models by name; iteration order is the order they were given."""
+
+    def __init__(self, models: Sequence[Model]) -> None:
+        self._models: dict[str, ServedModel] = {}
+        for model in models:
+            served = ServedModel(model)
+            if served.name in self._models:
+                raise ValueError(
+                    f"two models are named {served.name!r}; give one another name (--name)"
+                )
+            self._models[served.name] = served
+
+    def __iter__(self) -> Iterator[ServedModel]:
+        return iter(self._models.values())
+
+    def __len__(self) -> int:
+        return len(self._models)
+
+    def get(self, name: str, version: str | None = None) -> ServedModel:
+        served = self._models.get(name)
+        if served is None:
+            raise ModelNotFound(name)
+        if version not in (None, "", served.version):
+            raise ModelNotFound(name, version)
+        return served

@@ -1,0 +1,87 @@
+"""Process lifecycle: bind, serve, and on SIGTERM/SIGINT drain and exit 0.
+
+On a signal, readiness turns false at once (load balancers stop sending), the listening
+socket closes (new connections are refused), every request already received is answered,
+each batcher finishes what it accepted, and the process exits 0. Requests still running
+after ``drain_timeout_s`` are cut off so the process always exits in bounded time.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+from types import FrameType
+
+import uvicorn
+
+from carpool.server.app import App
+from carpool.server.config import ServerConfig
+from carpool.server.registry import Registry
+
+__all__ = ["build_app", "serve"]
+
+log = logging.getLogger("carpool.server")
+
+
+def build_app(config: ServerConfig) -> App:
+    return App(Registry(config.models), max_body_bytes=config.max_body_bytes)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, but a signal flips readiness first and ends with exit code 0.
+
+    (uvicorn re-raises the captured signal after shutting down, which would make a clean
+    drain look like a kill to process supervisors.)
+    """
+
+    def __init__(self, config: uvicorn.Config, app: App) -> None:
+        super().__init__(config)
+        self._app = app
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._app.ready = False
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True  # a second Ctrl-C: stop waiting for connections
+        else:
+            log.info(
+                "signal %s: draining (up to %.0fs)",
+                signal.Signals(sig).name,
+                self.config.timeout_graceful_shutdown or 0,
+            )
+            self.should_exit = True
+
+
+def _logging(level: str, access_log: bool) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("carpool.access").setLevel(logging.INFO if access_log else logging.WARNING)
+
+
+def serve(config: ServerConfig) -> int:
+    """Run the server until a signal; returns the process exit code."""
+    _logging(config.log_level, config.access_log)
+    app = build_app(config)
+    try:
+        import uvloop  # noqa: F401
+
+        loop = "uvloop"
+    except ImportError:
+        loop = "asyncio"
+    uv_config = uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        loop=loop,
+        http="httptools",
+        lifespan="on",
+        access_log=False,  # carpool's own access log, with model latency, replaces it
+        log_level=config.log_level,
+        timeout_graceful_shutdown=math.ceil(config.drain_timeout_s),
+        server_header=False,
+    )
+    server = _Server(uv_config, app)
+    server.run()
+    return 0 if server.started else 1

@@ -1,0 +1,399 @@
+"""Tensor codecs of the v2 protocol: datatype names, binary layouts and JSON ``data`` lists.
+
+Pure: numpy only, no I/O, no carpool imports. :mod:`carpool.server.protocol` frames requests
+and responses around these codecs. Errors here are builtins whose message is ready for the
+client: ``ValueError`` for data a client sent, or a form it asked for, that cannot be used;
+``TypeError`` for an array the server itself cannot express. protocol.py turns both into
+``ProtocolError`` with a field and an HTTP status.
+
+BF16 has no numpy dtype, so carpool holds BF16 tensors as float32 and converts on the wire:
+the 16 bits are the upper half of the float32, rounded to nearest even when encoding.
+``ml_dtypes.bfloat16`` arrays (what tritonclient builds) are accepted too when encoding.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "DATATYPES",
+    "datatype_of",
+    "element_size",
+    "serialize_bytes_tensor",
+    "deserialize_bytes_tensor",
+    "serialize_bf16_tensor",
+    "deserialize_bf16_tensor",
+    "array_from_json",
+    "array_from_wire",
+    "check_shape",
+    "raw_shape",
+    "array_to_json",
+    "array_to_wire",
+]
+
+Array = npt.NDArray[Any]
+
+#: The v2 datatype names and the numpy dtype carpool holds each in (BF16 as float32).
+DATATYPES: Mapping[str, np.dtype[Any]] = MappingProxyType(
+    {
+        "BOOL": np.dtype(np.bool_),
+        "UINT8": np.dtype(np.uint8),
+        "UINT16": np.dtype(np.uint16),
+        "UINT32": np.dtype(np.uint32),
+        "UINT64": np.dtype(np.uint64),
+        "INT8": np.dtype(np.int8),
+        "INT16": np.dtype(np.int16),
+        "INT32": np.dtype(np.int32),
+        "INT64": np.dtype(np.int64),
+        "FP16": np.dtype(np.float16),
+        "FP32": np.dtype(np.float32),
+        "FP64": np.dtype(np.float64),
+        "BF16": np.dtype(np.float32),
+        "BYTES": np.dtype(np.object_),
+    }
+)
+
+_FIXED = {name: dtype for name, dtype in DATATYPES.items() if name not in ("BF16", "BYTES")}
+_BY_KIND = {(dtype.kind, dtype.itemsize): name for name, dtype in _FIXED.items()}
+_MAX_DIMS = 32  # numpy 1.x's limit (numpy 2 allows 64); no model input needs more
+_MAX_EXTENT = (2**63 - 1) // 8  # numpy refuses shapes whose nonzero dims * itemsize overflow
+_STRING_KINDS = "OSUT"  # object, bytes, str, and numpy 2's StringDType
+_U32 = struct.Struct("<I")
+_JSON_TYPES = {bool: "a boolean", int: "a number", float: "a number", str: "a string"}
+
+
+def datatype_of(array: Array) -> str:
+    """The v2 datatype name for an array's dtype; object, bytes and str arrays are BYTES.
+
+    Raises ``TypeError`` for dtypes the protocol has no name for (complex, datetime, ...).
+    """
+    dtype = array.dtype
+    if dtype.kind in _STRING_KINDS:
+        return "BYTES"
+    if dtype.name == "bfloat16":
+        return "BF16"
+    name = _BY_KIND.get((dtype.kind, dtype.itemsize))
+    if name is None:
+        raise TypeError(
+            f"numpy dtype {dtype} has no v2 datatype; use bool, (u)int8-64, float16/32/64, "
+            "or an object/bytes/str array for BYTES"
+        )
+    return name
+
+
+def element_size(datatype: str) -> int | None:
+    """Bytes per element on the wire (BF16: 2); ``None`` for BYTES, whose elements vary.
+
+    Raises ``ValueError`` for an unknown datatype name.
+    """
+    if datatype == "BYTES":
+        return None
+    if datatype == "BF16":
+        return 2
+    dtype = _FIXED.get(datatype)
+    if dtype is None:
+        raise ValueError(f"unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}")
+    return dtype.itemsize
+
+
+def serialize_bytes_tensor(array: Array) -> bytes:
+    """Row-major elements, each a 4-byte little-endian length then its bytes (str as UTF-8).
+
+    Raises ``TypeError`` for elements that are neither bytes nor str.
+    """
+    parts: list[bytes] = []
+    for index, item in enumerate(array.reshape(-1).tolist()):
+        if isinstance(item, str):
+            item = item.encode()
+        elif not isinstance(item, bytes | bytearray):
+            raise TypeError(f"BYTES element {index} is {type(item).__name__}, not bytes or str")
+        parts.append(_U32.pack(len(item)))
+        parts.append(item)
+    return b"".join(parts)
+
+
+def deserialize_bytes_tensor(buf: bytes | memoryview, count: int) -> Array:
+    """Exactly ``count`` length-prefixed elements from ``buf``, as a 1-D object array of bytes.
+
+    Raises ``ValueError`` unless the prefixes consume exactly the whole buffer.
+    """
+    view = memoryview(buf)
+    end = len(view)
+    if 4 * count > end:  # before allocating: a shape cannot claim more than was sent
+        raise ValueError(f"{count} BYTES elements need at least {4 * count} bytes, got {end}")
+    out = np.empty(count, dtype=object)
+    offset = 0
+    for index in range(count):
+        if offset + 4 > end:
+            raise ValueError(f"the data ends inside the length prefix of element {index}")
+        (length,) = _U32.unpack_from(view, offset)
+        offset += 4
+        if offset + length > end:
+            raise ValueError(f"element {index} declares {length} bytes, {end - offset} remain")
+        out[index] = bytes(view[offset : offset + length])
+        offset += length
+    if offset != end:
+        raise ValueError(f"{end - offset} bytes remain after the last of {count} elements")
+    return out
+
+
+def serialize_bf16_tensor(array: Array) -> bytes:
+    """BF16 bits of a float (or ``ml_dtypes.bfloat16``) array, little-endian.
+
+    Rounds to nearest even, as torch and ml_dtypes do; NaN stays a quiet NaN.
+    """
+    if array.dtype.name == "bfloat16":
+        return np.ascontiguousarray(array).reshape(-1).view(np.uint16).astype("<u2").tobytes()
+    values = np.ascontiguousarray(array, dtype=np.float32).reshape(-1)
+    bits = values.view(np.uint32)
+    rounded = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16).astype("<u2")
+    nan = np.isnan(values)
+    if nan.any():  # rounding could carry a NaN's mantissa into the exponent
+        rounded[nan] = ((bits[nan] >> 16) | 0x0040).astype("<u2")
+    return rounded.tobytes()
+
+
+def deserialize_bf16_tensor(buf: bytes | memoryview) -> npt.NDArray[np.float32]:
+    """BF16 bits widened to float32; exact, since BF16 is float32 with a shorter mantissa."""
+    bits = np.frombuffer(buf, dtype="<u2").astype(np.uint32) << 16
+    return bits.view(np.float32)
+
+
+def array_from_wire(buf: bytes | memoryview, *, datatype: str, count: int, name: str) -> Array:
+    """A flat array of ``count`` elements of input ``name`` from its binary data.
+
+    Fixed-size types are zero-copy views of ``buf`` (copied only when misaligned). Raises
+    ``ValueError`` for a size that does not fit the shape, BYTES framing errors, and BOOL
+    bytes other than 0 and 1.
+    """
+    itemsize = element_size(datatype)
+    if itemsize is not None and len(buf) != count * itemsize:
+        raise ValueError(
+            f"input byte size mismatch for input '{name}'. Expected {count * itemsize}, "
+            f"got {len(buf)}"
+        )
+    if datatype == "BYTES":
+        try:
+            return deserialize_bytes_tensor(buf, count)
+        except ValueError as exc:
+            raise ValueError(f"Unable to parse BYTES data of input '{name}': {exc}") from None
+    if datatype == "BF16":
+        return deserialize_bf16_tensor(buf)
+    array = np.frombuffer(buf, dtype=_FIXED[datatype].newbyteorder("<"))
+    if datatype == "BOOL" and count and array.view(np.uint8).max() > 1:
+        raise ValueError(f"BOOL data of input '{name}' must be bytes 0 or 1")
+    if not array.flags.aligned:
+        array = array.copy()
+    return array
+
+
+def check_shape(value: Any, *, name: str) -> tuple[int, ...]:
+    """Input ``name``'s JSON shape, checked before anything is allocated from it.
+
+    Non-negative integers (not booleans), at most 32 of them, whose product numpy can
+    represent. Raises ``ValueError`` with Triton's wording.
+    """
+    if (
+        type(value) is not list
+        or len(value) > _MAX_DIMS
+        or not all(type(d) is int and d >= 0 for d in value)
+    ):
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:60] + "..."
+        raise ValueError(
+            f"Unable to parse 'shape' of input '{name}': expected at most {_MAX_DIMS} "
+            f"non-negative integers, got {shown}"
+        )
+    if math.prod(d for d in value if d) > _MAX_EXTENT:
+        raise ValueError(
+            f"input '{name}' with shape {value} causes total element count to exceed "
+            f"maximum size of {_MAX_EXTENT}"
+        )
+    return tuple(value)
+
+
+def raw_shape(dims: Sequence[int], *, datatype: str, nbytes: int, name: str) -> list[int]:
+    """The shape a raw binary body of ``nbytes`` fills, deducing the one ``-1`` if present.
+
+    Triton's rules and wording: BYTES needs shape [1] (the body is that one element), and
+    at most one dimension may vary. Raises ``ValueError`` when the body cannot fill it.
+    """
+    shape = list(dims)
+    if datatype == "BYTES":
+        if -1 in shape or math.prod(shape) != 1:
+            raise ValueError(
+                f"For BYTE datatype raw input '{name}', the model must have input shape [1]"
+            )
+        return shape
+    if shape.count(-1) > 1:
+        raise ValueError(
+            f"The shape of the raw input '{name}' can not be deduced because there are more "
+            "than one variable-sized dimension"
+        )
+    step = (element_size(datatype) or 0) * math.prod(d for d in shape if d != -1)
+    if -1 in shape:
+        if step == 0 or nbytes % step:
+            raise ValueError(
+                f"The shape of the raw input '{name}' can not be deduced: {nbytes} bytes do "
+                f"not fill shape {shape} a whole number of times"
+            )
+        shape[shape.index(-1)] = nbytes // step
+    return shape
+
+
+def array_from_json(data: Any, *, datatype: str, count: int, name: str) -> Array:
+    """A flat array from input ``name``'s JSON ``data`` (flat or nested) of ``count`` elements.
+
+    Elements must be of the JSON type the datatype takes: true/false for BOOL, integers in
+    range for integer types, numbers for floats, strings for BYTES (UTF-8 encoded). Nothing
+    wraps or truncates silently. BF16 has no JSON form. Raises ``ValueError``.
+    """
+    where = f"Unable to parse 'data' of input '{name}'"
+    if datatype == "BF16":
+        raise ValueError(
+            "receiving BF16 data via JSON is not supported. Please use the binary data format "
+            f"for input '{name}'"
+        )
+    flat = _flatten(data, where)
+    if len(flat) != count:
+        raise ValueError(f"{where}: it holds {len(flat)} elements but the shape needs {count}")
+    types = set(map(type, flat))  # every element's JSON type, in one C-speed pass
+    if datatype == "BYTES":
+        if not types <= {str}:
+            raise ValueError(f"{where}: BYTES need strings; {_first_not(flat, (str,))}")
+        out = np.empty(count, dtype=object)
+        out[:] = [item.encode() for item in flat]
+        return out
+    dtype = _FIXED[datatype]
+    if datatype == "BOOL":
+        if not types <= {bool}:
+            raise ValueError(f"{where}: BOOL needs true/false; {_first_not(flat, (bool,))}")
+        return np.array(flat, dtype=dtype)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        wanted = f"{where}: {datatype} needs integers in [{info.min}, {info.max}]"
+        if not types <= {int}:
+            raise ValueError(f"{wanted}; {_first_not(flat, (int,))}")
+        raw = np.array(flat)  # int64 or uint64; float64 only for a mix of both ranges
+        exact = raw.dtype.kind in "iu"
+        low, high = (
+            (int(raw.min()), int(raw.max()))
+            if exact
+            else (min(flat, default=0), max(flat, default=0))
+        )
+        if low < info.min or high > info.max:
+            raise ValueError(f"{wanted}; got {low if low < info.min else high}")
+        return raw.astype(dtype) if exact else np.array(flat, dtype=dtype)
+    if not types <= {int, float}:
+        raise ValueError(f"{where}: {datatype} needs numbers; {_first_not(flat, (int, float))}")
+    with np.errstate(over="ignore"):
+        out = np.array(flat, dtype=np.float64).astype(dtype)
+    if not np.isfinite(out).all():  # JSON has no NaN or Infinity: this is an overflow
+        raise ValueError(f"{where}: a value is out of range for {datatype}")
+    return out
+
+
+def array_to_json(array: Array, *, datatype: str, name: str) -> Array | list[Any]:
+    """Output ``name``'s JSON ``data``: flat and row-major.
+
+    Numbers come back as a contiguous native 1-D array, which orjson writes fast with
+    ``OPT_SERIALIZE_NUMPY`` (``.tolist()`` it for other encoders); FP16 is widened to
+    float64, which prints exactly. BYTES come back as a list of str. Raises ``ValueError``
+    for BF16 and non-UTF-8 bytes (the client must ask for binary data), ``TypeError`` when
+    the array cannot be sent as ``datatype``.
+    """
+    cannot = f"output '{name}' cannot be sent as JSON"
+    advice = 'request it with "parameters": {"binary_data": true}'
+    if datatype == "BF16":
+        raise ValueError(f"{cannot}: BF16 has no JSON form; {advice}")
+    if datatype == "BYTES":
+        _check_kind(array, datatype, _STRING_KINDS, name)
+        out: list[Any] = []
+        for index, item in enumerate(array.reshape(-1).tolist()):
+            if isinstance(item, bytes | bytearray):
+                try:
+                    item = item.decode()
+                except UnicodeDecodeError:
+                    raise ValueError(f"{cannot}: element {index} is not UTF-8; {advice}") from None
+            elif not isinstance(item, str):
+                raise TypeError(f"output '{name}': BYTES element {index} is {type(item).__name__}")
+            out.append(item)
+        return out
+    flat = np.ascontiguousarray(_cast(array, datatype, name), dtype=_FIXED[datatype]).reshape(-1)
+    return flat.astype(np.float64) if datatype == "FP16" else flat
+
+
+def array_to_wire(array: Array, *, datatype: str, name: str) -> bytes | memoryview:
+    """Output ``name``'s binary data: row-major, little-endian, no padding.
+
+    Raises ``TypeError`` when the array cannot be sent as ``datatype``.
+    """
+    if datatype == "BYTES":
+        _check_kind(array, datatype, _STRING_KINDS, name)
+        try:
+            return serialize_bytes_tensor(array)
+        except TypeError as exc:
+            raise TypeError(f"output '{name}': {exc}") from None
+    if datatype == "BF16":
+        if array.dtype.name != "bfloat16":
+            _check_kind(array, datatype, "fiu", name)
+        return serialize_bf16_tensor(array)
+    little = _FIXED[datatype].newbyteorder("<")
+    wire = np.ascontiguousarray(_cast(array, datatype, name), dtype=little)
+    return wire.reshape(-1).view(np.uint8).data
+
+
+def _cast(array: Array, datatype: str, name: str) -> Array:
+    # Same-kind casts only (float64 -> FP32 yes, float -> INT32 no): silently truncating a
+    # model's output would send a wrong answer, not an encoding detail.
+    if array.dtype.kind not in "biuf" or not np.can_cast(
+        array.dtype, _FIXED[datatype], casting="same_kind"
+    ):
+        raise TypeError(f"output '{name}': a {array.dtype} array cannot be sent as {datatype}")
+    return array
+
+
+def _check_kind(array: Array, datatype: str, kinds: str, name: str) -> None:
+    if array.dtype.kind not in kinds:
+        raise TypeError(f"output '{name}': a {array.dtype} array cannot be sent as {datatype}")
+
+
+def _flatten(data: Any, where: str) -> list[Any]:
+    # Iterative, so deep nesting costs no Python stack. Like Triton, any nesting that holds
+    # the right number of elements in row-major order is accepted.
+    if type(data) is not list:
+        raise ValueError(f"{where}: expected an array, got {_kind(data)}")
+    if not any(type(item) is list for item in data):
+        return data
+    out: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if type(item) is list:
+                stack.append(iter(item))
+                break
+            out.append(item)
+        else:
+            stack.pop()
+    return out
+
+
+def _first_not(flat: list[Any], wanted: tuple[type, ...]) -> str:
+    # Error path only: name the first element of the wrong JSON type.
+    for index, item in enumerate(flat):
+        if type(item) not in wanted:
+            shown = repr(item) if type(item) is float else _kind(item)
+            return f"element {index} is {shown}"
+    return "no element is of the wrong type"
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return _JSON_TYPES.get(type(value), "an object")

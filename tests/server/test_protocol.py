@@ -1,0 +1,930 @@
+"""The v2 inference wire format: requests in, responses out, every refusal with its field.
+
+Binary framing is decoded independently here (header length, then ``binary_data_size``
+blobs in order); the last section runs tritonclient's own encoder and decoder against it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import pickle
+import re
+import struct
+import tracemalloc
+from typing import Any
+
+import numpy as np
+import pytest
+
+from carpool.errors import CarpoolError
+from carpool.server.protocol import (
+    HEADER_LENGTH,
+    InferRequest,
+    OutputTensor,
+    ProtocolError,
+    RequestedOutput,
+    encode_error,
+    encode_infer_response,
+    parse_header_length,
+    parse_infer_request,
+    parse_raw_request,
+    serialize_bf16_tensor,
+    serialize_bytes_tensor,
+    wants_binary,
+)
+
+LIMIT = 1 << 20
+
+SAMPLES: dict[str, np.ndarray[Any, Any]] = {
+    "BOOL": np.array([[True, False, True], [False, False, True]]),
+    "UINT8": np.array([[0, 1, 255], [7, 8, 9]], np.uint8),
+    "UINT16": np.array([[0, 1, 65535], [7, 8, 9]], np.uint16),
+    "UINT32": np.array([[0, 1, 2**32 - 1], [7, 8, 9]], np.uint32),
+    "UINT64": np.array([[0, 1, 2**64 - 1], [7, 8, 9]], np.uint64),
+    "INT8": np.array([[-128, 0, 127], [7, -8, 9]], np.int8),
+    "INT16": np.array([[-(2**15), 0, 2**15 - 1], [7, -8, 9]], np.int16),
+    "INT32": np.array([[-(2**31), 0, 2**31 - 1], [7, -8, 9]], np.int32),
+    "INT64": np.array([[-(2**63), 0, 2**63 - 1], [7, -8, 9]], np.int64),
+    "FP16": np.array([[0.1, -2.5, 65504], [1e-4, 0, -0.0]], np.float16),
+    "FP32": np.array([[0.1, -2.5, 3.4e38], [1e-38, 0, 1 / 3]], np.float32),
+    "FP64": np.array([[0.1, -2.5, 1e308], [5e-324, 0, 1 / 3]], np.float64),
+    "BYTES": np.array([[b"", "héllo".encode(), b"x"], ["日本".encode(), b"a b", b""]], object),
+}
+# BF16 is held as float32; these values are exactly representable in BF16.
+BF16 = np.array([[1.0, -2.5, 0.15625], [3.0e38, 0.0, -1.0]], np.float32)
+BF16 = (BF16.view(np.uint32) & 0xFFFF0000).view(np.float32)
+
+
+def request(doc: dict[str, Any], *blobs: bytes) -> tuple[bytes, int | None]:
+    """A request body and its header length, built without the code under test."""
+    head = json.dumps(doc).encode()
+    if not blobs:
+        return head, None
+    return head + b"".join(blobs), len(head)
+
+
+def parse(doc: dict[str, Any], *blobs: bytes, max_elements: int = LIMIT) -> InferRequest:
+    body, length = request(doc, *blobs)
+    return parse_infer_request(body, length, max_elements=max_elements)
+
+
+def refused(doc: dict[str, Any], *blobs: bytes, max_elements: int = LIMIT) -> ProtocolError:
+    with pytest.raises(ProtocolError) as info:
+        parse(doc, *blobs, max_elements=max_elements)
+    return info.value
+
+
+def json_input(name: str, datatype: str, array: np.ndarray[Any, Any]) -> dict[str, Any]:
+    data = array.reshape(-1).tolist()
+    if datatype == "BYTES":
+        data = [item.decode() for item in data]
+    return {"name": name, "datatype": datatype, "shape": list(array.shape), "data": data}
+
+
+def wire(datatype: str, array: np.ndarray[Any, Any]) -> bytes:
+    if datatype == "BYTES":
+        return serialize_bytes_tensor(array)
+    if datatype == "BF16":
+        return (array.astype(np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
+    return array.astype(array.dtype.newbyteorder("<")).tobytes()
+
+
+def binary_input(name: str, datatype: str, array: np.ndarray[Any, Any]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "datatype": datatype,
+        "shape": list(array.shape),
+        "parameters": {"binary_data_size": len(wire(datatype, array))},
+    }
+
+
+def split_response(body: bytes, header_length: int | None) -> tuple[dict[str, Any], list[bytes]]:
+    """Decode a response the way a client does: JSON header, then blobs in output order."""
+    if header_length is None:
+        return json.loads(body), []
+    header = json.loads(body[:header_length])
+    blobs, offset = [], header_length
+    for output in header["outputs"]:
+        size = output.get("parameters", {}).get("binary_data_size")
+        if size is not None:
+            blobs.append(body[offset : offset + size])
+            offset += size
+    assert offset == len(body), "blobs must fill the body exactly"
+    return header, blobs
+
+
+def tensor(name: str, datatype: str, array: np.ndarray[Any, Any]) -> OutputTensor:
+    return OutputTensor(name, datatype, tuple(array.shape), array)
+
+
+# -- ProtocolError -------------------------------------------------------------------------
+
+
+def test_protocol_error_is_a_carpool_value_error_with_field_and_status() -> None:
+    error = ProtocolError("bad shape", field="inputs[0].shape")
+    assert isinstance(error, CarpoolError)
+    assert isinstance(error, ValueError)
+    assert (str(error), error.field, error.status) == ("bad shape", "inputs[0].shape", 400)
+
+
+@pytest.mark.parametrize(
+    "clone", [lambda e: pickle.loads(pickle.dumps(e)), copy.copy, copy.deepcopy]
+)
+def test_protocol_error_survives_pickling_and_copying(clone: Any) -> None:
+    error = ProtocolError("too big", field="INPUT0", status=413)
+    again = clone(error)
+    assert type(again) is ProtocolError
+    assert (str(again), again.field, again.status) == ("too big", "INPUT0", 413)
+
+
+# -- Inference-Header-Content-Length -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [(None, None), ("0", 0), ("12", 12), (" 7 ", 7), ("+3", 3), ("20", 20)]
+)
+def test_parse_header_length(value: str | None, expected: int | None) -> None:
+    assert parse_header_length(value, 20) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("abc", f"Unable to parse {HEADER_LENGTH}, got: abc"),
+        ("1.5", f"Unable to parse {HEADER_LENGTH}, got: 1.5"),
+        ("", f"Unable to parse {HEADER_LENGTH}, got: "),
+        ("١٢", f"Unable to parse {HEADER_LENGTH}"),  # non-ASCII digits
+        ("9" * 5000, f"Unable to parse {HEADER_LENGTH}, got: 9999"),  # no giant int()
+        ("-1", r"inference header size should be in range \[0, 20\], got -1"),
+        ("21", r"inference header size should be in range \[0, 20\], got 21"),
+        (str(2**31), r"inference header size should be in range \[0, 20\], got 2147483648"),
+    ],
+)
+def test_parse_header_length_refuses(value: str, message: str) -> None:
+    with pytest.raises(ProtocolError, match=message) as info:
+        parse_header_length(value, 20)
+    assert (info.value.field, info.value.status) == (HEADER_LENGTH, 400)
+
+
+# -- JSON requests -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("datatype", SAMPLES)
+def test_json_request_round_trips_every_datatype(datatype: str) -> None:
+    array = SAMPLES[datatype]
+    parsed = parse({"inputs": [json_input("X", datatype, array)]})
+    (only,) = parsed.inputs
+    assert (only.name, only.datatype, only.shape) == ("X", datatype, (2, 3))
+    assert only.data.dtype == array.dtype
+    assert only.data.shape == (2, 3)
+    assert only.data.tolist() == array.tolist()
+    assert not only.data.flags.writeable
+
+
+def test_json_fp16_and_fp32_land_on_the_nearest_value() -> None:
+    doc = {
+        "inputs": [
+            {"name": "H", "datatype": "FP16", "shape": [2], "data": [0.1, 1 / 3]},
+            {"name": "F", "datatype": "FP32", "shape": [2], "data": [0.1, 1 / 3]},
+        ]
+    }
+    half, single = parse(doc).inputs
+    assert half.data.tolist() == np.array([0.1, 1 / 3], np.float16).tolist()
+    assert single.data.tolist() == np.array([0.1, 1 / 3], np.float32).tolist()
+
+
+def test_nested_and_flat_json_data_are_identical() -> None:
+    flat = {"name": "X", "datatype": "FP32", "shape": [2, 2, 2], "data": list(range(8))}
+    nested = dict(flat, data=[[[0, 1], [2, 3]], [[4, 5], [6, 7]]])
+    a, b = parse({"inputs": [flat]}).inputs[0], parse({"inputs": [nested]}).inputs[0]
+    assert a.data.shape == b.data.shape == (2, 2, 2)
+    assert np.array_equal(a.data, b.data)
+
+
+def test_bytes_json_data_become_utf8_bytes_objects() -> None:
+    doc = {"inputs": [{"name": "S", "datatype": "BYTES", "shape": [3], "data": ["", "é", "日"]}]}
+    data = parse(doc).inputs[0].data
+    assert data.dtype == object
+    assert data.tolist() == [b"", "é".encode(), "日".encode()]
+
+
+def test_request_fields_id_parameters_and_outputs() -> None:
+    doc = {
+        "id": "req-1",
+        "parameters": {"priority": 2, "timeout": 1500, "tag": "a", "ratio": 0.5, "flag": True},
+        "inputs": [
+            {"name": "X", "datatype": "INT32", "shape": [1], "data": [1], "parameters": {"k": 1}}
+        ],
+        "outputs": [
+            {"name": "A"},
+            {"name": "B", "parameters": {"binary_data": True}},
+            {"name": "C", "parameters": {"binary_data": False, "custom": "x"}},
+        ],
+    }
+    parsed = parse(doc)
+    assert parsed.id == "req-1"
+    assert parsed.parameters == {
+        "priority": 2,
+        "timeout": 1500,
+        "tag": "a",
+        "ratio": 0.5,
+        "flag": True,
+    }
+    assert parsed.binary_data_output is False
+    assert parsed.inputs[0].parameters == {"k": 1}
+    assert parsed.outputs == (
+        RequestedOutput("A", None, {}),
+        RequestedOutput("B", True, {}),
+        RequestedOutput("C", False, {"custom": "x"}),
+    )
+
+
+def test_absent_and_null_optional_fields() -> None:
+    parsed = parse({"inputs": []})
+    assert (parsed.id, parsed.parameters, parsed.inputs, parsed.outputs) == (None, {}, (), None)
+    assert parsed.binary_data_output is False
+    nulls = parse({"id": None, "parameters": None, "inputs": [], "outputs": None})
+    assert (nulls.id, nulls.parameters, nulls.outputs) == (None, {}, None)
+
+
+def test_empty_outputs_list_means_all_outputs() -> None:
+    assert parse({"inputs": [], "outputs": []}).outputs is None
+
+
+def test_binary_data_output_is_lifted_out_of_parameters() -> None:
+    parsed = parse({"inputs": [], "parameters": {"binary_data_output": True, "x": 1}})
+    assert parsed.binary_data_output is True
+    assert parsed.parameters == {"x": 1}
+
+
+@pytest.mark.parametrize(
+    ("request_level", "per_output", "expected"),
+    [
+        (False, None, False),
+        (True, None, True),
+        (True, False, False),
+        (False, True, True),
+        (True, True, True),
+        (False, False, False),
+    ],
+)
+def test_wants_binary_per_output_overrides_request(
+    request_level: bool, per_output: bool | None, expected: bool
+) -> None:
+    parsed = InferRequest(None, {}, (), None, request_level)
+    assert wants_binary(parsed, RequestedOutput("Y", per_output, {})) is expected
+    assert wants_binary(parsed, None) is request_level
+
+
+# -- binary requests -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("datatype", [*SAMPLES, "BF16"])
+def test_binary_request_round_trips_every_datatype(datatype: str) -> None:
+    array = BF16 if datatype == "BF16" else SAMPLES[datatype]
+    parsed = parse({"inputs": [binary_input("X", datatype, array)]}, wire(datatype, array))
+    (only,) = parsed.inputs
+    assert (only.datatype, only.shape, only.parameters) == (datatype, (2, 3), {})
+    assert only.data.dtype == (np.float32 if datatype == "BF16" else array.dtype)
+    assert only.data.tolist() == array.tolist()
+    assert not only.data.flags.writeable
+
+
+def test_bf16_binary_input_is_float32_rounded_to_bf16_precision() -> None:
+    values = np.array([1.0 + 2**-9, 1 / 3], np.float32)  # not representable in BF16
+    doc: dict[str, Any] = {"inputs": [{"name": "X", "datatype": "BF16", "shape": [2]}]}
+    doc["inputs"][0]["parameters"] = {"binary_data_size": 4}
+    got = parse(doc, serialize_bf16_tensor(values)).inputs[0].data
+    assert got.tolist() == [1.0, 0.333984375]  # nearest BF16 values
+    assert np.allclose(got, values, rtol=2**-8)
+
+
+def test_mixed_json_and_binary_inputs_take_blobs_in_input_order() -> None:
+    a = np.arange(4, dtype=np.int32)
+    b = np.array([b"xy", b""], dtype=object)
+    doc = {
+        "inputs": [
+            binary_input("A", "INT32", a),
+            {"name": "J", "datatype": "FP64", "shape": [1], "data": [2.5]},
+            binary_input("B", "BYTES", b),
+        ]
+    }
+    parsed = parse(doc, wire("INT32", a), wire("BYTES", b))
+    assert [i.name for i in parsed.inputs] == ["A", "J", "B"]
+    assert parsed.inputs[0].data.tolist() == [0, 1, 2, 3]
+    assert parsed.inputs[1].data.tolist() == [2.5]
+    assert parsed.inputs[2].data.tolist() == [b"xy", b""]
+
+
+def test_binary_inputs_are_zero_copy_views_of_the_body() -> None:
+    array = np.arange(8, dtype=np.float64)
+    for pad in range(8):  # align the blob to 8 bytes; misaligned data is copied instead
+        doc = {"inputs": [binary_input("X", "FP64", array)], "pad": " " * pad}
+        body, length = request(doc, array.tobytes())
+        if length is not None and length % 8 == 0:
+            break
+    buffer = bytearray(body)
+    data = parse_infer_request(memoryview(buffer), length, max_elements=LIMIT).inputs[0].data
+    assert np.shares_memory(data, np.frombuffer(buffer, dtype=np.uint8))
+    assert data.tolist() == array.tolist()
+
+
+def test_zero_size_binary_input_needs_no_header() -> None:
+    doc: dict[str, Any] = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [0, 3]}]}
+    doc["inputs"][0]["parameters"] = {"binary_data_size": 0}
+    body = json.dumps(doc).encode()
+    data = parse_infer_request(body, None, max_elements=LIMIT).inputs[0].data
+    assert data.shape == (0, 3)
+    assert data.dtype == np.float32
+
+
+# -- refusals ------------------------------------------------------------------------------
+
+
+def input_doc(**fields: Any) -> dict[str, Any]:
+    item: dict[str, Any] = {"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1.0, 2.0]}
+    item.update(fields)
+    return {"inputs": [{k: v for k, v in item.items() if v is not ...}]}
+
+
+@pytest.mark.parametrize(
+    ("doc", "field", "message"),
+    [
+        ({}, "inputs", "Unable to parse 'inputs'"),
+        ({"inputs": {"name": "x"}}, "inputs", "Unable to parse 'inputs': expected an array"),
+        ({"inputs": [3]}, "inputs[0]", r"Unable to parse 'inputs\[0\]': expected an object"),
+        (input_doc(name=...), "inputs[0].name", r"Unable to parse 'inputs\[0\].name'"),
+        (input_doc(name=7), "inputs[0].name", r"Unable to parse 'inputs\[0\].name'"),
+        (input_doc(datatype="FP8"), "inputs[0].datatype", "invalid datatype 'FP8' for input"),
+        (input_doc(datatype="fp32"), "inputs[0].datatype", "invalid datatype 'fp32'"),
+        (input_doc(datatype=...), "inputs[0].datatype", "invalid datatype None"),
+        (input_doc(shape=[-2]), "inputs[0].shape", "Unable to parse 'shape' of input 'INPUT0'"),
+        (input_doc(shape=[True]), "inputs[0].shape", "Unable to parse 'shape'"),
+        (input_doc(shape=[2.0]), "inputs[0].shape", "Unable to parse 'shape'"),
+        (input_doc(shape="2"), "inputs[0].shape", "Unable to parse 'shape'"),
+        (input_doc(shape=...), "inputs[0].shape", "Unable to parse 'shape'"),
+        (input_doc(data=..., parameters={}), "inputs[0]", "But no field is set"),
+        (
+            input_doc(parameters={"binary_data_size": 8}),
+            "inputs[0]",
+            "Input must set only one of the following fields: 'data', 'binary_data_size' in "
+            "'parameters', 'shared_memory_region' in 'parameters'. But set 'data' "
+            "'binary_data_size'",
+        ),
+        (
+            input_doc(
+                data=..., parameters={"shared_memory_region": "r", "shared_memory_byte_size": 8}
+            ),
+            "inputs[0].parameters",
+            "shared memory is not supported by this server",
+        ),
+        (
+            input_doc(data=..., parameters={"binary_data_size": -1}),
+            "inputs[0].parameters.binary_data_size",
+            "Unable to parse 'binary_data_size'",
+        ),
+        (
+            input_doc(data=..., parameters={"binary_data_size": "8"}),
+            "inputs[0].parameters.binary_data_size",
+            "Unable to parse 'binary_data_size'",
+        ),
+        (
+            input_doc(data=..., parameters={"binary_data_size": True}),
+            "inputs[0].parameters.binary_data_size",
+            "Unable to parse 'binary_data_size'",
+        ),
+        (
+            input_doc(parameters={"nested": {"a": 1}}),
+            "inputs[0].parameters.nested",
+            "must be a string, number or boolean",
+        ),
+        (input_doc(parameters=[1]), "inputs[0].parameters", "expected an object"),
+        (
+            input_doc(data=["1", 2]),
+            "INPUT0",
+            "Unable to parse 'data' of input 'INPUT0': FP32 needs numbers; element 0 is a string",
+        ),
+        (input_doc(data=[1.0]), "INPUT0", "it holds 1 elements but the shape needs 2"),
+        (
+            input_doc(datatype="INT8", data=[1, 300]),
+            "INPUT0",
+            r"INT8 needs integers in \[-128, 127\]; got 300",
+        ),
+        (input_doc(datatype="BOOL", data=[1, 0]), "INPUT0", "BOOL needs true/false"),
+        (input_doc(datatype="BF16"), "INPUT0", "receiving BF16 data via JSON is not supported"),
+        (
+            input_doc(datatype="BYTES", data=["a", None]),
+            "INPUT0",
+            "BYTES need strings; element 1 is null",
+        ),
+        ({"id": 5, "inputs": []}, "id", "Unable to parse 'id': expected a string"),
+        (
+            {"parameters": {"a": [1]}, "inputs": []},
+            "parameters.a",
+            "must be a string, number or boolean",
+        ),
+        (
+            {"parameters": {"a": None}, "inputs": []},
+            "parameters.a",
+            "must be a string, number or boolean",
+        ),
+        ({"parameters": "x", "inputs": []}, "parameters", "Unable to parse 'parameters'"),
+        (
+            {"parameters": {"binary_data_output": 1}, "inputs": []},
+            "parameters.binary_data_output",
+            "Unable to parse 'binary_data_output': expected true or false",
+        ),
+        ({"inputs": [], "outputs": {"name": "a"}}, "outputs", "Unable to parse 'outputs'"),
+        ({"inputs": [], "outputs": ["a"]}, "outputs[0]", "expected an object"),
+        (
+            {"inputs": [], "outputs": [{}]},
+            "outputs[0].name",
+            r"Unable to parse 'outputs\[0\].name'",
+        ),
+        (
+            {"inputs": [], "outputs": [{"name": "A", "parameters": {"binary_data": "yes"}}]},
+            "outputs[0].parameters.binary_data",
+            "Unable to parse 'binary_data'",
+        ),
+        (
+            {"inputs": [], "outputs": [{"name": "A", "parameters": {"shared_memory_region": "r"}}]},
+            "outputs[0].parameters",
+            "shared memory is not supported by this server",
+        ),
+        (
+            {"inputs": [], "outputs": [{"name": "A", "parameters": {"classification": 3}}]},
+            "outputs[0].parameters.classification",
+            "classification extension is not supported",
+        ),
+    ],
+)
+def test_refusals_name_the_field(doc: dict[str, Any], field: str, message: str) -> None:
+    error = refused(doc)
+    assert error.field == field
+    assert error.status == 400
+    assert re.search(message, str(error)), f"{message!r} not in {str(error)!r}"
+
+
+def test_duplicate_output_names_use_tritons_message() -> None:
+    doc = {"inputs": [], "outputs": [{"name": "OUTPUT0"}, {"name": "OUTPUT0"}]}
+    error = refused(doc)
+    assert str(error) == "output 'OUTPUT0' already exists in request"
+    assert error.field == "outputs[1].name"
+
+
+def test_duplicate_input_names_are_refused() -> None:
+    item = {"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [1.0]}
+    error = refused({"inputs": [item, item]})
+    assert str(error) == "input 'INPUT0' already exists in request"
+    assert error.field == "inputs[1].name"
+
+
+@pytest.mark.parametrize(
+    "body", [b"{", b"", b"\xff\xfe", b'{"inputs": [NaN]}', b'{"inputs": []} x']
+)
+def test_malformed_json_is_refused(body: bytes) -> None:
+    with pytest.raises(ProtocolError, match="failed to parse the request JSON buffer") as info:
+        parse_infer_request(body, None, max_elements=LIMIT)
+    assert info.value.field == "body"
+
+
+@pytest.mark.parametrize("body", [b"[]", b'"inputs"', b"3", b"null"])
+def test_a_request_that_is_not_an_object_is_refused(body: bytes) -> None:
+    with pytest.raises(ProtocolError, match="must be a JSON object"):
+        parse_infer_request(body, None, max_elements=LIMIT)
+
+
+# -- sizes and limits ----------------------------------------------------------------------
+
+
+def test_huge_shapes_are_refused_before_allocating() -> None:
+    doc = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [2**40, 2**40], "data": [1]}]}
+    tracemalloc.start()
+    try:
+        error = refused(doc)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+    assert "causes total element count to exceed maximum size" in str(error)
+    assert (error.field, error.status) == ("inputs[0].shape", 400)
+
+
+def test_over_max_elements_is_413_and_counts_every_input() -> None:
+    one = {"name": "A", "datatype": "UINT8", "shape": [2**20, 2**20], "data": []}
+    error = refused({"inputs": [one]}, max_elements=1000)
+    assert (error.field, error.status) == ("inputs[0].shape", 413)
+    assert "over this server's limit of 1000" in str(error)
+    a = {"name": "A", "datatype": "UINT8", "shape": [600], "data": [0] * 600}
+    b = {"name": "B", "datatype": "UINT8", "shape": [600], "data": [0] * 600}
+    error = refused({"inputs": [a, b]}, max_elements=1000)
+    assert (error.field, error.status) == ("inputs[1].shape", 413)
+    assert "brings the request to 1200 elements" in str(error)
+    assert len(parse({"inputs": [a]}, max_elements=600).inputs) == 1
+
+
+def test_max_elements_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_elements must be >= 1"):
+        parse_infer_request(b"{}", None, max_elements=0)
+
+
+def test_binary_size_must_match_the_shape() -> None:
+    doc: dict[str, Any] = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [4]}]}
+    doc["inputs"][0]["parameters"] = {"binary_data_size": 12}
+    error = refused(doc, b"\x00" * 12)
+    assert str(error) == "input byte size mismatch for input 'X'. Expected 16, got 12"
+    assert error.field == "X"
+
+
+def test_a_short_body_is_refused_with_the_missing_byte_count() -> None:
+    array = np.arange(4, dtype=np.float32)
+    error = refused({"inputs": [binary_input("X", "FP32", array)]}, array.tobytes()[:10])
+    assert str(error) == "unexpected size for input 'X', expecting 6 additional bytes"
+    assert error.field == "X"
+
+
+def test_leftover_bytes_are_refused() -> None:
+    array = np.arange(4, dtype=np.float32)
+    error = refused({"inputs": [binary_input("X", "FP32", array)]}, array.tobytes() + b"xyz")
+    assert str(error).startswith("unexpected additional input data")
+    assert "3 bytes" in str(error)
+    assert error.field == "body"
+    error = refused({"inputs": [json_input("X", "FP32", array)]}, b"tail")
+    assert str(error).startswith("unexpected additional input data")
+
+
+def test_binary_data_without_the_header_is_refused() -> None:
+    array = np.arange(4, dtype=np.float32)
+    body = json.dumps({"inputs": [binary_input("X", "FP32", array)]}).encode()
+    with pytest.raises(ProtocolError) as info:  # without the header, the body is all JSON
+        parse_infer_request(body, None, max_elements=LIMIT)
+    assert f"must specify valid '{HEADER_LENGTH}' in request header" in str(info.value)
+    assert info.value.field == HEADER_LENGTH
+
+
+@pytest.mark.parametrize("length", [0, -1, 10_000])
+def test_header_length_out_of_range_is_refused(length: int) -> None:
+    with pytest.raises(ProtocolError) as info:
+        parse_infer_request(b'{"inputs": []}', length, max_elements=LIMIT)
+    assert info.value.field == HEADER_LENGTH
+
+
+@pytest.mark.parametrize(
+    ("datatype", "blob", "message"),
+    [
+        ("BOOL", b"\x00\x02", "BOOL data of input 'X' must be bytes 0 or 1"),
+        ("BYTES", b"\x01\x00\x00\x00ab", "Unable to parse BYTES data of input 'X'"),
+        ("BYTES", b"\x09\x00\x00\x00ab", "Unable to parse BYTES data of input 'X'"),
+        ("BF16", b"\x00\x00\x00", "input byte size mismatch for input 'X'. Expected 4, got 3"),
+    ],
+)
+def test_bad_binary_data_is_refused(datatype: str, blob: bytes, message: str) -> None:
+    doc: dict[str, Any] = {
+        "inputs": [{"name": "X", "datatype": datatype, "shape": [2 if datatype != "BYTES" else 1]}]
+    }
+    doc["inputs"][0]["parameters"] = {"binary_data_size": len(blob)}
+    error = refused(doc, blob)
+    assert message in str(error)
+    assert error.field == "X"
+
+
+# -- raw binary requests -------------------------------------------------------------------
+
+
+def test_raw_request_is_one_batch1_input_with_every_output_binary() -> None:
+    array = np.arange(6, dtype=np.float32)
+    parsed = parse_raw_request(
+        array.tobytes(), name="INPUT0", datatype="FP32", shape_without_batch=[-1, 2]
+    )
+    (only,) = parsed.inputs
+    assert (only.name, only.datatype, only.shape) == ("INPUT0", "FP32", (1, 3, 2))
+    assert only.data.tolist() == [[[0, 1], [2, 3], [4, 5]]]
+    assert parsed.binary_data_output is True
+    assert (parsed.id, parsed.parameters, parsed.outputs) == (None, {}, None)
+
+
+def test_raw_request_without_a_batch_dimension() -> None:
+    parsed = parse_raw_request(
+        b"\x01\x00\x02\x00", name="X", datatype="INT16", shape_without_batch=[2], batched=False
+    )
+    assert parsed.inputs[0].shape == (2,)
+    assert parsed.inputs[0].data.tolist() == [1, 2]
+
+
+def test_raw_bytes_request_is_the_element_itself() -> None:
+    parsed = parse_raw_request(
+        "héllo".encode(), name="TEXT", datatype="BYTES", shape_without_batch=[1]
+    )
+    assert parsed.inputs[0].shape == (1, 1)
+    assert parsed.inputs[0].data.tolist() == [["héllo".encode()]]
+
+
+def test_raw_bf16_request() -> None:
+    body = struct.pack("<2H", 0x3F80, 0xC000)
+    parsed = parse_raw_request(body, name="X", datatype="BF16", shape_without_batch=[2])
+    assert parsed.inputs[0].data.tolist() == [[1.0, -2.0]]
+
+
+@pytest.mark.parametrize(
+    ("datatype", "dims", "body", "message"),
+    [
+        (
+            "BYTES",
+            [2],
+            b"ab",
+            "For BYTE datatype raw input 'X', the model must have input shape [1]",
+        ),
+        ("FP32", [-1, -1], b"\x00" * 16, "more than one variable-sized dimension"),
+        ("FP32", [4], b"\x00" * 12, "input byte size mismatch for input 'X'. Expected 16, got 12"),
+        ("FP32", [-1, 2], b"\x00" * 12, "12 bytes do not fill shape [-1, 2]"),
+    ],
+)
+def test_raw_request_refusals(datatype: str, dims: list[int], body: bytes, message: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        parse_raw_request(body, name="X", datatype=datatype, shape_without_batch=dims)
+    assert message in str(info.value)
+    assert (info.value.field, info.value.status) == ("X", 400)
+
+
+# -- responses -----------------------------------------------------------------------------
+
+
+def test_json_response_fields() -> None:
+    body, length = encode_infer_response(
+        model_name="m",
+        model_version=None,
+        request_id=None,
+        outputs=[(tensor("Y", "INT32", np.array([[1, 2], [3, 4]], np.int32)), False)],
+    )
+    assert length is None
+    assert json.loads(body) == {
+        "model_name": "m",
+        "outputs": [{"name": "Y", "datatype": "INT32", "shape": [2, 2], "data": [1, 2, 3, 4]}],
+    }
+    body, _ = encode_infer_response(
+        model_name="m",
+        model_version="3",
+        request_id="",
+        outputs=[],
+        parameters={"sequence": "x"},
+    )
+    assert json.loads(body) == {
+        "model_name": "m",
+        "model_version": "3",
+        "id": "",
+        "parameters": {"sequence": "x"},
+        "outputs": [],
+    }
+
+
+@pytest.mark.parametrize("datatype", SAMPLES)
+def test_json_response_round_trips_every_datatype(datatype: str) -> None:
+    array = SAMPLES[datatype]
+    body, length = encode_infer_response(
+        model_name="m",
+        model_version=None,
+        request_id="r",
+        outputs=[(tensor("Y", datatype, array), False)],
+    )
+    header, blobs = split_response(body, length)
+    assert (length, blobs, header["id"]) == (None, [], "r")
+    (output,) = header["outputs"]
+    assert (output["datatype"], output["shape"]) == (datatype, [2, 3])
+    if datatype == "BYTES":
+        assert output["data"] == [item.decode() for item in array.reshape(-1)]
+    else:
+        back = np.array(output["data"], dtype=array.dtype).reshape(2, 3)
+        assert back.tobytes() == array.tobytes()  # bit-exact, signed zeros included
+        kinds = {type(item) for item in output["data"]}
+        assert kinds == (
+            {bool} if datatype == "BOOL" else {int} if array.dtype.kind in "iu" else {float}
+        )
+
+
+@pytest.mark.parametrize("datatype", [*SAMPLES, "BF16"])
+def test_binary_response_round_trips_every_datatype(datatype: str) -> None:
+    array = BF16 if datatype == "BF16" else SAMPLES[datatype]
+    body, length = encode_infer_response(
+        model_name="m",
+        model_version=None,
+        request_id=None,
+        outputs=[(tensor("Y", datatype, array), True)],
+    )
+    header, (blob,) = split_response(body, length)
+    (output,) = header["outputs"]
+    assert "data" not in output
+    assert output["parameters"] == {"binary_data_size": len(blob)}
+    assert blob == wire(datatype, array)
+
+
+def test_binary_response_framing_keeps_output_order_and_mixes_json() -> None:
+    a = np.arange(3, dtype=np.int64)
+    b = np.array([[0.5, 1.5]], np.float32)
+    c = np.array([b"ab", b""], dtype=object)
+    body, length = encode_infer_response(
+        model_name="m",
+        model_version="1",
+        request_id="r7",
+        outputs=[
+            (tensor("A", "INT64", a), True),
+            (tensor("B", "FP32", b), False),
+            (tensor("C", "BYTES", c), True),
+        ],
+    )
+    assert length is not None
+    header = json.loads(body[:length])
+    assert [o["name"] for o in header["outputs"]] == ["A", "B", "C"]
+    assert header["outputs"][1]["data"] == [0.5, 1.5]
+    sizes = [o.get("parameters", {}).get("binary_data_size") for o in header["outputs"]]
+    assert sizes == [24, None, 10]
+    assert body[length:] == a.tobytes() + b"\x02\x00\x00\x00ab" + b"\x00\x00\x00\x00"
+
+
+def test_empty_binary_output_still_announces_the_header() -> None:
+    body, length = encode_infer_response(
+        model_name="m",
+        model_version=None,
+        request_id=None,
+        outputs=[(tensor("Y", "FP32", np.zeros((0, 4), np.float32)), True)],
+    )
+    assert length == len(body)
+    assert json.loads(body)["outputs"][0]["parameters"] == {"binary_data_size": 0}
+
+
+def test_nan_and_infinity_yield_a_body_pythons_json_parses() -> None:
+    values = np.array([np.nan, np.inf, -np.inf, 1.5], np.float32)
+    body, length = encode_infer_response(
+        model_name="m",
+        model_version=None,
+        request_id=None,
+        outputs=[
+            (tensor("Y", "FP32", values), False),
+            (tensor("Z", "INT8", np.array([1], np.int8)), False),
+        ],
+    )
+    assert length is None
+    data = json.loads(body)["outputs"][0]["data"]
+    assert math.isnan(data[0])
+    assert data[1:] == [math.inf, -math.inf, 1.5]
+    assert json.loads(body)["outputs"][1]["data"] == [1]
+
+
+def test_finite_float32_is_written_in_its_shortest_form() -> None:
+    body, _ = encode_infer_response(
+        model_name="m",
+        model_version=None,
+        request_id=None,
+        outputs=[(tensor("Y", "FP32", np.array([0.1], np.float32)), False)],
+    )
+    assert b'"data":[0.1]' in body
+
+
+@pytest.mark.parametrize(
+    ("output", "field", "status", "message"),
+    [
+        (
+            tensor("Y", "BYTES", np.array([b"\xff\xfe"], object)),
+            "Y",
+            400,
+            "output 'Y' cannot be sent as JSON: element 0 is not UTF-8",
+        ),
+        (tensor("Y", "BF16", np.array([1.0], np.float32)), "Y", 400, "BF16 has no JSON form"),
+        (
+            tensor("Y", "INT32", np.array([1.5])),
+            "Y",
+            500,
+            "a float64 array cannot be sent as INT32",
+        ),
+        (
+            OutputTensor("Y", "FP32", (3,), np.zeros(2, np.float32)),
+            "Y",
+            500,
+            "does not fit datatype 'FP32' and shape [3]",
+        ),
+        (
+            OutputTensor("Y", "FP8", (2,), np.zeros(2, np.float32)),
+            "Y",
+            500,
+            "does not fit datatype 'FP8'",
+        ),
+        (
+            tensor("Y", "BYTES", np.array(["\ud800"], object)),
+            "body",
+            500,
+            "cannot be encoded as JSON",
+        ),
+    ],
+)
+def test_response_refusals(output: OutputTensor, field: str, status: int, message: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        encode_infer_response(
+            model_name="m", model_version=None, request_id=None, outputs=[(output, False)]
+        )
+    assert message in str(info.value)
+    assert (info.value.field, info.value.status) == (field, status)
+
+
+def test_json_refusals_tell_the_client_to_ask_for_binary() -> None:
+    output = tensor("Y", "BYTES", np.array([b"\xff"], object))
+    with pytest.raises(ProtocolError, match='"binary_data": true'):
+        encode_infer_response(
+            model_name="m", model_version=None, request_id=None, outputs=[(output, False)]
+        )
+    body, length = encode_infer_response(
+        model_name="m", model_version=None, request_id=None, outputs=[(output, True)]
+    )
+    assert split_response(body, length)[1] == [b"\x01\x00\x00\x00\xff"]
+
+
+@pytest.mark.parametrize("message", ["Exceeds maximum queue size", 'é \ud800 "quoted"', ""])
+def test_encode_error(message: str) -> None:
+    body = encode_error(message)
+    assert json.loads(body) == {"error": message}
+    body.decode("ascii")  # any str encodes
+
+
+# -- tritonclient, the real client ---------------------------------------------------------
+
+
+def triton_array(datatype: str) -> np.ndarray[Any, Any]:
+    if datatype == "BF16":
+        import ml_dtypes
+
+        return BF16.astype(ml_dtypes.bfloat16)
+    return SAMPLES[datatype]
+
+
+# tritonclient refuses to send BF16 as JSON, so that pair is not a case.
+TRITON_CASES = [(d, b) for d in [*SAMPLES, "BF16"] for b in (True, False) if d != "BF16" or b]
+
+
+@pytest.mark.parametrize(("datatype", "binary"), TRITON_CASES)
+def test_tritonclient_request_and_response_round_trip(datatype: str, binary: bool) -> None:
+    import tritonclient.http as httpclient
+
+    array = triton_array(datatype)
+    given = httpclient.InferInput("INPUT0", list(array.shape), datatype)
+    given.set_data_from_numpy(array, binary_data=binary)
+    wanted = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary or datatype == "BF16")]
+    body, json_size = httpclient.InferenceServerClient.generate_request_body(
+        [given], outputs=wanted, request_id="abc", priority=3, timeout=5000
+    )
+    parsed = parse_infer_request(body, json_size, max_elements=LIMIT)
+    assert parsed.id == "abc"
+    assert parsed.parameters == {"priority": 3, "timeout": 5000}
+    (only,) = parsed.inputs
+    assert (only.name, only.datatype, only.shape) == ("INPUT0", datatype, (2, 3))
+    expected = array.astype(np.float32) if datatype == "BF16" else array
+    assert only.data.tolist() == expected.tolist()
+    (requested,) = parsed.outputs or ()
+    assert requested == RequestedOutput("OUTPUT0", binary or datatype == "BF16", {})
+
+    reply = OutputTensor("OUTPUT0", only.datatype, only.shape, only.data)
+    out_body, header_length = encode_infer_response(
+        model_name="m",
+        model_version="1",
+        request_id=parsed.id,
+        outputs=[(reply, wants_binary(parsed, requested))],
+    )
+    result = httpclient.InferenceServerClient.parse_response_body(
+        out_body, header_length=header_length
+    )
+    got = result.as_numpy("OUTPUT0")
+    assert result.get_response()["id"] == "abc"
+    if datatype == "BYTES" and not binary:  # tritonclient gives str for JSON BYTES
+        assert got.tolist() == [[item.decode() for item in row] for row in array]
+    else:
+        assert got.dtype == array.dtype
+        if array.dtype == object:
+            assert got.reshape(array.shape).tolist() == array.tolist()
+        else:  # bit-exact, signed zeros included
+            assert got.reshape(array.shape).tobytes() == array.tobytes()
+
+
+def test_tritonclient_default_asks_for_every_output_binary() -> None:
+    import tritonclient.http as httpclient
+
+    given = httpclient.InferInput("INPUT0", [2], "INT32")
+    given.set_data_from_numpy(np.array([5, 6], np.int32))
+    body, json_size = httpclient.InferenceServerClient.generate_request_body([given])
+    parsed = parse_infer_request(body, json_size, max_elements=LIMIT)
+    assert parsed.outputs is None
+    assert parsed.binary_data_output is True
+    assert parsed.id is None
+    assert wants_binary(parsed, None) is True
+
+
+def test_tritonclient_reads_nan_from_a_json_response() -> None:
+    import tritonclient.http as httpclient
+
+    values = np.array([np.nan, np.inf, -1.0], np.float32)
+    body, length = encode_infer_response(
+        model_name="m",
+        model_version=None,
+        request_id=None,
+        outputs=[(tensor("Y", "FP32", values), False)],
+    )
+    got = httpclient.InferenceServerClient.parse_response_body(body, header_length=length)
+    assert np.array_equal(got.as_numpy("Y"), values, equal_nan=True)
