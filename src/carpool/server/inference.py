@@ -15,6 +15,7 @@ import numpy as np
 
 from carpool.model import Model, Tensor
 from carpool.server.protocol import (
+    DATATYPES,
     InferRequest,
     OutputTensor,
     ProtocolError,
@@ -179,17 +180,11 @@ def respond(
             )
         array = np.asarray(result[name])
         spec = declared[name]
-        if model.outputs is not None and spec.datatype not in ("BYTES", "BF16"):
-            array = array.astype(_NUMPY[spec.datatype], copy=False)
+        if model.outputs is not None and spec.datatype != "BYTES":
+            array = array.astype(DATATYPES[spec.datatype], copy=False)  # BF16 travels as FP32
             datatype = spec.datatype
         else:
-            datatype = spec.datatype if spec.datatype == "BF16" else datatype_of(array)
+            datatype = datatype_of(array)
         tensors.append((OutputTensor(name, datatype, tuple(array.shape), array), binary))
     return tensors
 
-
-_NUMPY = {
-    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
-    "UINT64": np.uint64, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
-    "INT64": np.int64, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
-}  # fmt: skip
