@@ -16,6 +16,7 @@ from carpool.errors import (
     DeadlineExceeded,
     QueueFull,
 )
+from carpool.model import Batching, Model, Tensor
 from carpool.policy import (
     Dispatch,
     DispatchReason,
@@ -36,6 +37,10 @@ __all__ = [
     "BatcherStats",
     "Percentiles",
     "Collator",
+    # serving: a model with a declared signature
+    "Model",
+    "Tensor",
+    "Batching",
     # policies: write your own with decide(view, now)
     "Policy",
     "QueueView",

@@ -187,4 +187,3 @@ def respond(
             datatype = datatype_of(array)
         tensors.append((OutputTensor(name, datatype, tuple(array.shape), array), binary))
     return tensors
-
