@@ -83,6 +83,7 @@ def _add_serve(commands: Any) -> None:
     _flag(serve, "--max-body-bytes", int, None, "largest request body; then 413 [67108864]")
     _flag(serve, "--drain-timeout", float, None, "seconds to finish requests on SIGTERM [30]")
     _flag(serve, "--log-level", str, None, "debug, info, warning or error [info]")
+    _flag(serve, "--log-format", str, None, "text, or json for one object per line [text]")
     _flag(serve, "--access-log", _bool, None, "log every request (true/false) [true]")
 
 
@@ -112,7 +113,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     file: dict[str, Any] = read_config_file(args.config) if args.config else {}
     server = dict(file.get("server", {}))
-    for key in ("host", "port", "max_body_bytes", "log_level", "access_log"):
+    for key in ("host", "port", "max_body_bytes", "log_level", "log_format", "access_log"):
         value = getattr(args, key)
         if value is not None:
             server[key] = value

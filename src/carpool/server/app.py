@@ -147,6 +147,7 @@ class App:
             await _send(send, status, encode_error(error.message), JSON + error.headers)
         if access_log.isEnabledFor(logging.INFO):
             client = scope.get("client") or ("-", 0)
+            duration_ms = round((time.perf_counter() - started) * 1000.0, 3)
             access_log.info(
                 '%s:%s "%s %s" %d %.2fms',
                 client[0],
@@ -154,7 +155,14 @@ class App:
                 method,
                 scope["path"],
                 status,
-                (time.perf_counter() - started) * 1000.0,
+                duration_ms,
+                extra={
+                    "client": f"{client[0]}:{client[1]}",
+                    "method": method,
+                    "path": scope["path"],
+                    "status": status,
+                    "duration_ms": duration_ms,
+                },
             )
 
     async def _route(

@@ -31,10 +31,19 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     log_level: str = "info"
+    log_format: str = "text"  # or "json": one object per line
     access_log: bool = True
     max_body_bytes: int = 64 * 1024 * 1024  # Triton's HTTP default is the same order
     drain_timeout_s: float = 30.0  # Kubernetes' default terminationGracePeriodSeconds
     models: tuple[Model, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if self.log_format not in ("text", "json"):
+            raise ConfigError(f"log format must be 'text' or 'json', got {self.log_format!r}")
+        if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
+            raise ConfigError(
+                f"log level must be debug, info, warning, error or critical, got {self.log_level!r}"
+            )
 
 
 def load_target(target: str, *, name: str | None = None) -> Model:

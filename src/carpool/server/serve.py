@@ -8,6 +8,7 @@ after ``drain_timeout_s`` are cut off so the process always exits in bounded tim
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import signal
@@ -52,17 +53,39 @@ class _Server(uvicorn.Server):
             self.should_exit = True
 
 
-def _logging(level: str, access_log: bool) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, with the access log's fields as keys, for log pipelines."""
+
+    _RESERVED = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "color_message"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        entry.update((k, v) for k, v in vars(record).items() if k not in self._RESERVED)
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def _logging(level: str, access_log: bool, log_format: str) -> None:
+    handler = logging.StreamHandler()
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
     logging.getLogger("carpool.access").setLevel(logging.INFO if access_log else logging.WARNING)
 
 
 def serve(config: ServerConfig) -> int:
     """Run the server until a signal; returns the process exit code."""
-    _logging(config.log_level, config.access_log)
+    _logging(config.log_level, config.access_log, config.log_format)
     app = build_app(config)
     try:
         import uvloop  # noqa: F401
@@ -79,6 +102,7 @@ def serve(config: ServerConfig) -> int:
         lifespan="on",
         access_log=False,  # carpool's own access log, with model latency, replaces it
         log_level=config.log_level,
+        log_config=None,  # uvicorn's loggers go through carpool's handler and format
         timeout_graceful_shutdown=math.ceil(config.drain_timeout_s),
         server_header=False,
     )
