@@ -8,6 +8,11 @@ yields, never by wall-clock sleeps, and the model holds every batch behind a gat
 short deadline has passed and each cancellation is done, so every outcome asserted here holds
 however the machine schedules threads and timers.
 
+While every worker is held, the engine may *stage* full batches (up to ``2 * workers``
+dispatched, of which only ``workers`` reach the model); a staged request that is cancelled
+or expires before its batch starts is skipped when the batch is claimed, never computed.
+A spy on that claim records, for every dispatched batch, which rows it held and which it kept.
+
 Every row carries its own code (request index and row number; negative when the model must
 fail on it) in all its elements, so the model's records say exactly which rows it saw.
 """
@@ -15,13 +20,14 @@ fail on it) in all its elements, so the model's records say exactly which rows i
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import carpool
@@ -119,6 +125,7 @@ def row_codes(req: Req, index: int) -> set[int]:
 
 @dataclass
 class Call:
+    index: int  # the order in which calls entered the model
     codes: tuple[int, ...]
     dtype: np.dtype[Any]
     row_shape: tuple[int, ...]
@@ -127,23 +134,40 @@ class Call:
 
 @dataclass
 class Model:
-    """Records every batch, holds it at the gate, then returns ``2 * row + 1`` or raises."""
+    """Records every batch, holds it at the gate, then returns ``2 * row + 1`` or raises.
+
+    The gate lets through the calls whose index is below ``passes``: none at first,
+    ``release(n)`` lets the next ``n`` through, ``open()`` all of them from then on.
+    """
 
     calls: list[Call] = field(default_factory=list)
+    passes: float = 0
+    active: int = 0  # calls inside the model now
+    peak: int = 0  # the most calls ever inside the model at once
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def enter(self, batch: np.ndarray) -> Call:
         flat = batch.reshape(len(batch), -1)
         assert (flat == flat[:, :1]).all()  # rows arrive whole, never interleaved
-        call = Call(tuple(int(c) for c in flat[:, 0]), batch.dtype, batch.shape[1:])
-        self.calls.append(call)
+        codes = tuple(int(c) for c in flat[:, 0])
+        with self.lock:
+            call = Call(len(self.calls), codes, batch.dtype, batch.shape[1:])
+            self.calls.append(call)
+            self.active += 1
+            self.peak = max(self.peak, self.active)
         return call
 
-    @staticmethod
-    def leave(call: Call, batch: np.ndarray) -> np.ndarray:
+    def leave(self, call: Call, batch: np.ndarray) -> np.ndarray:
+        with self.lock:
+            self.active -= 1
         call.ok = not any(c < 0 for c in call.codes)
         if not call.ok:
             raise ModelError(f"marked row in a batch of {len(batch)}")
         return batch * 2 + 1
+
+    def held(self) -> int:
+        """Calls that entered the model and are still held at the gate."""
+        return max(0, len(self.calls) - int(min(self.passes, len(self.calls))))
 
     def seen(self) -> set[int]:
         return {c for call in self.calls for c in call.codes}
@@ -151,28 +175,40 @@ class Model:
 
 @dataclass
 class ThreadModel(Model):
-    gate: threading.Event = field(default_factory=threading.Event)
+    cond: threading.Condition = field(default_factory=threading.Condition)
 
     def __call__(self, batch: np.ndarray) -> np.ndarray:
         call = self.enter(batch)
-        self.gate.wait()
+        with self.cond:
+            self.cond.wait_for(lambda: call.index < self.passes)
         return self.leave(call, batch)
 
+    def release(self, n: float) -> None:
+        with self.cond:
+            self.passes += n
+            self.cond.notify_all()
+
     def open(self) -> None:
-        self.gate.set()
+        self.release(math.inf)
 
 
 @dataclass
 class LoopModel(Model):
-    gate: asyncio.Event = field(default_factory=asyncio.Event)
+    bump: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def __call__(self, batch: np.ndarray) -> np.ndarray:
         call = self.enter(batch)
-        await self.gate.wait()
+        while call.index >= self.passes:
+            await self.bump.wait()
         return self.leave(call, batch)
 
+    def release(self, n: float) -> None:
+        self.passes += n
+        bump, self.bump = self.bump, asyncio.Event()
+        bump.set()
+
     def open(self) -> None:
-        self.gate.set()
+        self.release(math.inf)
 
 
 class CheckingCollator(carpool.Collator):
@@ -192,6 +228,37 @@ class CheckingCollator(carpool.Collator):
 
 # ----------------------------------------------------------------------- one run
 
+# A dispatched batch as it started: per segment, its rows' codes and whether it was kept.
+Claimed = list[tuple[tuple[int, ...], bool]]
+
+SETTLE_POLLS = 10_000  # turns a hang into a failure (seconds); settling takes a few polls
+
+
+def segment_codes(entry: Any, start: int, stop: int) -> tuple[int, ...]:
+    rows = [entry.value] if entry.span is None else entry.value[start:stop]
+    return tuple(int(np.asarray(row).flat[0]) for row in rows)
+
+
+def spy_on_claims(batcher: Batcher) -> list[Claimed]:
+    """Record every batch as it starts, and which of its segments the engine kept.
+
+    Wraps the engine's private claim hook (``BatchRunner._claim``, i.e. ``Batcher._claim``),
+    the one place that sees skipped segments: their rows count in ``stats().rows`` but never
+    reach the model. The wrapper only observes: it returns what the engine decided.
+    """
+    runner = batcher._runner
+    claim = runner._claim
+    claimed: list[Claimed] = []
+
+    def spy(segments: list[Any]) -> Any:
+        live = claim(segments)
+        kept = range(len(segments)) if live is None else set(live)  # None: all kept
+        claimed.append([(segment_codes(*segment), i in kept) for i, segment in enumerate(segments)])
+        return live
+
+    runner._claim = spy
+    return claimed
+
 
 @dataclass
 class Run:
@@ -199,26 +266,60 @@ class Run:
     outcomes: list[Any]
     calls: list[Call]
     stacks: list[tuple[int, int]]
+    claimed: list[Claimed]
+    peak: int  # the most calls inside the model at once
     stats: carpool.BatcherStats
     cancelled: set[int]  # tasks we cancelled while the gate was shut, all still pending
-    cancelled_settled: set[int]  # of those, the ones no row of which had been dispatched
+    cancelled_settled: set[int]  # of those, the ones no row of which had reached the model
     cancelled_late: set[int]  # tasks cancelled with the gate open: they may have finished
     seen_at_gate: set[int]  # codes the model had seen when the gate opened
     late_infer_error: BaseException | None
 
 
-async def settle(batcher: Batcher, model: Model, workers: int) -> None:
-    """Wait (by yielding, and for fixed's timer) until, with the gate shut, every dispatched
-    batch has reached the model and nothing more can leave: all workers busy or queue empty."""
-    while True:
-        for _ in range(4):
+async def settle(
+    batcher: Batcher, model: Model, workers: int, *, holds_partial: bool = False
+) -> None:
+    """Wait (by yielding, and for fixed's timer) until nothing more can happen while the
+    model holds its calls, short of a deadline or a cancel:
+
+    - every worker holds a batch at the gate, or no dispatched batch is left to start:
+      ``held == min(busy, workers)``, where ``busy`` counts dispatched, unfinished batches
+      (staged ones included);
+    - the scheduler has nothing to do: with a worker idle, nothing is queued (or, when the
+      policy ``holds_partial`` batches for longer than the test runs, no key has a full
+      batch queued); with all busy, ``2 * workers`` batches are dispatched or no key has a
+      full batch queued to stage.
+
+    The same state is then read once more after several loop turns: a batch that a thread
+    finished without calling the model (all its requests answered while it was staged)
+    reaches the loop a few turns after that thread moved on.
+    """
+    last: tuple[int, ...] | None = None
+    state: tuple[int, ...] = ()
+    for _ in range(SETTLE_POLLS):
+        for _ in range(8):
             await asyncio.sleep(0)
         stats = batcher.stats()
-        if len(model.calls) == stats.batches and (
-            stats.batches == workers or stats.queued_rows == 0
-        ):
-            return
+        busy = batcher._busy  # private: batches dispatched and not finished, staged included
+        assert busy <= 2 * workers  # at most one staged batch per worker
+        assert model.peak <= workers  # and only `workers` ever reach the model at once
+        # private: what the scheduler checks before staging (or, when the policy waits,
+        # dispatching) a full batch
+        full = batcher._queue.head_of_full(batcher.max_batch_size)
+        if busy < workers:
+            quiet = stats.queued_rows == 0 or (holds_partial and full is None)
+        else:
+            quiet = busy == 2 * workers or full is None
+        held = model.held()
+        state = (held, busy, stats.batches, stats.queued_rows, len(model.calls))
+        if held == min(busy, workers) and quiet:
+            if state == last:
+                return
+            last = state
+        else:
+            last = None
         await asyncio.sleep(1e-4)  # a thread reaching the model, or fixed's max_wait
+    raise AssertionError(f"the engine never settled: (held, busy, ...) = {state}")
 
 
 async def drive(
@@ -242,6 +343,7 @@ async def drive(
         isolate_errors=config.isolate_errors,
         collator=collator,
     )
+    claimed = spy_on_claims(batcher)
 
     async def call(index: int, req: Req) -> Any:
         started.add(index)  # admission happens before infer's first await
@@ -327,6 +429,8 @@ async def drive(
         outcomes=outcomes,
         calls=model.calls,
         stacks=collator.stacks,
+        claimed=claimed,
+        peak=model.peak,
         stats=stats,
         cancelled=cancelled,
         cancelled_settled=cancelled_settled,
@@ -337,6 +441,15 @@ async def drive(
 
 
 # ----------------------------------------------------------------------- the properties
+
+
+def plan_calls(segments: list[tuple[int, ...]], bisect: bool) -> list[tuple[int, ...]]:
+    """The model calls one batch of these segments makes: whole, then halves on failure."""
+    codes = tuple(c for segment in segments for c in segment)
+    if not any(c < 0 for c in codes) or not bisect or len(segments) == 1:
+        return [codes]
+    mid = len(segments) // 2
+    return [codes, *plan_calls(segments[:mid], bisect), *plan_calls(segments[mid:], bisect)]
 
 
 def check(config: Config, run: Run) -> None:
@@ -356,12 +469,25 @@ def check(config: Config, run: Run) -> None:
         assert call.ok is not None  # every call the model began also ended
     assert all(keys == 1 and 1 <= rows <= config.max_batch_size for keys, rows in run.stacks)
     assert all(n == 1 for n in succeeded.values())  # a row is computed at most once
+    assert run.peak <= config.workers  # staged batches wait for a worker
+
+    # Dispatched batches, as they started: bounded, one kind each, each row in at most one;
+    # the rows kept are exactly the rows the model saw, so a skipped row never reached it.
+    dispatched = [c for batch in run.claimed for codes, _ in batch for c in codes]
+    kept = {c for batch in run.claimed for codes, live in batch if live for c in codes}
+    skipped = {c for batch in run.claimed for codes, live in batch if not live for c in codes}
+    assert len(dispatched) == len(set(dispatched))
+    assert kept == seen
+    for batch in run.claimed:
+        codes = [c for segment, _ in batch for c in segment]
+        assert 1 <= len(codes) <= config.max_batch_size
+        assert len({run.reqs[owner(c)].kind for c in codes}) == 1
 
     for index, (req, outcome) in enumerate(zip(run.reqs, run.outcomes, strict=True)):
         mine = row_codes(req, index)
         if isinstance(outcome, QueueFull):
             tally["rejected"] += 1
-            assert not mine & seen
+            assert not mine & set(dispatched)
             assert index not in run.cancelled
         elif isinstance(outcome, asyncio.CancelledError) and index in run.cancelled_late:
             tally["cancelled late"] += 1  # withdrawn, or answered just before the cancel
@@ -370,26 +496,25 @@ def check(config: Config, run: Run) -> None:
             assert index in run.cancelled
             assert mine & seen <= run.seen_at_gate  # withdrawn: nothing left for the model
             if index in run.cancelled_settled:
-                assert not mine & seen  # it was queued when cancelled, so never computed
+                assert not mine & seen  # queued or staged when cancelled: never computed
         elif isinstance(outcome, DeadlineExceeded):
             tally["expired"] += 1
             assert req.deadline == "short"
             assert (outcome.timeout_ms, index in run.cancelled) == (SHORT_MS, False)
             if outcome.stage == "queued":
-                assert not mine & seen  # withdrawn before any of its rows left
+                assert not mine & seen  # withdrawn before any of its rows reached the model
             else:
                 assert outcome.stage == "running"
-                assert mine & seen
+                assert mine & seen  # some of its rows had reached the model
         elif isinstance(outcome, ModelError):
             tally["failed"] += 1
             assert type(outcome) is ModelError
             assert any("carpool" in note for note in getattr(outcome, "__notes__", []))
             assert req.deadline != "short"
             assert index not in run.cancelled | run.cancelled_late
+            assert mine & failing  # a call holding its rows raised
             if config.isolate_errors:
                 assert req.marked  # only the rows that raised fail their callers
-            else:
-                assert req.marked or mine & failing
         else:
             tally["completed"] += 1
             assert isinstance(outcome, np.ndarray), outcome
@@ -401,6 +526,7 @@ def check(config: Config, run: Run) -> None:
             assert outcome.shape == expected.shape
             assert np.array_equal(outcome, expected)
             assert all(succeeded[c] == 1 for c in mine)  # its rows, each computed once
+            assert mine <= kept  # and none of them skipped
         if req.deadline == "short":
             assert isinstance(outcome, DeadlineExceeded | QueueFull)
         if config.isolate_errors and req.marked:
@@ -424,15 +550,27 @@ def check(config: Config, run: Run) -> None:
     assert stats.submitted == (
         stats.completed + stats.failed + stats.expired + stats.cancelled + stats.pending
     )
-    assert stats.rows == len(seen)  # each dispatched row reached the model
+    # Rows and batches count when formed: a skipped row counts but never reached the model.
+    assert stats.rows == len(seen) + len(skipped) == len(dispatched)
+    assert stats.batches == len(run.claimed)  # every dispatched batch started once
+    assert dict(stats.batch_sizes) == Counter(
+        sum(len(codes) for codes, _ in batch) for batch in run.claimed
+    )
     assert sum(stats.batch_sizes.values()) == stats.batches
     assert sum(size * n for size, n in stats.batch_sizes.items()) == stats.rows
     assert max(stats.batch_sizes, default=0) <= config.max_batch_size
     assert sum(stats.dispatch_reasons.values()) == stats.batches
     not_from = {"worker_idle"} if config.policy == "fixed" else {"wait_elapsed"}
     assert not not_from & stats.dispatch_reasons.keys()
-    if not failing:
-        assert len(run.calls) == stats.batches  # no bisection without a failure
+    # The model was called exactly as planned from the segments kept: once per batch with a
+    # row kept, then on each half of a failing call if errors are isolated.
+    planned = [
+        codes
+        for batch in run.claimed
+        if any(live for _, live in batch)
+        for codes in plan_calls([seg for seg, live in batch if live], config.isolate_errors)
+    ]
+    assert Counter(planned) == Counter(call.codes for call in run.calls)
     assert isinstance(run.late_infer_error, BatcherClosed)
 
 
@@ -450,60 +588,193 @@ def test_every_caller_gets_its_own_rows_or_its_own_error(
     check(config, asyncio.run(drive(config, early, late)))
 
 
+# (priority, request index, row, kind): sorting rows gives the order they are served in.
+Row = tuple[int, int, int, int]
+
+
+class OneWorker:
+    """What the scheduler does with one worker, as a plain model.
+
+    A free worker takes a batch from the most urgent, earliest row queued: up to
+    ``max_batch_size`` of that kind's rows in priority-then-arrival order. Under the
+    ``"patient"`` policy (``"fixed"`` with a wait longer than the test) it takes that batch
+    only when full, else the first full batch of another kind, else nothing until the
+    batcher closes and drains. While the worker is busy and fewer than two batches are
+    dispatched, a kind with a full batch queued has one staged: its first ``max_batch_size``
+    rows, from the most urgent level that holds it. Staged batches start in dispatch order.
+    """
+
+    def __init__(self, max_batch_size: int, policy: str) -> None:
+        self.max_batch_size = max_batch_size
+        self.waits = policy == "patient"
+        self.partial = "worker_idle" if policy == "eager" else "wait_elapsed"
+        self.closing = False
+        self.queue: list[Row] = []
+        self.busy = 0  # batches dispatched and not finished
+        self.batches: list[list[Row]] = []  # in the order they were dispatched
+        self.reasons: Counter[str] = Counter()
+
+    def admit(self, rows: list[Row]) -> None:
+        """Rows admitted in one loop tick; the scheduler then wakes once."""
+        self.queue = sorted(self.queue + rows)
+        self.wake()
+
+    def finish(self) -> None:
+        """The running batch ends; the next staged one, if any, starts at once."""
+        self.busy -= 1
+        self.wake()
+
+    def close(self) -> None:
+        self.closing = True
+        self.wake()
+
+    def take(self, kind: int, reason: str) -> None:
+        batch = [row for row in self.queue if row[3] == kind][: self.max_batch_size]
+        self.queue = [row for row in self.queue if row not in batch]
+        self.batches.append(batch)
+        self.reasons[reason] += 1
+        self.busy += 1
+
+    def wake(self) -> None:
+        while self.queue:
+            counts = Counter(row[3] for row in self.queue)
+            full = [row for row in self.queue if counts[row[3]] >= self.max_batch_size]
+            head = self.queue[0][3]
+            if self.busy >= 1:
+                if self.busy >= 2 or not full:
+                    return
+                self.take(full[0][3], "full")  # staged
+            elif counts[head] >= self.max_batch_size:
+                self.take(head, "full")
+            elif not self.waits:
+                self.take(head, self.partial)
+            elif self.closing:
+                self.take(head, "drain")
+            elif full:
+                self.take(full[0][3], "full")  # not behind the head's partial batch
+            else:
+                return
+
+
 @settings(max_examples=100, deadline=None, derandomize=True, database=None)
 @given(
     max_batch_size=st.integers(1, 6),
     asynchronous=st.booleans(),
-    policy=st.sampled_from(["eager", "fixed"]),
-    queued=st.lists(
-        st.tuples(st.integers(0, 2), st.none() | st.integers(1, 10), st.integers(0, 3)),
+    policy=st.sampled_from(["eager", "fixed", "patient"]),
+    blocked=st.booleans(),
+    ticks=st.lists(
+        st.tuples(
+            st.lists(
+                st.tuples(st.integers(0, 2), st.none() | st.integers(1, 10), st.integers(0, 3)),
+                min_size=1,
+                max_size=8,
+            ),
+            st.integers(0, 2),
+        ),
         min_size=1,
-        max_size=20,
+        max_size=4,
     ),
+)
+# A full batch of another kind leaves while the policy holds the head's partial batch.
+@example(
+    max_batch_size=2,
+    asynchronous=False,
+    policy="patient",
+    blocked=False,
+    ticks=[([(0, None, 0)], 0), ([(1, 2, 1), (2, None, 2)], 1), ([(2, 3, 0)], 0)],
+)
+@example(
+    max_batch_size=2,
+    asynchronous=True,
+    policy="patient",
+    blocked=False,
+    ticks=[([(0, None, 0)], 0), ([(1, 2, 1), (2, None, 2)], 1), ([(2, 3, 0)], 0)],
 )
 def test_queued_rows_leave_by_priority_then_arrival(
     max_batch_size: int,
     asynchronous: bool,
     policy: str,
-    queued: list[tuple[int, int | None, int]],
+    blocked: bool,
+    ticks: list[tuple[list[tuple[int, int | None, int]], int]],
 ) -> None:
-    """One worker held busy while everything queues: then every batch starts at the most
-    urgent, earliest row left, and takes that kind's next rows in the same order."""
-    reqs = [Req(kind, many, False, "none", prio, "no", 0) for kind, many, prio in queued]
+    """The model holds every batch while requests arrive in ticks (each admitted whole
+    before the scheduler runs), behind a full batch that holds the worker if ``blocked``;
+    after each tick, and then until all are done, batches are let through one at a time.
 
-    async def drive_ordered() -> tuple[list[Call], list[Any]]:
+    Every batch a free worker takes starts at the most urgent, earliest row left (or is the
+    first full one, if the policy holds the head's partial batch) and takes that kind's next
+    rows in the same order, and while the worker is busy a full batch is staged as soon as a
+    kind has one queued. After every tick and every batch, the engine has dispatched and
+    queued exactly what :class:`OneWorker` says, and the model sees the batches in order."""
+    reqs = [
+        Req(kind, many, False, "none", prio, "no", 0)
+        for tick, _ in ticks
+        for kind, many, prio in tick
+    ]
+    sim = OneWorker(max_batch_size, policy)
+
+    async def drive_ordered() -> tuple[Model, list[Any], carpool.BatcherStats]:
         model: ThreadModel | LoopModel = LoopModel() if asynchronous else ThreadModel()
         batcher = Batcher(
-            model, max_batch_size=max_batch_size, policy=policy, max_wait_ms=0.0, workers=1
+            model,
+            max_batch_size=max_batch_size,
+            policy="fixed" if policy == "patient" else policy,
+            max_wait_ms=LONG_MS if policy == "patient" else 0.0,
+            workers=1,
         )
+
+        async def step() -> None:
+            await settle(batcher, model, 1, holds_partial=sim.waits and not sim.closing)
+            stats = batcher.stats()
+            assert (stats.batches, stats.queued_rows) == (len(sim.batches), len(sim.queue))
+            assert len(model.calls) == min(len(sim.batches), model.passes + 1)
+
+        async def run_out(batches: float = math.inf) -> None:
+            while sim.busy and batches > 0:
+                model.release(1)
+                sim.finish()
+                await step()
+                batches -= 1
+
+        tasks = []
         async with batcher:
             try:
-                blocker = asyncio.ensure_future(batcher.infer(np.zeros(1)))
-                await settle(batcher, model, workers=1)
-                assert len(model.calls) == 1
-                tasks = []
-                for i, r in enumerate(reqs):
-                    infer = batcher.infer if r.many is None else batcher.infer_many
-                    x = make_input(i, r)
-                    tasks.append(asyncio.ensure_future(infer(x, priority=r.priority)))
-                await asyncio.sleep(0)
-                assert batcher.stats().queued_rows == sum(r.many or 1 for r in reqs)
+                if blocked:  # a full batch of its own kind (code 0)
+                    x = np.zeros((max_batch_size, 1))
+                    tasks.append(asyncio.ensure_future(batcher.infer_many(x)))
+                    sim.admit([(0, -1, j, -1) for j in range(max_batch_size)])
+                    await step()
+                i = 0
+                for tick, releases in ticks:
+                    rows = []
+                    for _ in tick:
+                        r = reqs[i]
+                        infer = batcher.infer if r.many is None else batcher.infer_many
+                        x = make_input(i, r)
+                        tasks.append(asyncio.ensure_future(infer(x, priority=r.priority)))
+                        rows += [(r.priority, i, j, r.kind) for j in range(r.many or 1)]
+                        i += 1
+                    sim.admit(rows)
+                    await step()
+                    await run_out(releases)
+                await run_out()
+                if sim.queue:  # partial batches held by the policy leave as the batcher closes
+                    closing = asyncio.ensure_future(batcher.aclose())
+                    sim.close()
+                    await step()
+                    await run_out()
+                    await closing
             finally:
                 model.open()
-            outcomes = await asyncio.gather(blocker, *tasks)
-        return model.calls[1:], outcomes[1:]
+            outcomes = await asyncio.gather(*tasks)
+        return model, outcomes[1:] if blocked else outcomes, batcher.stats()
 
-    calls, outcomes = asyncio.run(drive_ordered())
+    model, outcomes, stats = asyncio.run(drive_ordered())
 
-    left = sorted(
-        (r.priority, i, j, r.kind) for i, r in enumerate(reqs) for j in range(r.many or 1)
-    )
-    expected: list[list[int]] = []
-    while left:
-        kind = left[0][3]
-        batch = [row for row in left if row[3] == kind][:max_batch_size]
-        expected.append([code(i, j, False) for _, i, j, _ in batch])
-        left = [row for row in left if row not in batch]
-    assert [list(call.codes) for call in calls] == expected
+    expected = [[code(i, j, False) if i >= 0 else 0 for _, i, j, _ in b] for b in sim.batches]
+    assert [list(call.codes) for call in model.calls] == expected
+    assert model.peak == 1
+    assert dict(stats.dispatch_reasons) == sim.reasons
+    assert dict(stats.batch_sizes) == Counter(len(batch) for batch in sim.batches)
     for i, (r, out) in enumerate(zip(reqs, outcomes, strict=True)):
         assert np.array_equal(out, make_input(i, r) * 2 + 1)
