@@ -202,8 +202,12 @@ class Batcher:
         else:
             await self.aclose()
 
-    async def aclose(self) -> None:
-        """Stop accepting, finish every request already accepted, then return."""
+    async def aclose(self, *, timeout: float | None = None) -> None:  # noqa: ASYNC109 - a drain bound, not a cancel
+        """Stop accepting, finish every request already accepted, then return.
+
+        With ``timeout`` (seconds), whatever is still pending after it gets
+        :class:`BatcherClosed` instead (a model call still running is abandoned, not killed).
+        """
         if self._state is _State.NEW:
             self._state = _State.CLOSED
             return
@@ -212,8 +216,16 @@ class Batcher:
             self._inbox.take()
             self._state = _State.CLOSING
             self._notify()
-        if self._engine is not None:
+        if self._engine is None:
+            return
+        if timeout is None:
             await asyncio.shield(self._engine)
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(self._engine), timeout)
+        except TimeoutError:
+            log.warning("batcher %r: drain timed out after %gs; cancelling", self.name, timeout)
+            await self._abort()
 
     async def _abort(self) -> None:
         """Cancellation of the owner: stop now; whatever was pending gets BatcherClosed."""

@@ -13,14 +13,25 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 
-def _env(name: str, convert: Callable[[str], Any], default: Any) -> Any:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    try:
-        return convert(value)
-    except ValueError:
-        raise SystemExit(f"carpool: environment variable {name}={value!r} is invalid") from None
+class _FromEnv(str):
+    """A default read from the environment, so a bad value can be blamed on its variable."""
+
+    env = ""
+
+
+def _typed(convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    def typed(value: str) -> Any:
+        try:
+            return convert(value)
+        except ValueError:
+            if isinstance(value, _FromEnv):
+                message = f"environment variable {value.env}={str(value)!r} is invalid"
+                raise argparse.ArgumentTypeError(message) from None
+            name = getattr(convert, "__name__", "value").lstrip("_")
+            raise argparse.ArgumentTypeError(f"invalid {name} value: {value!r}") from None
+
+    typed.__name__ = getattr(convert, "__name__", "value")
+    return typed
 
 
 def _flag(
@@ -32,12 +43,19 @@ def _flag(
     **kwargs: Any,
 ) -> None:
     env = "CARPOOL_" + flag.lstrip("-").replace("-", "_").upper()
-    shown = "unset" if default is None else default
+    # A string default is converted by argparse only for the command being run, and a bad
+    # value becomes a usage error (exit 2) like a bad flag.
+    value = os.environ.get(env)
+    from_env = None
+    if value:
+        from_env = _FromEnv(value)
+        from_env.env = env
+    shown = "" if default is None else f"; default {default}"
     parser.add_argument(
         flag,
-        type=convert,
-        default=_env(env, convert, default),
-        help=f"{help} (env {env}; default {shown})",
+        type=_typed(convert),
+        default=from_env if from_env is not None else default,
+        help=f"{help} (env {env}{shown})",
         **kwargs,
     )
 
@@ -111,7 +129,11 @@ def _serve(args: argparse.Namespace) -> int:
     from carpool.server.config import ConfigError, ServerConfig, read_config_file, resolve_models
     from carpool.server.serve import serve
 
-    file: dict[str, Any] = read_config_file(args.config) if args.config else {}
+    try:
+        file: dict[str, Any] = read_config_file(args.config) if args.config else {}
+    except ConfigError as exc:
+        print(f"carpool serve: {exc}", file=sys.stderr)
+        return 2
     server = dict(file.get("server", {}))
     for key in ("host", "port", "max_body_bytes", "log_level", "log_format", "access_log"):
         value = getattr(args, key)

@@ -67,6 +67,22 @@ class Batching:
     priority_levels: int = 0  # 0: any priority >= 1 is accepted
     default_priority_level: int = 1
 
+    def __post_init__(self) -> None:
+        timeout = self.default_timeout_ms
+        if timeout is not None and (
+            not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0
+        ):
+            raise ValueError(f"default_timeout_ms must be a number > 0, got {timeout!r}")
+        for name, low in (("priority_levels", 0), ("default_priority_level", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        if self.priority_levels and self.default_priority_level > self.priority_levels:
+            raise ValueError(
+                f"default_priority_level={self.default_priority_level} must be within "
+                f"priority_levels={self.priority_levels}"
+            )
+
     def merged(self, overrides: Mapping[str, Any]) -> Batching:
         """These settings with ``overrides`` applied (unknown keys are a ValueError)."""
         unknown = set(overrides) - set(self.__dataclass_fields__)

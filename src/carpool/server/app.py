@@ -7,6 +7,7 @@ path, and a handful of fixed routes needs no more. Every error body is
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -38,7 +39,9 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
+_STOPPING = "Server is stopping, scheduler for model has stopped accepting new inference requests"
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "schedule_policy"]
+CLIENT_CLOSED = 499  # nginx's status for a client that closed the connection first
 # Elements one request may carry (2**31, Triton's limit): checked before anything is allocated.
 MAX_ELEMENTS = 2**31
 JSON = [(b"content-type", b"application/json")]
@@ -67,10 +70,7 @@ def error_status(exc: BaseException) -> HTTPError:
     if isinstance(exc, DeadlineExceeded):
         return HTTPError(503, str(exc), [(b"retry-after", b"1")])
     if isinstance(exc, BatcherClosed):
-        return HTTPError(
-            503,
-            "Server is stopping, scheduler for model has stopped accepting new inference requests",
-        )
+        return HTTPError(503, _STOPPING)
     if isinstance(exc, BatchSizeMismatch | ModelOutputError):
         return HTTPError(500, f"model error: {exc}")
     if isinstance(exc, Exception):  # the model's own exception, isolated to its rows
@@ -82,13 +82,19 @@ class App:
     """ASGI application serving the models of ``registry``."""
 
     def __init__(
-        self, registry: Registry, *, max_body_bytes: int, metrics: Metrics | None = None
+        self,
+        registry: Registry,
+        *,
+        max_body_bytes: int,
+        drain_timeout_s: float = 30.0,
+        metrics: Metrics | None = None,
     ) -> None:
         self.registry = registry
         self.max_body_bytes = max_body_bytes
+        self.drain_timeout_s = drain_timeout_s
         self.metrics = metrics if metrics is not None else Metrics(registry)
         self.ready = False  # true between startup and the start of shutdown
-        self._stack: contextlib.AsyncExitStack | None = None
+        self._started: list[ServedModel] = []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -117,19 +123,21 @@ class App:
 
     async def startup(self) -> None:
         """Start every model's batcher on this loop."""
-        stack = contextlib.AsyncExitStack()
         for served in self.registry:
-            await stack.enter_async_context(served.batcher)
-        self._stack = stack
+            await served.batcher.__aenter__()
+            self._started.append(served)
         self.ready = True
         for served in self.registry:
             log.info("serving model %r: %s", served.name, served.describe())
 
     async def shutdown(self) -> None:
-        """Not ready any more; every batcher finishes what it accepted."""
+        """Not ready any more; every batcher finishes what it accepted, within the drain
+        timeout, after which what is left gets 503 (a hung model call is abandoned)."""
         self.ready = False
-        if self._stack is not None:
-            await self._stack.aclose()
+        started, self._started = self._started, []
+        await asyncio.gather(
+            *(served.batcher.aclose(timeout=self.drain_timeout_s) for served in started)
+        )
 
     # ------------------------------------------------------------- http
 
@@ -139,6 +147,12 @@ class App:
         parts = scope["path"].strip("/").split("/")
         try:
             status = await self._route(method, parts, scope, receive, send)
+        except asyncio.CancelledError:
+            # The server gave up on this request (drain timeout): answer if the client is
+            # still there, rather than leave it to the server's plain-text 500.
+            with contextlib.suppress(Exception):
+                await _send(send, 503, encode_error(_STOPPING), JSON)
+            raise
         except Exception as exc:
             error = error_status(exc)
             status = error.status
@@ -204,7 +218,7 @@ class App:
             version, tail = tail[1], tail[2:]
         served = self.registry.get(name, version)
         action = tail[0] if tail else ""
-        if len(tail) > 1:
+        if len(tail) > 1 or action not in ("", "infer", "ready", "config", "stats"):
             raise HTTPError(404, f"Not Found: {scope['path']}")
         if action == "infer":
             _allow(method, "POST")
@@ -220,11 +234,18 @@ class App:
             )
         if action == "config":
             return await _json(send, 200, served.config())
-        if action == "stats":
-            return await _json(send, 200, {"model_stats": [served.statistics()]})
-        raise HTTPError(404, f"Not Found: {scope['path']}")
+        return await _json(send, 200, {"model_stats": [served.statistics()]})
 
     async def _infer(self, served: ServedModel, scope: Scope, receive: Receive, send: Send) -> int:
+        try:
+            return await self._infer_counted(served, scope, receive, send)
+        except Exception as exc:
+            served.statuses[error_status(exc).status] += 1
+            raise
+
+    async def _infer_counted(
+        self, served: ServedModel, scope: Scope, receive: Receive, send: Send
+    ) -> int:
         if not self.ready:
             raise BatcherClosed(served.name, "is stopping")
         headers = dict(scope["headers"])
@@ -232,15 +253,6 @@ class App:
         header_length = parse_header_length(
             _text(headers.get(b"inference-header-content-length")), len(body)
         )
-        try:
-            return await self._infer_body(served, body, header_length, send)
-        except Exception as exc:
-            served.statuses[error_status(exc).status] += 1
-            raise
-
-    async def _infer_body(
-        self, served: ServedModel, body: bytes, header_length: int | None, send: Send
-    ) -> int:
         model = served.model
         if header_length == 0:
             spec = model.input_specs
@@ -259,10 +271,15 @@ class App:
         else:
             request = parse_infer_request(body, header_length, max_elements=MAX_ELEMENTS)
         admission = admit(model, request)
-        result = await served.batcher.infer_many(
-            admission.value, timeout_ms=admission.timeout_ms, priority=admission.priority
+        work = asyncio.ensure_future(
+            served.batcher.infer_many(
+                admission.value, timeout_ms=admission.timeout_ms, priority=admission.priority
+            )
         )
-        outputs = respond(model, admission, result)
+        if not await _unless_disconnected(work, receive):
+            served.statuses[CLIENT_CLOSED] += 1  # withdrawn if it was still queued
+            return CLIENT_CLOSED
+        outputs = respond(model, admission, work.result())
         body, json_length = encode_infer_response(
             model_name=served.name,
             model_version=served.version,
@@ -306,6 +323,24 @@ class App:
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": "carpool", "version": __version__, "extensions": EXTENSIONS}
+
+
+async def _unless_disconnected(work: asyncio.Future[Any], receive: Receive) -> bool:
+    """Wait for ``work``; if the client goes away first, cancel it and return False."""
+    gone = asyncio.ensure_future(receive())
+    try:
+        await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        work.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if work.done():
+        return True
+    work.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await work
+    return False
 
 
 def _too_large(size: int, limit: int) -> str:

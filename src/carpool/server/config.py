@@ -38,6 +38,16 @@ class ServerConfig:
     models: tuple[Model, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
+        if not self.drain_timeout_s >= 0:
+            raise ConfigError(f"drain timeout must be >= 0 seconds, got {self.drain_timeout_s}")
+        if not 0 < self.port < 65536:
+            raise ConfigError(f"port must be in 1..65535, got {self.port}")
+        if self.max_body_bytes < 1:
+            raise ConfigError(f"max body bytes must be >= 1, got {self.max_body_bytes}")
+        names = [m.name for m in self.models]
+        for name in names:
+            if names.count(name) > 1:
+                raise ConfigError(f"two models are named {name!r}; give one another name (--name)")
         if self.log_format not in ("text", "json"):
             raise ConfigError(f"log format must be 'text' or 'json', got {self.log_format!r}")
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
@@ -126,6 +136,7 @@ def resolve_models(
         overrides.update(flags)
         try:
             batching = model.batching.merged(overrides)
+            check_batching(batching)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"model {model.name!r}: {exc}") from None
         models.append(replace(model, batching=batching))

@@ -180,6 +180,13 @@ def respond(
             )
         array = np.asarray(result[name])
         spec = declared[name]
+        if model.outputs is not None and (
+            array.ndim == 0 or not _matches(tuple(array.shape[1:]), spec)
+        ):
+            raise ModelOutputError(
+                f"model '{model.name}' returned output '{name}' with shape "
+                f"{_dims(tuple(array.shape))}, but declares rows of {_dims(spec.shape)}"
+            )
         if model.outputs is not None and spec.datatype != "BYTES":
             array = array.astype(DATATYPES[spec.datatype], copy=False)  # BF16 travels as FP32
             datatype = spec.datatype

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["Metrics"]
 
 _OUTCOMES = {200: "success", 400: "invalid", 404: "not_found", 413: "too_large",
-             500: "error", 503: "unavailable"}  # fmt: skip
+             499: "client_closed", 500: "error", 503: "unavailable"}  # fmt: skip
 
 
 def _buckets(hist: HistogramSnapshot) -> list[tuple[str, float]]:

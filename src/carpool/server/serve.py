@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import signal
+import threading
 from types import FrameType
 
 import uvicorn
@@ -26,7 +28,11 @@ log = logging.getLogger("carpool.server")
 
 
 def build_app(config: ServerConfig) -> App:
-    return App(Registry(config.models), max_body_bytes=config.max_body_bytes)
+    return App(
+        Registry(config.models),
+        max_body_bytes=config.max_body_bytes,
+        drain_timeout_s=config.drain_timeout_s,
+    )
 
 
 class _Server(uvicorn.Server):
@@ -108,4 +114,13 @@ def serve(config: ServerConfig) -> int:
     )
     server = _Server(uv_config, app)
     server.run()
-    return 0 if server.started else 1
+    code = 0 if server.started else 1
+    stuck = [t.name for t in threading.enumerate() if t.is_alive() and not t.daemon
+             and t is not threading.main_thread()]  # fmt: skip
+    if stuck:
+        # A model call that never returned: its worker thread would keep the interpreter
+        # from exiting, and the drain already answered its requests with 503.
+        log.error("model calls still running in %s after the drain; exiting anyway", stuck)
+        logging.shutdown()
+        os._exit(code)
+    return code

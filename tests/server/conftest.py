@@ -1,0 +1,235 @@
+"""Real ``python -m carpool serve`` processes on free loopback ports, and helpers to drive them.
+
+``serve(*args, env=None)`` starts a server (targets and flags as on the command line, run
+from this folder so that ``models:NAME`` targets import ``tests/server/models.py``), waits
+until ``/v2/health/ready`` answers 200, and returns a :class:`Server`. At teardown each
+server gets SIGTERM and must exit 0. ``serve`` stops its servers after the test,
+``serve_module`` after the module (for servers that several tests share).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+HERE = Path(__file__).resolve().parent
+READY_WITHIN_S = 30.0  # importing numpy, uvicorn and the models, on a slow CI machine
+EXIT_WITHIN_S = 30.0
+POLL_S = 0.01  # how often a wait-until loop looks again; never decides an outcome
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(condition: Callable[[], Any], what: str, within: float = READY_WITHIN_S) -> Any:
+    """Poll ``condition`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + within
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {within:g}s waiting for {what}")
+        time.sleep(POLL_S)
+
+
+class Server:
+    """One running ``carpool serve`` process."""
+
+    def __init__(
+        self, process: subprocess.Popen[bytes], port: int, gates: Path, stderr: Path
+    ) -> None:
+        self.process = process
+        self.port = port
+        self.address = f"127.0.0.1:{port}"  # what tritonclient takes
+        self.url = f"http://{self.address}"
+        self.gates = gates
+        self.stderr_path = stderr
+        self.http = httpx.Client(base_url=self.url, timeout=30.0)
+        self.signalled = False  # a test or stop() sent it a signal already
+        self.killed = False  # SIGKILLed after failing to exit: its exit code means nothing
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")
+
+    # ------------------------------------------------------------ lifecycle
+
+    def wait_ready(self) -> None:
+        def ready() -> bool:
+            if self.process.poll() is not None:
+                pytest.fail(
+                    f"carpool serve exited with {self.process.returncode} before it was "
+                    f"ready; stderr:\n{self.stderr()}"
+                )
+            try:
+                return httpx.get(f"{self.url}/v2/health/ready", timeout=1.0).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        deadline = time.monotonic() + READY_WITHIN_S
+        while not ready():
+            if time.monotonic() > deadline:
+                self.kill()
+                pytest.fail(f"carpool serve not ready in {READY_WITHIN_S:g}s:\n{self.stderr()}")
+            time.sleep(POLL_S)
+
+    def send_signal(self, sig: int) -> None:
+        self.signalled = True
+        self.process.send_signal(sig)
+
+    def terminate(self) -> None:
+        """SIGTERM, once: a second one during shutdown would kill it (default handler)."""
+        if not self.signalled and self.process.poll() is None:
+            self.send_signal(signal.SIGTERM)
+
+    def wait_exit(self, within: float = EXIT_WITHIN_S) -> int:
+        try:
+            return self.process.wait(timeout=within)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"carpool serve did not exit within {within:g}s:\n{self.stderr()}")
+
+    def stop(self) -> None:
+        """SIGTERM (unless the test sent a signal), then the process must exit 0."""
+        self.http.close()
+        if self.killed:
+            return
+        self.terminate()
+        code = self.wait_exit()
+        assert code == 0, f"carpool serve exited with {code}; stderr:\n{self.stderr()}"
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.killed = True
+            self.process.kill()
+            self.process.wait()
+
+    # ------------------------------------------------------------ reading it
+
+    def get_json(self, path: str) -> Any:
+        response = self.http.get(path)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def stats(self, model: str) -> dict[str, Any]:
+        (stats,) = self.get_json(f"/v2/models/{model}/stats")["model_stats"]
+        return stats  # type: ignore[no-any-return]
+
+    def metrics(self) -> str:
+        response = self.http.get("/metrics")
+        assert response.status_code == 200
+        return response.text
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The value of one sample in ``/metrics``, e.g. ``metric("x_total", model="m")``."""
+        wanted = ",".join(f'{key}="{value}"' for key, value in labels.items())
+        pattern = re.compile(rf"^{re.escape(name)}\{{{re.escape(wanted)}\}} (\S+)$", re.M)
+        match = pattern.search(self.metrics())
+        assert match is not None, f"no sample {name}{{{wanted}}} in /metrics"
+        return float(match.group(1))
+
+    def is_live(self) -> bool:
+        response = self.http.get("/v2/health/live")
+        return response.status_code == 200 and response.json() == {"live": True}
+
+    # ------------------------------------------------------------ gates
+
+    def batches_started(self, model: str) -> list[int]:
+        """Sizes of the batches the gated ``model`` has started, in order."""
+        log = self.gates / f"{model}.started"
+        return [int(line) for line in log.read_text().split()] if log.exists() else []
+
+    @contextlib.contextmanager
+    def gate_closed(self, model: str) -> Iterator[None]:
+        """Batches of ``model`` that start inside the block wait until it ends."""
+        closed = self.gates / f"{model}.closed"
+        closed.touch()
+        try:
+            yield
+        finally:
+            closed.unlink()
+
+    def wait_queued(self, model: str, *, pending: int, queued_rows: int) -> None:
+        """Until ``model``'s stats show ``pending`` requests, ``queued_rows`` rows queued."""
+
+        def seen() -> bool:
+            stats = self.stats(model)
+            return stats["pending"] == pending and stats["queued_rows"] == queued_rows
+
+        wait_until(seen, f"{model}: pending={pending}, queued_rows={queued_rows}")
+
+    def wait_started(self, model: str, batches: int) -> None:
+        wait_until(
+            lambda: len(self.batches_started(model)) >= batches,
+            f"{batches} batches of {model} to start",
+        )
+
+
+class Launcher:
+    """Starts servers; stops them all (each must exit 0) on :meth:`close`."""
+
+    def __init__(self, tmp: Path) -> None:
+        self._tmp = tmp
+        self._servers: list[Server] = []
+
+    def __call__(
+        self, *args: str, env: Mapping[str, str] | None = None, access_log: bool = False
+    ) -> Server:
+        index = len(self._servers)
+        gates = self._tmp / f"gates{index}"
+        gates.mkdir()
+        stderr = self._tmp / f"server{index}.stderr"
+        port = free_port()
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("CARPOOL_")}
+        environment["CARPOOL_TEST_GATES"] = str(gates)
+        environment.update(env or {})
+        command = [sys.executable, "-m", "carpool", "serve", *args]
+        command += ["--port", str(port), "--access-log", str(access_log).lower()]
+        with open(stderr, "wb") as err:
+            process = subprocess.Popen(
+                command, cwd=HERE, env=environment, stdout=err, stderr=subprocess.STDOUT
+            )
+        server = Server(process, port, gates, stderr)
+        self._servers.append(server)
+        server.wait_ready()
+        return server
+
+    def close(self) -> None:
+        failures = []
+        for server in self._servers:
+            try:
+                server.stop()
+            except BaseException as exc:  # stop the others before reporting
+                server.kill()
+                failures.append(exc)
+        if failures:
+            raise failures[0]
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Launcher]:
+    launcher = Launcher(tmp_path)
+    yield launcher
+    launcher.close()
+
+
+@pytest.fixture(scope="module")
+def serve_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
+    launcher = Launcher(tmp_path_factory.mktemp("servers"))
+    yield launcher
+    launcher.close()

@@ -1,0 +1,119 @@
+"""Models the server tests serve, as ``carpool serve models:NAME`` targets (cwd = this folder).
+
+Every model's output depends only on its own input row, so a test can compute what each
+request must get back no matter how requests were batched together.
+
+Gates make timing deterministic: a gated model first appends its batch size to
+``$CARPOOL_TEST_GATES/<name>.started`` (so a test can see that a batch is running), then
+blocks while ``$CARPOOL_TEST_GATES/<name>.closed`` exists. A test closes the gate, sends a
+request that then holds the model's only worker, queues more requests behind it, and opens
+the gate when it has seen what it needs: no sleep ever decides an outcome.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from carpool import Batching, Model, Tensor
+
+__all__ = [
+    "add_one",
+    "flaky",
+    "gated",
+    "identity",
+    "pair",
+    "upper",
+    "wrong_rows",
+    "wrong_shape",
+]
+
+Array = np.ndarray[Any, Any]
+GATES_ENV = "CARPOOL_TEST_GATES"
+GATE_LIMIT_S = 60.0  # a gate left closed by a failed test must not hang the server forever
+NEGATIVE = "negative input is not allowed"
+
+
+def _gate(name: str, rows: int) -> None:
+    folder = os.environ.get(GATES_ENV)
+    if not folder:
+        return
+    gates = Path(folder)
+    with open(gates / f"{name}.started", "a") as log:
+        log.write(f"{rows}\n")
+    closed = gates / f"{name}.closed"
+    deadline = time.monotonic() + GATE_LIMIT_S
+    while closed.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"gate {closed} stayed closed for {GATE_LIMIT_S:g}s")
+        time.sleep(0.002)
+
+
+def add_one(batch: Array) -> Array:
+    """A plain function with no declared signature: any numeric rows, plus one."""
+    return batch + 1
+
+
+def identity(batch: Array) -> Array:
+    """A plain function returning its batch: round-trips every datatype."""
+    return batch
+
+
+def gated(batch: Array) -> Array:
+    """``identity`` behind the ``gated`` gate."""
+    _gate("gated", len(batch))
+    return batch
+
+
+def flaky(batch: Array) -> Array:
+    """``add_one`` behind the ``flaky`` gate that raises ValueError when any row is negative.
+
+    The message does not depend on the batch, so every failing request reads the same one.
+    """
+    _gate("flaky", len(batch))
+    if (batch < 0).any():
+        raise ValueError(NEGATIVE)
+    return batch + 1
+
+
+def wrong_rows(batch: Array) -> Array:
+    """Returns one row more than it was given: a broken model."""
+    return np.concatenate([batch, batch[:1]])
+
+
+wrong_shape = Model(
+    lambda batch: batch[:, :3],
+    name="wrong_shape",
+    inputs=[Tensor("INPUT0", "FP32", (4,))],
+    outputs=[Tensor("OUTPUT0", "FP32", (4,))],
+)  # declares rows of 4, returns rows of 3: a broken model
+
+
+def _pair(batch: dict[str, Array]) -> dict[str, Array]:
+    return {"SUM": batch["INPUT0"] + batch["INPUT1"], "DOUBLED": batch["INPUT1"] * 2}
+
+
+pair = Model(
+    _pair,
+    name="pair",
+    inputs=[Tensor("INPUT0", "FP32", (4,)), Tensor("INPUT1", "INT64", (4,))],
+    outputs=[Tensor("SUM", "FP32", (4,)), Tensor("DOUBLED", "INT64", (4,))],
+    batching=Batching(max_batch_size=16),
+)
+
+
+def _upper(batch: Array) -> Array:
+    flat = [bytes(item).upper() for item in batch.reshape(-1)]
+    return np.array(flat, dtype=object).reshape(batch.shape)
+
+
+upper = Model(
+    _upper,
+    name="upper",
+    inputs=[Tensor("TEXT", "BYTES", (-1,))],
+    outputs=[Tensor("UPPER", "BYTES", (-1,))],
+)

@@ -1,0 +1,283 @@
+"""From targets, flags and a TOML file to the models a server runs."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from carpool import Batching, Model
+from carpool.server.config import (
+    ConfigError,
+    ServerConfig,
+    check_batching,
+    load_target,
+    read_config_file,
+    resolve_models,
+)
+
+from .conftest import HERE
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def test_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tests/server/models.py`` importable as ``models``, as ``carpool serve`` finds it."""
+    monkeypatch.syspath_prepend(str(HERE))
+
+
+@pytest.fixture
+def module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], str]:
+    """Writes a module with a fresh name; returns the name."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def write(source: str) -> str:
+        name = f"carpool_config_test_{next(_names)}"
+        (tmp_path / f"{name}.py").write_text(source)
+        return name
+
+    return write
+
+
+# ---------------------------------------------------------------- load_target
+
+
+def test_demo_target() -> None:
+    model = load_target("demo")
+    assert (model.name, model.platform) == ("demo", "carpool_numpy")
+    assert [(t.name, t.datatype, t.shape) for t in model.input_specs] == [
+        ("INPUT0", "FP32", (256,))
+    ]
+
+
+@pytest.mark.usefixtures("test_models")
+def test_a_function_becomes_an_undeclared_model_named_after_it() -> None:
+    import models
+
+    model = load_target("models:add_one")
+    assert model.fn is models.add_one
+    assert model.name == "add_one"
+    assert not model.declared
+    assert model.batching == Batching()
+
+
+@pytest.mark.usefixtures("test_models")
+def test_a_model_object_is_served_as_declared() -> None:
+    import models
+
+    assert load_target("models:pair") is models.pair
+
+
+@pytest.mark.usefixtures("test_models")
+def test_name_overrides_the_model_name() -> None:
+    assert load_target("models:add_one", name="plus").name == "plus"
+    renamed = load_target("models:pair", name="pair2")
+    assert (renamed.name, renamed.inputs) == ("pair2", load_target("models:pair").inputs)
+
+
+def test_an_unnamed_model_takes_the_attribute_name(module: Callable[[str], str]) -> None:
+    name = module("from carpool import Model\nbert = Model(lambda b: b)\n")
+    assert load_target(f"{name}:bert").name == "bert"
+
+
+def test_dotted_attributes(module: Callable[[str], str]) -> None:
+    name = module("class Zoo:\n    @staticmethod\n    def predict(batch):\n        return batch\n")
+    model = load_target(f"{name}:Zoo.predict")
+    assert model.name == "predict"
+    assert model.fn(3) == 3
+
+
+@pytest.mark.parametrize("target", ["models", "models:", ":add_one", ""])
+def test_target_without_module_and_attr(target: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_target(target)
+    assert str(info.value) == (
+        f"target {target!r} must look like 'module:attr' (as with uvicorn), "
+        "e.g. 'mypkg.models:predict', or be 'demo'"
+    )
+    assert isinstance(info.value, ValueError)
+
+
+def test_module_that_does_not_exist() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_target("carpool_no_such_module:f")
+    assert str(info.value) == (
+        "cannot import module 'carpool_no_such_module' of target 'carpool_no_such_module:f': "
+        "No module named 'carpool_no_such_module'"
+    )
+
+
+def test_module_whose_own_import_fails(module: Callable[[str], str]) -> None:
+    name = module("import carpool_missing_dependency\n")
+    with pytest.raises(ConfigError, match=f"cannot import module '{name}'.*carpool_missing_dep"):
+        load_target(f"{name}:f")
+
+
+@pytest.mark.usefixtures("test_models")
+def test_missing_attribute() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_target("models:nope")
+    assert str(info.value) == "module 'models' has no attribute 'nope' (target 'models:nope')"
+
+
+@pytest.mark.usefixtures("test_models")
+def test_attribute_that_is_not_a_model() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_target("models:NEGATIVE")
+    assert str(info.value) == (
+        "target 'models:NEGATIVE' is a str; it must be a batched function or a carpool.Model"
+    )
+
+
+# ---------------------------------------------------------------- precedence
+
+
+def declared_model(module: Callable[[str], str]) -> str:
+    name = module(
+        "from carpool import Batching, Model\n"
+        "net = Model(lambda b: b, name='net',\n"
+        "            batching=Batching(max_batch_size=16, max_wait_ms=2.0, workers=3))\n"
+    )
+    return f"{name}:net"
+
+
+def test_flags_over_file_over_model_over_defaults(module: Callable[[str], str]) -> None:
+    target = declared_model(module)
+    (model,) = resolve_models(
+        [target],
+        name=None,
+        flags={"max_batch_size": 4},
+        file_models={"net": {"max_batch_size": 8, "workers": 2}},
+    )
+    assert model.batching == Batching(
+        max_batch_size=4,  # flag
+        workers=2,  # file
+        max_wait_ms=2.0,  # the Model
+        policy="eager",  # default
+    )
+
+
+def test_file_over_model(module: Callable[[str], str]) -> None:
+    (model,) = resolve_models(
+        [declared_model(module)],
+        name=None,
+        flags={},
+        file_models={"net": {"max_batch_size": 8, "default_timeout_ms": 50.0}},
+    )
+    assert (model.batching.max_batch_size, model.batching.workers) == (8, 3)
+    assert model.batching.default_timeout_ms == 50.0
+
+
+def test_file_tables_follow_the_name_option(module: Callable[[str], str]) -> None:
+    (model,) = resolve_models(
+        [declared_model(module)],
+        name="renamed",
+        flags={},
+        file_models={"renamed": {"max_batch_size": 2}},
+    )
+    assert (model.name, model.batching.max_batch_size) == ("renamed", 2)
+
+
+def test_no_target_serves_the_demo() -> None:
+    (model,) = resolve_models([], name=None, flags={"workers": 2}, file_models={})
+    assert (model.name, model.batching.workers) == ("demo", 2)
+
+
+def test_name_needs_a_single_target() -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_models(["demo", "demo"], name="x", flags={}, file_models={})
+    assert str(info.value) == "--name applies to a single target; use a config file for several"
+
+
+def test_unknown_batching_setting(module: Callable[[str], str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_models(
+            [declared_model(module)], name=None, flags={}, file_models={"net": {"bogus": 1}}
+        )
+    assert str(info.value).startswith("model 'net': unknown batching settings ['bogus']; known:")
+    assert "max_batch_size" in str(info.value)
+
+
+def test_file_settings_for_a_model_not_served() -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_models(["demo"], name=None, flags={}, file_models={"other": {"workers": 2}})
+    assert str(info.value) == (
+        "config file has settings for models ['other'] that are not served; serving ['demo']"
+    )
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"max_batch_size": 0}, "max_batch_size must be >= 1, got 0"),
+        ({"workers": 0}, "workers must be >= 1, got 0"),
+        ({"policy": "bogus"}, "policy must be one of"),
+        ({"max_queue_size": 0}, "max_queue_size must be >= 1, got 0"),
+    ],
+)
+def test_check_batching_refuses_what_the_batcher_would(
+    settings: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        check_batching(Batching(**settings))
+    check_batching(Batching())
+
+
+def test_server_config_defaults() -> None:
+    config = ServerConfig()
+    assert (config.host, config.port, config.access_log) == ("127.0.0.1", 8000, True)
+    assert (config.max_body_bytes, config.drain_timeout_s) == (64 * 1024 * 1024, 30.0)
+    assert config.models == ()
+
+
+# ---------------------------------------------------------------- the TOML file
+
+
+def test_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "carpool.toml"
+    path.write_text(
+        '[server]\nport = 9000\nhost = "0.0.0.0"\n\n'
+        "[models.demo]\nmax_batch_size = 4\nmax_wait_ms = 1.5\n"
+    )
+    assert read_config_file(path) == {
+        "server": {"port": 9000, "host": "0.0.0.0"},
+        "models": {"demo": {"max_batch_size": 4, "max_wait_ms": 1.5}},
+    }
+    assert read_config_file(str(path)) == read_config_file(path)
+
+
+def test_config_file_that_is_not_toml(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[server\nport = 1\n")
+    with pytest.raises(ConfigError) as info:
+        read_config_file(path)
+    assert str(info.value).startswith(f"config file {str(path)!r} is not valid TOML: ")
+
+
+def test_config_file_that_does_not_exist(tmp_path: Path) -> None:
+    path = tmp_path / "missing.toml"
+    with pytest.raises(ConfigError, match=r"cannot read config file .*missing\.toml"):
+        read_config_file(path)
+
+
+def test_config_file_with_unknown_tables(tmp_path: Path) -> None:
+    path = tmp_path / "extra.toml"
+    path.write_text("[server]\n[extra]\n[more]\n")
+    with pytest.raises(ConfigError) as info:
+        read_config_file(path)
+    assert str(info.value) == (
+        f"config file {str(path)!r}: unknown tables ['extra', 'more']; "
+        "use [server] and [models.NAME]"
+    )
+
+
+def test_resolve_models_keeps_model_objects_apart(module: Callable[[str], str]) -> None:
+    target = declared_model(module)
+    (first,) = resolve_models([target], name=None, flags={"workers": 1}, file_models={})
+    (second,) = resolve_models([target], name=None, flags={}, file_models={})
+    assert (first.batching.workers, second.batching.workers) == (1, 3)
+    assert isinstance(first, Model)
