@@ -18,7 +18,7 @@ fi
 
 SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 rm -f "$SITE/carpool-src.pth"
-if [ -f "$ROOT/pyproject.toml" ] && "$VENV/bin/python" -m pip install -e "$ROOT"; then
+if [ -f "$ROOT/pyproject.toml" ] && "$VENV/bin/python" -m pip install -e "$ROOT[server,test]"; then
     :
 else
     # No installable project at the repo root (yet): expose src/ through a

@@ -20,6 +20,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
         ("overhead.py", ["[async] 1000 asyncio tasks, await infer(x)", "carpool/floor = "]),
         ("efficiency.py", ["served/offline", "workers=1 served/offline"]),
         ("low_load.py", ["eager overhead", "fixed"]),
+        ("http_bench.py", ["client ceiling", "64 clients: carpool/plain throughput"]),
     ],
 )
 def test_benchmark_quick_run(script: str, expected: list[str]) -> None:

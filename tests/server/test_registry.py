@@ -111,7 +111,7 @@ def test_a_served_model_needs_a_name() -> None:
 
 
 def duration_keys(stats: dict[str, Any]) -> None:
-    for key in ("success", "fail", "queue", "compute_infer"):
+    for key in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output"):
         assert set(stats["inference_stats"][key]) == {"count", "ns"}
 
 
@@ -127,7 +127,11 @@ def test_statistics_before_any_request() -> None:
             "success": {"count": 0, "ns": 0},
             "fail": {"count": 0, "ns": 0},
             "queue": {"count": 0, "ns": 0},
+            "compute_input": {"count": 0, "ns": 0},
             "compute_infer": {"count": 0, "ns": 0},
+            "compute_output": {"count": 0, "ns": 0},
+            "cache_hit": {"count": 0, "ns": 0},
+            "cache_miss": {"count": 0, "ns": 0},
         },
         "batch_stats": [],
         "dispatch_reasons": {},
@@ -198,3 +202,15 @@ def test_registry_misses_are_model_not_found(name: str, version: str | None, mes
 def test_registry_refuses_two_models_of_one_name() -> None:
     with pytest.raises(ValueError, match=r"two models are named 'x'; .*\(--name\)"):
         Registry([Model(_fn, name="x"), Model(lambda b: b, name="x")])
+
+
+async def test_compute_phases_agree_as_perf_analyzer_requires() -> None:
+    """perf_analyzer aborts unless compute_input/infer/output counts are equal."""
+    served = ServedModel(Model(lambda batch: batch, name="p", batching=Batching(max_batch_size=4)))
+    async with served.batcher:
+        for rows in (1, 3, 6):
+            await served.batcher.infer_many({"INPUT0": np.ones((rows, 2))})
+    phases = served.statistics()["inference_stats"]
+    counts = {phases[k]["count"] for k in ("compute_input", "compute_infer", "compute_output")}
+    assert counts == {3}  # one per request, as Triton counts them
+    assert phases["success"]["count"] == 3

@@ -246,6 +246,7 @@ class App:
     async def _infer_counted(
         self, served: ServedModel, scope: Scope, receive: Receive, send: Send
     ) -> int:
+        started = time.perf_counter()
         if not self.ready:
             raise BatcherClosed(served.name, "is stopping")
         headers = dict(scope["headers"])
@@ -287,6 +288,7 @@ class App:
             outputs=outputs,
         )
         served.statuses[200] += 1
+        served.request_seconds += time.perf_counter() - started
         if json_length is None:
             await _send(send, 200, body, JSON)
         else:
@@ -327,16 +329,19 @@ class App:
 
 async def _unless_disconnected(work: asyncio.Future[Any], receive: Receive) -> bool:
     """Wait for ``work``; if the client goes away first, cancel it and return False."""
-    gone = asyncio.ensure_future(receive())
-    try:
-        await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        work.cancel()
-        raise
-    finally:
-        gone.cancel()
-    if work.done():
-        return True
+    while True:
+        gone = asyncio.ensure_future(receive())
+        try:
+            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            work.cancel()
+            raise
+        finally:
+            gone.cancel()
+        if work.done():
+            return True
+        if gone.result().get("type") == "http.disconnect":
+            break
     work.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await work

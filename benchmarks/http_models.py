@@ -1,0 +1,213 @@
+"""Servers for ``http_bench.py`` (not a benchmark itself): the MLP, three ways.
+
+* ``mlp``: a :class:`carpool.Model` for ``carpool serve`` (input ``INPUT0`` FP32 [512],
+  output ``OUTPUT0`` FP32 [512]); carpool batches it.
+* ``plain_app``: a minimal ASGI app for plain ``uvicorn``, speaking the same v2 JSON and
+  binary request/response shapes, calling the same model once per request in a thread
+  (no batching).
+* ``instant_app``: the same wire format, answering with a canned response and no model at
+  all: the ceiling of the client plus uvicorn, to show the client is not the bottleneck.
+
+Run from the repository root (``benchmarks`` is then a namespace package)::
+
+    python -m carpool serve benchmarks.http_models:mlp --max-batch-size 32 --access-log false
+    python -m uvicorn benchmarks.http_models:plain_app --http httptools --loop uvloop \
+        --no-access-log --no-server-header
+
+The model: float32 MLP 512 -> 2048 -> 2048 -> 2048 -> 512, ReLU between layers, fixed-seed
+weights, numpy with ONE BLAS thread (``threadpool_limits(1)`` when this module is imported,
+i.e. inside the server process before it serves).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")  # effective only if numpy is not imported yet
+
+import numpy as np  # noqa: E402
+import orjson  # noqa: E402
+from threadpoolctl import threadpool_limits  # noqa: E402
+
+threadpool_limits(1)  # works even after numpy was imported (carpool imports it first)
+
+IN_DIM = 512
+OUT_DIM = 512
+DIMS = (IN_DIM, 2048, 2048, 2048, OUT_DIM)
+MODEL_NAME = "mlp"
+
+
+class MLP:
+    """float32 MLP 512->2048->2048->2048->512 with ReLU; deterministic weights (seed 0)."""
+
+    def __init__(self, dims: tuple[int, ...] = DIMS, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        self.layers = []
+        for d_in, d_out in itertools.pairwise(dims):
+            w = (rng.standard_normal((d_in, d_out)) / np.sqrt(d_in)).astype(np.float32)
+            b = np.zeros(d_out, dtype=np.float32)
+            self.layers.append((w, b))
+
+    def __call__(self, batch: Any) -> np.ndarray:
+        h = np.asarray(batch, dtype=np.float32)
+        last = len(self.layers) - 1
+        for i, (w, b) in enumerate(self.layers):
+            h = h @ w
+            h += b
+            if i != last:
+                np.maximum(h, 0, out=h)
+        return h
+
+
+model = MLP()
+
+
+def _carpool_model() -> Any:
+    try:
+        import carpool
+    except ImportError:  # not installed: use the repo's src/
+        import sys
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+        import carpool
+
+    return carpool.Model(
+        model,
+        name=MODEL_NAME,
+        inputs=[carpool.Tensor("INPUT0", "FP32", (IN_DIM,))],
+        outputs=[carpool.Tensor("OUTPUT0", "FP32", (OUT_DIM,))],
+        batching=carpool.Batching(max_batch_size=32),
+        platform="numpy",
+    )
+
+
+def __getattr__(name: str) -> Any:  # PEP 562: ``mlp`` is built on first access, so the
+    # plain server never imports carpool
+    if name == "mlp":
+        value = _carpool_model()
+        globals()["mlp"] = value
+        return value
+    raise AttributeError(name)
+
+
+# ---------------------------------------------------------------------------------------
+# The plain v2 endpoint: decode, run the model on this one request, encode. No batching.
+# ---------------------------------------------------------------------------------------
+JSON_HEADERS = [(b"content-type", b"application/json")]
+HEADER_LENGTH = b"inference-header-content-length"
+
+
+def decode_request(body: bytes, header_length: int | None) -> tuple[np.ndarray, bool]:
+    """The INPUT0 array ([rows, 512] float32) and whether the outputs go back binary."""
+    if header_length is None:
+        doc = orjson.loads(body)
+        blob = b""
+    else:
+        doc = orjson.loads(body[:header_length])
+        blob = body[header_length:]
+    (item,) = doc["inputs"]
+    shape = item["shape"]
+    if "data" in item:
+        x = np.asarray(item["data"], dtype=np.float32).reshape(shape)
+    else:
+        x = np.frombuffer(blob, dtype=np.float32).reshape(shape)
+    binary = bool(doc.get("parameters", {}).get("binary_data_output", False))
+    for out in doc.get("outputs") or ():
+        if "binary_data" in out.get("parameters", {}):
+            binary = bool(out["parameters"]["binary_data"])
+    return x, binary
+
+
+def encode_response(y: np.ndarray, binary: bool) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    out: dict[str, Any] = {"name": "OUTPUT0", "datatype": "FP32", "shape": list(y.shape)}
+    header = {"model_name": MODEL_NAME, "model_version": "1", "outputs": [out]}
+    if not binary:
+        out["data"] = y.ravel()
+        return orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY), JSON_HEADERS
+    blob = np.ascontiguousarray(y, dtype="<f4").tobytes()
+    out["parameters"] = {"binary_data_size": len(blob)}
+    text = orjson.dumps(header)
+    return text + blob, [
+        (b"content-type", b"application/octet-stream"),
+        (HEADER_LENGTH, str(len(text)).encode()),
+    ]
+
+
+async def _read_body(receive: Any) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _send(send: Any, status: int, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*headers, (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def _make_app(compute: bool) -> Any:
+    # PLAIN_THREADS: threads that run the model (default 1, like carpool's workers=1; with
+    # more, numpy calls overlap on the one pinned core and only add contention).
+    executor = ThreadPoolExecutor(
+        max_workers=int(os.environ.get("PLAIN_THREADS", "1")), thread_name_prefix="model"
+    )
+    canned: dict[bool, tuple[bytes, list[tuple[bytes, bytes]]]] = {}
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    executor.shutdown(wait=True)
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        if path == "/v2/health/ready" or path == "/v2/health/live":
+            await _send(send, 200, b'{"ready":true}', JSON_HEADERS)
+            return
+        if not path.endswith("/infer") or scope["method"] != "POST":
+            await _send(send, 404, b'{"error":"Not Found"}', JSON_HEADERS)
+            return
+        body = await _read_body(receive)
+        hl = None
+        for key, value in scope["headers"]:
+            if key == HEADER_LENGTH:
+                hl = int(value)
+        try:
+            if compute:
+                x, binary = decode_request(body, hl)
+                y = await asyncio.get_running_loop().run_in_executor(executor, model, x)
+                payload, headers = encode_response(y, binary)
+            else:  # no decoding, no model: a canned answer of the same size
+                binary = hl is not None
+                if binary not in canned:
+                    canned[binary] = encode_response(np.zeros((1, OUT_DIM), np.float32), binary)
+                payload, headers = canned[binary]
+        except Exception as exc:  # a benchmark server: say what went wrong, as a 400
+            await _send(send, 400, orjson.dumps({"error": repr(exc)}), JSON_HEADERS)
+            return
+        await _send(send, 200, payload, headers)
+
+    return app
+
+
+plain_app = _make_app(compute=True)
+instant_app = _make_app(compute=False)  # reads the body, answers at once
