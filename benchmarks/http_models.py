@@ -22,7 +22,6 @@ i.e. inside the server process before it serves).
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -34,6 +33,8 @@ import numpy as np  # noqa: E402
 import orjson  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
+from carpool.demo import DemoMLP  # noqa: E402
+
 threadpool_limits(1)  # works even after numpy was imported (carpool imports it first)
 
 IN_DIM = 512
@@ -42,29 +43,7 @@ DIMS = (IN_DIM, 2048, 2048, 2048, OUT_DIM)
 MODEL_NAME = "mlp"
 
 
-class MLP:
-    """float32 MLP 512->2048->2048->2048->512 with ReLU; deterministic weights (seed 0)."""
-
-    def __init__(self, dims: tuple[int, ...] = DIMS, seed: int = 0) -> None:
-        rng = np.random.default_rng(seed)
-        self.layers = []
-        for d_in, d_out in itertools.pairwise(dims):
-            w = (rng.standard_normal((d_in, d_out)) / np.sqrt(d_in)).astype(np.float32)
-            b = np.zeros(d_out, dtype=np.float32)
-            self.layers.append((w, b))
-
-    def __call__(self, batch: Any) -> np.ndarray:
-        h = np.asarray(batch, dtype=np.float32)
-        last = len(self.layers) - 1
-        for i, (w, b) in enumerate(self.layers):
-            h = h @ w
-            h += b
-            if i != last:
-                np.maximum(h, 0, out=h)
-        return h
-
-
-model = MLP()
+model = DemoMLP(DIMS)  # the same class as carpool's demo model, larger
 
 
 def _carpool_model() -> Any:

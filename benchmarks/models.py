@@ -9,12 +9,13 @@
 
 from __future__ import annotations
 
-import itertools
 import time
 from typing import Any
 
 import _bench  # noqa: F401  (single-thread BLAS env vars before numpy)
 import numpy as np
+
+from carpool.demo import DemoMLP
 
 IN_DIM = 512
 SLEEP_FIXED_S = 0.002
@@ -31,26 +32,9 @@ def sleep_model(batch: Any) -> Any:
     return batch
 
 
-class MLP:
+def MLP(dims: tuple[int, ...] = (512, 2048, 2048, 512), seed: int = 0) -> DemoMLP:
     """float32 MLP 512->2048->2048->512, ReLU between layers; deterministic weights."""
-
-    def __init__(self, dims: tuple[int, ...] = (512, 2048, 2048, 512), seed: int = 0) -> None:
-        rng = np.random.default_rng(seed)
-        self.layers = []
-        for d_in, d_out in itertools.pairwise(dims):
-            w = (rng.standard_normal((d_in, d_out)) / np.sqrt(d_in)).astype(np.float32)
-            b = np.zeros(d_out, dtype=np.float32)
-            self.layers.append((w, b))
-
-    def __call__(self, batch: Any) -> np.ndarray:
-        h = np.asarray(batch, dtype=np.float32)
-        last = len(self.layers) - 1
-        for i, (w, b) in enumerate(self.layers):
-            h = h @ w
-            h += b
-            if i != last:
-                np.maximum(h, 0, out=h)
-        return h
+    return DemoMLP(dims, seed)
 
 
 def make_rows(n: int, dim: int = IN_DIM, seed: int = 1) -> list[np.ndarray]:

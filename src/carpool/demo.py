@@ -22,13 +22,16 @@ __all__ = ["DemoMLP", "demo_model", "run_demo"]
 
 
 class DemoMLP:
-    """float32 MLP ``features -> hidden -> hidden -> 8`` with ReLU and fixed-seed weights."""
+    """float32 MLP through ``dims`` with ReLU between layers and fixed-seed weights.
 
-    def __init__(self, features: int = 256, hidden: int = 1024, seed: int = 0) -> None:
+    The default, 256 -> 1024 -> 1024 -> 8, is the ``demo`` model; the benchmarks build
+    larger ones (e.g. 512 -> 2048 -> 2048 -> 2048 -> 512) from the same class.
+    """
+
+    def __init__(self, dims: tuple[int, ...] = (256, 1024, 1024, 8), seed: int = 0) -> None:
         rng = np.random.default_rng(seed)
-        dims = [features, hidden, hidden, 8]
-        self.features = features
-        self.hidden = hidden
+        self.dims = dims
+        self.features = dims[0]
         self.layers = [
             (
                 (rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32),
@@ -39,9 +42,11 @@ class DemoMLP:
 
     def __call__(self, batch: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         x = np.asarray(batch, dtype=np.float32)
+        last = len(self.layers) - 1
         for i, (w, b) in enumerate(self.layers):
-            x = x @ w + b
-            if i < len(self.layers) - 1:
+            x = x @ w
+            x += b
+            if i != last:
                 np.maximum(x, 0.0, out=x)
         return x
 
@@ -56,7 +61,7 @@ def demo_model() -> Model:
         mlp,
         name="demo",
         inputs=[Tensor("INPUT0", "FP32", (mlp.features,))],
-        outputs=[Tensor("OUTPUT0", "FP32", (8,))],
+        outputs=[Tensor("OUTPUT0", "FP32", (mlp.dims[-1],))],
         platform="carpool_numpy",
     )
 
@@ -94,7 +99,7 @@ def run_demo(requests: int = 2000, concurrency: int = 64, max_batch_size: int = 
 
     print(
         f"carpool demo: {requests} requests, {concurrency} concurrent callers, "
-        f"model = numpy MLP {model.features}->{model.hidden}->{model.hidden}->8"
+        f"model = numpy MLP {'->'.join(map(str, model.dims))}"
     )
     started = time.perf_counter()
     alone = [model(row[np.newaxis])[0] for row in rows]
