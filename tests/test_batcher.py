@@ -70,9 +70,11 @@ async def test_rows_arriving_while_the_worker_is_busy_form_one_batch() -> None:
         rest = [asyncio.ensure_future(batcher.infer(np.array([i]))) for i in range(1, 11)]
         await settle()
         assert len(gate.batches) == 1  # nothing sealed while the only worker is busy
+        assert (batcher.stats().running_rows, batcher.stats().queued_rows) == (1, 10)
         gate.open()
         await asyncio.gather(first, *rest)
         stats = batcher.stats()
+        assert stats.running_rows == 0
     assert [rows(b) for b in gate.batches] == [[[0]], [[i] for i in range(1, 11)]]
     assert dict(stats.batch_sizes) == {1: 1, 10: 1}
     assert dict(stats.dispatch_reasons) == {"worker_idle": 2}

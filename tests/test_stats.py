@@ -86,6 +86,7 @@ def test_fresh_recorder_snapshot() -> None:
         rejected=0,
         pending=0,
         queued_rows=0,
+        running_rows=0,
         batches=0,
         rows=0,
         batch_sizes={},

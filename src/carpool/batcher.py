@@ -565,9 +565,9 @@ class Batcher:
         stats.waited([now - entry.arrival for entry, start, _ in segments if not start])
         self._busy += 1
         assert self._tg is not None
-        self._tg.create_task(self._run_batch(segments))
+        self._tg.create_task(self._run_batch(segments, rows))
 
-    async def _run_batch(self, segments: list[Segment]) -> None:
+    async def _run_batch(self, segments: list[Segment], rows: int) -> None:
         try:
             parts = await self._runner.run(segments, self._executor)
         except BaseException as exc:
@@ -578,6 +578,7 @@ class Batcher:
             raise
         finally:
             self._busy -= 1
+            self._stats.running_rows -= rows
             self._notify()
         completed = 0
         for (entry, start, stop), part in zip(segments, parts, strict=True):

@@ -109,6 +109,7 @@ class BatcherStats:
     rejected: int
     pending: int
     queued_rows: int
+    running_rows: int  # in batches dispatched and not finished (staged ones included)
     batches: int
     rows: int
     batch_sizes: Mapping[int, int]  # rows in a batch -> batches of that size
@@ -133,6 +134,7 @@ class StatsRecorder:
         self.cancelled = 0
         self.rejected = 0
         self.batches = 0
+        self.running_rows = 0
         self.rows = 0
         self.batch_sizes: Counter[int] = Counter()
         self.dispatch_reasons: Counter[str] = Counter()
@@ -152,6 +154,7 @@ class StatsRecorder:
         self.model_time_hist.add_many([seconds])
 
     def batch(self, rows: int, reason: str) -> None:
+        self.running_rows += rows
         self.batches += 1
         self.rows += rows
         self.batch_sizes[rows] += 1
@@ -169,6 +172,7 @@ class StatsRecorder:
             rejected=self.rejected,
             pending=submitted - done,
             queued_rows=queued_rows,
+            running_rows=self.running_rows,
             batches=self.batches,
             rows=self.rows,
             batch_sizes=MappingProxyType(dict(sorted(self.batch_sizes.items()))),

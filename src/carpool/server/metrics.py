@@ -70,6 +70,9 @@ class _Collector:
             "carpool_model_seconds", "Duration of one model call", labels=["model"]
         )
         queued = GaugeMetricFamily("carpool_queue_rows", "Rows waiting", labels=["model"])
+        running = GaugeMetricFamily(
+            "carpool_rows_in_flight", "Rows in batches being run or staged", labels=["model"]
+        )
         pending = GaugeMetricFamily(
             "carpool_requests_in_flight", "Requests accepted and not yet answered", labels=["model"]
         )
@@ -95,12 +98,15 @@ class _Collector:
             waits.add_metric([name], _buckets(s.queue_wait_seconds), s.queue_wait_seconds.sum)
             model_time.add_metric([name], _buckets(s.model_seconds), s.model_seconds.sum)
             queued.add_metric([name], s.queued_rows)
+            running.add_metric([name], s.running_rows)
             pending.add_metric([name], s.pending)
             for outcome in ("completed", "failed", "expired", "cancelled", "rejected"):
                 outcomes.add_metric([name, outcome], getattr(s, outcome))
             for reason, count in s.dispatch_reasons.items():
                 reasons.add_metric([name, reason], count)
-        yield from (requests, batches, waits, model_time, queued, pending, outcomes, reasons)
+        yield from (
+            requests, batches, waits, model_time, queued, running, pending, outcomes, reasons
+        )  # fmt: skip
 
 
 class Metrics:
