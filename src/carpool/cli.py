@@ -86,6 +86,21 @@ def _add_serve(commands: Any) -> None:
     _flag(serve, "--port", int, None, "port to listen on [8000]")
     _flag(serve, "--name", str, None, "model name for a single TARGET (default: attr name)")
     _flag(serve, "--config", str, None, "TOML file with [server] and [models.NAME] tables")
+    serve.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="NAME:DATATYPE:DIMS",
+        help="declare an input of a single TARGET, e.g. INPUT0:FP32:256 (repeat for several); "
+        "requests that do not match get a 400",
+    )
+    serve.add_argument(
+        "--output",
+        action="append",
+        default=[],
+        metavar="NAME:DATATYPE:DIMS",
+        help="declare an output of a single TARGET, e.g. OUTPUT0:FP32:8 (repeat for several)",
+    )
     _flag(serve, "--max-batch-size", int, None, "rows per model call at most [32]")
     _flag(serve, "--max-wait-ms", float, None, "longest deliberate wait for a batch [5.0]")
     _flag(serve, "--policy", str, None, "batching policy: eager or fixed [eager]")
@@ -126,7 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from carpool.server.config import ConfigError, ServerConfig, read_config_file, resolve_models
+    from carpool.server.config import (
+        ConfigError,
+        ServerConfig,
+        parse_tensor,
+        read_config_file,
+        resolve_models,
+    )
     from carpool.server.serve import serve
 
     try:
@@ -149,7 +170,12 @@ def _serve(args: argparse.Namespace) -> int:
     }  # fmt: skip
     try:
         models = resolve_models(
-            args.targets, name=args.name, flags=flags, file_models=file.get("models", {})
+            args.targets,
+            name=args.name,
+            flags=flags,
+            file_models=file.get("models", {}),
+            inputs=[parse_tensor(t) for t in args.input],
+            outputs=[parse_tensor(t) for t in args.output],
         )
         config = ServerConfig(models=models, **server)
     except ConfigError as exc:

@@ -235,3 +235,24 @@ def test_json_log_format_writes_one_object_per_line(serve: Launcher) -> None:
         ("GET", "/v2/models/nope", 404),
     ]
     assert all(isinstance(e["duration_ms"], float) for e in access)
+
+
+def test_input_and_output_flags_declare_a_functions_signature(serve: Launcher) -> None:
+    server = serve("models:add_one", "--input", "INPUT0:INT32:3", "--output", "OUTPUT0:INT32:3")
+    metadata = server.get_json("/v2/models/add_one")
+    assert metadata["inputs"] == [{"name": "INPUT0", "datatype": "INT32", "shape": [-1, 3]}]
+    assert metadata["outputs"] == [{"name": "OUTPUT0", "datatype": "INT32", "shape": [-1, 3]}]
+
+    def infer(datatype: str, shape: list[int], data: list[int]) -> httpx.Response:
+        body = {"inputs": [{"name": "INPUT0", "datatype": datatype, "shape": shape, "data": data}]}
+        return server.http.post("/v2/models/add_one/infer", json=body)
+
+    ok = infer("INT32", [1, 3], [1, 2, 3])
+    assert ok.status_code == 200
+    assert ok.json()["outputs"][0]["data"] == [2, 3, 4]
+    wrong_type = infer("FP32", [1, 3], [1, 2, 3])
+    assert wrong_type.status_code == 400
+    assert "expects 'INT32'" in wrong_type.json()["error"]
+    wrong_shape = infer("INT32", [1, 2], [1, 2])
+    assert wrong_shape.status_code == 400
+    assert "unexpected shape for input 'INPUT0'" in wrong_shape.json()["error"]

@@ -9,12 +9,13 @@ from typing import Any
 
 import pytest
 
-from carpool import Batching, Model
+from carpool import Batching, Model, Tensor
 from carpool.server.config import (
     ConfigError,
     ServerConfig,
     check_batching,
     load_target,
+    parse_tensor,
     read_config_file,
     resolve_models,
 )
@@ -281,3 +282,69 @@ def test_resolve_models_keeps_model_objects_apart(module: Callable[[str], str]) 
     (second,) = resolve_models([target], name=None, flags={}, file_models={})
     assert (first.batching.workers, second.batching.workers) == (1, 3)
     assert isinstance(first, Model)
+
+
+# Declaring a plain function's signature: --input/--output and the config file
+
+
+def test_parse_tensor() -> None:
+    assert parse_tensor("INPUT0:fp32:256") == Tensor("INPUT0", "FP32", (256,))
+    assert parse_tensor("tokens:INT64:-1,3") == Tensor("tokens", "INT64", (-1, 3))
+    assert parse_tensor("scalar:BOOL:") == Tensor("scalar", "BOOL", ())
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("INPUT0:FP32", "must be NAME:DATATYPE:DIMS"),
+        ("INPUT0:FP33:4", "datatype must be one of"),
+        ("INPUT0:FP32:four", "tensor 'INPUT0:FP32:four'"),
+        ("INPUT0:FP32:-2", "shape dims must be ints >= -1"),
+    ],
+)
+def test_parse_tensor_refuses_with_a_remedy(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_tensor(text)
+
+
+def test_flags_declare_a_plain_functions_signature() -> None:
+    (model,) = resolve_models(
+        ["models:add_one"],
+        name=None,
+        flags={},
+        file_models={},
+        inputs=[Tensor("INPUT0", "FP32", (4,))],
+        outputs=[Tensor("OUTPUT0", "FP32", (4,))],
+    )
+    assert model.declared
+    assert model.input_specs == (Tensor("INPUT0", "FP32", (4,)),)
+    assert model.output_specs == (Tensor("OUTPUT0", "FP32", (4,)),)
+
+
+def test_signature_flags_need_exactly_one_target() -> None:
+    with pytest.raises(ConfigError, match="name one TARGET"):
+        resolve_models(
+            ["models:add_one", "models:identity"],
+            name=None,
+            flags={},
+            file_models={},
+            inputs=[Tensor("INPUT0")],
+        )
+
+
+def test_config_file_declares_tensors_per_model() -> None:
+    file_models = {
+        "add_one": {
+            "inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [2]}],
+            "outputs": ["OUTPUT0:INT32:2"],
+            "max_batch_size": 8,
+        }
+    }
+    (model,) = resolve_models(["models:add_one"], name=None, flags={}, file_models=file_models)
+    assert model.input_specs == (Tensor("INPUT0", "INT32", (2,)),)
+    assert model.output_specs == (Tensor("OUTPUT0", "INT32", (2,)),)
+    assert model.batching.max_batch_size == 8
+    with pytest.raises(ConfigError, match="not a tensor"):
+        resolve_models(
+            ["models:add_one"], name=None, flags={}, file_models={"add_one": {"inputs": [3]}}
+        )

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from carpool.model import Batching, Model
+from carpool.model import Batching, Model, Tensor
 
 __all__ = ["ConfigError", "ServerConfig", "load_target", "resolve_models"]
 
@@ -119,27 +119,80 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def parse_tensor(text: str) -> Tensor:
+    """``NAME:DATATYPE:DIMS`` (``DIMS`` of one row, comma-separated, -1 for any size), as
+    ``--input``/``--output`` take it: ``INPUT0:FP32:256``, ``tokens:INT64:-1``."""
+    parts = text.split(":")
+    if len(parts) != 3:
+        raise ConfigError(
+            f"tensor {text!r} must be NAME:DATATYPE:DIMS, e.g. INPUT0:FP32:256 or x:INT64:-1,3"
+        )
+    name, datatype, dims = parts
+    try:
+        shape = tuple(int(d) for d in dims.split(",")) if dims else ()
+        return Tensor(name, datatype.upper(), shape)
+    except ValueError as exc:
+        raise ConfigError(f"tensor {text!r}: {exc}") from None
+
+
+def _tensors(value: Any, what: str) -> tuple[Tensor, ...]:
+    """Tensors from a config file list of ``{name, datatype, shape}`` tables or strings."""
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{what} must be a non-empty list of tensors")
+    tensors = []
+    for item in value:
+        if isinstance(item, str):
+            tensors.append(parse_tensor(item))
+        elif isinstance(item, dict) and set(item) <= {"name", "datatype", "shape"}:
+            try:
+                tensors.append(Tensor(**item))
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"{what}: {exc}") from None
+        else:
+            raise ConfigError(f"{what}: {item!r} is not a tensor {{name, datatype, shape}}")
+    return tuple(tensors)
+
+
 def resolve_models(
     targets: Sequence[str],
     *,
     name: str | None,
     flags: Mapping[str, Any],
     file_models: Mapping[str, Mapping[str, Any]],
+    inputs: Sequence[Tensor] = (),
+    outputs: Sequence[Tensor] = (),
 ) -> tuple[Model, ...]:
-    """Load every target and settle each model's batching settings."""
+    """Load every target and settle each model's signature and batching settings.
+
+    ``inputs``/``outputs`` (the ``--input``/``--output`` flags) declare the signature of a
+    single target; a config file's ``inputs``/``outputs`` do it per model.
+    """
     if name is not None and len(targets) > 1:
         raise ConfigError("--name applies to a single target; use a config file for several")
+    if (inputs or outputs) and len(targets) != 1:
+        raise ConfigError("--input/--output declare one target's tensors; name one TARGET")
     models = []
     for target in targets or [DEMO]:
         model = load_target(target, name=name)
         overrides = dict(file_models.get(model.name or "", {}))
+        declared_in = _tensors(overrides.pop("inputs"), "inputs") if "inputs" in overrides else ()
+        declared_out = (
+            _tensors(overrides.pop("outputs"), "outputs") if "outputs" in overrides else ()
+        )
+        declared_in, declared_out = tuple(inputs) or declared_in, tuple(outputs) or declared_out
         overrides.update(flags)
         try:
             batching = model.batching.merged(overrides)
             check_batching(batching)
+            model = replace(
+                model,
+                batching=batching,
+                inputs=declared_in or model.inputs,
+                outputs=declared_out or model.outputs,
+            )
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"model {model.name!r}: {exc}") from None
-        models.append(replace(model, batching=batching))
+        models.append(model)
     unknown = set(file_models) - {m.name for m in models}
     if unknown:
         raise ConfigError(
