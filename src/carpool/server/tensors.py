@@ -260,10 +260,15 @@ def array_from_json(data: Any, *, datatype: str, count: int, name: str) -> Array
             "receiving BF16 data via JSON is not supported. Please use the binary data format "
             f"for input '{name}'"
         )
-    flat = _flatten(data, where)
+    if type(data) is not list:
+        raise ValueError(f"{where}: expected an array, got {_kind(data)}")
+    types = set(map(type, data))  # every element's JSON type, in one C-speed pass
+    flat = data
+    if list in types:  # nested: flatten, then look again
+        flat = _flatten(data)
+        types = set(map(type, flat))
     if len(flat) != count:
         raise ValueError(f"{where}: it holds {len(flat)} elements but the shape needs {count}")
-    types = set(map(type, flat))  # every element's JSON type, in one C-speed pass
     if datatype == "BYTES":
         if not types <= {str}:
             raise ValueError(f"{where}: BYTES need strings; {_first_not(flat, (str,))}")
@@ -293,7 +298,7 @@ def array_from_json(data: Any, *, datatype: str, count: int, name: str) -> Array
     if not types <= {int, float}:
         raise ValueError(f"{where}: {datatype} needs numbers; {_first_not(flat, (int, float))}")
     with np.errstate(over="ignore"):
-        out = np.array(flat, dtype=np.float64).astype(dtype)
+        out = np.array(flat, dtype=dtype)
     if not np.isfinite(out).all():  # JSON has no NaN or Infinity: this is an overflow
         raise ValueError(f"{where}: a value is out of range for {datatype}")
     return out
@@ -364,13 +369,9 @@ def _check_kind(array: Array, datatype: str, kinds: str, name: str) -> None:
         raise TypeError(f"output '{name}': a {array.dtype} array cannot be sent as {datatype}")
 
 
-def _flatten(data: Any, where: str) -> list[Any]:
+def _flatten(data: list[Any]) -> list[Any]:
     # Iterative, so deep nesting costs no Python stack. Like Triton, any nesting that holds
     # the right number of elements in row-major order is accepted.
-    if type(data) is not list:
-        raise ValueError(f"{where}: expected an array, got {_kind(data)}")
-    if not any(type(item) is list for item in data):
-        return data
     out: list[Any] = []
     stack = [iter(data)]
     while stack:
