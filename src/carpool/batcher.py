@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import enum
-import inspect
 import logging
 import math
 import threading
@@ -34,7 +33,7 @@ from carpool.errors import BatcherClosed, CollationError, DeadlineExceeded
 from carpool.policy import Dispatch, DispatchReason, Policy, QueueView, make_policy
 from carpool.queue import Entry, RequestQueue, Segment
 from carpool.stats import BatcherStats, StatsRecorder
-from carpool.worker import BatchRunner, Failure
+from carpool.worker import BatchRunner, Failure, is_async_callable
 
 __all__ = ["Batcher"]
 
@@ -98,11 +97,6 @@ def _check_ms(name: str, value: object, *, positive: bool) -> float:
     return float(value)
 
 
-def _is_async_callable(fn: Callable[..., Any]) -> bool:
-    call = getattr(fn, "__call__", None)  # noqa: B004 - we want the method, not callable()
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
-
-
 class Batcher:
     """Collects single requests into batches for ``model_fn`` and hands each caller its rows.
 
@@ -139,7 +133,7 @@ class Batcher:
         self.model_fn = model_fn
         self.policy = make_policy(policy)
         self._collator = collator if collator is not None else Collator()
-        self._is_async = _is_async_callable(model_fn)
+        self._is_async = is_async_callable(model_fn)
 
         self._state = _State.NEW
         self._queue = RequestQueue(max_queue_size)

@@ -19,9 +19,10 @@ import weakref
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from carpool.batcher import Batcher, _is_async_callable
+from carpool.batcher import Batcher
 from carpool.collate import Collator, Handler
 from carpool.policy import Policy
+from carpool.worker import is_async_callable
 
 __all__ = ["BatchedFunction", "batch"]
 
@@ -45,7 +46,7 @@ class BatchedFunction:
         functools.update_wrapper(self, fn)
         self._fn = fn
         self._options = options
-        self._is_async = _is_async_callable(fn) if is_async is None else is_async
+        self._is_async = is_async_callable(fn) if is_async is None else is_async
         self._lock = threading.Lock()
         self._by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Batcher]
         self._by_loop = weakref.WeakKeyDictionary()

@@ -7,7 +7,6 @@ so that metadata is exact and mismatched requests are refused before they queue.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from carpool.policy import Policy
+from carpool.worker import is_async_callable
 
 __all__ = ["Batching", "Model", "Tensor"]
 
@@ -148,12 +148,6 @@ class Model:
     def output_specs(self) -> tuple[Tensor, ...]:
         return tuple(self.outputs) if self.outputs is not None else (Tensor("OUTPUT0"),)
 
-    @property
-    def is_async(self) -> bool:
-        return inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(
-            getattr(self.fn, "__call__", None)  # noqa: B004 - the method, not callable()
-        )
-
     def batched_fn(self) -> Callable[[dict[str, Any]], Any]:
         """``fn`` as the batcher calls it: a dict of stacked inputs in, a dict of outputs out."""
         fn = self.fn
@@ -171,7 +165,7 @@ class Model:
                 )
             return {outputs[0].name: np.asarray(result) if isinstance(result, list) else result}
 
-        if self.is_async:
+        if is_async_callable(fn):
 
             async def call_async(batch: dict[str, Any]) -> dict[str, Any]:
                 return as_dict(await fn(batch[first] if single else batch))

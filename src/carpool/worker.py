@@ -15,6 +15,7 @@ calls the model itself, so the same plan drives threads and coroutines alike.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Callable, Generator
 from concurrent.futures import Executor
@@ -24,7 +25,14 @@ from carpool.collate import Collator, Span
 from carpool.errors import BatchSizeMismatch
 from carpool.queue import Segment
 
-__all__ = ["BatchRunner", "Failure", "isolate"]
+__all__ = ["BatchRunner", "Failure", "is_async_callable", "isolate"]
+
+
+def is_async_callable(fn: Callable[..., Any]) -> bool:
+    """Whether calling ``fn`` gives a coroutine: an ``async def``, or an object whose
+    ``__call__`` is one (the way model classes are often written)."""
+    call = getattr(fn, "__call__", None)  # noqa: B004 - we want the method, not callable()
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
 
 
 class Failure:
