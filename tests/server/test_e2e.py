@@ -475,3 +475,14 @@ def test_json_request_flat_and_nested_data(server: Server, data: Sequence[Any]) 
             {"name": "OUTPUT0", "datatype": "INT32", "shape": [2, 3], "data": [2, 3, 4, 5, 6, 7]}
         ],
     }
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_requests_from_tritonclient(
+    client: triton.InferenceServerClient, algorithm: str
+) -> None:
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    result = client.infer(
+        "add_one", [infer_input("INPUT0", x)], request_compression_algorithm=algorithm
+    )
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x + 1)

@@ -6,8 +6,10 @@ tritonclient refuses to send most of these, so the bodies are written by hand.
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
+import zlib
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -685,3 +687,33 @@ def test_a_client_that_disconnects_while_queued_is_withdrawn(
         )
     assert held.result().json()["outputs"][0]["data"] == [7.0]
     assert len(limited.batches_started("gated")) == started + 1
+
+
+# ---------------------------------------------------------------- compressed bodies
+
+
+def test_a_gzip_bomb_is_stopped_at_the_body_limit(server: Server) -> None:
+    bomb = gzip.compress(b" " * (BODY_LIMIT * 64))  # ~4 MiB of spaces in a few KiB
+    assert len(bomb) < BODY_LIMIT
+    response = server.http.post(
+        "/v2/models/pair/infer", content=bomb, headers={"Content-Encoding": "gzip"}
+    )
+    assert_error(server, response, 413, "(after decompression)")
+
+
+@pytest.mark.parametrize(
+    ("encoding", "content", "status", "message"),
+    [
+        ("br", b"{}", 415, "Content-Encoding 'br' is not supported"),
+        ("gzip", b"not gzip at all", 400, "cannot decompress the gzip body"),
+        ("gzip", gzip.compress(b'{"inputs": []}')[:-4], 400, "cannot decompress the gzip body"),
+        ("deflate", zlib.compress(b"{") + b"trailing", 400, "cannot decompress the deflate"),
+    ],
+)
+def test_bad_compressed_bodies(
+    server: Server, encoding: str, content: bytes, status: int, message: str
+) -> None:
+    response = server.http.post(
+        "/v2/models/pair/infer", content=content, headers={"Content-Encoding": encoding}
+    )
+    assert_error(server, response, status, message)

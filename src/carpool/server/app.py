@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import zlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -251,6 +252,9 @@ class App:
             raise BatcherClosed(served.name, "is stopping")
         headers = dict(scope["headers"])
         body = await self._body(headers, receive)
+        encoding = headers.get(b"content-encoding")
+        if encoding is not None:
+            body = _decompress(body, encoding, self.max_body_bytes)
         header_length = parse_header_length(
             _text(headers.get(b"inference-header-content-length")), len(body)
         )
@@ -346,6 +350,27 @@ async def _unless_disconnected(work: asyncio.Future[Any], receive: Receive) -> b
     with contextlib.suppress(asyncio.CancelledError):
         await work
     return False
+
+
+def _decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
+    """A gzip or deflate body (tritonclient's request compression), inflated to at most
+    ``limit`` bytes, so a small compressed body cannot expand without bound."""
+    kind = encoding.strip().lower()
+    if kind == b"identity":
+        return body
+    if kind not in (b"gzip", b"deflate"):
+        raise HTTPError(415, f"Content-Encoding {kind.decode(errors='replace')!r} is not "
+                        "supported; send gzip, deflate or an uncompressed body")  # fmt: skip
+    inflater = zlib.decompressobj(zlib.MAX_WBITS | (16 if kind == b"gzip" else 0))
+    try:
+        out = inflater.decompress(body, limit + 1)
+        if len(out) > limit:
+            raise HTTPError(413, _too_large(len(out), limit) + " (after decompression)")
+        if not inflater.eof or inflater.unused_data:
+            raise zlib.error("truncated or trailing data")
+    except zlib.error as exc:
+        raise HTTPError(400, f"cannot decompress the {kind.decode()} body: {exc}") from None
+    return out
 
 
 def _too_large(size: int, limit: int) -> str:

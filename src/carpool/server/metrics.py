@@ -26,8 +26,16 @@ if TYPE_CHECKING:
 
 __all__ = ["Metrics"]
 
-_OUTCOMES = {200: "success", 400: "invalid", 404: "not_found", 413: "too_large",
-             499: "client_closed", 500: "error", 503: "unavailable"}  # fmt: skip
+_OUTCOMES = {
+    200: "success",
+    400: "invalid",
+    404: "not_found",
+    413: "too_large",
+    415: "unsupported_encoding",
+    499: "client_closed",
+    500: "error",
+    503: "unavailable",
+}
 
 
 def _buckets(hist: HistogramSnapshot) -> list[tuple[str, float]]:
