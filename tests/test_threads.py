@@ -230,7 +230,9 @@ def test_leaving_the_with_block_drains_every_accepted_request() -> None:
         futures = run_threads(THREADS, lambda i: batcher.submit(row(i)))
         stats = batcher.stats()
         assert stats.submitted == 100
-        assert stats.queued_rows in (4, 36, 68)  # full batches may still wait for the worker
+        # stats() admits what submit() handed over, possibly before the scheduler has run:
+        # nothing dispatched yet (100), or 1-3 full batches gone to the worker or staged
+        assert stats.queued_rows in (4, 36, 68, 100)
         assert set(stats.dispatch_reasons) <= {"full"}
         assert sum(not f.done() for f in futures) >= 4  # the partial batch waits for an hour
     assert all(f.done() for f in futures)

@@ -27,7 +27,7 @@ from threading import get_ident as _get_ident
 from types import TracebackType
 from typing import Any, Self
 
-from carpool.blocking import Inbox, LoopThread
+from carpool.blocking import FUTURE_DONE, Inbox, LoopThread, settle
 from carpool.collate import Collator
 from carpool.errors import BatcherClosed, CollationError, DeadlineExceeded
 from carpool.policy import Dispatch, DispatchReason, Policy, QueueView, make_policy
@@ -42,8 +42,6 @@ log = logging.getLogger("carpool")
 # The batcher's clock; asyncio's loop.time() reads the same one through a method call.
 _monotonic = time.monotonic
 _Future = asyncio.Future  # what loop.create_future() makes, without its Python frame
-
-_FutureErrors = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
 
 
 class _State(enum.Enum):
@@ -464,7 +462,7 @@ class Batcher:
             stage = "running" if request.running else "queued"
         self._queue.remove(request)
         self._stats.expired += 1
-        _settle(fut, None, DeadlineExceeded(timeout_ms=timeout_ms, stage=stage))
+        settle(fut, None, DeadlineExceeded(timeout_ms=timeout_ms, stage=stage))
 
     def _cancel(self, request: _Request) -> None:
         with self._claim_lock:
@@ -489,7 +487,7 @@ class Batcher:
         else:
             self._queue.remove(request)  # rows of a split request still queued
             self._stats.failed += 1
-        _settle(fut, value, error)
+        settle(fut, value, error)
 
     # ----------------------------------------------------------------- scheduling
 
@@ -590,7 +588,7 @@ class Batcher:
                     request.timer.cancel()
                 try:
                     fut.set_result(part)
-                except _FutureErrors:  # the caller cancelled its concurrent future meanwhile
+                except FUTURE_DONE:  # the caller cancelled its concurrent future meanwhile
                     pass
             else:
                 self._gather(request, start, stop, part)
@@ -611,13 +609,3 @@ class Batcher:
             return
         request.pieces = None
         self._answer(request, value, None)
-
-
-def _settle(fut: Any, value: Any, error: BaseException | None) -> None:
-    try:
-        if error is None:
-            fut.set_result(value)
-        else:
-            fut.set_exception(error)
-    except _FutureErrors:  # the caller cancelled its concurrent future meanwhile
-        pass

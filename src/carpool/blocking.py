@@ -16,7 +16,7 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-__all__ = ["Inbox", "LoopThread", "SubmitFuture"]
+__all__ = ["FUTURE_DONE", "Inbox", "LoopThread", "SubmitFuture", "settle"]
 
 
 class LoopThread:
@@ -141,7 +141,7 @@ class Inbox:
             try:
                 fut.request = self._admit(value, timeout_ms, priority, fut)
             except Exception as exc:
-                _set_exception(fut, exc)
+                settle(fut, None, exc)
 
     def reject(self, error: BaseException) -> None:
         """From any thread: fail everything not yet admitted."""
@@ -151,7 +151,7 @@ class Inbox:
                 fut = items.popleft()[3]
             except IndexError:  # another thread emptied it first
                 return
-            _set_exception(fut, error)
+            settle(fut, None, error)
 
     def withdraw(self, fut: SubmitFuture) -> None:
         # In the cancelling thread. The loop runs this after any take() under way, so
@@ -167,8 +167,16 @@ class Inbox:
             self._cancel(fut.request)
 
 
-def _set_exception(fut: concurrent.futures.Future[Any], error: BaseException) -> None:
+# Setting a future the caller already cancelled raises one of these; it is not an error.
+FUTURE_DONE = (asyncio.InvalidStateError, concurrent.futures.InvalidStateError)
+
+
+def settle(fut: Any, value: Any, error: BaseException | None) -> None:
+    """Give an asyncio or concurrent future its outcome, unless its caller cancelled it."""
     try:
-        fut.set_exception(error)
-    except concurrent.futures.InvalidStateError:  # the caller cancelled it meanwhile
+        if error is None:
+            fut.set_result(value)
+        else:
+            fut.set_exception(error)
+    except FUTURE_DONE:
         pass
