@@ -2,7 +2,9 @@
 
 ``carpool serve module:attr`` accepts a plain function (signature learned from requests) or
 a :class:`Model`, which declares input and output tensors the way Triton's model config does,
-so that metadata is exact and mismatched requests are refused before they queue.
+so that metadata is exact and mismatched requests are refused before they queue. A Model may
+also preprocess each request on arrival (tokenize text, say), pad ragged inputs so that rows
+of different lengths share a batch, and pad batches up to the sizes a static model allows.
 """
 
 from __future__ import annotations
@@ -13,10 +15,15 @@ from typing import Any
 
 import numpy as np
 
+from carpool.batcher import Batcher
+from carpool.collate import Collator
+from carpool.padding import PaddedBatch, Padding, allowed_size, pad_rows, take_rows
 from carpool.policy import Policy
 from carpool.worker import is_async_callable
 
 __all__ = ["Batching", "Model", "Tensor"]
+
+Preprocess = Callable[[dict[str, np.ndarray[Any, Any]]], Mapping[str, np.ndarray[Any, Any]]]
 
 _DATATYPES = frozenset(
     {"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
@@ -55,6 +62,10 @@ class Batching:
     ``timeout`` parameter may shorten it, never extend it (Triton's rule).
     ``default_priority_level``: the level of requests sending ``priority`` 0 (or none);
     lower levels are served first.
+    ``max_batch_size=0`` turns batching off, as in Triton: the model's tensors have no batch
+    dimension, and each request reaches the model on its own with exactly its shape.
+    ``allowed_batch_sizes``: for static-shape models, the only batch sizes the model is
+    called with; a batch is padded up to the next one and the padding rows' outputs dropped.
     """
 
     max_batch_size: int = 32
@@ -66,8 +77,27 @@ class Batching:
     default_timeout_ms: float | None = None
     priority_levels: int = 0  # 0: any priority >= 1 is accepted
     default_priority_level: int = 1
+    allowed_batch_sizes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        size = self.max_batch_size
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ValueError(f"max_batch_size must be >= 0 (0 turns batching off), got {size!r}")
+        allowed = tuple(self.allowed_batch_sizes)
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in allowed) or list(
+            allowed
+        ) != sorted(set(allowed)):
+            raise ValueError(
+                f"allowed_batch_sizes must be ascending ints >= 1, got {list(allowed)}"
+            )
+        object.__setattr__(self, "allowed_batch_sizes", allowed)
+        if allowed and self.max_batch_size > allowed[-1]:
+            raise ValueError(
+                f"max_batch_size={self.max_batch_size} exceeds the largest allowed batch size "
+                f"{allowed[-1]}; lower max_batch_size or allow a larger size"
+            )
+        if self.max_batch_size == 0 and allowed:
+            raise ValueError("allowed_batch_sizes needs batching on (max_batch_size >= 1)")
         timeout = self.default_timeout_ms
         if timeout is not None and (
             not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0
@@ -89,11 +119,19 @@ class Batching:
         if unknown:
             known = ", ".join(sorted(self.__dataclass_fields__))
             raise ValueError(f"unknown batching settings {sorted(unknown)}; known: {known}")
+        overrides = dict(overrides)
+        allowed = overrides.get("allowed_batch_sizes")
+        if allowed and "max_batch_size" not in overrides:
+            overrides["max_batch_size"] = max(allowed)  # the sizes say how large batches get
         return replace(self, **overrides)
+
+    @property
+    def batched(self) -> bool:
+        return self.max_batch_size > 0
 
     def batcher_options(self) -> dict[str, Any]:
         return {
-            "max_batch_size": self.max_batch_size,
+            "max_batch_size": max(1, self.max_batch_size),
             "max_wait_ms": self.max_wait_ms,
             "policy": self.policy,
             "workers": self.workers,
@@ -111,6 +149,12 @@ class Model:
     name. It returns an array (the one output) or a dict of arrays by output name.
     ``inputs=None`` accepts one input of whatever datatype and row shape requests send
     (named ``INPUT0`` in metadata); ``outputs=None`` names the single output ``OUTPUT0``.
+
+    ``preprocess`` runs once per request, on arrival and outside the batch: it maps the
+    request's decoded inputs (k rows each) to what ``fn`` takes (k rows each), e.g. text to
+    token ids. ``padding`` batches inputs whose rows differ in length (see
+    :class:`carpool.padding.Padding`); ``fn`` then receives a dict. With ``preprocess`` or
+    ``padding``, ``fn`` always receives a dict of arrays by name.
     """
 
     fn: Callable[[Any], Any]
@@ -120,10 +164,18 @@ class Model:
     batching: Batching = field(default_factory=Batching)
     version: str = "1"
     platform: str = "python"
+    preprocess: Preprocess | None = None
+    padding: Padding | None = None
 
     def __post_init__(self) -> None:
         if not callable(self.fn):
             raise TypeError(f"Model fn must be callable, got {type(self.fn).__name__}")
+        if self.preprocess is not None and not callable(self.preprocess):
+            raise TypeError(
+                f"Model preprocess must be callable, got {type(self.preprocess).__name__}"
+            )
+        if self.padding is not None and not self.batching.batched:
+            raise ValueError("padding needs batching on (max_batch_size >= 1)")
         for kind in ("inputs", "outputs"):
             tensors = getattr(self, kind)
             if tensors is not None:
@@ -148,12 +200,37 @@ class Model:
     def output_specs(self) -> tuple[Tensor, ...]:
         return tuple(self.outputs) if self.outputs is not None else (Tensor("OUTPUT0"),)
 
+    @property
+    def takes_dict(self) -> bool:
+        """Whether ``fn`` receives a dict of arrays rather than its single input's array."""
+        return len(self.input_specs) > 1 or self.preprocess is not None or self.padding is not None
+
+    def collator(self) -> Collator:
+        """How requests for this model are grouped and stacked (padded, if ragged)."""
+        return self.padding.collator() if self.padding is not None else Collator()
+
+    def batcher(self, **options: Any) -> Batcher:
+        """A :class:`Batcher` for this model, from its batching settings and ``options``.
+
+        Submit dicts of arrays by input name, ``k`` rows each, with ``infer_many`` (after
+        :attr:`preprocess`, which the server applies on arrival).
+        """
+        settings = {"name": self.name, **self.batching.batcher_options(), **options}
+        return Batcher(self.batched_fn(), collator=self.collator(), **settings)
+
     def batched_fn(self) -> Callable[[dict[str, Any]], Any]:
-        """``fn`` as the batcher calls it: a dict of stacked inputs in, a dict of outputs out."""
+        """``fn`` as the batcher calls it: a dict of stacked inputs in, a dict of outputs out.
+
+        Around the call: strip the batch axis when batching is off, pad to an allowed batch
+        size and drop the filler rows' outputs, cut ragged outputs back to each row's length.
+        """
         fn = self.fn
-        single = len(self.input_specs) == 1
         first = self.input_specs[0].name
+        takes_dict = self.takes_dict
         outputs = self.output_specs
+        batching = self.batching
+        padding = self.padding
+        allowed = batching.allowed_batch_sizes
 
         def as_dict(result: Any) -> dict[str, Any]:
             if isinstance(result, Mapping):
@@ -165,14 +242,35 @@ class Model:
                 )
             return {outputs[0].name: np.asarray(result) if isinstance(result, list) else result}
 
+        def before(batch: dict[str, Any]) -> tuple[Any, int]:
+            rows = len(next(iter(batch.values())))
+            if not batching.batched:
+                return {k: v[0] for k, v in batch.items()}, rows
+            if allowed:
+                batch = pad_rows(batch, allowed_size(rows, allowed))
+            return batch, rows
+
+        def after(result: Any, batch: Any, rows: int) -> dict[str, Any]:
+            out = as_dict(result)
+            if not batching.batched:
+                return {k: np.asarray(v)[np.newaxis] for k, v in out.items()}
+            if allowed:
+                out = take_rows(out, rows)
+            if padding is not None and isinstance(batch, PaddedBatch):
+                out = padding.unpad(out, batch.lengths[:rows])
+            return out
+
         if is_async_callable(fn):
 
             async def call_async(batch: dict[str, Any]) -> dict[str, Any]:
-                return as_dict(await fn(batch[first] if single else batch))
+                arg, rows = before(batch)
+                result = await fn(arg if takes_dict else arg[first])
+                return after(result, arg, rows)
 
             return call_async
 
         def call(batch: dict[str, Any]) -> dict[str, Any]:
-            return as_dict(fn(batch[first] if single else batch))
+            arg, rows = before(batch)
+            return after(fn(arg if takes_dict else arg[first]), arg, rows)
 
         return call

@@ -121,7 +121,7 @@ def test_two_models_of_one_name_exit_2() -> None:
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--max-batch-size", "0"], "max_batch_size must be >= 1, got 0"),
+        (["--max-batch-size", "-1"], "max_batch_size must be >= 0 (0 turns batching off), got -1"),
         (["--workers", "0"], "workers must be >= 1, got 0"),
         (["--max-queue-size", "0"], "max_queue_size must be >= 1, got 0"),
         (["--policy", "bogus"], "policy must be one of"),

@@ -214,7 +214,6 @@ def test_file_settings_for_a_model_not_served() -> None:
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"max_batch_size": 0}, "max_batch_size must be >= 1, got 0"),
         ({"workers": 0}, "workers must be >= 1, got 0"),
         ({"policy": "bogus"}, "policy must be one of"),
         ({"max_queue_size": 0}, "max_queue_size must be >= 1, got 0"),
