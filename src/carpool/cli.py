@@ -77,14 +77,17 @@ def _add_serve(commands: Any) -> None:
         "(REST), with dynamic batching behind every model. Works with tritonclient, "
         "perf_analyzer and KServe. With no TARGET, serves the built-in 'demo' model.",
         epilog="TARGET is 'module:attr' naming a batched function (stacked batch in, one "
-        "row out per row) or a carpool.Model, or 'demo'. Batching flags apply to every "
-        "model and override the config file's [models.NAME] tables, which override what "
-        "a carpool.Model declares.",
+        "row out per row), a torch.nn.Module or a carpool.Model; a model file (model.onnx, "
+        "a TorchScript model.pt), named after its stem; a model repository folder with one "
+        "subfolder per model (its file and an optional carpool.toml); or a built-in: "
+        "'demo', 'minilm'. Batching flags apply to every model and override the config "
+        "file's [models.NAME] tables, which override a model folder's carpool.toml, which "
+        "overrides what the model itself declares.",
     )
     serve.add_argument("targets", nargs="*", metavar="TARGET", help="models to serve")
     _flag(serve, "--host", str, None, "address to listen on [127.0.0.1]")
     _flag(serve, "--port", int, None, "port to listen on [8000]")
-    _flag(serve, "--name", str, None, "model name for a single TARGET (default: attr name)")
+    _flag(serve, "--name", str, None, "model name for a single TARGET (default: attr or file stem)")
     _flag(serve, "--config", str, None, "TOML file with [server] and [models.NAME] tables")
     serve.add_argument(
         "--input",
@@ -169,7 +172,7 @@ def _serve(args: argparse.Namespace) -> int:
         if getattr(args, key) is not None
     }  # fmt: skip
     try:
-        models = resolve_models(
+        models, unavailable = resolve_models(
             args.targets,
             name=args.name,
             flags=flags,
@@ -177,7 +180,7 @@ def _serve(args: argparse.Namespace) -> int:
             inputs=[parse_tensor(t) for t in args.input],
             outputs=[parse_tensor(t) for t in args.output],
         )
-        config = ServerConfig(models=models, **server)
+        config = ServerConfig(models=models, unavailable=unavailable, **server)
     except ConfigError as exc:
         print(f"carpool serve: {exc}", file=sys.stderr)
         return 2

@@ -110,7 +110,7 @@ def test_unusable_target_exits_2(target: str, message: str) -> None:
 
 def test_name_with_several_targets_exits_2() -> None:
     result = run_serve("models:add_one", "models:identity", "--name", "x")
-    assert_refused(result, "carpool serve: --name applies to a single target")
+    assert_refused(result, "carpool serve: --name applies to a single model")
 
 
 def test_two_models_of_one_name_exit_2() -> None:

@@ -98,7 +98,8 @@ def test_target_without_module_and_attr(target: str) -> None:
         load_target(target)
     assert str(info.value) == (
         f"target {target!r} must look like 'module:attr' (as with uvicorn), "
-        "e.g. 'mypkg.models:predict', or be 'demo'"
+        "e.g. 'mypkg.models:predict', a model file (.onnx, .pt), a model repository "
+        "folder, or one of ['demo', 'minilm']"
     )
     assert isinstance(info.value, ValueError)
 
@@ -130,7 +131,8 @@ def test_attribute_that_is_not_a_model() -> None:
     with pytest.raises(ConfigError) as info:
         load_target("models:NEGATIVE")
     assert str(info.value) == (
-        "target 'models:NEGATIVE' is a str; it must be a batched function or a carpool.Model"
+        "target 'models:NEGATIVE' is a str; it must be a batched function, a torch.nn.Module "
+        "or a carpool.Model"
     )
 
 
@@ -148,7 +150,7 @@ def declared_model(module: Callable[[str], str]) -> str:
 
 def test_flags_over_file_over_model_over_defaults(module: Callable[[str], str]) -> None:
     target = declared_model(module)
-    (model,) = resolve_models(
+    (model,), _ = resolve_models(
         [target],
         name=None,
         flags={"max_batch_size": 4},
@@ -163,7 +165,7 @@ def test_flags_over_file_over_model_over_defaults(module: Callable[[str], str]) 
 
 
 def test_file_over_model(module: Callable[[str], str]) -> None:
-    (model,) = resolve_models(
+    (model,), _ = resolve_models(
         [declared_model(module)],
         name=None,
         flags={},
@@ -174,7 +176,7 @@ def test_file_over_model(module: Callable[[str], str]) -> None:
 
 
 def test_file_tables_follow_the_name_option(module: Callable[[str], str]) -> None:
-    (model,) = resolve_models(
+    (model,), _ = resolve_models(
         [declared_model(module)],
         name="renamed",
         flags={},
@@ -184,14 +186,16 @@ def test_file_tables_follow_the_name_option(module: Callable[[str], str]) -> Non
 
 
 def test_no_target_serves_the_demo() -> None:
-    (model,) = resolve_models([], name=None, flags={"workers": 2}, file_models={})
+    (model,), _ = resolve_models([], name=None, flags={"workers": 2}, file_models={})
     assert (model.name, model.batching.workers) == ("demo", 2)
 
 
 def test_name_needs_a_single_target() -> None:
     with pytest.raises(ConfigError) as info:
         resolve_models(["demo", "demo"], name="x", flags={}, file_models={})
-    assert str(info.value) == "--name applies to a single target; use a config file for several"
+    assert str(info.value) == (
+        "--name applies to a single model; a repository names models after their folders"
+    )
 
 
 def test_unknown_batching_setting(module: Callable[[str], str]) -> None:
@@ -277,8 +281,8 @@ def test_config_file_with_unknown_tables(tmp_path: Path) -> None:
 
 def test_resolve_models_keeps_model_objects_apart(module: Callable[[str], str]) -> None:
     target = declared_model(module)
-    (first,) = resolve_models([target], name=None, flags={"workers": 1}, file_models={})
-    (second,) = resolve_models([target], name=None, flags={}, file_models={})
+    (first,), _ = resolve_models([target], name=None, flags={"workers": 1}, file_models={})
+    (second,), _ = resolve_models([target], name=None, flags={}, file_models={})
     assert (first.batching.workers, second.batching.workers) == (1, 3)
     assert isinstance(first, Model)
 
@@ -307,7 +311,7 @@ def test_parse_tensor_refuses_with_a_remedy(text: str, message: str) -> None:
 
 
 def test_flags_declare_a_plain_functions_signature() -> None:
-    (model,) = resolve_models(
+    (model,), _ = resolve_models(
         ["models:add_one"],
         name=None,
         flags={},
@@ -339,7 +343,7 @@ def test_config_file_declares_tensors_per_model() -> None:
             "max_batch_size": 8,
         }
     }
-    (model,) = resolve_models(["models:add_one"], name=None, flags={}, file_models=file_models)
+    (model,), _ = resolve_models(["models:add_one"], name=None, flags={}, file_models=file_models)
     assert model.input_specs == (Tensor("INPUT0", "INT32", (2,)),)
     assert model.output_specs == (Tensor("OUTPUT0", "INT32", (2,)),)
     assert model.batching.max_batch_size == 8

@@ -29,7 +29,7 @@ from carpool.server.protocol import (
     parse_infer_request,
     parse_raw_request,
 )
-from carpool.server.registry import ModelNotFound, Registry, ServedModel
+from carpool.server.registry import ModelNotFound, ModelUnavailable, Registry, ServedModel
 
 __all__ = ["App", "HTTPError"]
 
@@ -66,6 +66,8 @@ def error_status(exc: BaseException) -> HTTPError:
         return HTTPError(exc.status, str(exc))
     if isinstance(exc, ModelNotFound):
         return HTTPError(404, str(exc))
+    if isinstance(exc, ModelUnavailable):
+        return HTTPError(400, str(exc))
     if isinstance(exc, QueueFull):
         return HTTPError(503, str(exc), [(b"retry-after", b"1")])
     if isinstance(exc, DeadlineExceeded):
@@ -130,6 +132,8 @@ class App:
         self.ready = True
         for served in self.registry:
             log.info("serving model %r: %s", served.name, served.describe())
+        for failed in self.registry.unavailable.values():
+            log.error("model %r is unavailable: %s", failed.name, failed.reason)
 
     async def shutdown(self) -> None:
         """Not ready any more; every batcher finishes what it accepted, within the drain
@@ -203,6 +207,9 @@ class App:
             return await _json(send, 503, {"ready": False, "error": "Server is not ready"})
         if rest[0] == "models":
             return await self._models(method, rest[1:], scope, receive, send)
+        if rest == ["repository", "index"]:
+            _allow(method, "POST")  # Triton's model repository extension, read-only
+            return await _json(send, 200, self.registry.index())
         raise HTTPError(404, f"Not Found: {scope['path']}")
 
     async def _models(
@@ -217,10 +224,14 @@ class App:
         version = None
         if len(tail) >= 2 and tail[0] == "versions":
             version, tail = tail[1], tail[2:]
-        served = self.registry.get(name, version)
         action = tail[0] if tail else ""
         if len(tail) > 1 or action not in ("", "infer", "ready", "config", "stats"):
             raise HTTPError(404, f"Not Found: {scope['path']}")
+        if action == "ready" and name in self.registry.unavailable:
+            _allow(method, "GET")
+            reason = self.registry.unavailable[name].reason
+            return await _json(send, 503, {"name": name, "ready": False, "error": reason})
+        served = self.registry.get(name, version)
         if action == "infer":
             _allow(method, "POST")
             return await self._infer(served, scope, receive, send)

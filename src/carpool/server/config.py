@@ -1,8 +1,9 @@
 """From targets, flags and a config file to the models a server runs, and its settings.
 
-Precedence for a model's batching settings, strongest first: command-line flags (or their
-``CARPOOL_*`` environment variables), the config file's ``[models.NAME]`` table, what a
-:class:`~carpool.Model` object declares, carpool's defaults.
+Precedence for a model's settings, strongest first: command-line flags (or their
+``CARPOOL_*`` environment variables), the config file's ``[models.NAME]`` table, a model
+folder's own ``carpool.toml``, what the model itself declares (a :class:`~carpool.Model`, an
+ONNX graph), carpool's defaults.
 """
 
 from __future__ import annotations
@@ -10,20 +11,33 @@ from __future__ import annotations
 import importlib
 import sys
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from carpool.model import Batching, Model, Tensor
+from carpool.model import Model, Tensor
+from carpool.server.repository import (
+    Unavailable,
+    as_model,
+    load_file,
+    load_folder,
+    model_folders,
+)
+from carpool.server.settings import ConfigError, apply_settings, check_batching, parse_tensor
 
-__all__ = ["ConfigError", "ServerConfig", "load_target", "resolve_models"]
+__all__ = [
+    "ConfigError",
+    "ServerConfig",
+    "Unavailable",
+    "check_batching",
+    "load_target",
+    "parse_tensor",
+    "read_config_file",
+    "resolve_models",
+]
 
 DEMO = "demo"
-
-
-class ConfigError(ValueError):
-    """A target, flag or config file that cannot be used; the message says what to fix."""
 
 
 @dataclass(frozen=True)
@@ -36,6 +50,7 @@ class ServerConfig:
     max_body_bytes: int = 64 * 1024 * 1024  # Triton's HTTP default is the same order
     drain_timeout_s: float = 30.0  # Kubernetes' default terminationGracePeriodSeconds
     models: tuple[Model, ...] = field(default_factory=tuple)
+    unavailable: tuple[Unavailable, ...] = ()  # repository models that failed to load
 
     def __post_init__(self) -> None:
         if not self.drain_timeout_s >= 0:
@@ -56,18 +71,29 @@ class ServerConfig:
             )
 
 
-def load_target(target: str, *, name: str | None = None) -> Model:
-    """A :class:`Model` from ``module:attr`` (a function or a Model), or ``demo``."""
-    if target == DEMO:
-        from carpool.demo import demo_model
-
-        model = demo_model()
+def load_target(
+    target: str, *, name: str | None = None, options: Mapping[str, Any] | None = None
+) -> Model:
+    """A :class:`Model` from ``module:attr`` (a function, a torch module or a Model), a model
+    file (``.onnx``, ``.pt``), or a built-in name (``demo``, ``minilm``). ``options`` are the
+    model's load settings (``backend``, ``[onnx]``, ``[torch]``) for a file."""
+    path = Path(target)
+    if target in BUILTINS:
+        model = BUILTINS[target]()
+    elif path.is_file() or (path.suffix.lower() in (".onnx", ".pt", ".pth", ".ts")):
+        if not path.is_file():
+            raise ConfigError(f"model file {target!r} does not exist")
+        try:
+            model = load_file(path, name=name, options=options or {})
+        except (ValueError, ImportError, OSError) as exc:
+            raise ConfigError(f"model file {target!r}: {exc}") from None
     else:
         module_name, sep, attr = target.partition(":")
         if not sep or not module_name or not attr:
             raise ConfigError(
                 f"target {target!r} must look like 'module:attr' (as with uvicorn), "
-                f"e.g. 'mypkg.models:predict', or be {DEMO!r}"
+                f"e.g. 'mypkg.models:predict', a model file (.onnx, .pt), a model repository "
+                f"folder, or one of {sorted(BUILTINS)}"
             )
         if "" not in sys.path and "." not in sys.path:
             sys.path.insert(0, "")  # like `python -m`, find modules in the current folder
@@ -85,20 +111,30 @@ def load_target(target: str, *, name: str | None = None) -> Model:
                 raise ConfigError(
                     f"module {module_name!r} has no attribute {attr!r} (target {target!r})"
                 ) from None
-        if isinstance(obj, Model):
-            model = obj
-        elif callable(obj):
-            model = Model(obj, name=attr.rsplit(".", 1)[-1])
-        else:
-            raise ConfigError(
-                f"target {target!r} is a {type(obj).__name__}; it must be a batched function "
-                "or a carpool.Model"
-            )
+        model = as_model(obj, name=attr.rsplit(".", 1)[-1], where=f"target {target!r}")
     if name is not None:
         model = replace(model, name=name)
     elif model.name is None:
         model = replace(model, name=target.rpartition(":")[2])
     return model
+
+
+def _demo() -> Model:
+    from carpool.demo import demo_model
+
+    return demo_model()
+
+
+def _minilm() -> Model:
+    from carpool.minilm import minilm_model
+
+    try:
+        return minilm_model()
+    except ImportError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+BUILTINS: dict[str, Callable[[], Model]] = {DEMO: _demo, "minilm": _minilm}
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -119,40 +155,6 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def parse_tensor(text: str) -> Tensor:
-    """``NAME:DATATYPE:DIMS`` (``DIMS`` of one row, comma-separated, -1 for any size), as
-    ``--input``/``--output`` take it: ``INPUT0:FP32:256``, ``tokens:INT64:-1``."""
-    parts = text.split(":")
-    if len(parts) != 3:
-        raise ConfigError(
-            f"tensor {text!r} must be NAME:DATATYPE:DIMS, e.g. INPUT0:FP32:256 or x:INT64:-1,3"
-        )
-    name, datatype, dims = parts
-    try:
-        shape = tuple(int(d) for d in dims.split(",")) if dims else ()
-        return Tensor(name, datatype.upper(), shape)
-    except ValueError as exc:
-        raise ConfigError(f"tensor {text!r}: {exc}") from None
-
-
-def _tensors(value: Any, what: str) -> tuple[Tensor, ...]:
-    """Tensors from a config file list of ``{name, datatype, shape}`` tables or strings."""
-    if not isinstance(value, list) or not value:
-        raise ConfigError(f"{what} must be a non-empty list of tensors")
-    tensors = []
-    for item in value:
-        if isinstance(item, str):
-            tensors.append(parse_tensor(item))
-        elif isinstance(item, dict) and set(item) <= {"name", "datatype", "shape"}:
-            try:
-                tensors.append(Tensor(**item))
-            except (TypeError, ValueError) as exc:
-                raise ConfigError(f"{what}: {exc}") from None
-        else:
-            raise ConfigError(f"{what}: {item!r} is not a tensor {{name, datatype, shape}}")
-    return tuple(tensors)
-
-
 def resolve_models(
     targets: Sequence[str],
     *,
@@ -161,52 +163,72 @@ def resolve_models(
     file_models: Mapping[str, Mapping[str, Any]],
     inputs: Sequence[Tensor] = (),
     outputs: Sequence[Tensor] = (),
-) -> tuple[Model, ...]:
+) -> tuple[tuple[Model, ...], tuple[Unavailable, ...]]:
     """Load every target and settle each model's signature and batching settings.
 
-    ``inputs``/``outputs`` (the ``--input``/``--output`` flags) declare the signature of a
-    single target; a config file's ``inputs``/``outputs`` do it per model.
+    A folder target is a model repository: a model in it that fails to load is returned as
+    :class:`Unavailable`, and the others serve. Any other target that fails is a
+    :class:`ConfigError`. ``inputs``/``outputs`` (the ``--input``/``--output`` flags) declare
+    the signature of a single target; a config file's ``inputs``/``outputs`` do it per model.
     """
-    if name is not None and len(targets) > 1:
-        raise ConfigError("--name applies to a single target; use a config file for several")
-    if (inputs or outputs) and len(targets) != 1:
-        raise ConfigError("--input/--output declare one target's tensors; name one TARGET")
-    models = []
-    for target in targets or [DEMO]:
-        model = load_target(target, name=name)
-        overrides = dict(file_models.get(model.name or "", {}))
-        declared_in = _tensors(overrides.pop("inputs"), "inputs") if "inputs" in overrides else ()
-        declared_out = (
-            _tensors(overrides.pop("outputs"), "outputs") if "outputs" in overrides else ()
+    if name is not None and (len(targets) > 1 or any(Path(t).is_dir() for t in targets)):
+        raise ConfigError(
+            "--name applies to a single model; a repository names models after their folders"
         )
-        declared_in, declared_out = tuple(inputs) or declared_in, tuple(outputs) or declared_out
-        overrides.update(flags)
+    if (inputs or outputs) and (len(targets) != 1 or Path(targets[0]).is_dir()):
+        raise ConfigError("--input/--output declare one model's tensors; name one TARGET")
+    models: list[Model] = []
+    unavailable: list[Unavailable] = []
+    for target in targets or [DEMO]:
+        if Path(target).is_dir():
+            loaded, failed = _load_repository(Path(target), flags, file_models)
+            models.extend(loaded)
+            unavailable.extend(failed)
+            continue
+        stem = Path(target).stem if Path(target).is_file() else None
+        table = file_models.get(name or stem or "", {})
+        model = load_target(target, name=name, options=table)
+        layers = [file_models.get(model.name or "", {})]
         try:
-            batching = model.batching.merged(overrides)
-            check_batching(batching)
-            model = replace(
-                model,
-                batching=batching,
-                inputs=declared_in or model.inputs,
-                outputs=declared_out or model.outputs,
-            )
-        except (TypeError, ValueError) as exc:
+            model = apply_settings(model, layers, flags=flags, inputs=inputs, outputs=outputs)
+        except ConfigError as exc:
             raise ConfigError(f"model {model.name!r}: {exc}") from None
         models.append(model)
-    unknown = set(file_models) - {m.name for m in models}
+    served = {m.name for m in models} | {u.name for u in unavailable}
+    unknown = set(file_models) - served
     if unknown:
         raise ConfigError(
             f"config file has settings for models {sorted(unknown)} that are not served; "
-            f"serving {[m.name for m in models]}"
+            f"serving {sorted(n for n in served if n is not None)}"
         )
-    return tuple(models)
+    if not models and unavailable:
+        problems = "; ".join(f"{u.name}: {u.reason}" for u in unavailable)
+        raise ConfigError(f"no model of the repository loaded ({problems})")
+    return tuple(models), tuple(unavailable)
 
 
-def check_batching(batching: Batching) -> None:
-    """Refuse settings the batcher would refuse, before the server binds its port."""
-    from carpool.batcher import Batcher
+def _load_repository(
+    repository: Path, flags: Mapping[str, Any], file_models: Mapping[str, Mapping[str, Any]]
+) -> tuple[list[Model], list[Unavailable]]:
+    folders = model_folders(repository)
+    if not folders:
+        raise ConfigError(
+            f"model repository {str(repository)!r} has no model folders; put each model in a "
+            "folder of its own, named after the model"
+        )
+    models, unavailable = [], []
+    for folder in folders:
+        table = file_models.get(folder.name, {})
+        try:
+            model, own = load_folder(folder, table)
+            models.append(apply_settings(model, [own, table], flags=flags))
+        except (ValueError, ImportError, OSError) as exc:  # ConfigError is a ValueError
+            version = str(read_version(folder))
+            unavailable.append(Unavailable(folder.name, version, f"{folder}: {exc}"))
+    return models, unavailable
 
-    try:
-        Batcher(lambda rows: rows, **batching.batcher_options())
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(str(exc)) from None
+
+def read_version(folder: Path) -> str:
+    """The version a broken model folder would have served, for its status."""
+    versions = [int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()]
+    return str(max(versions)) if versions else "1"

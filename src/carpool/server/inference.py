@@ -78,6 +78,16 @@ def _check_inputs(model: Model, request: InferRequest) -> dict[str, np.ndarray[A
                 f"'{model.name}' expects '{spec.datatype}'",
                 field=tensor.name,
             )
+        if not model.batching.batched:
+            if model.declared and not _matches(tensor.shape, spec):
+                raise ProtocolError(
+                    f"unexpected shape for input '{tensor.name}' for model '{model.name}'. "
+                    f"Expected {_dims(spec.shape)}, got {_dims(tensor.shape)} (the model "
+                    "does not batch: send exactly its shape)",
+                    field=tensor.name,
+                )
+            value[tensor.name] = tensor.data.reshape((1, *tensor.shape))
+            continue
         if not tensor.shape:
             raise ProtocolError(
                 f"input '{tensor.name}' has shape [], but model '{model.name}' batches along "
@@ -93,6 +103,25 @@ def _check_inputs(model: Model, request: InferRequest) -> dict[str, np.ndarray[A
             )
         value[tensor.name] = tensor.data.reshape(tensor.shape)
     return value
+
+
+def _preprocess(model: Model, value: dict[str, Any], rows: int) -> dict[str, Any]:
+    """The model's own per-request step (tokenizing, say); what it refuses is a 400."""
+    assert model.preprocess is not None
+    try:
+        result = dict(model.preprocess(value))
+    except (ValueError, TypeError, UnicodeError) as exc:
+        raise ProtocolError(
+            f"model '{model.name}' cannot use this request's inputs: {exc}", field="inputs"
+        ) from None
+    for name, array in result.items():
+        got = len(array) if hasattr(array, "__len__") else None
+        if got != rows:
+            raise ModelOutputError(
+                f"model '{model.name}': preprocess returned {got} rows for '{name}' from a "
+                f"request of {rows}; it must keep one row per input row"
+            )
+    return result
 
 
 def _rows(request: InferRequest) -> int:
@@ -145,7 +174,9 @@ def admit(model: Model, request: InferRequest) -> Admission:
                 field=f"parameters.{name}",
             )
     value = _check_inputs(model, request)
-    rows = _rows(request)
+    rows = _rows(request) if model.batching.batched else 1
+    if model.preprocess is not None:
+        value = _preprocess(model, value, rows)
     outputs = _requested(model, request)
     batching = model.batching
 
@@ -179,8 +210,16 @@ def respond(
                 f"model '{model.name}' returned outputs {sorted(result)}, without '{name}'"
             )
         array = np.asarray(result[name])
+        if not model.batching.batched:
+            array = array[0]  # the batch of one the batcher added
         spec = declared[name]
-        if model.outputs is not None and (
+        if not model.batching.batched:
+            if model.outputs is not None and not _matches(tuple(array.shape), spec):
+                raise ModelOutputError(
+                    f"model '{model.name}' returned output '{name}' with shape "
+                    f"{_dims(tuple(array.shape))}, but declares {_dims(spec.shape)}"
+                )
+        elif model.outputs is not None and (
             array.ndim == 0 or not _matches(tuple(array.shape[1:]), spec)
         ):
             raise ModelOutputError(

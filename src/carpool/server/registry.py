@@ -15,9 +15,10 @@ from typing import Any
 from carpool.batcher import Batcher
 from carpool.errors import CarpoolError
 from carpool.model import Model, Tensor
+from carpool.server.repository import Unavailable
 from carpool.stats import BatcherStats
 
-__all__ = ["ModelNotFound", "Registry", "ServedModel"]
+__all__ = ["ModelNotFound", "ModelUnavailable", "Registry", "ServedModel"]
 
 
 class ModelNotFound(CarpoolError, LookupError):
@@ -31,6 +32,18 @@ class ModelNotFound(CarpoolError, LookupError):
 
     def _fields(self) -> dict[str, Any]:
         return {"name": self.name, "version": self.version}
+
+
+class ModelUnavailable(CarpoolError):
+    """The model failed to load at start; the reason says why (a 400, as in Triton)."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name = name
+        self.reason = reason
+        super().__init__(f"Model '{name}' is not ready: failed to load: {reason}")
+
+    def _fields(self) -> dict[str, Any]:
+        return {"name": self.name, "reason": self.reason}
 
 
 def _tensor(spec: Tensor, batched: bool) -> dict[str, Any]:
@@ -56,19 +69,27 @@ class ServedModel:
         self.model = model
         self.name: str = model.name
         self.version = model.version
-        self.batcher = Batcher(
-            model.batched_fn(), name=self.name, **model.batching.batcher_options()
-        )
+        self.batcher: Batcher = model.batcher()
         self.statuses: Counter[int] = Counter()  # HTTP status -> requests
         self.request_seconds = 0.0  # summed over successful requests, for Triton's stats
 
     def describe(self) -> str:
-        b = self.model.batching
-        inputs = ", ".join(f"{t.name}:{t.datatype}{list(t.shape)}" for t in self.model.input_specs)
-        return (
-            f"inputs [{inputs}], max_batch_size={b.max_batch_size}, max_wait_ms={b.max_wait_ms:g}, "
+        model = self.model
+        b = model.batching
+        inputs = ", ".join(f"{t.name}:{t.datatype}{list(t.shape)}" for t in model.input_specs)
+        text = f"{model.platform} v{self.version}, inputs [{inputs}], "
+        if not b.batched:
+            return text + f"batching off, workers={b.workers}, max_queue_size={b.max_queue_size}"
+        text += (
+            f"max_batch_size={b.max_batch_size}, max_wait_ms={b.max_wait_ms:g}, "
             f"policy={b.policy}, workers={b.workers}, max_queue_size={b.max_queue_size}"
         )
+        if b.allowed_batch_sizes:
+            text += f", allowed_batch_sizes={list(b.allowed_batch_sizes)}"
+        if model.padding is not None:
+            buckets = list(model.padding.buckets) or "none"
+            text += f", padding {sorted(model.padding.inputs)} in buckets {buckets}"
+        return text
 
     def metadata(self) -> dict[str, Any]:
         model = self.model
@@ -76,8 +97,8 @@ class ServedModel:
             "name": self.name,
             "versions": [self.version],
             "platform": model.platform,
-            "inputs": [_tensor(t, True) for t in model.input_specs],
-            "outputs": [_tensor(t, True) for t in model.output_specs],
+            "inputs": [_tensor(t, model.batching.batched) for t in model.input_specs],
+            "outputs": [_tensor(t, model.batching.batched) for t in model.output_specs],
         }
 
     def config(self) -> dict[str, Any]:
@@ -89,7 +110,7 @@ class ServedModel:
                 "default_timeout_microseconds": int(b.default_timeout_ms * 1000),
                 "allow_timeout_override": True,
             }
-        return {
+        config: dict[str, Any] = {
             "name": self.name,
             "platform": self.model.platform,
             "backend": "carpool",
@@ -97,18 +118,20 @@ class ServedModel:
             "max_batch_size": b.max_batch_size,
             "input": [_config_tensor(t) for t in self.model.input_specs],
             "output": [_config_tensor(t) for t in self.model.output_specs],
-            "dynamic_batching": {
+            "instance_group": [{"count": b.workers, "kind": "KIND_CPU"}],
+            "model_transaction_policy": {"decoupled": False},
+        }
+        if b.batched:  # Triton leaves dynamic_batching out of a model that does not batch
+            config["dynamic_batching"] = {
                 "max_queue_delay_microseconds": int(b.max_wait_ms * 1000),
-                "preferred_batch_size": [b.max_batch_size],
+                "preferred_batch_size": list(b.allowed_batch_sizes) or [b.max_batch_size],
                 "priority_levels": b.priority_levels,
                 "default_priority_level": b.default_priority_level,
                 "default_queue_policy": policy,
                 "policy": str(b.policy),
                 "max_queue_size": b.max_queue_size or 0,
-            },
-            "instance_group": [{"count": b.workers, "kind": "KIND_CPU"}],
-            "model_transaction_policy": {"decoupled": False},
-        }
+            }
+        return config
 
     def statistics(self, stats: BatcherStats | None = None) -> dict[str, Any]:
         s = stats if stats is not None else self.batcher.stats()
@@ -144,7 +167,8 @@ class ServedModel:
 class Registry:
     """Models by name; iteration order is the order they were given."""
 
-    def __init__(self, models: Sequence[Model]) -> None:
+    def __init__(self, models: Sequence[Model], unavailable: Sequence[Unavailable] = ()) -> None:
+        self.unavailable = {u.name: u for u in unavailable}
         self._models: dict[str, ServedModel] = {}
         for model in models:
             served = ServedModel(model)
@@ -160,9 +184,21 @@ class Registry:
     def __len__(self) -> int:
         return len(self._models)
 
+    def index(self) -> list[dict[str, str]]:
+        """Triton's repository index: every model, loaded or not, by name."""
+        entries = [
+            {"name": m.name, "version": m.version, "state": "READY", "reason": ""} for m in self
+        ] + [
+            {"name": u.name, "version": u.version, "state": "UNAVAILABLE", "reason": u.reason}
+            for u in self.unavailable.values()
+        ]
+        return sorted(entries, key=lambda entry: entry["name"])
+
     def get(self, name: str, version: str | None = None) -> ServedModel:
         served = self._models.get(name)
         if served is None:
+            if name in self.unavailable:
+                raise ModelUnavailable(name, self.unavailable[name].reason)
             raise ModelNotFound(name)
         if version not in (None, "", served.version):
             raise ModelNotFound(name, version)

@@ -1,0 +1,162 @@
+"""Models from files and folders: ``model.onnx``, ``model.pt``, and a model repository.
+
+A repository is a folder with one subfolder per model, named after it, as Triton lays them
+out. A model folder holds the model's file (``.onnx``, ``.pt``/``.pth``/``.ts`` TorchScript,
+or ``model.py`` exposing ``model``) either directly or in numbered version folders (the
+highest is served), plus an optional ``carpool.toml`` with the model's settings. An ONNX graph
+needs no ``carpool.toml``: its inputs, outputs and batch axis come from the graph.
+
+Every model loads at start. In a repository a broken model is reported, by folder and
+problem, and the others serve.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from carpool.model import Model
+from carpool.server.settings import ConfigError
+
+__all__ = ["MODEL_FILE", "Unavailable", "as_model", "load_file", "load_folder", "model_folders"]
+
+MODEL_FILE = "carpool.toml"
+_BACKENDS = {".onnx": "onnx", ".pt": "torch", ".pth": "torch", ".ts": "torch", ".py": "python"}
+
+
+@dataclass(frozen=True, slots=True)
+class Unavailable:
+    """A model of the repository that failed to load, and why."""
+
+    name: str
+    version: str
+    reason: str
+
+
+def as_model(obj: Any, *, name: str, where: str) -> Model:
+    """A Model from what a module exposes: a Model, a batched function or a torch module."""
+    if isinstance(obj, Model):
+        return obj if obj.name is not None else replace(obj, name=name)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.nn.Module):
+        from carpool.backends.torch import torch_model
+
+        return torch_model(obj, name=name)
+    if callable(obj):
+        return Model(obj, name=name)
+    raise ConfigError(
+        f"{where} is a {type(obj).__name__}; it must be a batched function, a torch.nn.Module "
+        "or a carpool.Model"
+    )
+
+
+def load_file(path: Path, *, name: str | None, options: Mapping[str, Any]) -> Model:
+    """The model in one file, by its suffix (or ``backend``); named after the file's stem."""
+    backend = options.get("backend") or _BACKENDS.get(path.suffix.lower())
+    name = name or path.stem
+    if backend == "onnx":
+        from carpool.backends.onnx import onnx_model
+
+        return onnx_model(path, name=name, **_table(options, "onnx"))
+    if backend == "torch":
+        from carpool.backends.torch import torch_model
+
+        return torch_model(path, name=name, **_table(options, "torch"))
+    if backend == "python":
+        attr = str(options.get("target", "model"))
+        module = _import_file(path, f"carpool_models.{name}")
+        if not hasattr(module, attr):
+            raise ConfigError(
+                f'{path.name} has no attribute {attr!r}; define it, or set target = "NAME" '
+                f"in {MODEL_FILE}"
+            )
+        return as_model(getattr(module, attr), name=name, where=f"{path.name}:{attr}")
+    known = ", ".join(sorted(_BACKENDS))
+    raise ConfigError(
+        f"{path.name}: no backend for {path.suffix or 'a file without a suffix'!r} files "
+        f'(known: {known}); set backend = "onnx", "torch" or "python" in {MODEL_FILE}'
+    )
+
+
+def _table(options: Mapping[str, Any], key: str) -> dict[str, Any]:
+    value = options.get(key, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"[{key}] must be a table of {key} backend options")
+    return value
+
+
+def _import_file(path: Path, module_name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"cannot import {path.name} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[module_name]
+        raise ConfigError(f"importing {path.name} failed: {type(exc).__name__}: {exc}") from exc
+    return module
+
+
+def read_model_file(folder: Path) -> dict[str, Any]:
+    """The folder's ``carpool.toml``, or nothing."""
+    path = folder / MODEL_FILE
+    if not path.exists():
+        return {}
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{MODEL_FILE} is not valid TOML: {exc}") from None
+
+
+def _version_folder(folder: Path) -> tuple[Path, str | None]:
+    versions = [p for p in folder.iterdir() if p.is_dir() and p.name.isdigit()]
+    if not versions:
+        return folder, None
+    latest = max(versions, key=lambda p: int(p.name))
+    return latest, latest.name
+
+
+def load_folder(folder: Path, settings: Mapping[str, Any]) -> tuple[Model, dict[str, Any]]:
+    """The model in one repository folder, and the settings its ``carpool.toml`` gives."""
+    own = read_model_file(folder)
+    options = {**own, **{k: v for k, v in settings.items() if k in ("backend", "file")}}
+    where, version = _version_folder(folder)
+    if "file" in options:
+        path = where / str(options["file"])
+        if not path.is_file():
+            raise ConfigError(f"file = {options['file']!r} is not a file in {where}")
+    else:
+        candidates = sorted(
+            p for p in where.iterdir() if p.is_file() and p.suffix.lower() in _BACKENDS
+        )
+        if not candidates:
+            raise ConfigError(
+                f"no model file in {where}: add a .onnx, .pt or model.py file "
+                f'(or name it with file = "..." in {MODEL_FILE})'
+            )
+        if len(candidates) > 1:
+            names = [p.name for p in candidates]
+            raise ConfigError(
+                f'several model files {names}; choose one with file = "..." in {MODEL_FILE}'
+            )
+        path = candidates[0]
+    model = load_file(path, name=folder.name, options=options)
+    model = replace(model, name=folder.name)
+    if version is not None:
+        model = replace(model, version=version)
+    return model, own
+
+
+def model_folders(repository: Path) -> list[Path]:
+    """The repository's model folders, by name (hidden folders skipped)."""
+    return sorted(
+        p for p in repository.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))
+    )

@@ -1,0 +1,136 @@
+"""A model's settings as config files and flags state them, checked and applied to a Model.
+
+The same table shape serves the server config's ``[models.NAME]`` and a model folder's own
+``carpool.toml``: batching keys (``max_batch_size``, ``max_wait_ms``, ``allowed_batch_sizes``,
+...), ``version``, ``inputs``/``outputs``, a ``[padding]`` table, and how to load the model
+(``backend``, ``file``, ``target``, ``[onnx]``, ``[torch]``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from carpool.model import Batching, Model, Tensor
+from carpool.padding import Padding
+
+__all__ = [
+    "LOAD_KEYS",
+    "ConfigError",
+    "apply_settings",
+    "check_batching",
+    "parse_tensor",
+]
+
+# Keys that say how to load a model, not how to serve it; read before loading.
+LOAD_KEYS = frozenset({"backend", "file", "target", "onnx", "torch"})
+
+
+class ConfigError(ValueError):
+    """A target, flag or config file that cannot be used; the message says what to fix."""
+
+
+def parse_tensor(text: str) -> Tensor:
+    """``NAME:DATATYPE:DIMS`` (``DIMS`` of one row, comma-separated, -1 for any size), as
+    ``--input``/``--output`` take it: ``INPUT0:FP32:256``, ``tokens:INT64:-1``."""
+    parts = text.split(":")
+    if len(parts) != 3:
+        raise ConfigError(
+            f"tensor {text!r} must be NAME:DATATYPE:DIMS, e.g. INPUT0:FP32:256 or x:INT64:-1,3"
+        )
+    name, datatype, dims = parts
+    try:
+        shape = tuple(int(d) for d in dims.split(",")) if dims else ()
+        return Tensor(name, datatype.upper(), shape)
+    except ValueError as exc:
+        raise ConfigError(f"tensor {text!r}: {exc}") from None
+
+
+def _tensors(value: Any, what: str) -> tuple[Tensor, ...]:
+    """Tensors from a config file list of ``{name, datatype, shape}`` tables or strings."""
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{what} must be a non-empty list of tensors")
+    tensors = []
+    for item in value:
+        if isinstance(item, str):
+            tensors.append(parse_tensor(item))
+        elif isinstance(item, dict) and set(item) <= {"name", "datatype", "shape"}:
+            try:
+                tensors.append(Tensor(**item))
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"{what}: {exc}") from None
+        else:
+            raise ConfigError(f"{what}: {item!r} is not a tensor {{name, datatype, shape}}")
+    return tuple(tensors)
+
+
+def _padding(value: Any) -> Padding:
+    if not isinstance(value, dict):
+        raise ConfigError("padding must be a table: inputs, buckets, lengths, outputs")
+    unknown = set(value) - {"inputs", "buckets", "lengths", "outputs"}
+    if unknown:
+        raise ConfigError(
+            f"padding: unknown keys {sorted(unknown)}; known: buckets, inputs, lengths, outputs"
+        )
+    try:
+        return Padding(
+            inputs=value.get("inputs", {}),
+            buckets=tuple(value.get("buckets", ())),
+            lengths=value.get("lengths"),
+            outputs={
+                k: tuple(v) if isinstance(v, list) else v
+                for k, v in value.get("outputs", {}).items()
+            },
+        )
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"padding: {exc}") from None
+
+
+def apply_settings(
+    model: Model,
+    layers: Sequence[Mapping[str, Any]],
+    *,
+    flags: Mapping[str, Any] | None = None,
+    inputs: Sequence[Tensor] = (),
+    outputs: Sequence[Tensor] = (),
+) -> Model:
+    """``model`` with each settings table in ``layers`` applied, weakest first, then the
+    command line's batching ``flags`` and declared ``inputs``/``outputs``, strongest."""
+    batching: dict[str, Any] = {}
+    changes: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if key in LOAD_KEYS:
+                continue
+            if key in ("inputs", "outputs"):
+                changes[key] = _tensors(value, key)
+            elif key == "padding":
+                changes[key] = _padding(value)
+            elif key == "version":
+                changes[key] = str(value)
+            else:
+                if key == "allowed_batch_sizes" and isinstance(value, list):
+                    value = tuple(value)
+                batching[key] = value
+    batching.update(flags or {})
+    if inputs:
+        changes["inputs"] = tuple(inputs)
+    if outputs:
+        changes["outputs"] = tuple(outputs)
+    try:
+        merged = model.batching.merged(batching)
+        check_batching(merged)
+        return replace(model, batching=merged, **changes)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def check_batching(batching: Batching) -> None:
+    """Refuse settings the batcher would refuse, before the server binds its port."""
+    from carpool.batcher import Batcher
+
+    try:
+        Batcher(lambda rows: rows, **batching.batcher_options())
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
