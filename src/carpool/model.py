@@ -215,7 +215,8 @@ class Model:
         Submit dicts of arrays by input name, ``k`` rows each, with ``infer_many`` (after
         :attr:`preprocess`, which the server applies on arrival).
         """
-        settings = {"name": self.name, **self.batching.batcher_options(), **options}
+        name = self.name if self.name is not None else getattr(self.fn, "__name__", None)
+        settings = {"name": name, **self.batching.batcher_options(), **options}
         return Batcher(self.batched_fn(), collator=self.collator(), **settings)
 
     def batched_fn(self) -> Callable[[dict[str, Any]], Any]:

@@ -15,6 +15,7 @@ Pure: numpy in, numpy out. Two kinds:
 from __future__ import annotations
 
 import bisect
+import numbers
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,7 +58,8 @@ class Padding:
         if not self.inputs or not all(isinstance(k, str) for k in self.inputs):
             raise ValueError("padding inputs must map at least one input name to a pad value")
         for name, value in self.inputs.items():
-            if isinstance(value, bool) or not isinstance(value, int | float):
+            pad: object = value  # a config file or a caller may hand anything
+            if isinstance(pad, bool | np.bool_) or not isinstance(pad, numbers.Real):
                 raise ValueError(f"padding for input {name!r}: pad value must be a number")
         buckets = tuple(self.buckets)
         if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in buckets) or list(
@@ -66,7 +68,13 @@ class Padding:
             raise ValueError(f"padding buckets must be ascending ints >= 1, got {list(buckets)}")
         outputs = {}
         for name, axes in self.outputs.items():
-            axes = (axes,) if isinstance(axes, int) else tuple(axes)
+            axes = (
+                (axes,)
+                if isinstance(axes, int)
+                else tuple(axes)
+                if isinstance(axes, tuple | list)
+                else ()
+            )
             if not axes or any(
                 isinstance(a, bool) or not isinstance(a, int) or a < 0 for a in axes
             ):
@@ -92,6 +100,26 @@ class Padding:
         at = bisect.bisect_left(self.buckets, length)
         return self.buckets[at] if at < len(self.buckets) else length
 
+    def check(self, value: Mapping[str, Any], *, many: bool = True, field: str = "input") -> None:
+        """Raise :class:`CollationError` for a request these rules cannot batch: a ragged
+        input missing or not an array, a dtype that cannot hold its pad value, or a request
+        sending the input that carries lengths."""
+        if self.first not in value:
+            raise CollationError(f"the ragged input {self.first!r} is missing", field=field)
+        if self.lengths is not None and self.lengths in value:
+            raise CollationError(
+                f"input {self.lengths!r} is where the model gets each row's lengths; "
+                "a request cannot send it",
+                field=self.lengths,
+            )
+        for name, pad in self.inputs.items():
+            array = value.get(name)
+            if array is None:
+                continue
+            if not isinstance(array, np.ndarray) or array.ndim < (2 if many else 1):
+                raise _ragged_error(name, array, name)
+            _check_pad(pad, array.dtype, name)
+
     def collator(self) -> Collator:
         """A collator that pads dicts of arrays (the server's request values)."""
         return Collator({dict: _PaddedDict(self)})
@@ -109,6 +137,11 @@ class Padding:
                 raise ValueError(
                     f"padded output {name!r} has shape {list(array.shape)}; it has no row "
                     f"axis {max(axes)} to cut back to each row's length"
+                )
+            if len(axes) > lengths.shape[1]:
+                raise ValueError(
+                    f"padded output {name!r} names {len(axes)} ragged axes, but the ragged "
+                    f"input {self.first!r} has {lengths.shape[1]}"
                 )
             rows = []
             for i in range(len(lengths)):
@@ -133,18 +166,15 @@ class _PaddedDict:
 
     def key(self, collator: Collator, value: Any, many: bool, field: str) -> Hashable:
         padding = self._padding
+        padding.check(value, many=many, field=field)
         parts: list[Hashable] = []
         for name in sorted(value):
             array = value[name]
             if name in padding.inputs:
-                if not isinstance(array, np.ndarray) or array.ndim < (2 if many else 1):
-                    raise _ragged_error(name, array, field)
-                parts.append((name, array.dtype, array.ndim))
+                parts.append((name, array.dtype, array.ndim - (1 if many else 0)))
             else:
                 parts.append((name, collator.key(array, many, f"{field}[{name!r}]")))
-        first = value.get(padding.first)
-        if first is None:
-            raise CollationError(f"the ragged input {padding.first!r} is missing", field=field)
+        first = value[padding.first]
         row_shape = first.shape[1:] if many else first.shape
         return (Padding, tuple(padding.bucket(n) for n in row_shape), *parts)
 
@@ -196,6 +226,26 @@ def _ragged_error(name: str, value: Any, field: str) -> Exception:
     )
 
 
+_FITS: dict[tuple[float, np.dtype[Any]], bool] = {}
+
+
+def _check_pad(value: float, dtype: np.dtype[Any], name: str) -> None:
+    """Refuse a request whose dtype cannot hold the pad value, before it joins a batch."""
+    fits = _FITS.get((value, dtype))
+    if fits is None:
+        try:
+            with np.errstate(all="ignore"):
+                fits = bool(np.array(value).astype(dtype) == value)
+        except (OverflowError, ValueError, TypeError):
+            fits = False
+        _FITS[(value, dtype)] = fits
+    if not fits:
+        raise CollationError(
+            f"ragged input {name!r} is {dtype}, which cannot hold its pad value {value!r}",
+            field=name,
+        )
+
+
 def _pad_stack(parts: list[np.ndarray[Any, Any]], value: float) -> np.ndarray[Any, Any]:
     shapes = np.array([p.shape[1:] for p in parts])
     target = tuple(int(n) for n in shapes.max(axis=0))
@@ -225,7 +275,7 @@ def pad_rows(batch: Any, size: int) -> Any:
         padded = {k: pad_rows(v, size) for k, v in batch.items()}
         if isinstance(batch, PaddedBatch):
             out = PaddedBatch(padded)
-            out.lengths = batch.lengths
+            out.lengths = pad_rows(batch.lengths, size)
             return out
         return padded
     array = np.asarray(batch)

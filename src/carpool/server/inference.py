@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from carpool.errors import CollationError
 from carpool.model import Model, Tensor
 from carpool.server.protocol import (
     DATATYPES,
@@ -177,6 +178,11 @@ def admit(model: Model, request: InferRequest) -> Admission:
     rows = _rows(request) if model.batching.batched else 1
     if model.preprocess is not None:
         value = _preprocess(model, value, rows)
+    if model.padding is not None:
+        try:
+            model.padding.check(value)
+        except CollationError as exc:
+            raise ProtocolError(str(exc), field=exc.field or "inputs") from None
     outputs = _requested(model, request)
     batching = model.batching
 

