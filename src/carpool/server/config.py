@@ -79,7 +79,7 @@ def load_target(
     model's load settings (``backend``, ``[onnx]``, ``[torch]``) for a file."""
     path = Path(target)
     if target in BUILTINS:
-        model = BUILTINS[target]()
+        model = BUILTINS[target](options or {})
     elif path.is_file() or (path.suffix.lower() in (".onnx", ".pt", ".pth", ".ts")):
         if not path.is_file():
             raise ConfigError(f"model file {target!r} does not exist")
@@ -119,22 +119,26 @@ def load_target(
     return model
 
 
-def _demo() -> Model:
+def _demo(options: Mapping[str, Any]) -> Model:
     from carpool.demo import demo_model
 
     return demo_model()
 
 
-def _minilm() -> Model:
+def _minilm(options: Mapping[str, Any]) -> Model:
+    """all-MiniLM-L6-v2; ``[models.minilm.torch]`` sets ``device`` and ``threads``."""
     from carpool.minilm import minilm_model
 
+    torch_options = options.get("torch", {})
     try:
-        return minilm_model()
+        return minilm_model(**torch_options)
     except ImportError as exc:
         raise ConfigError(str(exc)) from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"model 'minilm' [torch] options: {exc}") from None
 
 
-BUILTINS: dict[str, Callable[[], Model]] = {DEMO: _demo, "minilm": _minilm}
+BUILTINS: dict[str, Callable[[Mapping[str, Any]], Model]] = {DEMO: _demo, "minilm": _minilm}
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -186,7 +190,7 @@ def resolve_models(
             unavailable.extend(failed)
             continue
         stem = Path(target).stem if Path(target).is_file() else None
-        table = file_models.get(name or stem or "", {})
+        table = file_models.get(name or stem or target, {})
         model = load_target(target, name=name, options=table)
         layers = [file_models.get(model.name or "", {})]
         try:

