@@ -42,7 +42,7 @@ def main() -> None:
     for i, sentence in enumerate(SENTENCES):
         scores = "  ".join(f"{similarity[i, j]:5.2f}" for j in range(len(SENTENCES)))
         lines.append(f"[{i}] {scores}   {sentence}")
-    print("\n".join(lines))  # noqa: T201 (an example's job is to show its result)
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

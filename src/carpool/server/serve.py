@@ -14,6 +14,7 @@ import math
 import os
 import signal
 import threading
+import time
 from types import FrameType
 
 import uvicorn
@@ -22,7 +23,7 @@ from carpool.server.app import App
 from carpool.server.config import ServerConfig
 from carpool.server.registry import Registry
 
-__all__ = ["build_app", "serve"]
+__all__ = ["build_app", "configure_logging", "serve"]
 
 log = logging.getLogger("carpool.server")
 
@@ -77,7 +78,9 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def _logging(level: str, access_log: bool, log_format: str) -> None:
+def configure_logging(level: str, access_log: bool, log_format: str) -> None:
+    """carpool's log handler and format; the CLI sets them before models load, so that what
+    loading logs (a graph served without batching, say) reads like the rest."""
     handler = logging.StreamHandler()
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
@@ -89,9 +92,19 @@ def _logging(level: str, access_log: bool, log_format: str) -> None:
     logging.getLogger("carpool.access").setLevel(logging.INFO if access_log else logging.WARNING)
 
 
+def _stuck_threads(within_s: float) -> list[str]:
+    """Threads that would keep the process alive, after giving idle pool workers (told to
+    stop when their batcher closed) ``within_s`` to notice and exit."""
+    deadline = time.monotonic() + within_s
+    others = [t for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()]
+    for thread in others:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [t.name for t in others if t.is_alive()]
+
+
 def serve(config: ServerConfig) -> int:
     """Run the server until a signal; returns the process exit code."""
-    _logging(config.log_level, config.access_log, config.log_format)
+    configure_logging(config.log_level, config.access_log, config.log_format)
     app = build_app(config)
     try:
         import uvloop  # noqa: F401
@@ -115,8 +128,7 @@ def serve(config: ServerConfig) -> int:
     server = _Server(uv_config, app)
     server.run()
     code = 0 if server.started else 1
-    stuck = [t.name for t in threading.enumerate() if t.is_alive() and not t.daemon
-             and t is not threading.main_thread()]  # fmt: skip
+    stuck = _stuck_threads(within_s=1.0)
     if stuck:
         # A model call that never returned: its worker thread would keep the interpreter
         # from exiting, and the drain already answered its requests with 503.

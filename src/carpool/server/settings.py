@@ -114,6 +114,11 @@ def apply_settings(
                     value = tuple(value)
                 batching[key] = value
     batching.update(flags or {})
+    if not model.batching.batched:
+        # The model itself cannot batch (an ONNX graph without a batch axis): settings
+        # meant for batching models (a flag applies to every model) leave it as it is.
+        for key in ("max_batch_size", "allowed_batch_sizes", "max_wait_ms", "policy"):
+            batching.pop(key, None)
     if inputs:
         changes["inputs"] = tuple(inputs)
     if outputs:

@@ -1,0 +1,1 @@
+"""Backends: carpool.Model objects for real model formats."""
