@@ -271,7 +271,11 @@ def test_batched_fn_returns_a_dict_of_outputs() -> None:
 def test_batched_fn_needs_a_dict_for_several_outputs() -> None:
     model = Model(double, name="m", outputs=[Tensor("a"), Tensor("b")])
     with pytest.raises(
-        TypeError, match=exactly("model 'm' declares outputs ['a', 'b']; return a dict of arrays")
+        TypeError,
+        match=exactly(
+            "model 'm' declares outputs ['a', 'b']; return a dict of arrays "
+            "(or a tuple, in that order)"
+        ),
     ):
         model.batched_fn()({"INPUT0": np.arange(3)})
 

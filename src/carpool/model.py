@@ -154,7 +154,9 @@ class Model:
     request's decoded inputs (k rows each) to what ``fn`` takes (k rows each), e.g. text to
     token ids. ``padding`` batches inputs whose rows differ in length (see
     :class:`carpool.padding.Padding`); ``fn`` then receives a dict. With ``preprocess`` or
-    ``padding``, ``fn`` always receives a dict of arrays by name.
+    ``padding``, ``fn`` always receives a dict of arrays by name; with several declared
+    inputs, in their declared order. Several outputs come back as a dict by name, or a tuple
+    in declared order.
     """
 
     fn: Callable[[Any], Any]
@@ -236,15 +238,28 @@ class Model:
         def as_dict(result: Any) -> dict[str, Any]:
             if isinstance(result, Mapping):
                 return dict(result)
+            if isinstance(result, tuple) and len(outputs) > 1:
+                if len(result) != len(outputs):
+                    raise TypeError(
+                        f"model {self.name!r} returned {len(result)} outputs; it declares "
+                        f"{[t.name for t in outputs]}"
+                    )
+                return {t.name: value for t, value in zip(outputs, result, strict=True)}
             if len(outputs) != 1:
                 names = [t.name for t in outputs]
                 raise TypeError(
-                    f"model {self.name!r} declares outputs {names}; return a dict of arrays"
+                    f"model {self.name!r} declares outputs {names}; return a dict of arrays "
+                    "(or a tuple, in that order)"
                 )
             return {outputs[0].name: np.asarray(result) if isinstance(result, list) else result}
 
+        names = [t.name for t in self.input_specs]
+        in_order = takes_dict and padding is None and self.preprocess is None and len(names) > 1
+
         def before(batch: dict[str, Any]) -> tuple[Any, int]:
             rows = len(next(iter(batch.values())))
+            if in_order:  # requests name inputs in any order; fn gets the declared one
+                batch = {name: batch[name] for name in names}
             if not batching.batched:
                 return {k: v[0] for k, v in batch.items()}, rows
             if allowed:
