@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from carpool import Batching, Model, Tensor
@@ -403,3 +404,19 @@ def test_repository_where_nothing_loads_is_refused(tmp_path: Path) -> None:
 def test_name_is_refused_for_a_repository(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="a repository names models after their folders"):
         resolve_models([str(tmp_path)], name="x", flags={}, file_models={})
+
+
+def test_torch_module_target_is_served_through_the_torch_backend(
+    module: Callable[[str], str],
+) -> None:
+    name = module(
+        "import torch\n\n"
+        "class Scale(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return x * 3\n\n"
+        "scale = Scale()\n"
+    )
+    model = load_target(f"{name}:scale")
+    assert (model.name, model.platform) == ("scale", "pytorch")
+    got = model.batched_fn()({"INPUT0": np.arange(4, dtype=np.float32).reshape(2, 2)})
+    np.testing.assert_array_equal(got["OUTPUT0"], [[0, 3], [6, 9]])
