@@ -1,0 +1,1 @@
+"""carpool bench: load generation, measurement and reports for v2 servers and batchers."""
