@@ -55,6 +55,23 @@ lengths = "lengths"
 outputs = { doubled = 0 }
 """
 
+MODULE_MODEL = """
+import torch
+
+
+class Affine(torch.nn.Module):
+    def forward(self, x, shift):
+        return x * 3, x.sum(dim=1, keepdim=True) + shift
+
+
+model = Affine()
+"""
+
+MODULE_TOML = """
+inputs = ["x:FP32:3", "shift:FP32:1"]
+outputs = ["scaled:FP32:3", "total:FP32:1"]
+"""
+
 STATIC_MODEL = """
 import numpy as np
 
@@ -88,6 +105,8 @@ def make_repository(root: Path) -> Path:
     onnx_graphs.static(root / "fixed" / "model.onnx")
     _write(root / "tokens" / "model.py", TOKENS_MODEL)
     _write(root / "tokens" / "carpool.toml", TOKENS_TOML)
+    _write(root / "module" / "model.py", MODULE_MODEL)
+    _write(root / "module" / "carpool.toml", MODULE_TOML)
     _write(root / "static" / "model.py", STATIC_MODEL)
     _write(root / "static" / "carpool.toml", STATIC_TOML)
     for version, offset in (("1", 100), ("3", 300)):
@@ -157,6 +176,7 @@ def test_repository_index_lists_every_model_with_its_state(
         "broken": "UNAVAILABLE",
         "empty": "UNAVAILABLE",
         "fixed": "READY",
+        "module": "READY",
         "scorer": "READY",
         "static": "READY",
         "tokens": "READY",
@@ -242,6 +262,20 @@ def test_torchscript_file_in_a_folder(client: triton.InferenceServerClient) -> N
     x = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.float32)
     result = infer(client, "torchy", "x", x, "FP32")
     np.testing.assert_array_equal(result.as_numpy("y"), x * 2 - 1)
+
+
+def test_torch_module_with_two_inputs_and_two_outputs(client: triton.InferenceServerClient) -> None:
+    assert client.get_model_metadata("module")["platform"] == "pytorch"
+    x = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.float32)
+    shift = np.array([[10], [20]], dtype=np.float32)
+    tensors = []
+    for name, array in (("shift", shift), ("x", x)):  # not in forward's order
+        tensor = triton.InferInput(name, list(array.shape), "FP32")
+        tensor.set_data_from_numpy(array)
+        tensors.append(tensor)
+    result = client.infer("module", tensors)
+    np.testing.assert_array_equal(result.as_numpy("scaled"), x * 3)
+    np.testing.assert_array_equal(result.as_numpy("total"), [[16], [35]])
 
 
 # ---------------------------------------------------------------- padding
