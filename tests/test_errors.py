@@ -14,6 +14,7 @@ from carpool.errors import (
     CarpoolError,
     CollationError,
     DeadlineExceeded,
+    Overloaded,
     QueueFull,
 )
 
@@ -25,6 +26,7 @@ def examples() -> list[CarpoolError]:
         BatcherClosed("embed"),
         CollationError("bad rows", field="input['ids']"),
         BatchSizeMismatch(expected=8, actual=7),
+        Overloaded(predicted_ms=80.0, budget_ms=50.0, queued=120, rows=1),
     ]
 
 
@@ -150,6 +152,7 @@ def test_tritons_wording_is_kept() -> None:
         (DeadlineExceeded(timeout_ms=5, stage="queued"), "Raise timeout_ms"),
         (BatcherClosed("m"), "Use it inside 'async with Batcher(...)'"),
         (BatchSizeMismatch(expected=1, actual=2), "exactly one output row per input row"),
+        (Overloaded(predicted_ms=80, budget_ms=50, queued=9, rows=1), "Retry later"),
     ],
     ids=lambda v: type(v).__name__ if isinstance(v, Exception) else "",
 )
@@ -167,6 +170,7 @@ def test_module_docstring_draws_the_tree() -> None:
         "BatcherClosed (RuntimeError)",
         "CollationError (TypeError)",
         "BatchSizeMismatch (ValueError)",
+        "Overloaded",
     ):
         assert line in doc
     assert set(errors.__all__) == {type(e).__name__ for e in examples()} | {"CarpoolError"}
@@ -180,3 +184,13 @@ def test_errors_survive_pickle_and_copy(error: CarpoolError) -> None:
         assert type(clone) is type(error)
         assert str(clone) == str(error)
         assert vars(clone) == vars(error)
+
+
+def test_overloaded_is_a_queue_full_with_its_prediction() -> None:
+    error = Overloaded(predicted_ms=81.4, budget_ms=50.0, queued=120, rows=2)
+    assert isinstance(error, QueueFull)
+    assert (error.predicted_ms, error.budget_ms, error.queued, error.rows) == (81.4, 50.0, 120, 2)
+    assert str(error) == (
+        "Overloaded: 120 rows queued ahead; this request would finish in about 81 ms, past "
+        "its 50 ms latency objective. Retry later, relax the objective, or add workers."
+    )

@@ -161,7 +161,13 @@ def test_decisions_and_views_are_frozen_values() -> None:
 
 
 def test_dispatch_reasons_are_plain_string_values() -> None:
-    assert [r.value for r in DispatchReason] == ["full", "wait_elapsed", "worker_idle", "drain"]
+    assert [r.value for r in DispatchReason] == [
+        "full",
+        "wait_elapsed",
+        "worker_idle",
+        "deadline",
+        "drain",
+    ]
     assert isinstance(DispatchReason.WAIT_ELAPSED, str)
     assert str(DispatchReason.DRAIN) == "drain"
 
@@ -198,7 +204,9 @@ def test_make_policy_unknown_name_lists_the_known_ones(name: str) -> None:
     with pytest.raises(ValueError, match="policy must be one of") as info:
         make_policy(name)
     message = str(info.value)
-    assert message == (f"policy must be one of 'eager', 'fixed' or a Policy object, got {name!r}")
+    assert message == (
+        f"policy must be one of 'eager', 'fixed', 'adaptive' or a Policy object, got {name!r}"
+    )
     assert info.value.__cause__ is None
     assert info.value.__suppress_context__
 

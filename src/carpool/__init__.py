@@ -14,10 +14,14 @@ from carpool.errors import (
     CarpoolError,
     CollationError,
     DeadlineExceeded,
+    Overloaded,
     QueueFull,
 )
 from carpool.model import Batching, Model, Tensor
+from carpool.cost import CostCurve, CostModel
 from carpool.policy import (
+    AdaptivePolicy,
+    Admission,
     Dispatch,
     DispatchReason,
     EagerPolicy,
@@ -49,9 +53,15 @@ __all__ = [
     "DispatchReason",
     "EagerPolicy",
     "FixedPolicy",
+    # adaptive batching: a latency objective, a learned cost model, early rejection
+    "AdaptivePolicy",
+    "Admission",
+    "CostModel",
+    "CostCurve",
     # errors
     "CarpoolError",
     "QueueFull",
+    "Overloaded",
     "DeadlineExceeded",
     "BatcherClosed",
     "CollationError",

@@ -29,8 +29,8 @@ from typing import Any, Self
 
 from carpool.blocking import FUTURE_DONE, Inbox, LoopThread, settle
 from carpool.collate import Collator
-from carpool.errors import BatcherClosed, CollationError, DeadlineExceeded
-from carpool.policy import Dispatch, DispatchReason, Policy, QueueView, make_policy
+from carpool.errors import BatcherClosed, CollationError, DeadlineExceeded, Overloaded
+from carpool.policy import Admission, Dispatch, DispatchReason, Policy, QueueView, make_policy
 from carpool.queue import Entry, RequestQueue, Segment
 from carpool.stats import BatcherStats, StatsRecorder
 from carpool.worker import BatchRunner, Failure, is_async_callable
@@ -54,7 +54,7 @@ class _State(enum.Enum):
 class _Request(Entry):
     """A queue entry plus what it takes to answer its caller exactly once."""
 
-    __slots__ = ("future", "pending", "pieces", "running", "timer")
+    __slots__ = ("deadline", "future", "pending", "pieces", "running", "timer")
 
     def __init__(
         self, value: Any, span: int | None, key: Any, priority: int, arrival: float, future: Any
@@ -76,6 +76,7 @@ class _Request(Entry):
         self.timer: asyncio.TimerHandle | None = None
         self.pending = self.rows  # rows whose output has not come back yet
         self.pieces: list[tuple[int, Any]] | None = None  # outputs of a split request
+        self.deadline = math.inf  # what a deadline-aware policy plans for
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -115,6 +116,8 @@ class Batcher:
         isolate_errors: bool = True,
         name: str | None = None,
         collator: Collator | None = None,
+        latency_slo_ms: float | None = None,
+        warmup: Any = None,
     ) -> None:
         if not callable(model_fn):
             raise TypeError(f"model_fn must be callable, got {type(model_fn).__name__}")
@@ -129,7 +132,23 @@ class Batcher:
         self.isolate_errors = isolate_errors
         self.name = name if name is not None else getattr(model_fn, "__name__", "model")
         self.model_fn = model_fn
-        self.policy = make_policy(policy)
+        if latency_slo_ms is not None and policy != "adaptive":
+            raise ValueError(
+                "latency_slo_ms is the objective of policy='adaptive'; set that policy, or "
+                "drop latency_slo_ms"
+            )
+        self.policy = make_policy(policy, latency_slo_ms=latency_slo_ms)
+        # Duck-typed extras a policy may have: a latency objective, admission, a cost model.
+        self._slo: float | None = getattr(self.policy, "latency_slo", None)
+        self._admits: Callable[[Admission, float], float | None] | None = getattr(
+            self.policy, "admit", None
+        )
+        self._observe: Callable[[int, float, Any], None] | None = getattr(
+            self.policy, "observe", None
+        )
+        self._warmup = warmup
+        self._in_flight: dict[int, tuple[float, int]] = {}  # batch id -> (dispatched, rows)
+        self._batch_ids = 0
         self._collator = collator if collator is not None else Collator()
         self._is_async = is_async_callable(model_fn)
 
@@ -143,7 +162,7 @@ class Batcher:
             isolate_errors=isolate_errors,
             name=self.name,
             workers=self.workers,
-            record_model_time=self._stats.modelled,
+            record_model_time=self._modelled,
             claim=self._claim,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -262,6 +281,8 @@ class Batcher:
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
+                if self._warmup is not None and self._observe is not None:
+                    await self._profile(self._warmup)
                 await self._schedule()
         except BaseException as exc:
             error = exc
@@ -281,6 +302,45 @@ class Batcher:
                 self._executor.shutdown(wait=False)
             if error is not None and not isinstance(error, asyncio.CancelledError):
                 log.error("batcher %r stopped after an internal error", self.name, exc_info=error)
+
+    async def _profile(self, example: Any) -> None:
+        """Warm the policy's cost model before the first batch: a few batches of
+        ``example`` rows at sizes 1 .. max_batch_size, timed, not counted in stats."""
+        most = self.max_batch_size
+        sizes = sorted({1, max(1, most // 4), max(1, most // 2), most})
+        observe = self._observe
+        assert observe is not None
+        key = self._collator.key(example)
+        for rows in sizes * 2:
+            batch = self._collator.stack([example] * rows)
+            started = time.perf_counter()
+            if self._is_async:
+                await self.model_fn(batch)
+            else:
+                loop = asyncio.get_running_loop()
+                await loop.run_in_executor(self._executor, self.model_fn, batch)
+            observe(rows, time.perf_counter() - started, key)
+        log.info("batcher %r: %s", self.name, self.learned())
+
+    def learned(self) -> str:
+        """One line on what the policy learned (its cost curve), or that it learns nothing."""
+        cost = getattr(self.policy, "cost", None)
+        curve = cost.curve() if cost is not None else None
+        if curve is None:
+            return f"policy {self.policy} has no cost model" if cost is None else "nothing yet"
+        slo = f", objective {self._slo * 1000:g} ms" if self._slo is not None else ""
+        overloaded = getattr(self.policy, "overloaded", 0)
+        return f"policy {self.policy}{slo}: {curve}; {overloaded} refused as overloaded"
+
+    def _modelled(self, rows: int, seconds: float, key: Any) -> None:
+        """A model call's duration, from the worker that made it."""
+        self._stats.modelled(seconds)
+        if self._observe is not None:
+            cost = getattr(self.policy, "cost", None)
+            predicted = cost.predict(rows, key) if cost is not None else None
+            if predicted:
+                self._stats.prediction_ratios.append(seconds / predicted)
+            self._observe(rows, seconds, key)
 
     # ----------------------------------------------------------------- requests
 
@@ -369,7 +429,9 @@ class Batcher:
         if self._state is _State.RUNNING and _get_ident() == self._loop_thread_id:
             # Count what submit() already handed over, even if its wake-up is still on its way.
             self._inbox.take()
-        return self._stats.snapshot(self._queue.pushed, self._queue.rows)
+        cost = getattr(self.policy, "cost", None)
+        curve = cost.curve() if cost is not None else None
+        return self._stats.snapshot(self._queue.pushed, self._queue.rows, curve)
 
     # ----------------------------------------------------------------- on the loop
 
@@ -408,6 +470,33 @@ class Batcher:
         key = self._collator.key(value, span is not None)
         now = _monotonic()
         request = _Request(value, span, key, priority, now, future)
+        if self._slo is not None:
+            deadline = now + self._slo
+            if timeout_ms is not None:
+                deadline = min(deadline, now + timeout_ms / 1000.0)
+            request.deadline = deadline
+        if self._admits is not None:
+            late = self._admits(
+                Admission(
+                    rows=request.rows,
+                    deadline=request.deadline,
+                    rows_ahead=self._queue.rows_ahead(priority),
+                    key=key,
+                    workers=self.workers,
+                    max_batch_size=self.max_batch_size,
+                    in_flight=tuple(self._in_flight.values()),
+                ),
+                now,
+            )
+            if late is not None:
+                self._stats.rejected += 1
+                self._stats.overloaded += 1
+                raise Overloaded(
+                    predicted_ms=(late - now) * 1000.0,
+                    budget_ms=(request.deadline - now) * 1000.0,
+                    queued=self._queue.rows,
+                    rows=request.rows,
+                )
         try:
             self._queue.push(request)
         except Exception:
@@ -521,6 +610,10 @@ class Batcher:
                         busy_workers=self._busy,
                         max_batch_size=self.max_batch_size,
                         max_wait=max_wait,
+                        head_deadline=head.deadline,  # type: ignore[attr-defined]
+                        head_key=head.key,
+                        workers=self.workers,
+                        in_flight=tuple(self._in_flight.values()),
                     ),
                     now,
                 )
@@ -556,10 +649,12 @@ class Batcher:
         stats.batch(rows, reason)
         stats.waited([now - entry.arrival for entry, start, _ in segments if not start])
         self._busy += 1
+        self._batch_ids = batch = self._batch_ids + 1
+        self._in_flight[batch] = (now, rows)
         assert self._tg is not None
-        self._tg.create_task(self._run_batch(segments, rows))
+        self._tg.create_task(self._run_batch(segments, rows, batch))
 
-    async def _run_batch(self, segments: list[Segment], rows: int) -> None:
+    async def _run_batch(self, segments: list[Segment], rows: int, batch: int) -> None:
         try:
             parts = await self._runner.run(segments, self._executor)
         except BaseException as exc:
@@ -570,6 +665,7 @@ class Batcher:
             raise
         finally:
             self._busy -= 1
+            del self._in_flight[batch]
             self._stats.running_rows -= rows
             self._notify()
         completed = 0

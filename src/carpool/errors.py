@@ -5,6 +5,7 @@ working in code that does not know carpool::
 
     CarpoolError
     ├── QueueFull (RuntimeError)          refused at the door: max_queue_size rows already wait
+    │   └── Overloaded                    refused at the door: it would finish past its deadline
     ├── DeadlineExceeded (TimeoutError)   the request's timeout_ms passed before its result
     ├── BatcherClosed (RuntimeError)      the batcher stopped accepting requests
     ├── CollationError (TypeError)        rows that cannot be stacked, or an unsplittable output
@@ -24,6 +25,7 @@ __all__ = [
     "CarpoolError",
     "CollationError",
     "DeadlineExceeded",
+    "Overloaded",
     "QueueFull",
 ]
 
@@ -65,6 +67,33 @@ class QueueFull(CarpoolError, RuntimeError):
 
     def _fields(self) -> dict[str, Any]:
         return {"max_queue_size": self.max_queue_size, "queued": self.queued, "rows": self.rows}
+
+
+class Overloaded(QueueFull):
+    """Refused on arrival: the work queued ahead of the request, plus its own batch, is
+    predicted to finish after its deadline, so it would only be served late. A ``QueueFull``
+    (the same 503 and ``Retry-After``), counted apart from queue-full rejections."""
+
+    def __init__(self, *, predicted_ms: float, budget_ms: float, queued: int, rows: int) -> None:
+        self.predicted_ms = predicted_ms
+        self.budget_ms = budget_ms
+        self.queued = queued
+        self.rows = rows
+        self.max_queue_size = 0
+        RuntimeError.__init__(
+            self,
+            f"Overloaded: {queued} rows queued ahead; this request would finish in about "
+            f"{predicted_ms:.0f} ms, past its {budget_ms:.0f} ms latency objective. Retry "
+            "later, relax the objective, or add workers.",
+        )
+
+    def _fields(self) -> dict[str, Any]:
+        return {
+            "predicted_ms": self.predicted_ms,
+            "budget_ms": self.budget_ms,
+            "queued": self.queued,
+            "rows": self.rows,
+        }
 
 
 class DeadlineExceeded(CarpoolError, TimeoutError):

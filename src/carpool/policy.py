@@ -17,10 +17,16 @@ as ``Batcher(..., policy=MyPolicy())``. ``rows`` is clamped to ``[1, head_rows]`
 from __future__ import annotations
 
 import enum
+import math
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from carpool.cost import CostModel
+
 __all__ = [
+    "AdaptivePolicy",
+    "Admission",
     "Decision",
     "Dispatch",
     "DispatchReason",
@@ -39,6 +45,7 @@ class DispatchReason(enum.StrEnum):
     FULL = "full"  # max_batch_size rows were waiting
     WAIT_ELAPSED = "wait_elapsed"  # the head of the queue waited max_wait_ms
     WORKER_IDLE = "worker_idle"  # a worker was free and the policy does not wait
+    DEADLINE = "deadline"  # waiting would pay, but the head's deadline does not allow it
     DRAIN = "drain"  # the batcher is closing: everything accepted goes now
 
 
@@ -53,6 +60,25 @@ class QueueView:
     busy_workers: int  # batches running now
     max_batch_size: int
     max_wait: float  # seconds; max_wait_ms / 1000
+    head_deadline: float = math.inf  # the earliest deadline among the head's rows
+    head_key: Hashable = None  # the head's collation key: its shape, its length bucket
+    workers: int = 1
+    # (dispatch time, rows) of every batch dispatched and not finished, oldest first; the
+    # first `workers` of them are running, the rest staged behind them.
+    in_flight: tuple[tuple[float, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A request at the door, for policies that admit (see :class:`AdaptivePolicy`)."""
+
+    rows: int
+    deadline: float  # seconds on the batcher's clock; inf when it has none
+    rows_ahead: int  # queued rows served before it (its priority level and more urgent)
+    key: Hashable
+    workers: int
+    max_batch_size: int
+    in_flight: tuple[tuple[float, int], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,19 +133,162 @@ class EagerPolicy:
         return Dispatch(view.head_rows, DispatchReason.WORKER_IDLE)
 
 
+# The next row has arrived by this many mean gaps, 9 times in 10 (Poisson: -ln(0.1)).
+_GAP_P90 = math.log(10.0)
+
+
+class AdaptivePolicy:
+    """Deadline-aware batching from a learned cost model: state the latency objective, not
+    the batch window.
+
+    * Every request's deadline is its arrival plus ``latency_slo_ms`` (or its own, tighter,
+      timeout).
+    * **Admission**: a request whose predicted completion (the batches in flight, the rows
+      queued ahead of it, then its own batch, at the cost model's 90th percentile) is past
+      its deadline is refused at once with :class:`~carpool.errors.Overloaded`, rather than
+      served late; under overload the queue holds only what can still make it.
+    * **Dispatch**: a free worker takes the queue's head now (work-conserving, like
+      ``eager``) unless waiting for one more row pays: waiting runs ``n + 1`` rows a moment
+      later, dispatching now runs ``n`` rows and leaves the rows arriving meanwhile for a
+      batch after it. The policy waits when the worst latency among these rows is lower
+      that way, judged with a pessimistic arrival (the next row's 90th-percentile gap), only
+      while the head's deadline still holds, and never longer than ``max_wait_ms``. At low
+      load that never pays (a lone row runs at once); near capacity it fills batches.
+
+    ``decide``, ``admit`` and ``observe`` are pure apart from the cost model and the arrival
+    rate they update; the batcher passes the clock in.
+    """
+
+    def __init__(
+        self,
+        latency_slo_ms: float,
+        *,
+        cost: CostModel | None = None,
+        rate_window_s: float = 1.0,
+    ) -> None:
+        if (
+            isinstance(latency_slo_ms, bool)
+            or not isinstance(latency_slo_ms, int | float)
+            or not latency_slo_ms > 0
+        ):
+            raise ValueError(f"latency_slo_ms must be a number > 0, got {latency_slo_ms!r}")
+        if not rate_window_s > 0:
+            raise ValueError(f"rate_window_s must be > 0, got {rate_window_s!r}")
+        self.latency_slo = latency_slo_ms / 1000.0
+        self.cost = cost if cost is not None else CostModel()
+        self._window = rate_window_s
+        self._rate = 0.0  # rows/s, exponentially decayed over the window
+        self._rate_at = -math.inf
+        self.overloaded = 0
+
+    def __repr__(self) -> str:
+        return f"AdaptivePolicy(latency_slo_ms={self.latency_slo * 1000:g})"
+
+    def __str__(self) -> str:
+        return "adaptive"
+
+    # ------------------------------------------------------------ what it learns
+
+    def arrival_rate(self, now: float) -> float:
+        """Rows per second arriving lately (an exponentially decayed count)."""
+        if self._rate_at == -math.inf:
+            return 0.0
+        return self._rate * math.exp(-(now - self._rate_at) / self._window)
+
+    def _arrived(self, rows: int, now: float) -> None:
+        self._rate = self.arrival_rate(now) + rows / self._window
+        self._rate_at = now
+
+    def observe(self, rows: int, seconds: float, key: Hashable = None) -> None:
+        """A batch of ``rows`` rows ran for ``seconds``; from any thread."""
+        self.cost.observe(rows, seconds, key)
+
+    # ------------------------------------------------------------ admission
+
+    def admit(self, request: Admission, now: float) -> float | None:
+        """None to accept; else the predicted completion time, past the deadline."""
+        self._arrived(request.rows, now)
+        if request.deadline == math.inf:
+            return None
+        cost = self.cost
+        if cost.curve(request.key) is None:
+            return None  # nothing learned yet: accept, and learn
+        done = _completion(request, now, cost)
+        if done <= request.deadline:
+            return None
+        self.overloaded += 1
+        return done
+
+    # ------------------------------------------------------------ dispatch
+
+    def decide(self, view: QueueView, now: float) -> Decision:
+        n, most = view.head_rows, view.max_batch_size
+        if n >= most:
+            return Dispatch(most, DispatchReason.FULL)
+        curve = self.cost.curve(view.head_key)
+        rate = self.arrival_rate(now)
+        waited = now - view.head_arrival
+        if curve is None or rate <= 0 or waited >= view.max_wait:
+            return Dispatch(n, DispatchReason.WORKER_IDLE)
+        gap = _GAP_P90 / rate
+        run_now = curve.predict(n)
+        after = curve.predict(max(1, min(most, round(rate * run_now))))
+        # Dispatch now: the head is done after run_now; a row arriving at `gap` waits for
+        # this batch, then runs in the next. Wait: everything runs at gap + run(n + 1).
+        run_later = gap + curve.predict(n + 1)
+        worst_now = max(waited + run_now, run_now + after - gap)
+        worst_later = waited + run_later
+        if worst_later >= worst_now:
+            return Dispatch(n, DispatchReason.WORKER_IDLE)
+        if now + run_later > view.head_deadline:
+            return Dispatch(n, DispatchReason.DEADLINE)
+        return WaitUntil(min(now + gap, view.head_arrival + view.max_wait))
+
+
+def _completion(request: Admission, now: float, cost: CostModel) -> float:
+    """When the request's last row is predicted to finish: the in-flight batches on their
+    workers, then the queue ahead of it in full batches, then its own."""
+    key, most, workers = request.key, request.max_batch_size, request.workers
+    free = [now] * workers
+    for i, (started, rows) in enumerate(request.in_flight):
+        took = cost.predict(rows, key) or 0.0
+        if i < workers:
+            free[i] = max(now, started + took)
+        else:
+            at = free.index(min(free))
+            free[at] += took
+    left = request.rows_ahead + request.rows
+    done = now
+    while left > 0:
+        rows = min(left, most)
+        at = free.index(min(free))
+        free[at] += cost.predict(rows, key) or 0.0
+        done = free[at]
+        left -= rows
+    return done
+
+
 _BY_NAME: dict[str, type[FixedPolicy] | type[EagerPolicy]] = {
     "eager": EagerPolicy,
     "fixed": FixedPolicy,
 }
 
 
-def make_policy(policy: str | Policy) -> Policy:
-    """A policy object from its name (``"eager"``, ``"fixed"``) or a user's own object."""
+def make_policy(policy: str | Policy, *, latency_slo_ms: float | None = None) -> Policy:
+    """A policy object from its name (``"eager"``, ``"fixed"``, ``"adaptive"``, which needs
+    ``latency_slo_ms``) or a user's own object."""
+    if policy == "adaptive":
+        if latency_slo_ms is None:
+            raise ValueError(
+                "policy 'adaptive' needs a latency objective: set latency_slo_ms "
+                "(e.g. 50 for 50 ms)"
+            )
+        return AdaptivePolicy(latency_slo_ms)
     if isinstance(policy, str):
         try:
             return _BY_NAME[policy]()
         except KeyError:
-            names = ", ".join(repr(n) for n in _BY_NAME)
+            names = ", ".join(repr(n) for n in [*_BY_NAME, "adaptive"])
             raise ValueError(
                 f"policy must be one of {names} or a Policy object, got {policy!r}"
             ) from None

@@ -61,6 +61,7 @@ class RequestQueue:
         self._levels: dict[int, dict[Hashable, deque[Entry]]] = {}
         self._priorities: list[int] = []  # sorted keys of _levels
         self._key_rows: dict[Hashable, int] = {}
+        self._level_rows: dict[int, int] = {}  # live rows by priority level
 
     def __len__(self) -> int:
         return self.rows
@@ -87,6 +88,8 @@ class RequestQueue:
         self.rows += rows
         key_rows = self._key_rows
         key_rows[key] = key_rows.get(key, 0) + rows
+        level_rows = self._level_rows
+        level_rows[entry.priority] = level_rows.get(entry.priority, 0) + rows
 
     def _new_lane(self, priority: int, key: Hashable) -> deque[Entry]:
         level = self._levels.get(priority)
@@ -104,7 +107,13 @@ class RequestQueue:
         left = entry.rows - entry.taken
         self.rows -= left
         self._release(entry.key, left)
+        self._level_rows[entry.priority] -= left
         return True
+
+    def rows_ahead(self, priority: int) -> int:
+        """Rows queued that are served before a new request of ``priority`` (its level and
+        the more urgent ones: FIFO within a level)."""
+        return sum(rows for level, rows in self._level_rows.items() if level <= priority)
 
     def _release(self, key: Hashable, rows: int) -> None:
         left = self._key_rows[key] - rows
@@ -161,10 +170,12 @@ class RequestQueue:
         segments: list[Segment] = []
         append = segments.append
         room = max_rows
+        level_rows = self._level_rows
         for priority in self._priorities:
             if priority < head.priority:
                 continue
             lane = self._levels[priority].get(key)
+            before = room
             while lane and room:
                 entry = lane.popleft()
                 if not entry.queued:
@@ -183,6 +194,8 @@ class RequestQueue:
                     entry.queued = False
                 else:  # the rest keeps its place at the head, never re-queued at the tail
                     lane.appendleft(entry)
+            if room != before:
+                level_rows[priority] -= before - room
             if not room:
                 break
         taken = max_rows - room
@@ -203,4 +216,5 @@ class RequestQueue:
             self.remove(entry)
         self._levels.clear()
         self._priorities.clear()
+        self._level_rows.clear()
         return entries

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from functools import partial
 from types import MappingProxyType
 
+from carpool.cost import CostCurve
+
 __all__ = ["BatcherStats", "Histogram", "HistogramSnapshot", "Percentiles", "StatsRecorder"]
 
 # Seconds. Prometheus' default latency buckets, extended down to 100 µs (batching overhead
@@ -39,7 +41,8 @@ class Percentiles:
     count: int = 0
 
     @classmethod
-    def of(cls, seconds: Iterable[float]) -> Percentiles:
+    def of(cls, seconds: Iterable[float], scale: float = 1000.0) -> Percentiles:
+        """Of durations in seconds, as milliseconds (``scale=1`` for plain numbers)."""
         ordered = sorted(seconds)
         n = len(ordered)
         if not n:
@@ -48,7 +51,7 @@ class Percentiles:
         def at(q: float) -> float:
             # nearest rank: the smallest sample with at least q of the samples at or below it
             rank = max(1, math.ceil(round(q * n, 9)))
-            return ordered[rank - 1] * 1000.0
+            return ordered[rank - 1] * scale
 
         return cls(p50=at(0.50), p90=at(0.90), p99=at(0.99), count=n)
 
@@ -118,6 +121,10 @@ class BatcherStats:
     model_ms: Percentiles  # one model_fn call
     queue_wait_seconds: HistogramSnapshot  # the same, since the start, for metrics
     model_seconds: HistogramSnapshot
+    overloaded: int = 0  # of the rejected: predicted to miss their deadline (adaptive)
+    cost_curve: CostCurve | None = None  # what a learning policy fitted (adaptive)
+    # measured / predicted model time of recent batches (adaptive): ~1 when well fitted
+    prediction_ratio: Percentiles | None = None
 
     @property
     def mean_batch_size(self) -> float:
@@ -133,6 +140,7 @@ class StatsRecorder:
         self.expired = 0
         self.cancelled = 0
         self.rejected = 0
+        self.overloaded = 0  # of the rejected: refused as predicted to miss their deadline
         self.batches = 0
         self.running_rows = 0
         self.rows = 0
@@ -142,6 +150,7 @@ class StatsRecorder:
         self.model_times: deque[float] = deque(maxlen=SAMPLE_WINDOW)
         self.queue_wait_hist = Histogram()
         self.model_time_hist = Histogram()
+        self.prediction_ratios: deque[float] = deque(maxlen=SAMPLE_WINDOW)
 
     def waited(self, seconds: list[float]) -> None:
         """Queue waits of the requests whose first rows just left in a batch."""
@@ -160,7 +169,9 @@ class StatsRecorder:
         self.batch_sizes[rows] += 1
         self.dispatch_reasons[str(reason)] += 1
 
-    def snapshot(self, submitted: int, queued_rows: int) -> BatcherStats:
+    def snapshot(
+        self, submitted: int, queued_rows: int, cost_curve: CostCurve | None = None
+    ) -> BatcherStats:
         """``submitted``: requests ever admitted, as the queue counts them."""
         done = self.completed + self.failed + self.expired + self.cancelled
         return BatcherStats(
@@ -181,4 +192,11 @@ class StatsRecorder:
             model_ms=Percentiles.of(self.model_times),
             queue_wait_seconds=self.queue_wait_hist.snapshot(),
             model_seconds=self.model_time_hist.snapshot(),
+            overloaded=self.overloaded,
+            cost_curve=cost_curve,
+            prediction_ratio=(
+                Percentiles.of(self.prediction_ratios, scale=1.0)
+                if self.prediction_ratios
+                else None
+            ),
         )

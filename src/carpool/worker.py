@@ -84,7 +84,8 @@ def isolate(
 
 
 class BatchRunner:
-    """Executes batches of one model. ``record_model_time`` gets each call's seconds."""
+    """Executes batches of one model. ``record_model_time`` gets each call's rows, seconds
+    and collation key."""
 
     def __init__(
         self,
@@ -95,7 +96,7 @@ class BatchRunner:
         isolate_errors: bool,
         name: str,
         workers: int,
-        record_model_time: Callable[[float], None],
+        record_model_time: Callable[[int, float, Any], None],
         claim: Callable[[list[Segment]], list[int] | None],
     ) -> None:
         self._model_fn = model_fn
@@ -158,11 +159,12 @@ class BatchRunner:
         if live is not None and not live:  # every request was answered while staged
             return [None] * len(segments)
         plan = isolate(*attempt, bisect=self._bisect, note=self._note)
+        key = segments[0][0].key
         try:
             attempt = next(plan)
             while True:
                 try:
-                    outcome: Outcome = (self._execute(*attempt), None)
+                    outcome: Outcome = (self._execute(*attempt, key), None)
                 except Exception as exc:
                     outcome = (None, exc)
                 attempt = plan.send(outcome)
@@ -174,31 +176,34 @@ class BatchRunner:
         if live is not None and not live:  # every request was answered while staged
             return [None] * len(segments)
         plan = isolate(*attempt, bisect=self._bisect, note=self._note)
+        key = segments[0][0].key
         try:
             attempt = next(plan)
             while True:
                 try:
-                    outcome: Outcome = (await self._execute_async(*attempt), None)
+                    outcome: Outcome = (await self._execute_async(*attempt, key), None)
                 except Exception as exc:
                     outcome = (None, exc)
                 attempt = plan.send(outcome)
         except StopIteration as done:
             return self._place(segments, live, done.value)
 
-    def _execute(self, values: list[Any], spans: list[Span] | None, rows: int) -> list[Any]:
+    def _execute(
+        self, values: list[Any], spans: list[Span] | None, rows: int, key: Any
+    ) -> list[Any]:
         collator = self._collator
         batch = collator.stack(values, spans)
         started = time.perf_counter()
         output = self._model_fn(batch)
-        self._record_model_time(time.perf_counter() - started)
+        self._record_model_time(rows, time.perf_counter() - started, key)
         return collator.split(output, spans, rows)
 
     async def _execute_async(
-        self, values: list[Any], spans: list[Span] | None, rows: int
+        self, values: list[Any], spans: list[Span] | None, rows: int, key: Any
     ) -> list[Any]:
         collator = self._collator
         batch = collator.stack(values, spans)
         started = time.perf_counter()
         output = await self._model_fn(batch)
-        self._record_model_time(time.perf_counter() - started)
+        self._record_model_time(rows, time.perf_counter() - started, key)
         return collator.split(output, spans, rows)

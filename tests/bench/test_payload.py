@@ -1,0 +1,402 @@
+"""Request shapes from metadata, generated and read data, and v2 bodies checked two ways:
+decoded by carpool's own server parser, and byte for byte against tritonclient's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from carpool.bench.payload import (
+    HEADER_LENGTH,
+    InputSpec,
+    RequestSpec,
+    encode,
+    generate,
+    read_requests,
+    read_strings,
+    spec_from_metadata,
+)
+from carpool.server.protocol import parse_header_length, parse_infer_request
+from carpool.server.tensors import DATATYPES
+
+ALL_TYPES = list(DATATYPES)
+JSON_TYPES = [t for t in ALL_TYPES if t != "BF16"]
+
+
+def _metadata(*inputs: tuple[str, str, list[int]]) -> dict[str, Any]:
+    return {
+        "name": "m",
+        "inputs": [{"name": n, "datatype": d, "shape": s} for n, d, s in inputs],
+        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 1]}],
+    }
+
+
+DEMO = _metadata(("INPUT0", "FP32", [-1, 256]))
+EVERY_TYPE = _metadata(*[(f"x_{t.lower()}", t, [-1, 2, 3]) for t in ALL_TYPES])
+EVERY_TYPE_SPEC = spec_from_metadata(EVERY_TYPE, rows=2)
+
+# spec_from_metadata
+
+
+def test_spec_from_metadata_batch_axis_becomes_rows() -> None:
+    assert spec_from_metadata(DEMO) == RequestSpec((InputSpec("INPUT0", "FP32", (1, 256)),))
+    assert spec_from_metadata(DEMO, rows=8).inputs[0].shape == (8, 256)
+
+
+def test_spec_from_metadata_keeps_input_order_and_datatypes() -> None:
+    meta = _metadata(("ids", "INT64", [-1, 16]), ("mask", "BOOL", [-1, 16]))
+    assert spec_from_metadata(meta, rows=3) == RequestSpec(
+        (InputSpec("ids", "INT64", (3, 16)), InputSpec("mask", "BOOL", (3, 16)))
+    )
+
+
+def test_spec_from_metadata_other_dims_of_any_size_come_from_shapes() -> None:
+    meta = _metadata(("x", "FP32", [-1, -1, 4]), ("y", "INT32", [-1, 2]))
+    spec = spec_from_metadata(meta, rows=2, shapes={"x": (7, 4)})
+    assert spec.inputs == (InputSpec("x", "FP32", (2, 7, 4)), InputSpec("y", "INT32", (2, 2)))
+
+
+def test_spec_from_metadata_names_the_shape_option_for_an_open_dimension() -> None:
+    meta = _metadata(("x", "FP32", [-1, -1]))
+    with pytest.raises(
+        ValueError, match=r"^input 'x' has a dimension of any size \(\[-1, -1\]\); "
+    ) as e:
+        spec_from_metadata(meta)
+    assert str(e.value).endswith("give it with --shape x:DIMS")
+
+
+def test_spec_from_metadata_without_batching_uses_the_shape_as_is() -> None:
+    meta = _metadata(("x", "FP32", [3, 4]))
+    assert spec_from_metadata(meta, rows=16).inputs[0].shape == (3, 4)  # rows ignored
+    open_meta = _metadata(("x", "FP32", [-1, 4]))
+    spec = spec_from_metadata(open_meta, rows=16, batched=False, shapes={"x": (5, 4)})
+    assert spec.inputs[0].shape == (5, 4)  # -1 is not a batch axis here
+    with pytest.raises(ValueError, match="dimension of any size"):
+        spec_from_metadata(open_meta, batched=False)
+
+
+def test_spec_from_metadata_decides_batching_from_every_input() -> None:
+    meta = _metadata(("x", "FP32", [-1, 4]), ("y", "FP32", [4]))
+    with pytest.raises(ValueError, match="input 'x' has a dimension of any size"):
+        spec_from_metadata(meta, rows=2)  # not batched: y has no leading -1
+    spec = spec_from_metadata(meta, rows=2, batched=True)
+    assert [i.shape for i in spec.inputs] == [(2, 4), (2,)]  # y's leading dim is its batch
+
+
+@pytest.mark.parametrize(
+    ("metadata", "kwargs", "message"),
+    [
+        ({}, {}, "model metadata has no 'inputs' list"),
+        ({"inputs": []}, {}, "model metadata has no 'inputs' list"),
+        ({"inputs": [{"datatype": "FP32"}]}, {}, r"inputs\[0\] has no name"),
+        (_metadata(("x", "FP8", [-1])), {}, "input 'x' has datatype 'FP8', expected one of BOOL"),
+        (_metadata(("x", "FP32", [-1, -2])), {}, r"input 'x' has shape \[-1, -2\]"),
+        (DEMO, {"rows": 0}, "rows must be an int >= 1, got 0"),
+        (DEMO, {"shapes": {"y": (3,)}}, "--shape names input 'y', which the model does not have"),
+        (DEMO, {"shapes": {"INPUT0": (255,)}}, r"--shape INPUT0:255 does not fit input 'INPUT0'"),
+        (DEMO, {"shapes": {"INPUT0": (256, 1)}}, r"give 1 dims of one row"),
+        (_metadata(("x", "FP32", [])), {"batched": True}, "has shape \\[\\], so it has no batch"),
+    ],
+)
+def test_spec_from_metadata_refuses(
+    metadata: dict[str, Any], kwargs: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        spec_from_metadata(metadata, **kwargs)
+
+
+# generate
+
+
+def test_generate_every_datatype_in_carpools_dtype_and_range() -> None:
+    requests = generate(EVERY_TYPE_SPEC, 4, seed=0)
+    assert len(requests) == 4
+    for request in requests:
+        assert list(request) == [i.name for i in EVERY_TYPE_SPEC.inputs]
+        for spec_input in EVERY_TYPE_SPEC.inputs:
+            array = request[spec_input.name]
+            assert array.shape == (2, 2, 3)
+            assert array.dtype == DATATYPES[spec_input.datatype]
+            if spec_input.datatype in ("FP16", "FP32", "FP64", "BF16"):
+                assert np.all((array >= -1) & (array <= 1))
+            elif spec_input.datatype == "BYTES":
+                assert all(isinstance(b, bytes) and b for b in array.reshape(-1))
+            elif spec_input.datatype != "BOOL":
+                assert np.all((array >= 0) & (array < 100))
+
+
+def test_generate_bf16_values_are_exactly_representable() -> None:
+    spec = RequestSpec((InputSpec("x", "BF16", (1, 64)),))
+    [request] = generate(spec, 1, seed=0)
+    bits = request["x"].view(np.uint32)
+    assert np.all(bits & 0xFFFF == 0)  # the lower half of each float32 is zero
+
+
+def test_generate_is_deterministic_and_requests_differ() -> None:
+    a = generate(EVERY_TYPE_SPEC, 3, seed=11)
+    b = generate(EVERY_TYPE_SPEC, 3, seed=11)
+    c = generate(EVERY_TYPE_SPEC, 3, seed=12)
+    for name in a[0]:
+        for i in range(3):
+            np.testing.assert_array_equal(a[i][name], b[i][name])
+        assert not np.array_equal(a[0][name], a[1][name])
+        assert not np.array_equal(a[0][name], c[0][name])
+
+
+def test_generate_bytes_cycle_through_strings() -> None:
+    spec = RequestSpec((InputSpec("text", "BYTES", (2,)),))
+    requests = generate(spec, 3, seed=0, strings=["héllo", "a", "b"])
+    assert [r["text"].tolist() for r in requests] == [
+        ["héllo".encode(), b"a"],
+        [b"b", "héllo".encode()],
+        [b"a", b"b"],
+    ]
+
+
+def test_generate_random_words_are_lowercase_ascii() -> None:
+    spec = RequestSpec((InputSpec("text", "BYTES", (50,)),))
+    [request] = generate(spec, 1, seed=0)
+    for item in request["text"]:
+        words = item.split(b" ")
+        assert 1 <= len(words) <= 8
+        assert all(2 <= len(w) <= 9 and w.isalpha() and w.islower() for w in words)
+
+
+def test_generate_refuses() -> None:
+    assert generate(EVERY_TYPE_SPEC, 0, seed=0) == []
+    with pytest.raises(ValueError, match="count must be an int >= 0, got -1"):
+        generate(EVERY_TYPE_SPEC, -1, seed=0)
+    with pytest.raises(ValueError, match="strings is empty"):
+        generate(EVERY_TYPE_SPEC, 1, seed=0, strings=[])
+
+
+# read_requests / read_strings
+
+
+def _lines(tmp_path: Path, *docs: Any) -> Path:
+    path = tmp_path / "requests.jsonl"
+    path.write_text("\n".join(d if isinstance(d, str) else json.dumps(d) for d in docs) + "\n")
+    return path
+
+
+def test_read_requests_v2_bodies_and_plain_objects(tmp_path: Path) -> None:
+    meta = _metadata(("ids", "INT64", [-1, 3]), ("text", "BYTES", [-1, 1]))
+    v2 = {
+        "inputs": [
+            {"name": "text", "datatype": "BYTES", "shape": [2, 1], "data": ["a", "b"]},
+            {"name": "ids", "datatype": "INT64", "shape": [2, 3], "data": [1, 2, 3, 4, 5, 6]},
+        ]
+    }
+    plain = {"ids": [[7, 8, 9]], "text": [["c"]]}
+    requests = read_requests(_lines(tmp_path, v2, "", plain), meta)
+    assert len(requests) == 2
+    np.testing.assert_array_equal(requests[0]["ids"], np.array([[1, 2, 3], [4, 5, 6]]))
+    assert requests[0]["ids"].dtype == np.int64
+    assert requests[0]["text"].tolist() == [[b"a"], [b"b"]]
+    np.testing.assert_array_equal(requests[1]["ids"], np.array([[7, 8, 9]]))
+    assert requests[1]["text"].tolist() == [[b"c"]]
+
+
+def test_read_requests_plain_rows_flat_lists_and_bf16(tmp_path: Path) -> None:
+    meta = _metadata(("x", "FP16", [-1, 2, 2]), ("b", "BF16", [-1, 2]))
+    one_row = {"x": [[0.5, 1], [2, 3]], "b": [0.1, 0.2]}  # no batch axis: one row
+    flat = {"x": [0, 1, 2, 3, 4, 5, 6, 7], "b": [1, 2, 3, 4]}  # two rows, flat
+    first, second = read_requests(_lines(tmp_path, one_row, flat), meta)
+    assert first["x"].shape == (1, 2, 2)
+    assert first["x"].dtype == np.float16
+    assert first["b"].dtype == np.float32
+    assert first["b"].tolist() == [[0.10009765625, 0.2001953125]]  # rounded to BF16
+    assert second["x"].shape == (2, 2, 2)
+    assert second["b"].tolist() == [[1, 2], [3, 4]]
+
+
+def test_read_requests_against_a_spec_needs_its_shapes(tmp_path: Path) -> None:
+    spec = RequestSpec((InputSpec("x", "INT32", (2, 2)),))
+    [request] = read_requests(_lines(tmp_path, {"x": [1, 2, 3, 4]}), spec)
+    assert request["x"].tolist() == [[1, 2], [3, 4]]
+    assert request["x"].dtype == np.int32
+    with pytest.raises(ValueError, match=r"line 1: input 'x' has shape \[3\], the model takes"):
+        read_requests(_lines(tmp_path, {"x": [1, 2, 3]}), spec)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("{nope", "line 2: not JSON"),
+        ("[1, 2]", "line 2: expected a JSON object"),
+        ('{"x": [1, 2], "y": [1]}', r"line 2: input 'y' is not one of the model's \(x\)"),
+        ("{}", "line 2: input 'x' is missing"),
+        ('{"x": 3}', "line 2: input 'x': expected a list of values"),
+        ('{"x": [[1, 2], [3]]}', "line 2: .*it holds 3 elements but the shape needs 4"),
+        ('{"x": [1.5, 2]}', r"line 2: .*INT32 needs integers"),
+        ('{"x": [1, 2, 3]}', r"line 2: input 'x' has shape \[3\], the model takes \[-1, 2\]"),
+        (
+            '{"inputs": [{"name": "x", "datatype": "INT64", "shape": [1, 2], "data": [1, 2]}]}',
+            "line 2: input 'x' is INT64, the model takes INT32",
+        ),
+        (
+            '{"inputs": [{"name": "x", "datatype": "INT32", "shape": [2], "data": [1, 2]}]}',
+            r"line 2: input 'x' has shape \[2\], the model takes \[-1, 2\]",
+        ),
+        (
+            '{"inputs": [{"name": "x", "datatype": "INT32", "shape": [1, 2], '
+            '"parameters": {"binary_data_size": 8}}]}',
+            "line 2: input 'x' has no 'data'",
+        ),
+        (
+            '{"inputs": [{"name": "x", "datatype": "INT32", "shape": [1, 2], "data": [1, 2]},'
+            ' {"name": "x", "datatype": "INT32", "shape": [1, 2], "data": [1, 2]}]}',
+            "line 2: input 'x' is given twice",
+        ),
+    ],
+)
+def test_read_requests_errors_name_the_line(tmp_path: Path, line: str, message: str) -> None:
+    meta = _metadata(("x", "INT32", [-1, 2]))
+    path = _lines(tmp_path, {"x": [[1, 2]]}, line)
+    with pytest.raises(ValueError, match=message):
+        read_requests(path, meta)
+
+
+def test_read_requests_empty_file(tmp_path: Path) -> None:
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n  \n")
+    with pytest.raises(ValueError, match="holds no requests"):
+        read_requests(path, DEMO)
+
+
+def test_read_strings(tmp_path: Path) -> None:
+    path = tmp_path / "texts.txt"
+    path.write_text("first line\n\n  second, with spaces \r\nthird")
+    assert read_strings(path) == ["first line", "  second, with spaces ", "third"]
+    path.write_text("\n \n")
+    with pytest.raises(ValueError, match="holds no strings"):
+        read_strings(path)
+
+
+# encode: what carpool's server decodes
+
+
+def _decode(body: bytes, headers: dict[str, str]) -> dict[str, np.ndarray[Any, Any]]:
+    length = parse_header_length(headers.get(HEADER_LENGTH), len(body))
+    request = parse_infer_request(body, length, max_elements=1 << 20)
+    return {i.name: i.data for i in request.inputs}
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_encode_round_trips_through_the_server_parser(binary: bool) -> None:
+    types = ALL_TYPES if binary else JSON_TYPES
+    spec = RequestSpec(tuple(i for i in EVERY_TYPE_SPEC.inputs if i.datatype in types))
+    for request in generate(spec, 3, seed=1):
+        body, headers = encode(request, spec, binary=binary)
+        decoded = _decode(body, headers)
+        assert list(decoded) == [i.name for i in spec.inputs]
+        for name, array in request.items():
+            assert decoded[name].dtype == array.dtype
+            np.testing.assert_array_equal(decoded[name], array, strict=True)
+
+
+def test_encode_headers_and_output_parameters() -> None:
+    spec = spec_from_metadata(DEMO)
+    [request] = generate(spec, 1, seed=0)
+    body, headers = encode(request, spec, binary=False)
+    assert headers == {"Content-Type": "application/json"}
+    assert "parameters" not in json.loads(body)  # JSON outputs: the server's default
+    body, headers = encode(request, spec, binary=False, binary_output=True)
+    assert json.loads(body)["parameters"] == {"binary_data_output": True}
+    body, headers = encode(request, spec, binary=True)
+    header = (
+        b'{"inputs":[{"name":"INPUT0","shape":[1,256],"datatype":"FP32",'
+        b'"parameters":{"binary_data_size":1024}}],"parameters":{"binary_data_output":true}}'
+    )
+    assert headers == {
+        "Content-Type": "application/octet-stream",
+        HEADER_LENGTH: str(len(header)),
+    }
+    assert body == header + request["INPUT0"].astype("<f4").tobytes()
+    body, headers = encode(request, spec, binary=True, binary_output=False)
+    assert "parameters" not in json.loads(body[: int(headers[HEADER_LENGTH])])
+
+
+def test_encode_uses_the_arrays_shapes() -> None:
+    spec = spec_from_metadata(DEMO)
+    body, headers = encode({"INPUT0": np.zeros((3, 256), np.float32)}, spec, binary=True)
+    assert _decode(body, headers)["INPUT0"].shape == (3, 256)
+
+
+@pytest.mark.parametrize(
+    ("datatype", "array", "binary", "message"),
+    [
+        ("FP32", np.zeros(2, np.float32), True, r"the request has no input 'x' \(it has y\)"),
+        ("INT32", np.zeros(2, np.float64), True, "input 'x': a float64 array cannot be sent"),
+        ("BYTES", np.zeros(2, np.int8), True, "input 'x': a int8 array cannot be sent as BYTES"),
+        ("BF16", np.zeros(2, np.float32), False, "input 'x' is BF16, which JSON cannot carry"),
+        ("BYTES", np.array([b"\xff"], object), False, "element 0 is not UTF-8"),
+        ("BYTES", np.array([3], object), False, "BYTES element 0 is int"),
+    ],
+)
+def test_encode_refuses(datatype: str, array: Any, binary: bool, message: str) -> None:
+    spec = RequestSpec((InputSpec("x", datatype, (2,)),))
+    name = "y" if "no input" in message else "x"
+    with pytest.raises(ValueError, match=message):
+        encode({name: array}, spec, binary=binary)
+
+
+def test_encode_bytes_that_are_not_utf8_go_binary() -> None:
+    spec = RequestSpec((InputSpec("x", "BYTES", (2,)),))
+    request = {"x": np.array([b"\xff\x00", b""], dtype=object)}
+    body, headers = encode(request, spec, binary=True)
+    assert _decode(body, headers)["x"].tolist() == [b"\xff\x00", b""]
+
+
+# encode: what tritonclient sends
+
+
+def _tritonclient_body(
+    request: dict[str, np.ndarray[Any, Any]], spec: RequestSpec, *, binary: bool
+) -> tuple[bytes, int | None]:
+    httpclient = pytest.importorskip("tritonclient.http")
+    generate_body = getattr(httpclient.InferenceServerClient, "generate_request_body", None)
+    if generate_body is None:
+        pytest.skip("this tritonclient has no InferenceServerClient.generate_request_body")
+    inputs = []
+    for spec_input in spec.inputs:
+        array = request[spec_input.name]
+        if spec_input.datatype == "BF16":
+            array = array.astype(pytest.importorskip("ml_dtypes").bfloat16)
+        tensor = httpclient.InferInput(spec_input.name, list(array.shape), spec_input.datatype)
+        tensor.set_data_from_numpy(array, binary_data=binary)
+        inputs.append(tensor)
+    body, json_size = generate_body(inputs)
+    return bytes(body), json_size
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_encode_matches_tritonclient_byte_for_byte(binary: bool) -> None:
+    types = ALL_TYPES if binary else JSON_TYPES
+    spec = RequestSpec(tuple(i for i in EVERY_TYPE_SPEC.inputs if i.datatype in types))
+    for request in generate(spec, 2, seed=3):
+        # tritonclient asks for binary outputs whenever no outputs are named
+        body, headers = encode(request, spec, binary=binary, binary_output=True)
+        expected, json_size = _tritonclient_body(request, spec, binary=binary)
+        assert body == expected
+        if binary:
+            assert headers[HEADER_LENGTH] == str(json_size)
+        else:
+            assert json_size is None
+            assert HEADER_LENGTH not in headers
+
+
+def test_encode_non_ascii_text_decodes_as_tritonclients_does() -> None:
+    spec = RequestSpec((InputSpec("text", "BYTES", (1, 2)),))
+    [request] = generate(spec, 1, seed=0, strings=["naïve café", "日本語"])
+    for binary in (True, False):
+        body, headers = encode(request, spec, binary=binary, binary_output=True)
+        expected, json_size = _tritonclient_body(request, spec, binary=binary)
+        length = int(headers[HEADER_LENGTH]) if binary else len(body)
+        assert json.loads(body[:length]) == json.loads(expected[: json_size or len(expected)])
+        assert body[length:] == expected[json_size or len(expected) :]
+        assert _decode(body, headers)["text"].tolist() == request["text"].tolist()
