@@ -123,6 +123,7 @@ def test_batching_defaults() -> None:
         "workers": 1,
         "max_queue_size": None,
         "isolate_errors": True,
+        "latency_slo_ms": None,
     }
 
 

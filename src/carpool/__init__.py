@@ -7,6 +7,7 @@ full, runs the model once on the stacked batch, and hands each caller exactly it
 from carpool.batcher import Batcher
 from carpool.collate import Collator
 from carpool.compat import InferenceBatcher, batch_inference
+from carpool.cost import CostCurve, CostModel
 from carpool.decorator import batch
 from carpool.errors import (
     BatcherClosed,
@@ -18,7 +19,6 @@ from carpool.errors import (
     QueueFull,
 )
 from carpool.model import Batching, Model, Tensor
-from carpool.cost import CostCurve, CostModel
 from carpool.policy import (
     AdaptivePolicy,
     Admission,

@@ -102,6 +102,10 @@ class Batcher:
     ``model_fn`` takes one stacked batch and returns outputs indexable along axis 0, one row
     per input row. A plain function runs in ``workers`` threads; an ``async def`` runs on the
     loop. See the README for the policies and the admission rules.
+
+    ``policy="adaptive"`` with ``latency_slo_ms`` batches for a latency objective and refuses
+    at once what cannot make it (:class:`~carpool.errors.Overloaded`); ``warmup``, one example
+    row, lets it time a few batches while entering, so it starts with a fitted cost model.
     """
 
     def __init__(
@@ -188,6 +192,16 @@ class Batcher:
 
     async def __aenter__(self) -> Self:
         self._open(asyncio.get_running_loop())
+        if self._warmup is not None and self._observe is not None:
+            try:
+                await self._profile(self._warmup)
+            except Exception as exc:  # the model's own error on the example
+                log.warning(
+                    "batcher %r: warm-up failed (%s: %s); the cost model learns from traffic",
+                    self.name,
+                    type(exc).__name__,
+                    exc,
+                )
         return self
 
     def _open(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -281,8 +295,6 @@ class Batcher:
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
-                if self._warmup is not None and self._observe is not None:
-                    await self._profile(self._warmup)
                 await self._schedule()
         except BaseException as exc:
             error = exc
@@ -304,14 +316,15 @@ class Batcher:
                 log.error("batcher %r stopped after an internal error", self.name, exc_info=error)
 
     async def _profile(self, example: Any) -> None:
-        """Warm the policy's cost model before the first batch: a few batches of
-        ``example`` rows at sizes 1 .. max_batch_size, timed, not counted in stats."""
+        """Warm the policy's cost model before the first batch: batches of ``example`` rows
+        at sizes 1 .. max_batch_size, once to warm the model (caches, lazy setup), then
+        twice timed; none counted in stats."""
         most = self.max_batch_size
         sizes = sorted({1, max(1, most // 4), max(1, most // 2), most})
         observe = self._observe
         assert observe is not None
         key = self._collator.key(example)
-        for rows in sizes * 2:
+        for i, rows in enumerate(sizes * 3):
             batch = self._collator.stack([example] * rows)
             started = time.perf_counter()
             if self._is_async:
@@ -319,8 +332,19 @@ class Batcher:
             else:
                 loop = asyncio.get_running_loop()
                 await loop.run_in_executor(self._executor, self.model_fn, batch)
-            observe(rows, time.perf_counter() - started, key)
+            if i >= len(sizes):
+                observe(rows, time.perf_counter() - started, key)
         log.info("batcher %r: %s", self.name, self.learned())
+        cost = getattr(self.policy, "cost", None)
+        one = cost.predict(1, key) if cost is not None else None
+        if self._slo is not None and one is not None and one > self._slo:
+            log.warning(
+                "batcher %r: the latency objective (%g ms) is below the time of one batch "
+                "(%.1f ms): every request will be refused as overloaded",
+                self.name,
+                self._slo * 1000,
+                one * 1000,
+            )
 
     def learned(self) -> str:
         """One line on what the policy learned (its cost curve), or that it learns nothing."""

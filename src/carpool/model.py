@@ -23,6 +23,12 @@ from carpool.worker import is_async_callable
 
 __all__ = ["Batching", "Model", "Tensor"]
 
+_NUMPY: dict[str, Any] = {
+    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
+    "UINT64": np.uint64, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
+    "INT64": np.int64, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
+}  # fmt: skip
+
 Preprocess = Callable[[dict[str, np.ndarray[Any, Any]]], Mapping[str, np.ndarray[Any, Any]]]
 
 _DATATYPES = frozenset(
@@ -66,6 +72,8 @@ class Batching:
     dimension, and each request reaches the model on its own with exactly its shape.
     ``allowed_batch_sizes``: for static-shape models, the only batch sizes the model is
     called with; a batch is padded up to the next one and the padding rows' outputs dropped.
+    ``latency_slo_ms``: with ``policy="adaptive"``, the latency objective it batches for and
+    refuses requests that cannot make it (``carpool.Overloaded``, a 503).
     """
 
     max_batch_size: int = 32
@@ -78,6 +86,7 @@ class Batching:
     priority_levels: int = 0  # 0: any priority >= 1 is accepted
     default_priority_level: int = 1
     allowed_batch_sizes: tuple[int, ...] = ()
+    latency_slo_ms: float | None = None  # the objective of policy="adaptive"
 
     def __post_init__(self) -> None:
         size = self.max_batch_size
@@ -137,6 +146,7 @@ class Batching:
             "workers": self.workers,
             "max_queue_size": self.max_queue_size,
             "isolate_errors": self.isolate_errors,
+            "latency_slo_ms": self.latency_slo_ms,
         }
 
 
@@ -219,7 +229,22 @@ class Model:
         """
         name = self.name if self.name is not None else getattr(self.fn, "__name__", None)
         settings = {"name": name, **self.batching.batcher_options(), **options}
+        if settings.get("policy") == "adaptive" and "warmup" not in settings:
+            settings["warmup"] = self.example()
         return Batcher(self.batched_fn(), collator=self.collator(), **settings)
+
+    def example(self) -> dict[str, np.ndarray[Any, Any]] | None:
+        """One row of zeros in the batcher's form, for warming a cost model up; None when
+        the inputs do not say their whole shape (undeclared, ``-1`` dims, text)."""
+        if self.inputs is None or self.preprocess is not None:
+            return None
+        row = {}
+        for spec in self.inputs:
+            if spec.datatype == "BYTES" or any(d < 0 for d in spec.shape):
+                return None
+            dtype = np.float32 if spec.datatype == "BF16" else _NUMPY[spec.datatype]
+            row[spec.name] = np.zeros(spec.shape, dtype=dtype)
+        return row
 
     def batched_fn(self) -> Callable[[dict[str, Any]], Any]:
         """``fn`` as the batcher calls it: a dict of stacked inputs in, a dict of outputs out.

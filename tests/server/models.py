@@ -23,6 +23,7 @@ from carpool import Batching, Model, Tensor
 
 __all__ = [
     "add_one",
+    "deliberate",
     "flaky",
     "gated",
     "identity",
@@ -117,3 +118,17 @@ upper = Model(
     inputs=[Tensor("TEXT", "BYTES", (-1,))],
     outputs=[Tensor("UPPER", "BYTES", (-1,))],
 )
+
+
+def _deliberate(batch: Array) -> Array:
+    time.sleep(0.02)  # every batch takes 20 ms, and the cost model learns it at start
+    return batch * 2
+
+
+deliberate = Model(
+    _deliberate,
+    name="deliberate",
+    inputs=[Tensor("INPUT0", "FP32", (2,))],
+    outputs=[Tensor("OUTPUT0", "FP32", (2,))],
+    batching=Batching(max_batch_size=4, policy="adaptive", latency_slo_ms=100.0),
+)  # adaptive, warmed up at start (its inputs are declared in full)

@@ -26,6 +26,7 @@ FLAGS = {
     "--max-batch-size": "CARPOOL_MAX_BATCH_SIZE",
     "--max-wait-ms": "CARPOOL_MAX_WAIT_MS",
     "--policy": "CARPOOL_POLICY",
+    "--latency-slo-ms": "CARPOOL_LATENCY_SLO_MS",
     "--workers": "CARPOOL_WORKERS",
     "--max-queue-size": "CARPOOL_MAX_QUEUE_SIZE",
     "--default-timeout-ms": "CARPOOL_DEFAULT_TIMEOUT_MS",

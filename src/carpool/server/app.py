@@ -143,6 +143,9 @@ class App:
         await asyncio.gather(
             *(served.batcher.aclose(timeout=self.drain_timeout_s) for served in started)
         )
+        for served in started:
+            if served.model.batching.latency_slo_ms is not None:
+                log.info("model %r learned: %s", served.name, served.batcher.learned())
 
     # ------------------------------------------------------------- http
 

@@ -92,6 +92,21 @@ class _Collector:
         reasons = CounterMetricFamily(
             "carpool_batches", "Batches by why they were dispatched", labels=["model", "reason"]
         )
+        overloaded = CounterMetricFamily(
+            "carpool_overloaded",
+            "Requests refused at once as predicted to miss the latency objective (adaptive)",
+            labels=["model"],
+        )
+        cost = GaugeMetricFamily(
+            "carpool_cost_seconds",
+            "Fitted batch time t(b) = fixed + per_row x b, at the fitted quantile (adaptive)",
+            labels=["model", "term"],
+        )
+        accuracy = GaugeMetricFamily(
+            "carpool_batch_time_measured_over_predicted",
+            "Measured / predicted model time of recent batches (adaptive)",
+            labels=["model", "quantile"],
+        )
         for served in self._registry:
             name = served.name
             for status, count in sorted(served.statuses.items()):
@@ -112,8 +127,18 @@ class _Collector:
                 outcomes.add_metric([name, outcome], getattr(s, outcome))
             for reason, count in s.dispatch_reasons.items():
                 reasons.add_metric([name, reason], count)
+            if served.model.batching.latency_slo_ms is not None:
+                overloaded.add_metric([name], s.overloaded)
+            if s.cost_curve is not None:
+                curve = s.cost_curve
+                cost.add_metric([name, "fixed"], curve.fixed_s * curve.margin)
+                cost.add_metric([name, "per_row"], curve.per_row_s * curve.margin)
+            if s.prediction_ratio is not None:
+                for q in ("p50", "p90", "p99"):
+                    accuracy.add_metric([name, q[1:]], getattr(s.prediction_ratio, q))
         yield from (
-            requests, batches, waits, model_time, queued, running, pending, outcomes, reasons
+            requests, batches, waits, model_time, queued, running, pending, outcomes, reasons,
+            overloaded, cost, accuracy,
         )  # fmt: skip
 
 

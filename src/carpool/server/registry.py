@@ -84,6 +84,8 @@ class ServedModel:
             f"max_batch_size={b.max_batch_size}, max_wait_ms={b.max_wait_ms:g}, "
             f"policy={b.policy}, workers={b.workers}, max_queue_size={b.max_queue_size}"
         )
+        if b.latency_slo_ms is not None:
+            text += f", latency_slo_ms={b.latency_slo_ms:g}"
         if b.allowed_batch_sizes:
             text += f", allowed_batch_sizes={list(b.allowed_batch_sizes)}"
         if model.padding is not None:
@@ -161,6 +163,32 @@ class ServedModel:
             "dispatch_reasons": dict(s.dispatch_reasons),
             "pending": s.pending,
             "queued_rows": s.queued_rows,
+            **self._adaptive(s),
+        }
+
+    def _adaptive(self, s: BatcherStats) -> dict[str, Any]:
+        """What a learning policy knows: its objective, cost curve, how well it predicts."""
+        slo = self.model.batching.latency_slo_ms
+        if slo is None:
+            return {}
+        curve = s.cost_curve
+        ratio = s.prediction_ratio
+        return {
+            "adaptive": {
+                "latency_slo_ms": slo,
+                "overloaded": s.overloaded,
+                "cost": None
+                if curve is None
+                else {
+                    "fixed_ms": curve.fixed_s * 1e3,
+                    "per_row_ms": curve.per_row_s * 1e3,
+                    "margin": curve.margin,
+                    "batches": curve.samples,
+                },
+                "measured_over_predicted": None
+                if ratio is None
+                else {"p50": ratio.p50, "p90": ratio.p90, "p99": ratio.p99},
+            }
         }
 
 
