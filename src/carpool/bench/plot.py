@@ -125,7 +125,7 @@ def _latency_axes(ax: Axes, values: Sequence[float]) -> None:
     ax.set_ylabel("latency (ms)")
     ax.grid(True, which="major", alpha=0.3)
     if ax.get_lines():
-        ax.legend(loc="upper left")
+        ax.legend(loc="best", fontsize="small")
 
 
 def _batch_panel(ax: Axes, steps: Sequence[Step]) -> None:
