@@ -406,3 +406,84 @@ def test_queue_matches_a_sorted_reference(ops: list[tuple[Any, ...]], bound: int
     assert {id(e) for e in drained} == {id(e) for e in pushed if left[id(e)]}
     assert len(queue) == 0
     assert queue.head() is None
+
+
+# rows_ahead: what admission counts as served before a new request
+
+
+def test_rows_ahead_of_an_empty_queue() -> None:
+    queue = RequestQueue()
+    assert [queue.rows_ahead(p) for p in (-(2**63), -1, 0, 1, 2**63)] == [0, 0, 0, 0, 0]
+
+
+def test_rows_ahead_counts_its_own_level_and_the_more_urgent_ones() -> None:
+    queue = RequestQueue()
+    queue.push(entry("a", priority=0))
+    queue.push(entry("b", priority=0, key="other"))  # every key counts
+    queue.push(entry("bulk", span=3, priority=5))
+    queue.push(entry("urgent", priority=-1))
+    assert [queue.rows_ahead(p) for p in (-2, -1, 0, 3, 5, 6)] == [0, 1, 3, 3, 6, 6]
+    assert queue.rows_ahead(0) + 3 == queue.rows  # only "bulk" would run after a new 0
+
+
+def test_rows_ahead_drops_as_batches_leave_even_across_levels() -> None:
+    queue = RequestQueue()
+    queue.push(entry("a", priority=0))
+    queue.push(entry("big", span=5, priority=2))
+    queue.push(entry("c", priority=0))
+    # the head's batch takes both 0s and 2 rows of "big", from the less urgent level
+    assert pop(queue, 4) == [("a", 0, 1), ("c", 0, 1), ("big", 0, 2)]
+    assert [queue.rows_ahead(p) for p in (0, 1, 2)] == [0, 0, 3]
+    assert pop(queue, 1) == [("big", 2, 3)]
+    assert queue.rows_ahead(2) == 2
+
+
+def test_rows_ahead_drops_when_a_request_is_withdrawn() -> None:
+    queue = RequestQueue()
+    big = entry("big", span=4, priority=1)
+    small = entry("small", priority=0)
+    queue.push(big)
+    queue.push(small)
+    assert pop(queue, 2) == [("small", 0, 1), ("big", 0, 1)]
+    assert queue.rows_ahead(1) == 3
+    queue.remove(big)  # only its 3 rows still queued leave the count
+    assert queue.rows_ahead(1) == 0
+    queue.push(entry("d", priority=1))
+    assert queue.rows_ahead(1) == 1
+
+
+def test_rows_ahead_after_drain_is_zero() -> None:
+    queue = RequestQueue()
+    for p in (-1, 0, 4):
+        queue.push(entry(p, span=2, priority=p))
+    assert queue.rows_ahead(10) == 6
+    queue.drain()
+    assert queue.rows_ahead(10) == 0
+    queue.push(entry("again", priority=4))
+    assert [queue.rows_ahead(p) for p in (3, 4)] == [0, 1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=ops, bound=st.one_of(st.none(), st.integers(0, 12)))
+def test_rows_ahead_matches_a_reference(ops: list[tuple[Any, ...]], bound: int | None) -> None:
+    queue = RequestQueue(max_rows=bound)
+    pushed: list[Entry] = []
+    for op in ops:
+        if op[0] == "push":
+            _, priority, key, span = op
+            e = Entry(len(pushed), span, key, priority, arrival=float(len(pushed)))
+            try:
+                queue.push(e)
+            except QueueFull:
+                continue
+            pushed.append(e)
+        elif op[0] == "pop":
+            head = queue.head()
+            if head is not None:
+                queue.pop_batch(head, op[1])
+        elif pushed:
+            queue.remove(pushed[op[1] % len(pushed)])
+        for level in range(-3, 4):
+            # an entry's rows still queued: all but those taken, unless withdrawn or done
+            expected = sum(e.rows - e.taken for e in pushed if e.queued and e.priority <= level)
+            assert queue.rows_ahead(level) == expected

@@ -104,8 +104,9 @@ class Batcher:
     loop. See the README for the policies and the admission rules.
 
     ``policy="adaptive"`` with ``latency_slo_ms`` batches for a latency objective and refuses
-    at once what cannot make it (:class:`~carpool.errors.Overloaded`); ``warmup``, one example
-    row, lets it time a few batches while entering, so it starts with a fitted cost model.
+    at once what cannot make it (:class:`~carpool.errors.Overloaded`). ``warmup``, one example
+    row, runs a few batches of it while entering (the model's own warm-up), and lets the
+    adaptive policy time them, so that it starts with a fitted cost model.
     """
 
     def __init__(
@@ -192,16 +193,19 @@ class Batcher:
 
     async def __aenter__(self) -> Self:
         self._open(asyncio.get_running_loop())
-        if self._warmup is not None and self._observe is not None:
+        if self._warmup is not None:
             try:
                 await self._profile(self._warmup)
             except Exception as exc:  # the model's own error on the example
                 log.warning(
-                    "batcher %r: warm-up failed (%s: %s); the cost model learns from traffic",
+                    "batcher %r: warm-up failed (%s: %s); the first requests warm it instead",
                     self.name,
                     type(exc).__name__,
                     exc,
                 )
+            except BaseException:  # cancelled while warming up: leave nothing running
+                await self._abort()
+                raise
         return self
 
     def _open(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -316,15 +320,14 @@ class Batcher:
                 log.error("batcher %r stopped after an internal error", self.name, exc_info=error)
 
     async def _profile(self, example: Any) -> None:
-        """Warm the policy's cost model before the first batch: batches of ``example`` rows
-        at sizes 1 .. max_batch_size, once to warm the model (caches, lazy setup), then
-        twice timed; none counted in stats."""
+        """Warm the model before the first request: batches of ``example`` rows at sizes
+        1 .. max_batch_size, once for the model's own warm-up (caches, lazy setup, kernels);
+        then, for a policy that learns a cost model, twice timed. None count in stats."""
         most = self.max_batch_size
         sizes = sorted({1, max(1, most // 4), max(1, most // 2), most})
         observe = self._observe
-        assert observe is not None
         key = self._collator.key(example)
-        for i, rows in enumerate(sizes * 3):
+        for i, rows in enumerate(sizes * (3 if observe is not None else 1)):
             batch = self._collator.stack([example] * rows)
             started = time.perf_counter()
             if self._is_async:
@@ -332,8 +335,10 @@ class Batcher:
             else:
                 loop = asyncio.get_running_loop()
                 await loop.run_in_executor(self._executor, self.model_fn, batch)
-            if i >= len(sizes):
+            if observe is not None and i >= len(sizes):
                 observe(rows, time.perf_counter() - started, key)
+        if observe is None:
+            return
         log.info("batcher %r: %s", self.name, self.learned())
         cost = getattr(self.policy, "cost", None)
         one = cost.predict(1, key) if cost is not None else None
@@ -500,11 +505,12 @@ class Batcher:
                 deadline = min(deadline, now + timeout_ms / 1000.0)
             request.deadline = deadline
         if self._admits is not None:
+            ahead = self._queue.rows_ahead(priority)
             late = self._admits(
                 Admission(
                     rows=request.rows,
                     deadline=request.deadline,
-                    rows_ahead=self._queue.rows_ahead(priority),
+                    rows_ahead=ahead,
                     key=key,
                     workers=self.workers,
                     max_batch_size=self.max_batch_size,
@@ -518,7 +524,7 @@ class Batcher:
                 raise Overloaded(
                     predicted_ms=(late - now) * 1000.0,
                     budget_ms=(request.deadline - now) * 1000.0,
-                    queued=self._queue.rows,
+                    queued=ahead,
                     rows=request.rows,
                 )
         try:

@@ -15,6 +15,7 @@ fit of all keys stands in.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 from collections.abc import Hashable
@@ -109,6 +110,10 @@ class CostModel:
             raise ValueError(f"quantile must be in [0.5, 1), got {quantile!r}")
         if not half_life > 0:
             raise ValueError(f"half_life must be > 0 batches, got {half_life!r}")
+        if isinstance(window, bool) or not isinstance(window, int) or window < 8:
+            raise ValueError(
+                f"window must be an int >= 8 batches (the margin needs 8 ratios), got {window!r}"
+            )
         self.quantile = quantile
         self._half_life = half_life
         self._window = window
@@ -122,8 +127,8 @@ class CostModel:
 
     def observe(self, rows: int, seconds: float, key: Hashable = None) -> None:
         """One batch of ``rows`` rows took ``seconds``."""
-        if rows < 1 or not seconds >= 0:
-            return
+        if rows < 1 or not 0 <= seconds < math.inf:
+            return  # nothing to learn from (and one inf would poison every prediction)
         with self._lock:
             self._pooled.add(rows, seconds)
             fit = self._by_key.get(key)

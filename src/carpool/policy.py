@@ -110,6 +110,9 @@ class FixedPolicy:
     """The classic rule: dispatch when ``max_batch_size`` rows wait, or when the head of the
     queue has waited ``max_wait_ms``. Predictable, but every partial batch pays the full wait."""
 
+    def __str__(self) -> str:
+        return "fixed"
+
     def decide(self, view: QueueView, now: float) -> Decision:
         if view.head_rows >= view.max_batch_size:
             return Dispatch(view.max_batch_size, DispatchReason.FULL)
@@ -126,6 +129,9 @@ class EagerPolicy:
     workers are busy, rows pile up meanwhile, and each batch leaves full. No deliberate wait,
     so ``max_wait_ms`` never adds latency here.
     """
+
+    def __str__(self) -> str:
+        return "eager"
 
     def decide(self, view: QueueView, now: float) -> Decision:
         if view.head_rows >= view.max_batch_size:
@@ -166,12 +172,11 @@ class AdaptivePolicy:
         cost: CostModel | None = None,
         rate_window_s: float = 1.0,
     ) -> None:
-        if (
-            isinstance(latency_slo_ms, bool)
-            or not isinstance(latency_slo_ms, int | float)
-            or not latency_slo_ms > 0
-        ):
-            raise ValueError(f"latency_slo_ms must be a number > 0, got {latency_slo_ms!r}")
+        if isinstance(latency_slo_ms, bool) or not isinstance(latency_slo_ms, int | float):
+            kind = type(latency_slo_ms).__name__
+            raise TypeError(f"latency_slo_ms must be a number of milliseconds, got {kind}")
+        if not 0 < latency_slo_ms < math.inf:
+            raise ValueError(f"latency_slo_ms must be finite and > 0, got {latency_slo_ms!r}")
         if not rate_window_s > 0:
             raise ValueError(f"rate_window_s must be > 0, got {rate_window_s!r}")
         self.latency_slo = latency_slo_ms / 1000.0
@@ -206,18 +211,16 @@ class AdaptivePolicy:
     # ------------------------------------------------------------ admission
 
     def admit(self, request: Admission, now: float) -> float | None:
-        """None to accept; else the predicted completion time, past the deadline."""
-        self._arrived(request.rows, now)
-        if request.deadline == math.inf:
-            return None
+        """None to accept; else the predicted completion time, past the deadline. The
+        arrival rate counts the rows accepted: those that will join batches."""
         cost = self.cost
-        if cost.curve(request.key) is None:
-            return None  # nothing learned yet: accept, and learn
-        done = _completion(request, now, cost)
-        if done <= request.deadline:
-            return None
-        self.overloaded += 1
-        return done
+        if request.deadline != math.inf and cost.curve(request.key) is not None:
+            done = _completion(request, now, cost)
+            if done > request.deadline:
+                self.overloaded += 1
+                return done
+        self._arrived(request.rows, now)
+        return None
 
     # ------------------------------------------------------------ dispatch
 
@@ -228,6 +231,8 @@ class AdaptivePolicy:
         curve = self.cost.curve(view.head_key)
         rate = self.arrival_rate(now)
         waited = now - view.head_arrival
+        if waited >= view.max_wait and view.max_wait > 0:
+            return Dispatch(n, DispatchReason.WAIT_ELAPSED)
         if curve is None or rate <= 0 or waited >= view.max_wait:
             return Dispatch(n, DispatchReason.WORKER_IDLE)
         gap = _GAP_P90 / rate
@@ -257,14 +262,16 @@ def _completion(request: Admission, now: float, cost: CostModel) -> float:
         else:
             at = free.index(min(free))
             free[at] += took
-    left = request.rows_ahead + request.rows
+    ahead, left = request.rows_ahead, request.rows_ahead + request.rows
     done = now
     while left > 0:
         rows = min(left, most)
         at = free.index(min(free))
         free[at] += cost.predict(rows, key) or 0.0
-        done = free[at]
         left -= rows
+        if left < request.rows:  # this batch holds some of its rows: done when all are
+            done = max(done, free[at])
+        ahead -= rows
     return done
 
 

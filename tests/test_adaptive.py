@@ -1,0 +1,514 @@
+"""AdaptivePolicy is pure: a view (or a request at the door), a time, and a cost model in; a
+decision out. A fake cost model that already knows its line makes every number exact."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Hashable, Mapping
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from carpool.cost import CostCurve, CostModel
+from carpool.policy import (
+    AdaptivePolicy,
+    Admission,
+    Dispatch,
+    DispatchReason,
+    QueueView,
+    WaitUntil,
+    _completion,
+    make_policy,
+)
+
+GAP_P90 = math.log(10.0)  # the next row's 90th-percentile gap, in mean gaps
+
+
+class FakeCost(CostModel):
+    """A cost model that already knows its curves (by key; ``None`` for every other key) and
+    learns nothing more; what it is told is kept in ``seen``."""
+
+    def __init__(self, curves: Mapping[Hashable, CostCurve]) -> None:
+        super().__init__()
+        self.curves = dict(curves)
+        self.seen: list[tuple[int, float, Hashable]] = []
+
+    def observe(self, rows: int, seconds: float, key: Hashable = None) -> None:
+        self.seen.append((rows, seconds, key))
+
+    def curve(self, key: Hashable = None) -> CostCurve | None:
+        return self.curves.get(key, self.curves.get(None))
+
+
+def cost(fixed: float = 0.010, per_row: float = 0.001, margin: float = 1.0) -> FakeCost:
+    """10 ms a batch plus 1 ms a row by default: waiting for rows pays near capacity."""
+    return FakeCost({None: CostCurve(fixed, per_row, margin, samples=100)})
+
+
+COLD = FakeCost({})
+
+
+def policy(model: CostModel | None = None, slo_ms: float = 50.0) -> AdaptivePolicy:
+    return AdaptivePolicy(slo_ms, cost=model if model is not None else cost())
+
+
+def view(**changes: Any) -> QueueView:
+    """One row queued at t=10.0; batches of up to 8 rows; a 5 ms window; one idle worker."""
+    base = QueueView(
+        queued_rows=1,
+        head_rows=1,
+        head_arrival=10.0,
+        idle_workers=1,
+        busy_workers=0,
+        max_batch_size=8,
+        max_wait=0.005,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def request(**changes: Any) -> Admission:
+    """One row arriving at t=10.0 with a 50 ms deadline; nothing queued or running."""
+    base = Admission(
+        rows=1,
+        deadline=10.05,
+        rows_ahead=0,
+        key=None,
+        workers=1,
+        max_batch_size=8,
+        in_flight=(),
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def arrive(p: AdaptivePolicy, rows: int, now: float) -> None:
+    """Rows arriving at the door (no deadline: always admitted)."""
+    assert p.admit(request(rows=rows, deadline=math.inf), now) is None
+
+
+# arrival rate
+
+
+def test_no_arrivals_no_rate() -> None:
+    p = policy()
+    assert p.arrival_rate(0.0) == 0.0
+    assert p.arrival_rate(1e9) == 0.0
+
+
+def test_arrival_rate_is_an_exponentially_decayed_count() -> None:
+    p = policy()  # rate_window_s=1.0
+    arrive(p, 1, now=10.0)
+    assert p.arrival_rate(10.0) == 1.0
+    assert p.arrival_rate(11.0) == pytest.approx(math.exp(-1), rel=1e-12)
+    arrive(p, 3, now=10.5)
+    assert p.arrival_rate(10.5) == pytest.approx(math.exp(-0.5) + 3, rel=1e-12)
+    assert p.arrival_rate(12.5) == pytest.approx((math.exp(-0.5) + 3) * math.exp(-2), rel=1e-12)
+
+
+def test_arrival_rate_window() -> None:
+    p = AdaptivePolicy(50, cost=cost(), rate_window_s=0.5)
+    arrive(p, 1, now=0.0)
+    assert p.arrival_rate(0.0) == 2.0  # one row per half second
+    assert p.arrival_rate(1.0) == pytest.approx(2 * math.exp(-2), rel=1e-12)
+
+
+def test_requests_with_and_without_a_deadline_both_count_as_arrivals() -> None:
+    p = policy()
+    assert p.admit(request(rows=2), now=10.0) is None
+    assert p.admit(request(rows=3, deadline=math.inf), now=10.0) is None
+    assert p.arrival_rate(10.0) == 5.0
+
+
+# decide
+
+
+def busy(rate: float = 1000.0, model: CostModel | None = None, at: float = 10.0) -> AdaptivePolicy:
+    """A policy that saw ``rate`` rows arrive in the last instant: rate rows/s at ``at``."""
+    p = policy(model)
+    arrive(p, int(rate), now=at)
+    assert p.arrival_rate(at) == rate
+    return p
+
+
+def test_a_full_batch_goes_at_once() -> None:
+    assert busy().decide(view(head_rows=8), now=10.0) == Dispatch(8, DispatchReason.FULL)
+    assert busy().decide(view(head_rows=20), now=10.0) == Dispatch(8, DispatchReason.FULL)
+
+
+def test_a_full_batch_goes_at_once_even_when_cold() -> None:
+    p = policy(COLD)
+    assert p.decide(view(head_rows=9), now=10.0) == Dispatch(8, DispatchReason.FULL)
+
+
+def test_cold_it_never_waits() -> None:
+    p = busy(model=COLD)
+    assert p.decide(view(head_rows=3), now=10.0) == Dispatch(3, DispatchReason.WORKER_IDLE)
+
+
+def test_without_arrivals_it_never_waits() -> None:
+    p = policy()
+    assert p.decide(view(head_rows=3), now=10.0) == Dispatch(3, DispatchReason.WORKER_IDLE)
+
+
+def test_at_low_rate_a_lone_row_runs_at_once() -> None:
+    p = busy(rate=1.0)  # the next row is due in 2.3 s; the batch takes 11 ms
+    assert p.decide(view(), now=10.0) == Dispatch(1, DispatchReason.WORKER_IDLE)
+
+
+def test_at_high_rate_a_small_head_waits_for_the_next_row() -> None:
+    # 1000 rows/s: the next row is in by ln(10) ms (p90), well before the 5 ms window ends.
+    # Now: the head is done in 11 ms; a row arriving meanwhile waits for it, then runs with
+    # the 11 rows that came since (a full batch of 8: 18 ms): worst 11 + 18 - 2.3 = 26.7 ms.
+    # Waiting: the next row by 2.3 ms, then 2 rows in 12 ms: worst 14.3 ms.
+    p = busy()
+    assert p.decide(view(), now=10.0) == WaitUntil(10.0 + GAP_P90 / 1000.0)
+
+
+def test_the_wait_never_passes_the_window_of_the_head() -> None:
+    p = busy(at=10.003)
+    now = 10.003  # the head has waited 3 ms of 5: 2 ms left, the next row is due in 2.3 ms
+    assert p.decide(view(), now=now) == WaitUntil(10.0 + 0.005)
+
+
+def test_the_expected_wake_up_is_the_earlier_of_the_gap_and_the_window() -> None:
+    p = busy()
+    for now in (10.0, 10.001, 10.002, 10.0035, 10.0049):
+        rate = p.arrival_rate(now)
+        expected = min(now + GAP_P90 / rate, 10.0 + 0.005)
+        assert p.decide(view(), now=now) == WaitUntil(expected)
+
+
+def test_once_the_head_waited_max_wait_it_goes() -> None:
+    window = 2.0**-7  # 7.8125 ms, exact in binary: the boundary is exact
+    p = busy()
+    at_edge = view(max_wait=window)
+    just_before = p.decide(at_edge, now=10.0 + window - 1e-6)
+    assert just_before == WaitUntil(10.0 + window)
+    assert p.decide(at_edge, now=10.0 + window) == Dispatch(1, DispatchReason.WAIT_ELAPSED)
+    assert p.decide(at_edge, now=11.0) == Dispatch(1, DispatchReason.WAIT_ELAPSED)
+
+
+def test_zero_max_wait_never_waits() -> None:
+    p = busy()
+    assert p.decide(view(max_wait=0.0), now=10.0) == Dispatch(1, DispatchReason.WORKER_IDLE)
+
+
+def test_when_the_head_deadline_forbids_the_wait_it_goes_with_reason_deadline() -> None:
+    p = busy()
+    done_if_waiting = 10.0 + (GAP_P90 / 1000.0 + 0.012)  # the next row, then 2 rows: 12 ms
+    late = view(head_deadline=10.010)
+    assert p.decide(late, now=10.0) == Dispatch(1, DispatchReason.DEADLINE)
+    just = view(head_deadline=done_if_waiting)  # finishing exactly at the deadline is fine
+    assert p.decide(just, now=10.0) == WaitUntil(10.0 + GAP_P90 / 1000.0)
+    assert p.decide(view(head_deadline=math.nextafter(done_if_waiting, 0)), now=10.0) == (
+        Dispatch(1, DispatchReason.DEADLINE)
+    )
+
+
+def test_waiting_does_not_pay_without_a_fixed_cost() -> None:
+    # 1 ms a row and nothing per batch: a bigger batch saves nothing, so even at 1000 rows/s
+    # waiting only adds the gap.
+    p = busy(model=cost(fixed=0.0, per_row=0.001))
+    assert p.decide(view(), now=10.0) == Dispatch(1, DispatchReason.WORKER_IDLE)
+
+
+def test_waiting_stops_paying_once_the_head_waited_long_enough() -> None:
+    # With a 100 ms window the policy could wait long, but the head's own latency soon
+    # outweighs what one more row saves: waiting pays while waited + 2.3 + 12 < 11 + 18 - 2.3,
+    # that is while the head has waited under ~12.3 ms.
+    p = busy()
+    long_window = view(max_wait=0.1)
+    assert isinstance(p.decide(long_window, now=10.012), WaitUntil)
+    assert p.decide(long_window, now=10.013) == Dispatch(1, DispatchReason.WORKER_IDLE)
+
+
+def test_decide_uses_the_curve_of_the_head_key() -> None:
+    model = FakeCost(
+        {
+            None: CostCurve(0.010, 0.001, 1.0, samples=100),
+            "per-row only": CostCurve(0.0, 0.001, 1.0, samples=100),
+        }
+    )
+    p = busy(model=model)
+    assert p.decide(view(head_key="per-row only"), now=10.0) == Dispatch(
+        1, DispatchReason.WORKER_IDLE
+    )
+    assert p.decide(view(head_key="other"), now=10.0) == WaitUntil(10.0 + GAP_P90 / 1000.0)
+
+
+def test_a_real_cost_model_fed_exact_batches_decides_the_same() -> None:
+    learned = CostModel()
+    for rows in [1, 8] * 8:
+        learned.observe(rows, 0.010 + 0.001 * rows)
+    p = busy(model=learned)
+    decision = p.decide(view(), now=10.0)
+    assert isinstance(decision, WaitUntil)
+    assert decision.time == pytest.approx(10.0 + GAP_P90 / 1000.0, rel=1e-12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    arrivals=st.lists(
+        st.tuples(st.floats(0.0, 0.02), st.integers(1, 200)), min_size=0, max_size=20
+    ),
+    fixed=st.floats(0.0, 0.05),
+    per_row=st.floats(0.0, 0.005),
+    margin=st.floats(1.0, 3.0),
+    head_rows=st.integers(1, 16),
+    max_batch_size=st.integers(1, 32),
+    waited=st.floats(0.0, 0.02),
+    max_wait=st.floats(0.0, 0.05),
+    budget=st.one_of(st.just(math.inf), st.just(math.inf), st.floats(0.0, 0.1)),
+    later=st.floats(0.0, 0.01),
+)
+def test_decisions_stay_in_range_under_random_arrivals(
+    arrivals: list[tuple[float, int]],
+    fixed: float,
+    per_row: float,
+    margin: float,
+    head_rows: int,
+    max_batch_size: int,
+    waited: float,
+    max_wait: float,
+    budget: float,
+    later: float,
+) -> None:
+    p = policy(cost(fixed, per_row, margin))
+    now = 100.0
+    for gap, rows in arrivals:
+        now += gap
+        arrive(p, rows, now)
+    now += later
+    v = view(
+        queued_rows=head_rows,
+        head_rows=head_rows,
+        head_arrival=now - waited,
+        max_batch_size=max_batch_size,
+        max_wait=max_wait,
+        head_deadline=now + budget,
+    )
+    decision = p.decide(v, now=now)
+    if isinstance(decision, Dispatch):
+        assert 1 <= decision.rows <= max_batch_size
+        assert decision.rows == min(head_rows, max_batch_size)
+        if head_rows >= max_batch_size:
+            assert decision.reason is DispatchReason.FULL
+    else:
+        assert head_rows < max_batch_size
+        assert now <= decision.time <= v.head_arrival + max_wait
+        assert now - v.head_arrival < max_wait
+
+
+# admission: the predicted completion
+
+
+def test_completion_of_a_lone_row_on_an_idle_worker() -> None:
+    assert _completion(request(), 10.0, cost()) == pytest.approx(10.011, rel=1e-12)
+
+
+def test_completion_after_the_rows_ahead_in_full_batches() -> None:
+    # 10 rows ahead plus its own: 8 (18 ms), then 3 (13 ms)
+    done = _completion(request(rows_ahead=10), 10.0, cost())
+    assert done == pytest.approx(10.031, rel=1e-12)
+
+
+def test_completion_of_a_multi_row_request() -> None:
+    # 12 rows of its own: 8 (18 ms), then 4 (14 ms)
+    assert _completion(request(rows=12), 10.0, cost()) == pytest.approx(10.032, rel=1e-12)
+
+
+def test_completion_waits_for_the_running_batch() -> None:
+    # 4 rows dispatched at 9.995 take 14 ms: the worker frees at 10.009
+    running = request(in_flight=((9.995, 4),))
+    assert _completion(running, 10.0, cost()) == pytest.approx(10.020, rel=1e-12)
+
+
+def test_a_running_batch_past_its_prediction_frees_the_worker_now() -> None:
+    overdue = request(in_flight=((9.9, 4),))
+    assert _completion(overdue, 10.0, cost()) == pytest.approx(10.011, rel=1e-12)
+
+
+def test_staged_batches_run_after_the_running_one() -> None:
+    # one worker: 4 rows running (frees at 10.009), 8 staged (18 ms), then its own row
+    staged = request(in_flight=((9.995, 4), (9.999, 8)))
+    assert _completion(staged, 10.0, cost()) == pytest.approx(10.038, rel=1e-12)
+
+
+def test_completion_with_two_workers() -> None:
+    # running: 4 rows from 9.995 (frees 10.009) and 8 rows from 9.998 (frees 10.016);
+    # staged: 8 rows on the first free worker (10.009 + 18 ms = 10.027);
+    # then 8 rows ahead on the other (10.016 + 18 ms = 10.034), then its own row on the
+    # first again (10.027 + 11 ms = 10.038).
+    two = request(workers=2, rows_ahead=8, in_flight=((9.995, 4), (9.998, 8), (10.0, 8)))
+    assert _completion(two, 10.0, cost()) == pytest.approx(10.038, rel=1e-12)
+
+
+def test_two_idle_workers_share_the_rows_ahead() -> None:
+    # 8 rows ahead on one worker (18 ms), its own row on the other (11 ms)
+    two = request(workers=2, rows_ahead=8)
+    assert _completion(two, 10.0, cost()) == pytest.approx(10.011, rel=1e-12)
+    one = request(workers=1, rows_ahead=8)
+    assert _completion(one, 10.0, cost()) == pytest.approx(10.029, rel=1e-12)
+
+
+def test_a_request_split_over_two_workers_is_done_when_its_slower_batch_is() -> None:
+    # 9 rows of its own on two idle workers: 8 rows (18 ms) on one and 1 row (11 ms) on the
+    # other, at once. Its last row is back at 10.018, not when the 1-row batch ends.
+    split = request(workers=2, rows=9)
+    assert _completion(split, 10.0, cost()) == pytest.approx(10.018, rel=1e-12)
+
+
+def test_completion_includes_the_margin() -> None:
+    assert _completion(request(), 10.0, cost(margin=2.0)) == pytest.approx(10.022, rel=1e-12)
+
+
+def test_completion_uses_the_curve_of_the_request_key() -> None:
+    model = FakeCost(
+        {None: CostCurve(0.010, 0.001, 1.0, 100), "long": CostCurve(0.020, 0.004, 1.0, 100)}
+    )
+    assert _completion(request(key="long"), 10.0, model) == pytest.approx(10.024, rel=1e-12)
+
+
+# admission: accept or refuse
+
+
+def test_admits_everything_while_cold() -> None:
+    p = policy(COLD)
+    hopeless = request(rows_ahead=10_000, deadline=10.000001)
+    assert p.admit(hopeless, now=10.0) is None
+    assert p.overloaded == 0
+
+
+def test_admits_everything_without_a_deadline() -> None:
+    p = policy()
+    assert p.admit(request(rows_ahead=10_000, deadline=math.inf), now=10.0) is None
+    assert p.overloaded == 0
+
+
+def test_admits_what_finishes_by_its_deadline() -> None:
+    p = policy()
+    # 10.031 predicted, 50 ms budget
+    assert p.admit(request(rows_ahead=10), now=10.0) is None
+    # finishing exactly at the deadline is in time
+    at_deadline = _completion(request(rows_ahead=10), 10.0, cost())
+    assert p.admit(request(rows_ahead=10, deadline=at_deadline), now=10.0) is None
+    assert p.overloaded == 0
+
+
+def test_refuses_what_would_finish_late_and_returns_the_predicted_completion() -> None:
+    p = policy()
+    # 20 rows ahead + 1: 8 (18), 8 (18), 5 (15) = 51 ms > 50 ms
+    late = p.admit(request(rows_ahead=20), now=10.0)
+    assert late == pytest.approx(10.051, rel=1e-12)
+    assert p.overloaded == 1
+    # the running batch pushes a request that fits on an idle worker past its deadline
+    crowded = request(rows_ahead=8, in_flight=((10.0, 8),))  # 18 + 18 + 11 = 47 ms: in time
+    assert p.admit(crowded, now=10.0) is None
+    more = request(rows_ahead=12, in_flight=((10.0, 8),))  # 18 + 18 + 15 = 51 ms: late
+    assert p.admit(more, now=10.0) == pytest.approx(10.051, rel=1e-12)
+    assert p.overloaded == 2
+
+
+def test_in_flight_and_rows_ahead_add_up_against_the_deadline() -> None:
+    p = policy()
+    ahead_only = request(rows_ahead=15)  # 8 (18) + 8 (18) = 36 ms
+    assert p.admit(ahead_only, now=10.0) is None
+    plus_running = request(rows_ahead=15, in_flight=((10.0, 4),))  # 14 + 36 = 50 ms
+    assert p.admit(plus_running, now=10.0) is None
+    plus_staged = request(rows_ahead=15, in_flight=((10.0, 4), (10.0, 1)))  # 14 + 11 + 36
+    assert p.admit(plus_staged, now=10.0) == pytest.approx(10.061, rel=1e-12)
+
+
+def test_a_multi_row_request_needs_room_for_all_its_rows() -> None:
+    p = policy()
+    assert p.admit(request(rows=16), now=10.0) is None  # 18 + 18 = 36 ms
+    assert p.admit(request(rows=24), now=10.0) == pytest.approx(10.054, rel=1e-12)  # 3 x 18
+
+
+def test_priority_only_counts_the_rows_served_before_it() -> None:
+    # The same queue, seen by a request of its own level (20 rows ahead) and by a more
+    # urgent one (nothing ahead): the batcher passes rows_ahead by priority.
+    p = policy()
+    assert p.admit(request(rows_ahead=20), now=10.0) is not None
+    assert p.admit(request(rows_ahead=0), now=10.0) is None
+    assert p.overloaded == 1
+
+
+def test_a_tighter_deadline_refuses_what_the_objective_admits() -> None:
+    p = policy()
+    assert p.admit(request(rows_ahead=10, deadline=10.05), now=10.0) is None  # 31 ms
+    assert p.admit(request(rows_ahead=10, deadline=10.02), now=10.0) == pytest.approx(
+        10.031, rel=1e-12
+    )
+
+
+def test_refused_requests_are_counted() -> None:
+    p = policy()
+    for _ in range(3):
+        assert p.admit(request(rows_ahead=100), now=10.0) is not None
+    assert p.admit(request(), now=10.0) is None
+    assert p.overloaded == 3
+
+
+# construction
+
+
+def test_make_policy_adaptive_needs_a_latency_objective() -> None:
+    with pytest.raises(ValueError, match="needs a latency objective") as info:
+        make_policy("adaptive")
+    assert str(info.value) == (
+        "policy 'adaptive' needs a latency objective: set latency_slo_ms (e.g. 50 for 50 ms)"
+    )
+
+
+def test_make_policy_adaptive() -> None:
+    p = make_policy("adaptive", latency_slo_ms=50)
+    assert isinstance(p, AdaptivePolicy)
+    assert p.latency_slo == 0.05
+    assert isinstance(p.cost, CostModel)
+    assert p.cost.observed == 0
+    assert (repr(p), str(p)) == ("AdaptivePolicy(latency_slo_ms=50)", "adaptive")
+    assert p.overloaded == 0
+    other = make_policy("adaptive", latency_slo_ms=50)
+    assert isinstance(other, AdaptivePolicy)
+    assert other.cost is not p.cost  # each batcher learns its own model
+
+
+def test_a_given_cost_model_is_the_one_used() -> None:
+    model = CostModel()
+    p = AdaptivePolicy(12.5, cost=model)
+    assert p.cost is model
+    assert repr(p) == "AdaptivePolicy(latency_slo_ms=12.5)"
+
+
+def test_observe_feeds_the_cost_model() -> None:
+    model = CostModel()
+    p = AdaptivePolicy(50, cost=model)
+    p.observe(4, 0.014, "k")
+    p.observe(1, 0.011)
+    assert model.observed == 2
+    k = model.curve("k")
+    assert k is not None
+    assert k.samples == 1
+
+
+@pytest.mark.parametrize("slo", [0, 0.0, -5, math.nan, -math.inf, math.inf])
+def test_latency_slo_must_be_positive(slo: float) -> None:
+    with pytest.raises(ValueError, match="latency_slo_ms") as info:
+        AdaptivePolicy(slo)
+    assert str(info.value) == f"latency_slo_ms must be finite and > 0, got {slo!r}"
+
+
+@pytest.mark.parametrize("slo", ["50", True, None])
+def test_latency_slo_must_be_a_number(slo: object) -> None:
+    with pytest.raises(TypeError, match="latency_slo_ms must be a number of milliseconds"):
+        AdaptivePolicy(slo)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("window", [0.0, -1.0, math.nan])
+def test_rate_window_must_be_positive(window: float) -> None:
+    with pytest.raises(ValueError, match="rate_window_s") as info:
+        AdaptivePolicy(50, rate_window_s=window)
+    assert str(info.value) == f"rate_window_s must be > 0, got {window!r}"
