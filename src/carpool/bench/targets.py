@@ -5,7 +5,7 @@ served through its own :class:`~carpool.Batcher` (anything ``carpool serve`` tak
 gives its v2 metadata, a *client* (the load generator's one seam: ``send(i)`` sends request
 ``i`` and returns ``None`` or the kind of error) and server-side figures for a step's window:
 carpool's ``/metrics``, or the batcher's own stats. Timing and load shapes live in
-``runner.py``, flags and output in ``command.py``.
+``runner.py``, flags in ``options.py``, output in ``display.py``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,279 @@
+"""``carpool bench``'s flags, checked, as :class:`Options`; and each step's :class:`Plan`.
+
+Pure: no file is opened or looked at, nothing is sent or printed. The checks that look at
+the world (files exist, outputs can be written, matplotlib is installed) and the reading
+of a ``--trace`` file are the caller's, passed in, so every rule here is testable without
+files. A usage error is a :class:`~carpool.bench.targets.BenchError` naming the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+from carpool.bench.report import Load
+from carpool.bench.runner import Plan
+from carpool.bench.targets import BenchError, is_url
+
+__all__ = ["Options", "options_from", "plans"]
+
+CONCURRENCY = (1, 8, 64, 256)  # one caller, then the levels where batching starts to pay
+DURATION_S = 5.0  # perf_analyzer's measurement interval
+WARMUP_S = 1.0  # connections opened, caches and the batcher's pool warm
+DISTINCT = 64  # requests cycled through: no cache sees one body; encoding takes milliseconds
+CONNECTIONS = 256  # open loop: in flight at once before requests wait for a connection
+TIMEOUT_S = 30.0  # a request this late is a failure (TimeoutError), not a latency
+
+
+# Where a run was written, how the client ran (Report.client) and the sweep grid (its own
+# setting): recorded elsewhere or not at all.
+_NOT_SETTINGS = frozenset(
+    {"target", "json", "plot", "label", "processes", "connections", "batching", "sweep",
+     "sizes", "waits", "p99_budget_ms"}
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything a run needs, checked."""
+
+    target: str
+    mode: str  # "concurrency", "rate" or "trace"
+    values: tuple[float, ...] = ()  # callers or rates per step; () for a trace
+    trace: str | None = None
+    duration_s: float | None = None  # as given; None: DURATION_S, or the whole trace
+    requests: int | None = None
+    warmup_s: float = WARMUP_S
+    seed: int = 0
+    rows: int = 1
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    input_data: str | None = None
+    strings: str | None = None
+    distinct: int = DISTINCT
+    encoding: str = "json"
+    processes: int = 1
+    connections: int = CONNECTIONS
+    timeout_s: float = TIMEOUT_S
+    batching: dict[str, Any] = field(default_factory=dict)  # in-process overrides
+    sweep: bool = False
+    sizes: tuple[int, ...] = ()
+    waits: tuple[float, ...] = ()
+    p99_budget_ms: float | None = None
+    slo_ms: float | None = None
+    json: str | None = None
+    plot: str | None = None
+    label: str = ""
+
+    def settings(self) -> dict[str, Any]:
+        """The options a report records (what was run, not where it was written)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_SETTINGS}
+        out["values"] = list(self.values)
+        out["shapes"] = {k: list(v) for k, v in self.shapes.items()}
+        return out
+
+
+# ----------------------------------------------------------------------------- options
+
+
+def options_from(
+    args: argparse.Namespace, *, check_paths: Callable[[argparse.Namespace], None]
+) -> Options:
+    """:class:`Options` from ``carpool bench``'s flags; :class:`BenchError` says what is wrong.
+
+    ``check_paths`` raises for named files that do not exist, outputs that cannot be
+    written or a missing matplotlib; it is passed in to keep this module free of I/O. It
+    runs after the range checks and before the batching flags: that order decides which
+    of several wrong flags is reported.
+    """
+    if not args.target:
+        raise BenchError("name a TARGET (a model URL or an in-process model), or use --compare")
+    mode, values = _load(args)
+    _check(args)
+    check_paths(args)
+    batching, sizes, waits = _batching_flags(args, mode)
+    encoding = (args.encoding or "json").lower()
+    if encoding not in ("json", "binary"):
+        raise BenchError(f"--encoding must be json or binary, got {args.encoding!r}")
+    return Options(
+        target=args.target,
+        mode=mode,
+        values=values,
+        trace=args.trace,
+        duration_s=args.duration,
+        requests=args.requests,
+        warmup_s=WARMUP_S if args.warmup is None else args.warmup,
+        seed=args.seed or 0,
+        rows=args.rows or 1,
+        shapes=dict(_shape(s) for s in args.shape),
+        input_data=args.input_data,
+        strings=args.strings,
+        distinct=args.distinct or DISTINCT,
+        encoding=encoding,
+        processes=args.client_processes or 1,
+        connections=args.connections or CONNECTIONS,
+        timeout_s=args.timeout or TIMEOUT_S,
+        batching=batching,
+        sweep=args.sweep_batching,
+        sizes=sizes,
+        waits=waits,
+        p99_budget_ms=args.p99_budget_ms,
+        slo_ms=args.slo_ms,
+        json=args.json,
+        plot=args.plot,
+        label=args.label or "",
+    )
+
+
+def _shape(text: str) -> tuple[str, tuple[int, ...]]:
+    name, sep, dims = text.rpartition(":")
+    try:
+        shape = tuple(int(d) for d in dims.split(","))
+    except ValueError:
+        shape = ()
+    if not sep or not name or not shape or any(d < 1 for d in shape):
+        raise BenchError(f"--shape {text!r} must be NAME:DIMS with dims >= 1, e.g. INPUT0:256")
+    return name, shape
+
+
+def _load(args: argparse.Namespace) -> tuple[str, tuple[float, ...]]:
+    """The load mode and its steps' values (none for a trace)."""
+    modes = [m for m in ("concurrency", "rate", "trace") if getattr(args, m) is not None]
+    if len(modes) > 1:
+        raise BenchError("choose one load mode: --concurrency, --rate or --trace")
+    mode = modes[0] if modes else "concurrency"
+    if mode == "concurrency":
+        values = tuple(args.concurrency or CONCURRENCY)
+        if any(c < 1 for c in values):
+            raise BenchError(f"--concurrency values must be >= 1, got {list(values)}")
+        return mode, values
+    if mode == "rate":
+        if any(not (math.isfinite(r) and r > 0) for r in args.rate):
+            raise BenchError(f"--rate values must be > 0 requests/s, got {list(args.rate)}")
+        return mode, tuple(args.rate)
+    return mode, ()
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Numbers in range, and flags that exclude each other."""
+    if args.duration is not None and args.requests is not None:
+        raise BenchError("--duration and --requests both end a step; give one")
+    for name in ("duration", "timeout", "slo_ms", "p99_budget_ms", "warmup"):
+        value = getattr(args, name)
+        zero = name == "warmup"  # no warm-up is fine; no duration or timeout is not
+        if value is not None and not (value >= 0 if zero else value > 0):
+            flag = "--" + name.replace("_", "-")
+            raise BenchError(f"{flag} must be {'>= 0' if zero else '> 0'}, got {value:g}")
+    for name in ("requests", "rows", "distinct", "client_processes", "connections"):
+        count = getattr(args, name)
+        if count is not None and count < 1:
+            raise BenchError(f"--{name.replace('_', '-')} must be >= 1, got {count}")
+    if args.input_data and args.strings:
+        raise BenchError("--input-data gives whole requests; --strings applies to generated ones")
+
+
+def _batching_flags(
+    args: argparse.Namespace, mode: str
+) -> tuple[dict[str, Any], tuple[int, ...], tuple[float, ...]]:
+    """In-process batching overrides, and the sweep's grid (sizes, waits)."""
+    url = is_url(args.target)
+    batching = {
+        key: getattr(args, key)
+        for key in ("policy", "workers", "max_queue_size")
+        if getattr(args, key) is not None
+    }
+    given = [
+        f"--{key.replace('_', '-')}"
+        for key in ("max_batch_size", "max_wait_ms", *batching)
+        if getattr(args, key) is not None
+    ]
+    if url and args.sweep_batching:
+        raise BenchError(
+            "--sweep-batching needs an in-process TARGET (it starts a batcher per setting); "
+            "a server's batching is set where it runs"
+        )
+    if url and given:
+        raise BenchError(f"{', '.join(given)} apply to in-process targets; set them on the server")
+    if not url and (args.client_processes or 1) > 1:
+        raise BenchError("--client-processes needs a URL TARGET; a batcher runs on one loop")
+    if args.p99_budget_ms is not None and not args.sweep_batching:
+        raise BenchError("--p99-budget-ms picks the best --sweep-batching setting; add that")
+    if args.sweep_batching:
+        if mode == "trace":
+            raise BenchError("--sweep-batching runs --concurrency or --rate steps, not --trace")
+        sizes = tuple(args.max_batch_size or (8, 16, 32))  # a batch-size doubling either side
+        waits = tuple(args.max_wait_ms or (0.0, 2.0, 5.0))  # no wait, and carpool's default
+        return batching, sizes, waits
+    for key in ("max_batch_size", "max_wait_ms"):
+        values = getattr(args, key)
+        if values is not None:
+            if len(values) != 1:
+                flag = "--" + key.replace("_", "-")
+                raise BenchError(f"{flag} takes one value here; a list needs --sweep-batching")
+            batching[key] = values[0]
+    return batching, (), ()
+
+
+# ----------------------------------------------------------------------------- plans
+
+
+def plans(options: Options, *, trace: np.ndarray[Any, Any] | None = None) -> list[Plan]:
+    """Each step's plan; open-loop send times drawn here, before anything is sent.
+
+    ``trace``: the ``--trace`` file's send times as read (a trace run needs them; the
+    caller reads the file, as this module does no I/O).
+    """
+    from carpool.bench import load as arrivals
+
+    duration = options.duration_s if options.duration_s is not None else DURATION_S
+    warmup, seed, count = options.warmup_s, options.seed, options.requests
+    by_time = None if count is not None else duration
+
+    def warm(rate: float) -> np.ndarray[Any, Any]:
+        if warmup <= 0:
+            return np.empty(0)
+        return np.asarray(arrivals.poisson_offsets(rate, warmup, seed=seed + 1), dtype=np.float64)
+
+    if options.mode == "concurrency":
+        return [
+            Plan(Load("concurrency", c), warmup, by_time, count, connections=int(c))
+            for c in options.values
+        ]
+    if options.mode == "rate":
+        out = []
+        for rate in options.values:
+            if count is not None:
+                offsets = arrivals.count_offsets(rate, count, seed=seed)
+            else:
+                offsets = arrivals.poisson_offsets(rate, duration, seed=seed)
+            out.append(
+                Plan(
+                    Load("rate", rate),
+                    warmup,
+                    by_time,
+                    count,
+                    np.asarray(offsets, dtype=np.float64),
+                    warm(rate),
+                    options.connections,
+                )
+            )
+        return out
+    assert options.trace is not None
+    if trace is None:
+        raise TypeError("plans() of a trace run needs the trace's send times")
+    offsets = np.asarray(trace, dtype=np.float64)
+    if offsets.size:
+        offsets = offsets - offsets[0]
+    if count is not None:
+        offsets = offsets[:count]
+    elif options.duration_s is not None:
+        offsets = offsets[offsets < options.duration_s]
+    if not offsets.size:
+        raise BenchError(f"--trace {options.trace!r} has no send times to replay")
+    span = float(offsets[-1])
+    rate = offsets.size / span if span > 0 else float(offsets.size)
+    return [Plan(Load("trace", rate), warmup, None, None, offsets, warm(rate), options.connections)]
