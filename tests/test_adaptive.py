@@ -302,6 +302,10 @@ def test_decisions_stay_in_range_under_random_arrivals(
 
 
 # admission: the predicted completion
+#
+# The fake line: t(1) = 11 ms, t(3) = 13 ms, t(4) = 14 ms, t(8) = 18 ms. While anything is
+# in flight or queued ahead, the batches holding the request's own rows are costed full
+# (8 rows: 18 ms), as rows arriving meanwhile fill them.
 
 
 def test_completion_of_a_lone_row_on_an_idle_worker() -> None:
@@ -309,48 +313,108 @@ def test_completion_of_a_lone_row_on_an_idle_worker() -> None:
 
 
 def test_completion_after_the_rows_ahead_in_full_batches() -> None:
-    # 10 rows ahead plus its own: 8 (18 ms), then 3 (13 ms)
+    # 10 rows ahead plus its own: 8 (18 ms), then 3 costed full (18 ms)
     done = _completion(request(rows_ahead=10), 10.0, cost())
-    assert done == pytest.approx(10.031, rel=1e-12)
+    assert done == pytest.approx(10.036, rel=1e-12)
 
 
 def test_completion_of_a_multi_row_request() -> None:
-    # 12 rows of its own: 8 (18 ms), then 4 (14 ms)
+    # 12 rows of its own, nothing ahead: 8 (18 ms), then 4 (14 ms)
     assert _completion(request(rows=12), 10.0, cost()) == pytest.approx(10.032, rel=1e-12)
 
 
+# admission: its own batch, at its size when idle, full when busy
+
+
+def test_with_nothing_ahead_its_own_batch_is_costed_at_its_size() -> None:
+    assert _completion(request(rows=3), 10.0, cost()) == pytest.approx(10.013, rel=1e-12)
+
+
+def test_with_rows_ahead_its_own_batch_is_costed_full() -> None:
+    # 1 row ahead and its 3 share one batch of 4 rows, costed as 8: 18 ms, not 14
+    busy = request(rows=3, rows_ahead=1)
+    assert _completion(busy, 10.0, cost()) == pytest.approx(10.018, rel=1e-12)
+
+
+def test_with_a_batch_in_flight_its_own_batch_is_costed_full() -> None:
+    # 1 row running from 10.0 (frees 10.011), then its 3 rows costed as 8: 18 ms, not 13
+    running = request(rows=3, in_flight=((10.0, 1),))
+    assert _completion(running, 10.0, cost()) == pytest.approx(10.029, rel=1e-12)
+    staged = request(rows=3, in_flight=((None, 1),))  # staged: it starts now, the same
+    assert _completion(staged, 10.0, cost()) == pytest.approx(10.029, rel=1e-12)
+
+
+def test_when_busy_the_last_partial_batch_of_a_multi_row_request_is_costed_full() -> None:
+    # 1 row running (frees 10.011), then its 12 rows: 8 (18 ms), 4 costed as 8 (18 ms)
+    busy = request(rows=12, in_flight=((10.0, 1),))
+    assert _completion(busy, 10.0, cost()) == pytest.approx(10.047, rel=1e-12)
+
+
+# admission: what is in flight, running batches from their start, staged ones after them
+
+
 def test_completion_waits_for_the_running_batch() -> None:
-    # 4 rows dispatched at 9.995 take 14 ms: the worker frees at 10.009
+    # 4 rows started at 9.995 take 14 ms: the worker frees at 10.009
     running = request(in_flight=((9.995, 4),))
-    assert _completion(running, 10.0, cost()) == pytest.approx(10.020, rel=1e-12)
+    assert _completion(running, 10.0, cost()) == pytest.approx(10.027, rel=1e-12)
+
+
+def test_a_running_batch_frees_its_worker_by_its_start_time() -> None:
+    earlier = request(in_flight=((9.990, 4),))  # started 5 ms before: frees 10.004
+    assert _completion(earlier, 10.0, cost()) == pytest.approx(10.022, rel=1e-12)
 
 
 def test_a_running_batch_past_its_prediction_frees_the_worker_now() -> None:
     overdue = request(in_flight=((9.9, 4),))
-    assert _completion(overdue, 10.0, cost()) == pytest.approx(10.011, rel=1e-12)
+    assert _completion(overdue, 10.0, cost()) == pytest.approx(10.018, rel=1e-12)
+
+
+def test_a_staged_batch_runs_in_full_from_when_a_worker_frees() -> None:
+    # no start yet: its 14 ms run from now, then its own row
+    staged = request(in_flight=((None, 4),))
+    assert _completion(staged, 10.0, cost()) == pytest.approx(10.032, rel=1e-12)
 
 
 def test_staged_batches_run_after_the_running_one() -> None:
-    # one worker: 4 rows running (frees at 10.009), 8 staged (18 ms), then its own row
-    staged = request(in_flight=((9.995, 4), (9.999, 8)))
-    assert _completion(staged, 10.0, cost()) == pytest.approx(10.038, rel=1e-12)
+    # one worker: 4 rows running (frees 10.009), 8 staged (18 ms), then its own row
+    staged = request(in_flight=((9.995, 4), (None, 8)))
+    assert _completion(staged, 10.0, cost()) == pytest.approx(10.045, rel=1e-12)
+
+
+def test_running_batches_are_placed_before_staged_ones_whatever_the_order() -> None:
+    listed_first = request(in_flight=((None, 8), (9.995, 4)))
+    assert _completion(listed_first, 10.0, cost()) == pytest.approx(10.045, rel=1e-12)
+
+
+def test_a_staged_batch_takes_an_idle_worker_at_once() -> None:
+    # two workers: 4 rows running on one (frees 10.009), 8 staged on the other (10.018),
+    # then its own row on the first to free (10.009 + 18 ms)
+    two = request(workers=2, in_flight=((9.995, 4), (None, 8)))
+    assert _completion(two, 10.0, cost()) == pytest.approx(10.027, rel=1e-12)
+
+
+def test_batches_running_beyond_the_workers_queue_like_staged_ones() -> None:
+    # A worker just freed: its next batch started before the finished one left. One worker:
+    # the first frees at 10.004, the extra's 18 ms follow from there, then its own row.
+    extra = request(in_flight=((9.990, 4), (9.999, 8)))
+    assert _completion(extra, 10.0, cost()) == pytest.approx(10.040, rel=1e-12)
 
 
 def test_completion_with_two_workers() -> None:
     # running: 4 rows from 9.995 (frees 10.009) and 8 rows from 9.998 (frees 10.016);
     # staged: 8 rows on the first free worker (10.009 + 18 ms = 10.027);
-    # then 8 rows ahead on the other (10.016 + 18 ms = 10.034), then its own row on the
-    # first again (10.027 + 11 ms = 10.038).
-    two = request(workers=2, rows_ahead=8, in_flight=((9.995, 4), (9.998, 8), (10.0, 8)))
-    assert _completion(two, 10.0, cost()) == pytest.approx(10.038, rel=1e-12)
+    # then 8 rows ahead on the other (10.016 + 18 ms = 10.034), then its own row, costed
+    # full, on the first again (10.027 + 18 ms = 10.045).
+    two = request(workers=2, rows_ahead=8, in_flight=((9.995, 4), (9.998, 8), (None, 8)))
+    assert _completion(two, 10.0, cost()) == pytest.approx(10.045, rel=1e-12)
 
 
 def test_two_idle_workers_share_the_rows_ahead() -> None:
-    # 8 rows ahead on one worker (18 ms), its own row on the other (11 ms)
+    # 8 rows ahead on one worker (18 ms), its own row, costed full, on the other (18 ms)
     two = request(workers=2, rows_ahead=8)
-    assert _completion(two, 10.0, cost()) == pytest.approx(10.011, rel=1e-12)
+    assert _completion(two, 10.0, cost()) == pytest.approx(10.018, rel=1e-12)
     one = request(workers=1, rows_ahead=8)
-    assert _completion(one, 10.0, cost()) == pytest.approx(10.029, rel=1e-12)
+    assert _completion(one, 10.0, cost()) == pytest.approx(10.036, rel=1e-12)
 
 
 def test_a_request_split_over_two_workers_is_done_when_its_slower_batch_is() -> None:
@@ -371,7 +435,7 @@ def test_completion_uses_the_curve_of_the_request_key() -> None:
     assert _completion(request(key="long"), 10.0, model) == pytest.approx(10.024, rel=1e-12)
 
 
-# admission: accept or refuse
+# admission: accept or refuse (a 50 ms objective less 2 ms of headroom: done by 10.048)
 
 
 def test_admits_everything_while_cold() -> None:
@@ -387,27 +451,29 @@ def test_admits_everything_without_a_deadline() -> None:
     assert p.overloaded == 0
 
 
-def test_admits_what_finishes_by_its_deadline() -> None:
+def test_admits_what_finishes_by_its_deadline_less_the_headroom() -> None:
     p = policy()
-    # 10.031 predicted, 50 ms budget
-    assert p.admit(request(rows_ahead=10), now=10.0) is None
-    # finishing exactly at the deadline is in time
-    at_deadline = _completion(request(rows_ahead=10), 10.0, cost())
-    assert p.admit(request(rows_ahead=10, deadline=at_deadline), now=10.0) is None
+    assert p.admit(request(rows_ahead=10), now=10.0) is None  # 10.036
+    near = request(rows_ahead=8, in_flight=((9.998, 1),))  # 10.009 + 18 + 18 = 10.045
+    assert p.admit(near, now=10.0) is None
     assert p.overloaded == 0
+    # before the deadline, but inside the headroom: 10.013 + 18 + 18 = 10.049
+    inside = request(rows_ahead=8, in_flight=((9.998, 5),))
+    assert p.admit(inside, now=10.0) == pytest.approx(10.049, rel=1e-12)
+    assert p.overloaded == 1
 
 
 def test_refuses_what_would_finish_late_and_returns_the_predicted_completion() -> None:
     p = policy()
-    # 20 rows ahead + 1: 8 (18), 8 (18), 5 (15) = 51 ms > 50 ms
+    # 20 rows ahead + 1: 8 (18), 8 (18), 5 costed full (18) = 54 ms, past 48 ms
     late = p.admit(request(rows_ahead=20), now=10.0)
-    assert late == pytest.approx(10.051, rel=1e-12)
+    assert late == pytest.approx(10.054, rel=1e-12)
     assert p.overloaded == 1
     # the running batch pushes a request that fits on an idle worker past its deadline
-    crowded = request(rows_ahead=8, in_flight=((10.0, 8),))  # 18 + 18 + 11 = 47 ms: in time
-    assert p.admit(crowded, now=10.0) is None
-    more = request(rows_ahead=12, in_flight=((10.0, 8),))  # 18 + 18 + 15 = 51 ms: late
-    assert p.admit(more, now=10.0) == pytest.approx(10.051, rel=1e-12)
+    idle = request(rows_ahead=8)  # 18 + 18 = 36 ms: in time
+    assert p.admit(idle, now=10.0) is None
+    crowded = request(rows_ahead=8, in_flight=((10.0, 8),))  # 18 + 18 + 18 = 54 ms: late
+    assert p.admit(crowded, now=10.0) == pytest.approx(10.054, rel=1e-12)
     assert p.overloaded == 2
 
 
@@ -415,10 +481,21 @@ def test_in_flight_and_rows_ahead_add_up_against_the_deadline() -> None:
     p = policy()
     ahead_only = request(rows_ahead=15)  # 8 (18) + 8 (18) = 36 ms
     assert p.admit(ahead_only, now=10.0) is None
-    plus_running = request(rows_ahead=15, in_flight=((10.0, 4),))  # 14 + 36 = 50 ms
+    plus_running = request(rows_ahead=15, in_flight=((9.996, 4),))  # frees at 10 ms: 46 ms
     assert p.admit(plus_running, now=10.0) is None
-    plus_staged = request(rows_ahead=15, in_flight=((10.0, 4), (10.0, 1)))  # 14 + 11 + 36
-    assert p.admit(plus_staged, now=10.0) == pytest.approx(10.061, rel=1e-12)
+    plus_staged = request(rows_ahead=15, in_flight=((9.996, 4), (None, 1)))  # 10 + 11 + 36
+    assert p.admit(plus_staged, now=10.0) == pytest.approx(10.057, rel=1e-12)
+    assert p.overloaded == 1
+
+
+def test_a_batch_started_earlier_admits_what_the_same_batch_staged_refuses() -> None:
+    # 8 rows ahead and its own: 36 ms after the worker frees. 4 rows that started 10 ms ago
+    # free it at 10.004 (40 ms: in time); staged, they run from now (50 ms: late).
+    p = policy()
+    assert p.admit(request(rows_ahead=8, in_flight=((9.990, 4),)), now=10.0) is None
+    staged = p.admit(request(rows_ahead=8, in_flight=((None, 4),)), now=10.0)
+    assert staged == pytest.approx(10.050, rel=1e-12)
+    assert p.overloaded == 1
 
 
 def test_a_multi_row_request_needs_room_for_all_its_rows() -> None:
@@ -438,9 +515,9 @@ def test_priority_only_counts_the_rows_served_before_it() -> None:
 
 def test_a_tighter_deadline_refuses_what_the_objective_admits() -> None:
     p = policy()
-    assert p.admit(request(rows_ahead=10, deadline=10.05), now=10.0) is None  # 31 ms
+    assert p.admit(request(rows_ahead=10, deadline=10.05), now=10.0) is None  # 36 ms
     assert p.admit(request(rows_ahead=10, deadline=10.02), now=10.0) == pytest.approx(
-        10.031, rel=1e-12
+        10.036, rel=1e-12
     )
 
 
@@ -450,6 +527,74 @@ def test_refused_requests_are_counted() -> None:
         assert p.admit(request(rows_ahead=100), now=10.0) is not None
     assert p.admit(request(), now=10.0) is None
     assert p.overloaded == 3
+
+
+def test_a_cost_model_that_saw_one_batch_size_admits_a_full_batch() -> None:
+    # One batch of 1 row in 11 ms is all fixed cost: 8 rows are predicted 11 ms too, in time
+    # (split half and half, 8 rows would have been predicted 49.5 ms: refused).
+    learned = CostModel()
+    learned.observe(1, 0.011)
+    p = AdaptivePolicy(50, cost=learned)
+    assert _completion(request(rows=8), 10.0, learned) == pytest.approx(10.011, rel=1e-12)
+    assert p.admit(request(rows=8), now=10.0) is None
+    assert p.overloaded == 0
+
+
+# admission: the headroom
+
+# 2**-7 s a batch plus 2**-10 s a row: every sum below is exact in binary.
+DYADIC = FakeCost({None: CostCurve(2.0**-7, 2.0**-10, 1.0, samples=100)})
+
+
+@pytest.mark.parametrize("headroom_ms", [0.0, 1.953125])  # none, and 2**-9 s exactly
+def test_admits_exactly_up_to_the_deadline_less_the_headroom(headroom_ms: float) -> None:
+    p = AdaptivePolicy(50, cost=DYADIC, headroom_ms=headroom_ms)
+    assert p.headroom == headroom_ms / 1000.0
+    done = 10.0 + 2.0**-7 + 2.0**-10  # one row on an idle worker
+    assert _completion(request(), 10.0, DYADIC) == done
+    deadline = done + p.headroom
+    assert deadline - p.headroom == done  # the boundary is exact, not rounded
+    assert p.admit(request(deadline=deadline), now=10.0) is None
+    assert p.overloaded == 0
+    just_late = request(deadline=math.nextafter(deadline, 0.0))
+    assert p.admit(just_late, now=10.0) == done
+    assert p.overloaded == 1
+
+
+@pytest.mark.parametrize(
+    ("slo_ms", "headroom_ms", "headroom"),
+    [
+        (50, 2.0, 0.002),
+        (50, 4.5, 0.0045),
+        (50, 0.0, 0.0),
+        (10, 2.0, 0.001),  # a tenth of the objective
+        (12.5, 2.0, 0.00125),
+        (5, 3.0, 0.0005),
+    ],
+)
+def test_the_headroom_is_at_most_a_tenth_of_the_objective(
+    slo_ms: float, headroom_ms: float, headroom: float
+) -> None:
+    assert AdaptivePolicy(slo_ms, headroom_ms=headroom_ms).headroom == headroom
+
+
+def test_the_headroom_defaults_to_two_milliseconds() -> None:
+    assert AdaptivePolicy(50).headroom == 0.002
+    by_name = make_policy("adaptive", latency_slo_ms=50)
+    assert isinstance(by_name, AdaptivePolicy)
+    assert by_name.headroom == 0.002
+
+
+def test_the_clamp_follows_the_objective_not_the_request_deadline() -> None:
+    # A lone row takes 11 ms. Under a 20 ms objective, 10 ms of headroom is clamped to 2:
+    # done by 18 ms, in time (with 10 ms it would be late).
+    tight = AdaptivePolicy(20, cost=cost(), headroom_ms=10.0)
+    assert tight.admit(request(deadline=10.02), now=10.0) is None
+    # Under a 200 ms objective the 10 ms stand, even for a request whose own timeout leaves
+    # it 20 ms: done by 10 ms, late.
+    loose = AdaptivePolicy(200, cost=cost(), headroom_ms=10.0)
+    assert loose.admit(request(deadline=10.02), now=10.0) == pytest.approx(10.011, rel=1e-12)
+    assert (tight.overloaded, loose.overloaded) == (0, 1)
 
 
 # construction
@@ -512,3 +657,10 @@ def test_rate_window_must_be_positive(window: float) -> None:
     with pytest.raises(ValueError, match="rate_window_s") as info:
         AdaptivePolicy(50, rate_window_s=window)
     assert str(info.value) == f"rate_window_s must be > 0, got {window!r}"
+
+
+@pytest.mark.parametrize("headroom_ms", [-1.0, -1e-9, math.nan, math.inf, -math.inf])
+def test_headroom_must_be_finite_and_not_negative(headroom_ms: float) -> None:
+    with pytest.raises(ValueError, match="headroom_ms") as info:
+        AdaptivePolicy(50, headroom_ms=headroom_ms)
+    assert str(info.value) == f"headroom_ms must be finite and >= 0, got {headroom_ms!r}"

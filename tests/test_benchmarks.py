@@ -54,3 +54,35 @@ def test_backends_bench_quick_run() -> None:
     ]:
         assert text in done.stdout, done.stdout[-3000:]
     assert "failed:" not in done.stdout, done.stdout[-3000:]
+
+
+def test_adaptive_bench_quick_run(tmp_path: Path) -> None:
+    plot = tmp_path / "adaptive.png"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "adaptive_bench.py"),
+            "--quick",
+            "--cpus",
+            "none",
+            "--plot",
+            str(plot),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    for text in [
+        "[sleep] p99 of served requests",
+        "[mlp] throughput, and goodput",
+        "p99 <= 1.1x best fixed/eager at every load",
+        "2x overload: goodput >= 0.9x capacity",
+        "2x overload: rejections immediate",
+    ]:
+        assert text in done.stdout, done.stdout[-3000:]
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return
+    assert plot.stat().st_size > 0

@@ -71,23 +71,31 @@ def test_exact_fit_on_noiseless_linear_data() -> None:
     assert model.predict(64) == pytest.approx(0.036, rel=1e-9)
 
 
-def test_one_batch_size_splits_its_time_half_fixed_half_per_row() -> None:
+def test_one_batch_size_is_all_fixed_cost() -> None:
     model = CostModel()
     for _ in range(3):
         model.observe(8, 0.012)
     curve = model.curve()
     assert curve is not None
-    assert curve.fixed_s == pytest.approx(0.006, rel=1e-12)
-    assert curve.per_row_s == pytest.approx(0.006 / 8, rel=1e-12)
+    assert curve.fixed_s == pytest.approx(0.012, rel=1e-12)
+    assert curve.per_row_s == 0.0
     assert model.predict(8) == pytest.approx(0.012, rel=1e-12)  # right where it was measured
-    assert model.predict(1) == pytest.approx(0.00675, rel=1e-12)
+    # a cold start errs towards admitting: more rows are predicted no slower
+    assert model.predict(1) == model.predict(8) == model.predict(32) == curve.fixed_s
 
 
-def test_the_first_batch_of_another_size_corrects_the_half_and_half_guess() -> None:
+def test_a_linear_fit_of_one_batch_is_that_batch_as_fixed_cost() -> None:
+    fit = LinearFit(half_life=200.0, quantile=0.9, window=256)
+    fit.add(8, 0.012)
+    assert fit.curve() == CostCurve(fixed_s=0.012, per_row_s=0.0, margin=1.0, samples=1)
+
+
+def test_the_first_batch_of_another_size_corrects_the_all_fixed_guess() -> None:
     # The truth is 4 ms + 1 ms per row: 12 ms at 8 rows, 5 ms at 1 row.
     model = CostModel()
     for _ in range(3):
         model.observe(8, 0.012)
+    assert model.predict(1) == model.predict(8)  # the guess: all fixed
     model.observe(1, 0.005)
     curve = model.curve()
     assert curve is not None
@@ -102,8 +110,8 @@ def test_one_batch_size_uses_the_decayed_mean_of_its_times() -> None:
     mean = (0.010 * 0.5 + 0.020) / 1.5
     curve = model.curve()
     assert curve is not None
-    assert curve.fixed_s == pytest.approx(mean / 2, rel=1e-12)
-    assert curve.per_row_s == pytest.approx(mean / 8, rel=1e-12)
+    assert curve.fixed_s == pytest.approx(mean, rel=1e-12)
+    assert curve.per_row_s == 0.0
 
 
 def test_more_rows_never_take_less_time() -> None:
@@ -174,13 +182,13 @@ def test_the_margin_needs_eight_ratios() -> None:
     curve = model.curve()
     assert curve is not None
     assert (curve.margin, curve.samples) == (1.0, 8)
-    assert curve.fixed_s == last / 2  # the last batch alone, split half and half
+    assert (curve.fixed_s, curve.per_row_s) == (last, 0.0)  # the last batch alone, all fixed
     model.observe(1, last * 2.0)
     curve = model.curve()
     assert curve is not None
     assert (curve.margin, curve.samples) == (2.0, 9)
     assert model.predict(1) == pytest.approx(last * 2.0 * 2.0, rel=1e-12)
-    assert model.predict(3) == pytest.approx(last * 2.0 * 2.0 * 2.0, rel=1e-12)
+    assert model.predict(3) == model.predict(1)  # one size seen: no cost per row
 
 
 @pytest.mark.parametrize(
@@ -242,10 +250,10 @@ def test_a_key_has_its_own_fit_from_its_first_batch() -> None:
     model = CostModel()
     model.observe(8, 0.016, "a")
     model.observe(1, 0.002, "a")
-    model.observe(4, 0.100, "b")  # one batch only: half and half of its own time
+    model.observe(4, 0.100, "b")  # one batch only: all of its time is fixed cost
     b = model.curve("b")
     assert b is not None
-    assert (b.fixed_s, b.per_row_s, b.samples) == (0.05, 0.0125, 1)
+    assert (b.fixed_s, b.per_row_s, b.samples) == (0.100, 0.0, 1)
 
 
 # input the model ignores

@@ -152,8 +152,8 @@ class Batcher:
             self.policy, "observe", None
         )
         self._warmup = warmup
-        self._in_flight: dict[int, tuple[float, int]] = {}  # batch id -> (dispatched, rows)
-        self._batch_ids = 0
+        # id(segments) of each batch not finished -> (start time, or None while staged; rows)
+        self._in_flight: dict[int, tuple[float | None, int]] = {}
         self._collator = collator if collator is not None else Collator()
         self._is_async = is_async_callable(model_fn)
 
@@ -558,6 +558,10 @@ class Batcher:
     def _claim(self, segments: list[Segment]) -> list[int] | None:
         """As a batch starts: mark its requests running; the indices of those still
         unanswered, or None when all are (the common case)."""
+        batch = id(segments)
+        flight = self._in_flight.get(batch)
+        if flight is not None:  # a staged batch starts only now: what admission plans with
+            self._in_flight[batch] = (_monotonic(), flight[1])
         with self._claim_lock:
             for entry, _, _ in segments:
                 if entry.future is None:  # type: ignore[attr-defined]
@@ -679,8 +683,8 @@ class Batcher:
         stats.batch(rows, reason)
         stats.waited([now - entry.arrival for entry, start, _ in segments if not start])
         self._busy += 1
-        self._batch_ids = batch = self._batch_ids + 1
-        self._in_flight[batch] = (now, rows)
+        batch = id(segments)
+        self._in_flight[batch] = (None, rows)
         assert self._tg is not None
         self._tg.create_task(self._run_batch(segments, rows, batch))
 

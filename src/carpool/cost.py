@@ -76,9 +76,10 @@ class LinearFit:
         var_x = self._sxx / self._w - mean_x * mean_x
         if var_x <= 1e-9 * max(1.0, mean_x * mean_x):
             # One batch size seen so far: the split between fixed and per-row cost is
-            # unknown. Assume half and half: wrong either way, but never wildly, and the
-            # first batch of another size corrects it.
-            return mean_y / 2, mean_y / (2 * mean_x) if mean_x > 0 else 0.0
+            # unknown. Assume it is all fixed: a larger batch is then predicted no slower,
+            # which errs towards admitting (a cold start never refuses what would fit),
+            # and the first batch of another size corrects it.
+            return mean_y, 0.0
         slope = (self._sxy / self._w - mean_x * mean_y) / var_x
         slope = max(slope, 0.0)  # more rows never take less time
         fixed = max(mean_y - slope * mean_x, 0.0)

@@ -63,9 +63,9 @@ class QueueView:
     head_deadline: float = math.inf  # the earliest deadline among the head's rows
     head_key: Hashable = None  # the head's collation key: its shape, its length bucket
     workers: int = 1
-    # (dispatch time, rows) of every batch dispatched and not finished, oldest first; the
-    # first `workers` of them are running, the rest staged behind them.
-    in_flight: tuple[tuple[float, int], ...] = ()
+    # (start time, rows) of every batch dispatched and not finished, oldest first; the start
+    # is None while the batch is staged behind a running one.
+    in_flight: tuple[tuple[float | None, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +78,7 @@ class Admission:
     key: Hashable
     workers: int
     max_batch_size: int
-    in_flight: tuple[tuple[float, int], ...]
+    in_flight: tuple[tuple[float | None, int], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,10 +149,12 @@ class AdaptivePolicy:
 
     * Every request's deadline is its arrival plus ``latency_slo_ms`` (or its own, tighter,
       timeout).
-    * **Admission**: a request whose predicted completion (the batches in flight, the rows
-      queued ahead of it, then its own batch, at the cost model's 90th percentile) is past
-      its deadline is refused at once with :class:`~carpool.errors.Overloaded`, rather than
-      served late; under overload the queue holds only what can still make it.
+    * **Admission**: a request whose predicted completion (the batches running and staged,
+      the rows queued ahead of it, then its own batch, at the cost model's 90th percentile,
+      plus ``headroom_ms`` to deliver the answer) is past its deadline is refused at once
+      with :class:`~carpool.errors.Overloaded`, rather than served late; under overload
+      the queue holds only what can still make it. Its own batch is costed full when
+      anything is ahead of it, as rows arriving meanwhile fill it.
     * **Dispatch**: a free worker takes the queue's head now (work-conserving, like
       ``eager``) unless waiting for one more row pays: waiting runs ``n + 1`` rows a moment
       later, dispatching now runs ``n`` rows and leaves the rows arriving meanwhile for a
@@ -171,6 +173,7 @@ class AdaptivePolicy:
         *,
         cost: CostModel | None = None,
         rate_window_s: float = 1.0,
+        headroom_ms: float = 2.0,
     ) -> None:
         if isinstance(latency_slo_ms, bool) or not isinstance(latency_slo_ms, int | float):
             kind = type(latency_slo_ms).__name__
@@ -179,7 +182,13 @@ class AdaptivePolicy:
             raise ValueError(f"latency_slo_ms must be finite and > 0, got {latency_slo_ms!r}")
         if not rate_window_s > 0:
             raise ValueError(f"rate_window_s must be > 0, got {rate_window_s!r}")
+        if not 0 <= headroom_ms < math.inf:
+            raise ValueError(f"headroom_ms must be finite and >= 0, got {headroom_ms!r}")
         self.latency_slo = latency_slo_ms / 1000.0
+        # Admission plans to finish this much before the deadline (at most a tenth of the
+        # objective): answering callers, resolving futures and writing responses, takes
+        # time after the batch ends.
+        self.headroom = min(headroom_ms, latency_slo_ms / 10) / 1000.0
         self.cost = cost if cost is not None else CostModel()
         self._window = rate_window_s
         self._rate = 0.0  # rows/s, exponentially decayed over the window
@@ -216,7 +225,7 @@ class AdaptivePolicy:
         cost = self.cost
         if request.deadline != math.inf and cost.curve(request.key) is not None:
             done = _completion(request, now, cost)
-            if done > request.deadline:
+            if done > request.deadline - self.headroom:
                 self.overloaded += 1
                 return done
         self._arrived(request.rows, now)
@@ -251,27 +260,34 @@ class AdaptivePolicy:
 
 
 def _completion(request: Admission, now: float, cost: CostModel) -> float:
-    """When the request's last row is predicted to finish: the in-flight batches on their
-    workers, then the queue ahead of it in full batches, then its own."""
+    """When the request's last row is predicted to finish: the running batches on their
+    workers, the staged ones after them, then the queue ahead of it in full batches, then
+    its own. Its own batch is costed full when anything is ahead: under load, rows that
+    arrive meanwhile fill it before it starts."""
     key, most, workers = request.key, request.max_batch_size, request.workers
     free = [now] * workers
-    for i, (started, rows) in enumerate(request.in_flight):
+    running = [(start, rows) for start, rows in request.in_flight if start is not None]
+    staged = [rows for start, rows in request.in_flight if start is None]
+    for i, (start, rows) in enumerate(running):
         took = cost.predict(rows, key) or 0.0
         if i < workers:
-            free[i] = max(now, started + took)
-        else:
-            at = free.index(min(free))
-            free[at] += took
-    ahead, left = request.rows_ahead, request.rows_ahead + request.rows
+            free[i] = max(now, start + took)
+        else:  # more running than workers (a worker just freed): it queues like a staged one
+            staged.insert(0, rows)
+    for rows in staged:
+        at = free.index(min(free))
+        free[at] += cost.predict(rows, key) or 0.0
+    busy = bool(request.in_flight) or request.rows_ahead > 0
+    left = request.rows_ahead + request.rows
     done = now
     while left > 0:
         rows = min(left, most)
-        at = free.index(min(free))
-        free[at] += cost.predict(rows, key) or 0.0
         left -= rows
-        if left < request.rows:  # this batch holds some of its rows: done when all are
+        own = left < request.rows  # this batch holds some of its rows
+        at = free.index(min(free))
+        free[at] += cost.predict(most if own and busy else rows, key) or 0.0
+        if own:
             done = max(done, free[at])
-        ahead -= rows
     return done
 
 

@@ -1,0 +1,345 @@
+"""Adaptive batching against fixed and eager under open-loop load: p99, throughput, goodput.
+
+What: one ``carpool.Batcher`` per cell (``max_batch_size=64``, ``workers=1``), fed single
+rows by an open-loop client at precomputed, seeded arrival offsets; latency runs from each
+request's *scheduled* send time to its answer (no coordinated omission). Settings compared:
+
+  * ``eager`` (which is also ``fixed`` with ``max_wait_ms=0``: both dispatch every queued row
+    the moment a worker is free), and ``fixed`` with ``max_wait_ms`` in {1, 2, 5, 10, 20, 50};
+    the best of them at each load is chosen in hindsight (lowest p99; for throughput and
+    goodput, the highest). At 110 %, 2x and bursty only eager and fixed {5, 50} run: there
+    the queue hardly ever empties, batches leave full, and the wait hardly matters;
+  * ``adaptive``: ``policy="adaptive", latency_slo_ms=50, max_wait_ms=50`` (a generous cap:
+    the policy's own rule decides how long to wait) -- the headline; and ``adaptive/5``, the
+    same with the default ``max_wait_ms=5``.
+
+Every batcher gets ``warmup=row`` and answers one request before the clock starts, so the
+adaptive cost model starts warm (a cold start is measured apart, at the end).
+
+Models: ``sleep``, a simulated accelerator, ``t(b) = 5 ms + 0.1 ms x b`` in ``time.sleep``
+(GIL released); ``mlp``, the server benchmark's numpy MLP 512->2048->2048->2048->512 (one
+BLAS thread). Capacity = max over b <= 64 of ``b / t(b)``, ``t(b)`` the median of 15 offline
+calls (for ``sleep`` about 64 / 11.5 ms: ``time.sleep`` overshoots 64 / 11.4 ms a little).
+
+Loads: Poisson at 10, 30, 50, 70, 90 % of capacity; saturation at 110 %; overload at 2x;
+and a bursty trace alternating 2x and 0.3x capacity every second (1 s warm, 4 s measured).
+Each Poisson cell: ``--warm`` s of load (1), then a ``--window`` s measurement window (2;
+longer at low rates, to hold 2,000 requests). Throughput and goodput count the answers that
+came back in the window (goodput: those within 50 ms of their scheduled send); p50/p99 are
+over them; rejections are of the requests sent in the window, timed from the send. What is
+unanswered at the window's end is cancelled. At one load every setting sees the same
+arrivals, one after another; their order rotates per repeat; medians over repeats.
+
+Targets (the issue): at every load adaptive p99 <= 1.1x the best fixed/eager p99;
+throughput at saturation >= 0.97x the best; at 2x goodput >= 0.9x capacity with every
+rejection immediate (p99 < 1 ms), while eager and fixed serve almost nothing within 50 ms
+(< 0.1x capacity). Printed as PASS / MISS; nothing is asserted; exits 0.
+
+Client: asyncio tasks on the batcher's own loop (``--client loop``, the default), each
+``await b.infer(row)``; ``--client thread`` sends with ``b.submit`` from this thread to a
+``with Batcher`` loop thread instead (its sends lag under load: the GIL). Pinned to CPUs 0,1
+by default. About 7 minutes; ``--quick`` (50 % and 2x, three settings) about 10 s.
+
+    taskset -c 0,1 python benchmarks/adaptive_bench.py --plot docs/adaptive-latency-vs-load.png
+    python benchmarks/adaptive_bench.py --quick --cpus none
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import _adaptive as A  # imports _bench first: single-thread BLAS env vars before numpy
+import _bench
+import models
+import numpy as np
+
+from carpool.bench.load import bursty_offsets, poisson_offsets
+
+POISSON = (0.1, 0.3, 0.5, 0.7, 0.9)
+SATURATION, OVERLOAD = 1.1, 2.0
+BURSTY = "bursty"  # 2x / 0.3x capacity, alternating every second
+BURSTY_MEAN = (2.0 + 0.3) / 2
+EXTREME_WAITS = (5, 50)
+MIN_SAMPLES = 2000  # a Poisson window holds at least this many requests: ~20 past the p99
+SIZES = (1, 2, 4, 8, 16, 32, 48, 64)
+MLP_DIMS = (512, 2048, 2048, 2048, 512)  # benchmarks/http_models.py's DIMS
+Load = float | str
+
+
+def load_name(load: Load) -> str:
+    if load == BURSTY:
+        return "bursty 2x/0.3x"
+    if load == OVERLOAD:
+        return "overload 2x"
+    return f"{'sat ' if load == SATURATION else ''}{100 * float(load):.0f}%"
+
+
+class Results:
+    """Cells by (model, load, setting label); every figure is a median over repeats."""
+
+    def __init__(self) -> None:
+        self.cells: dict[tuple[str, Load, str], list[A.Cell]] = {}
+
+    def add(self, model: str, load: Load, label: str, cell: A.Cell) -> None:
+        self.cells.setdefault((model, load, label), []).append(cell)
+
+    def get(self, model: str, load: Load, label: str, metric: str) -> float:
+        """``metric``: "p50" / "p99" (ms), or a Cell attribute."""
+        cells = self.cells.get((model, load, label), [])
+        if metric in ("p50", "p99"):
+            return _bench.median(c.pct(float(metric[1:])) for c in cells)
+        return _bench.median(getattr(c, metric) for c in cells)
+
+    def best(
+        self, model: str, load: Load, metric: str, *, fixed_only: bool = False
+    ) -> tuple[str, float]:
+        """The best eager/fixed setting in hindsight: the lowest p99, else the highest."""
+        values = {
+            label: self.get(model, load, label, metric)
+            for (m, ld, label) in self.cells
+            if m == model
+            and ld == load
+            and (label.startswith("fixed") or (label == "eager" and not fixed_only))
+        }
+        values = {label: v for label, v in values.items() if v == v}
+        if not values:
+            return "n/a", math.nan
+        label = (min if metric == "p99" else max)(values, key=values.__getitem__)
+        return label, values[label]
+
+
+def arrivals(
+    load: Load, capacity: float, warm: float, window: float, min_samples: int, seed: int
+) -> tuple[np.ndarray, float, float]:
+    """Offsets, window start, window end."""
+    if load == BURSTY:
+        end = warm + window
+        return bursty_offsets(2 * capacity, 0.3 * capacity, 1.0, end, seed=seed), warm, end
+    rate = float(load) * capacity
+    window = max(window, min_samples / rate)
+    return poisson_offsets(rate, warm + window, seed=seed), warm, warm + window
+
+
+def main() -> int:
+    p = _bench.base_parser(__doc__, default_cpus="0,1", default_repeats=1)
+    p.add_argument("--models", default="sleep,mlp", help="comma-separated: sleep,mlp")
+    p.add_argument("--window", type=float, help="measured seconds per Poisson cell (2)")
+    p.add_argument("--warm", type=float, help="seconds of load before the window (1)")
+    p.add_argument("--client", choices=("loop", "thread"), default="loop")
+    p.add_argument("--plot", metavar="PNG", help="save p99 and goodput vs load here")
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args()
+
+    pinned = _bench.pin(_bench.parse_cpus(args.cpus))
+    carpool = _bench.import_carpool()
+    repeats = args.repeats or 1
+    window = args.window or (0.4 if args.quick else 2.0)
+    warm = args.warm or (0.3 if args.quick else 1.0)
+    min_samples = 0 if args.quick else MIN_SAMPLES
+    everything = A.settings(A.WAITS_MS)
+    if args.quick:
+        everything = [s for s in everything if s.label in ("eager", "fixed 5", "adaptive")]
+        loads: list[Load] = [0.5, OVERLOAD]
+    else:
+        loads = [*POISSON, SATURATION, OVERLOAD, BURSTY]
+    extreme = [s for s in everything if s.kind != "fixed" or float(s.label[6:]) in EXTREME_WAITS]
+
+    setups: dict[str, tuple[Any, np.ndarray]] = {}
+    for name in args.models.split(","):
+        if name == "sleep":
+            setups[name] = (A.accelerator, models.make_rows(1, dim=8)[0])
+        elif name == "mlp":
+            setups[name] = (models.MLP(MLP_DIMS), models.make_rows(1)[0])
+        else:
+            p.error(f"unknown model {name!r}: use sleep, mlp")
+
+    _bench.header(
+        "carpool adaptive batching: p99, throughput and goodput vs offered load",
+        {
+            "cpus": pinned,
+            "blas": models.blas_info(),
+            "client": args.client,
+            "cell": f"{warm:g} s + {window:g} s (>= {min_samples} requests)",
+            "repeats": repeats,
+            "objective": f"{A.SLO_MS:g} ms",
+            "loadavg": f"{os.getloadavg()[0]:.2f}",
+        },
+    )
+    capacity: dict[str, float] = {}
+    for name, (model, row) in setups.items():
+        curve = A.cost_curve(model, row, SIZES, 3 if args.quick else 15)
+        best = max(SIZES, key=lambda b: b / curve[b])
+        capacity[name] = best / curve[best]
+        shown = ", ".join(f"{b}: {curve[b] * 1e3:.2f}" for b in SIZES)
+        print(f"  [{name}] offline t(b) ms  {shown}")
+        print(f"  [{name}] capacity {capacity[name]:,.0f} rows/s (b={best})")
+    print()
+
+    results = Results()
+    started = time.perf_counter()
+    for r in range(repeats):
+        for name, (model, row) in setups.items():
+            cap = capacity[name]
+            for load in loads:
+                pool = everything if load in POISSON or args.quick else extreme
+                pool = pool[r % len(pool) :] + pool[: r % len(pool)]
+                if load == BURSTY:
+                    timing = (1.0, 0.8 if args.quick else 4.0, 0)
+                else:
+                    timing = (warm, window, min_samples)
+                offsets, lo, hi = arrivals(load, cap, *timing, seed=args.seed + r)
+                for setting in pool:
+                    gc.collect()
+                    gc.freeze()  # as `carpool serve` does: full collections skip the setup
+                    rec, before, after = A.drive(
+                        carpool, model, row, setting, offsets, lo, hi, args.client
+                    )
+                    cell = A.Cell.of(rec, before, after, lo, hi)
+                    results.add(name, load, setting.label, cell)
+                    print(
+                        f"  {r + 1}/{repeats} {name:5s} {load_name(load):14s} {setting.label:10s}"
+                        f" p50 {cell.pct(50):7.1f}  p99 {cell.pct(99):7.1f} ms"
+                        f"  tput {cell.throughput / cap:4.2f}  good {cell.goodput / cap:4.2f} cap"
+                        f"  rej {cell.rejected:5d}  batch {cell.mean_batch:4.1f}"
+                        f"  lag p99 {cell.lag_p99_s * 1e3:4.1f} ms"
+                    )
+    took = time.perf_counter() - started
+    print(f"\n  grid: {took:.0f} s; loadavg now {os.getloadavg()[0]:.2f}\n")
+
+    for name in setups:
+        report(results, name, capacity[name], loads)
+    if not args.quick:
+        for name, (model, row) in setups.items():
+            cold_start(carpool, name, model, row, capacity[name], args)
+        print()
+    if args.plot:
+        draw(results, list(setups), loads, capacity, args.plot)
+    return 0
+
+
+def report(results: Results, name: str, cap: float, loads: list[Load]) -> None:
+    """The two tables of one model and its targets."""
+    get = results.get
+    rows, ratios = [], []
+    for load in loads:
+        label, best = results.best(name, load, "p99")
+        ratio = get(name, load, "adaptive", "p99") / best
+        ratios.append((ratio, load))
+        offered = (BURSTY_MEAN if load == BURSTY else float(load)) * cap
+        rows.append(
+            [
+                load_name(load),
+                _bench.fmt_num(offered),
+                _bench.fmt_num(get(name, load, "eager", "p99"), 1),
+                f"{label} {best:,.1f}",
+                _bench.fmt_num(get(name, load, "adaptive", "p99"), 1),
+                _bench.fmt_num(ratio, 2),
+                _bench.fmt_num(get(name, load, "adaptive/5", "p99"), 1),
+                _bench.fmt_num(get(name, load, "adaptive", "p50"), 1),
+            ]
+        )
+    print(f"[{name}] p99 of served requests, ms (capacity {cap:,.0f} rows/s)")
+    headers = ["load", "offered/s", "eager", "best fixed/eager", "adaptive", "ratio"]
+    print(_bench.table([*headers, "adaptive/5", "adaptive p50"], rows))
+
+    rows = []
+    for load in loads:
+        tput_label, tput_best = results.best(name, load, "throughput")
+        good_label, good_best = results.best(name, load, "goodput")
+        rows.append(
+            [
+                load_name(load),
+                f"{_bench.fmt_num(get(name, load, 'adaptive', 'throughput') / tput_best, 3)}"
+                f" ({tput_label})",
+                _bench.fmt_num(get(name, load, "eager", "goodput") / cap, 3),
+                f"{_bench.fmt_num(good_best / cap, 3)} ({good_label})",
+                _bench.fmt_num(get(name, load, "adaptive", "goodput") / cap, 3),
+                _bench.fmt_num(get(name, load, "adaptive/5", "goodput") / cap, 3),
+                _bench.fmt_num(get(name, load, "adaptive", "rejected")),
+                _bench.fmt_num(get(name, load, "adaptive", "reject_p99_ms"), 3),
+                _bench.fmt_num(get(name, load, "adaptive", "expired")),
+            ]
+        )
+    print(f"\n[{name}] throughput, and goodput (answers within {A.SLO_MS:g} ms / s) / capacity")
+    headers = ["load", "tput adaptive/best", "goodput eager", "best fixed/eager", "adaptive"]
+    print(_bench.table([*headers, "adaptive/5", "rejected", "reject p99 ms", "expired"], rows))
+
+    print(f"\n[{name}] targets (headline: adaptive, max_wait_ms=50)")
+    worst, at = max(ratios, key=lambda x: x[0] if x[0] == x[0] else -1.0)
+    _target(
+        "p99 <= 1.1x best fixed/eager at every load",
+        worst <= 1.1,
+        f"worst {worst:.2f}x, at {load_name(at)}",
+    )
+    if SATURATION in loads:
+        label, best = results.best(name, SATURATION, "throughput")
+        ratio = get(name, SATURATION, "adaptive", "throughput") / best
+        _target(
+            "throughput at saturation (110%) >= 0.97x best", ratio >= 0.97, f"{ratio:.3f}x {label}"
+        )
+    good = get(name, OVERLOAD, "adaptive", "goodput") / cap
+    _target("2x overload: goodput >= 0.9x capacity", good >= 0.9, f"{good:.3f}x")
+    late = get(name, OVERLOAD, "adaptive", "reject_p99_ms")
+    _target("2x overload: rejections immediate (p99 < 1 ms)", late < 1.0, f"{late:.3f} ms")
+    label, other = results.best(name, OVERLOAD, "goodput")
+    _target(
+        "2x overload: eager and fixed goodput < 0.1x capacity",
+        other / cap < 0.1,
+        f"best {other / cap:.3f}x, {label}",
+    )
+    print()
+
+
+def _target(what: str, ok: bool, measured: str) -> None:
+    print(f"  {'PASS' if ok else 'MISS'}  {what} ({measured})")
+
+
+def cold_start(carpool: Any, name: str, model: Any, row: np.ndarray, cap: float, args: Any) -> None:
+    """adaptive without ``warmup=`` at 2x from the first request: what the first ones meet."""
+    options = {"policy": "adaptive", "latency_slo_ms": A.SLO_MS, "max_wait_ms": A.SLO_MS}
+    setting = A.Setting("adaptive cold", "adaptive", {**options, "warmup": None})
+    offsets = poisson_offsets(OVERLOAD * cap, 1.0, seed=args.seed)
+    gc.collect()
+    rec, _, after = A.drive(
+        carpool, model, row, setting, offsets, 0.0, 1.0, args.client, warm_start=False
+    )
+    parts = []
+    for lo, hi in ((0.0, 0.02), (0.02, 0.1), (0.1, 1.0)):
+        sent = (rec.offsets >= lo) & (rec.offsets < hi)
+        in_time = sent & (rec.code == A.SERVED) & (rec.done - rec.offsets <= A.SLO_MS / 1e3)
+        refused = sent & (rec.code == A.OVERLOADED)
+        parts.append(
+            f"{lo * 1e3:.0f}-{hi * 1e3:.0f} ms: {in_time.sum()}/{sent.sum()} in time,"
+            f" {refused.sum()} refused"
+        )
+    print(f"[{name}] cold start (no warmup=, 2x; sent at) " + "; ".join(parts))
+    print(f"[{name}]   learned after 1 s: {after.cost_curve}")
+
+
+def draw(
+    results: Results, names: list[str], loads: list[Load], capacity: dict[str, float], path: str
+) -> None:
+    xs = [float(load) for load in loads if load != BURSTY]
+
+    def series(model: str, which: str) -> tuple[list[float], list[float]]:
+        p99, good = [], []
+        for load in xs:
+            if which == "best fixed":
+                p99.append(results.best(model, load, "p99", fixed_only=True)[1])
+                good.append(results.best(model, load, "goodput", fixed_only=True)[1])
+            else:
+                p99.append(results.get(model, load, which, "p99"))
+                good.append(results.get(model, load, which, "goodput"))
+        return p99, [g / capacity[model] for g in good]
+
+    A.plot(path, names, xs, series)
+    print(f"  plot: {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
