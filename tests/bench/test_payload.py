@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
+import tritonclient.http as httpclient
 
 from carpool.bench.payload import (
     HEADER_LENGTH,
@@ -252,15 +254,12 @@ def test_encode_bytes_that_are_not_utf8_go_binary() -> None:
 def _tritonclient_body(
     request: dict[str, np.ndarray[Any, Any]], spec: RequestSpec, *, binary: bool
 ) -> tuple[bytes, int | None]:
-    httpclient = pytest.importorskip("tritonclient.http")
-    generate_body = getattr(httpclient.InferenceServerClient, "generate_request_body", None)
-    if generate_body is None:
-        pytest.skip("this tritonclient has no InferenceServerClient.generate_request_body")
+    generate_body = httpclient.InferenceServerClient.generate_request_body
     inputs = []
     for spec_input in spec.inputs:
         array = request[spec_input.name]
         if spec_input.datatype == "BF16":
-            array = array.astype(pytest.importorskip("ml_dtypes").bfloat16)
+            array = array.astype(ml_dtypes.bfloat16)
         tensor = httpclient.InferInput(spec_input.name, list(array.shape), spec_input.datatype)
         tensor.set_data_from_numpy(array, binary_data=binary)
         inputs.append(tensor)

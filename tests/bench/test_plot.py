@@ -9,16 +9,12 @@ from typing import cast
 
 import numpy as np
 import pytest
-
-from carpool.bench.report import Latency, Load, Report, ServerSide, Step
-
-pytest.importorskip("matplotlib")
-
 from matplotlib.image import imread
 from matplotlib.lines import Line2D
 from matplotlib.text import Annotation
 
 from carpool.bench.plot import NO_SERVER_NOTE, plot_compare, plot_report
+from carpool.bench.report import Latency, Load, Report, ServerSide, Step
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
