@@ -29,6 +29,7 @@ from typing import Any, Self
 
 from carpool.blocking import FUTURE_DONE, Inbox, LoopThread, settle
 from carpool.collate import Collator
+from carpool.cost import CostModel
 from carpool.errors import BatcherClosed, CollationError, DeadlineExceeded, Overloaded
 from carpool.policy import Admission, Dispatch, DispatchReason, Policy, QueueView, make_policy
 from carpool.queue import Entry, RequestQueue, Segment
@@ -145,6 +146,7 @@ class Batcher:
         self.policy = make_policy(policy, latency_slo_ms=latency_slo_ms)
         # Duck-typed extras a policy may have: a latency objective, admission, a cost model.
         self._slo: float | None = getattr(self.policy, "latency_slo", None)
+        self._cost: CostModel | None = getattr(self.policy, "cost", None)
         self._admits: Callable[[Admission, float], float | None] | None = getattr(
             self.policy, "admit", None
         )
@@ -340,8 +342,7 @@ class Batcher:
         if observe is None:
             return
         log.info("batcher %r: %s", self.name, self.learned())
-        cost = getattr(self.policy, "cost", None)
-        one = cost.predict(1, key) if cost is not None else None
+        one = self._cost.predict(1, key) if self._cost is not None else None
         if self._slo is not None and one is not None and one > self._slo:
             log.warning(
                 "batcher %r: the latency objective (%g ms) is below the time of one batch "
@@ -353,7 +354,7 @@ class Batcher:
 
     def learned(self) -> str:
         """One line on what the policy learned (its cost curve), or that it learns nothing."""
-        cost = getattr(self.policy, "cost", None)
+        cost = self._cost
         curve = cost.curve() if cost is not None else None
         if curve is None:
             return f"policy {self.policy} has no cost model" if cost is None else "nothing yet"
@@ -365,8 +366,7 @@ class Batcher:
         """A model call's duration, from the worker that made it."""
         self._stats.modelled(seconds)
         if self._observe is not None:
-            cost = getattr(self.policy, "cost", None)
-            predicted = cost.predict(rows, key) if cost is not None else None
+            predicted = self._cost.predict(rows, key) if self._cost is not None else None
             if predicted:
                 self._stats.prediction_ratios.append(seconds / predicted)
             self._observe(rows, seconds, key)
@@ -458,8 +458,7 @@ class Batcher:
         if self._state is _State.RUNNING and _get_ident() == self._loop_thread_id:
             # Count what submit() already handed over, even if its wake-up is still on its way.
             self._inbox.take()
-        cost = getattr(self.policy, "cost", None)
-        curve = cost.curve() if cost is not None else None
+        curve = self._cost.curve() if self._cost is not None else None
         return self._stats.snapshot(self._queue.pushed, self._queue.rows, curve)
 
     # ----------------------------------------------------------------- on the loop

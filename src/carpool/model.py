@@ -19,22 +19,12 @@ from carpool.batcher import Batcher
 from carpool.collate import Collator
 from carpool.padding import PaddedBatch, Padding, allowed_size, pad_rows, take_rows
 from carpool.policy import Policy
+from carpool.server.tensors import DATATYPES  # numpy only: the v2 datatypes and their dtypes
 from carpool.worker import is_async_callable
 
 __all__ = ["Batching", "Model", "Tensor"]
 
-_NUMPY: dict[str, Any] = {
-    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
-    "UINT64": np.uint64, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
-    "INT64": np.int64, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
-}  # fmt: skip
-
 Preprocess = Callable[[dict[str, np.ndarray[Any, Any]]], Mapping[str, np.ndarray[Any, Any]]]
-
-_DATATYPES = frozenset(
-    {"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
-     "FP16", "FP32", "FP64", "BF16", "BYTES"}
-)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +39,9 @@ class Tensor:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"tensor name must be a non-empty string, got {self.name!r}")
-        if self.datatype not in _DATATYPES:
+        if self.datatype not in DATATYPES:
             raise ValueError(
-                f"tensor {self.name!r}: datatype must be one of {sorted(_DATATYPES)}, "
+                f"tensor {self.name!r}: datatype must be one of {sorted(DATATYPES)}, "
                 f"got {self.datatype!r}"
             )
         shape = tuple(self.shape)
@@ -242,8 +232,7 @@ class Model:
         for spec in self.inputs:
             if spec.datatype == "BYTES" or any(d < 0 for d in spec.shape):
                 return None
-            dtype = np.float32 if spec.datatype == "BF16" else _NUMPY[spec.datatype]
-            row[spec.name] = np.zeros(spec.shape, dtype=dtype)
+            row[spec.name] = np.zeros(spec.shape, dtype=DATATYPES[spec.datatype])
         return row
 
     def batched_fn(self) -> Callable[[dict[str, Any]], Any]:
