@@ -98,7 +98,7 @@ def write_minilm_repository(root: Path) -> Path:
     folder = root / MINILM_NAME
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "model.py").write_text(
-        "from carpool.minilm import minilm_model\n\nmodel = minilm_model(threads=1)\n"
+        "from carpool.backends.minilm import minilm_model\n\nmodel = minilm_model(threads=1)\n"
     )
     return root
 

@@ -23,7 +23,7 @@ Models:
     a model repository ``REPO/mlp/model.onnx`` + ``REPO/mlp/carpool.toml`` (``[onnx]
     intra_op_threads = 1``): input INPUT0 FP32 [512], output OUTPUT0 FP32 [512], one row per
     request (http_bench's request bodies, as they are);
-  * ``minilm``: the built-in all-MiniLM-L6-v2 (``carpool.minilm``), torch with one thread.
+  * ``minilm``: the built-in all-MiniLM-L6-v2 (``carpool.backends.minilm``), torch with one thread.
     Offline: the model's batched function (pre-tokenized; tokenizing is per request and outside
     the batch in the server) on 64 fixed short sentences of 12 tokens ([CLS], [SEP] included).
     Served as a repository ``REPO/minilm/model.py`` holding ``model = minilm_model(threads=1)``;
@@ -133,7 +133,7 @@ class Offline:
         import numpy as np
         import torch
 
-        from carpool.minilm import minilm_model
+        from carpool.backends.minilm import minilm_model
 
         model = self.model = minilm_model(threads=1, device="cpu")
 

@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 import orjson  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
-from carpool.demo import DemoMLP  # noqa: E402
+from carpool.backends.demo import DemoMLP  # noqa: E402
 
 threadpool_limits(1)  # works even after numpy was imported (carpool imports it first)
 

@@ -15,7 +15,7 @@ from typing import Any
 import _bench  # noqa: F401  (single-thread BLAS env vars before numpy)
 import numpy as np
 
-from carpool.demo import DemoMLP
+from carpool.backends.demo import DemoMLP
 
 IN_DIM = 512
 SLEEP_FIXED_S = 0.002

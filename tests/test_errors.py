@@ -13,6 +13,7 @@ from carpool.errors import (
     BatchSizeMismatch,
     CarpoolError,
     CollationError,
+    ConfigError,
     DeadlineExceeded,
     Overloaded,
     QueueFull,
@@ -27,6 +28,7 @@ def examples() -> list[CarpoolError]:
         CollationError("bad rows", field="input['ids']"),
         BatchSizeMismatch(expected=8, actual=7),
         Overloaded(predicted_ms=80.0, budget_ms=50.0, queued=120, rows=1),
+        ConfigError("port must be in 1..65535, got 0"),
     ]
 
 
@@ -38,6 +40,7 @@ def examples() -> list[CarpoolError]:
         (BatcherClosed, RuntimeError),
         (CollationError, TypeError),
         (BatchSizeMismatch, ValueError),
+        (ConfigError, ValueError),
     ],
 )
 def test_each_error_is_a_carpool_error_and_its_builtin(
@@ -170,6 +173,7 @@ def test_module_docstring_draws_the_tree() -> None:
         "BatcherClosed (RuntimeError)",
         "CollationError (TypeError)",
         "BatchSizeMismatch (ValueError)",
+        "ConfigError (ValueError)",
         "Overloaded",
     ):
         assert line in doc

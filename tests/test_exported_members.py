@@ -8,12 +8,15 @@ def test_public_api() -> None:
     assert set(carpool.__all__) == {
         "Batcher",
         "batch",
+        "BatchedFunction",
         "BatcherStats",
         "Percentiles",
         "Collator",
+        "Handler",
         "Model",
         "Tensor",
         "Batching",
+        "Padding",
         "Policy",
         "QueueView",
         "Dispatch",
@@ -32,6 +35,7 @@ def test_public_api() -> None:
         "BatcherClosed",
         "CollationError",
         "BatchSizeMismatch",
+        "ConfigError",
         "InferenceBatcher",
         "batch_inference",
     }

@@ -18,7 +18,7 @@ import pytest
 import sentence_transformers
 
 from carpool import Model
-from carpool.minilm import minilm_model
+from carpool.backends.minilm import minilm_model
 
 PARAGRAPH = (
     "Dynamic batching holds requests for a few milliseconds so that one model call serves "

@@ -4,21 +4,25 @@ Requests arrive one at a time; carpool holds them for a short window or until a 
 full, runs the model once on the stacked batch, and hands each caller exactly its own row.
 """
 
+from importlib.metadata import version as _version
+
 from carpool.batcher import Batcher
-from carpool.collate import Collator
+from carpool.collate import Collator, Handler
 from carpool.compat import InferenceBatcher, batch_inference
 from carpool.cost import CostCurve, CostModel
-from carpool.decorator import batch
+from carpool.decorator import BatchedFunction, batch
 from carpool.errors import (
     BatcherClosed,
     BatchSizeMismatch,
     CarpoolError,
     CollationError,
+    ConfigError,
     DeadlineExceeded,
     Overloaded,
     QueueFull,
 )
 from carpool.model import Batching, Model, Tensor
+from carpool.padding import Padding
 from carpool.policy import (
     AdaptivePolicy,
     Admission,
@@ -32,19 +36,22 @@ from carpool.policy import (
 )
 from carpool.stats import BatcherStats, Percentiles
 
-__version__ = "0.1.0"
+__version__ = _version("carpool")  # written once, in pyproject.toml
 
 __all__ = [
     # the engine
     "Batcher",
     "batch",
+    "BatchedFunction",
     "BatcherStats",
     "Percentiles",
     "Collator",
+    "Handler",
     # serving: a model with a declared signature
     "Model",
     "Tensor",
     "Batching",
+    "Padding",
     # policies: write your own with decide(view, now)
     "Policy",
     "QueueView",
@@ -66,6 +73,7 @@ __all__ = [
     "BatcherClosed",
     "CollationError",
     "BatchSizeMismatch",
+    "ConfigError",
     # the classic manual API
     "InferenceBatcher",
     "batch_inference",

@@ -7,71 +7,13 @@ overrides, so containers can be configured without rewriting the command line.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-
-class _FromEnv(str):
-    """A default read from the environment, so a bad value can be blamed on its variable."""
-
-    env = ""
-
-
-def _typed(convert: Callable[[str], Any]) -> Callable[[str], Any]:
-    def typed(value: str) -> Any:
-        try:
-            return convert(value)
-        except ValueError:
-            if isinstance(value, _FromEnv):
-                message = f"environment variable {value.env}={str(value)!r} is invalid"
-                raise argparse.ArgumentTypeError(message) from None
-            name = getattr(convert, "__name__", "value").lstrip("_")
-            raise argparse.ArgumentTypeError(f"invalid {name} value: {value!r}") from None
-
-    typed.__name__ = getattr(convert, "__name__", "value")
-    return typed
-
-
-def _flag(
-    parser: argparse._ActionsContainer,  # a parser or one of its argument groups
-    flag: str,
-    convert: Callable[[str], Any],
-    default: Any,
-    help: str,
-    *,
-    prefix: str = "CARPOOL_",
-    **kwargs: Any,
-) -> None:
-    env = prefix + flag.lstrip("-").replace("-", "_").upper()
-    # A string default is converted by argparse only for the command being run, and a bad
-    # value becomes a usage error (exit 2) like a bad flag.
-    value = os.environ.get(env)
-    from_env = None
-    if value:
-        from_env = _FromEnv(value)
-        from_env.env = env
-    shown = "" if default is None else f"; default {default}"
-    parser.add_argument(
-        flag,
-        type=_typed(convert),
-        default=from_env if from_env is not None else default,
-        help=f"{help} (env {env}{shown})",
-        **kwargs,
-    )
-
+from carpool.envflags import add_flag, parse_bool
 
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-
-
-def _bool(value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(value)
 
 
 def _add_serve(commands: Any) -> None:
@@ -90,10 +32,12 @@ def _add_serve(commands: Any) -> None:
         "overrides what the model itself declares.",
     )
     serve.add_argument("targets", nargs="*", metavar="TARGET", help="models to serve")
-    _flag(serve, "--host", str, None, "address to listen on [127.0.0.1]")
-    _flag(serve, "--port", int, None, "port to listen on [8000]")
-    _flag(serve, "--name", str, None, "model name for a single TARGET (default: attr or file stem)")
-    _flag(serve, "--config", str, None, "TOML file with [server] and [models.NAME] tables")
+    add_flag(serve, "--host", str, None, "address to listen on [127.0.0.1]")
+    add_flag(serve, "--port", int, None, "port to listen on [8000]")
+    add_flag(
+        serve, "--name", str, None, "model name for a single TARGET (default: attr or file stem)"
+    )
+    add_flag(serve, "--config", str, None, "TOML file with [server] and [models.NAME] tables")
     serve.add_argument(
         "--input",
         action="append",
@@ -109,10 +53,10 @@ def _add_serve(commands: Any) -> None:
         metavar="NAME:DATATYPE:DIMS",
         help="declare an output of a single TARGET, e.g. OUTPUT0:FP32:8 (repeat for several)",
     )
-    _flag(serve, "--max-batch-size", int, None, "rows per model call at most [32]")
-    _flag(serve, "--max-wait-ms", float, None, "longest deliberate wait for a batch [5.0]")
-    _flag(serve, "--policy", str, None, "batching policy: eager, fixed or adaptive [eager]")
-    _flag(
+    add_flag(serve, "--max-batch-size", int, None, "rows per model call at most [32]")
+    add_flag(serve, "--max-wait-ms", float, None, "longest deliberate wait for a batch [5.0]")
+    add_flag(serve, "--policy", str, None, "batching policy: eager, fixed or adaptive [eager]")
+    add_flag(
         serve,
         "--latency-slo-ms",
         float,
@@ -120,20 +64,20 @@ def _add_serve(commands: Any) -> None:
         "latency objective of --policy adaptive: it batches for it, and answers 503 at once "
         "to requests predicted to miss it",
     )
-    _flag(serve, "--workers", int, None, "batches run at once per model [1]")
-    _flag(serve, "--max-queue-size", int, None, "rows allowed to wait; then 503 [no limit]")
-    _flag(
+    add_flag(serve, "--workers", int, None, "batches run at once per model [1]")
+    add_flag(serve, "--max-queue-size", int, None, "rows allowed to wait; then 503 [no limit]")
+    add_flag(
         serve,
         "--default-timeout-ms",
         float,
         None,
         "queue timeout for requests that send none; then 503 [none]",
     )
-    _flag(serve, "--max-body-bytes", int, None, "largest request body; then 413 [67108864]")
-    _flag(serve, "--drain-timeout", float, None, "seconds to finish requests on SIGTERM [30]")
-    _flag(serve, "--log-level", str, None, "debug, info, warning or error [info]")
-    _flag(serve, "--log-format", str, None, "text, or json for one object per line [text]")
-    _flag(serve, "--access-log", _bool, None, "log every request (true/false) [true]")
+    add_flag(serve, "--max-body-bytes", int, None, "largest request body; then 413 [67108864]")
+    add_flag(serve, "--drain-timeout", float, None, "seconds to finish requests on SIGTERM [30]")
+    add_flag(serve, "--log-level", str, None, "debug, info, warning or error [info]")
+    add_flag(serve, "--log-format", str, None, "text, or json for one object per line [text]")
+    add_flag(serve, "--access-log", parse_bool, None, "log every request (true/false) [true]")
 
 
 def _list_of(convert: Callable[[str], Any], name: str) -> Callable[[str], list[Any]]:
@@ -238,7 +182,7 @@ def _add_bench(commands: Any) -> None:
     for title, flags in groups.items():
         added[title] = group = bench.add_argument_group(title)
         for name, convert, metavar, text in flags:
-            _flag(group, name, convert, None, text, prefix="CARPOOL_BENCH_", metavar=metavar)
+            add_flag(group, name, convert, None, text, prefix="CARPOOL_BENCH_", metavar=metavar)
     added["requests"].add_argument(
         "--shape",
         action="append",
@@ -276,20 +220,16 @@ def build_parser() -> argparse.ArgumentParser:
         "carpool.Batcher around a built-in numpy MLP, compare with one model call per "
         "request, and check every caller got exactly its own row.",
     )
-    _flag(demo, "--requests", int, 2000, "requests to send")
-    _flag(demo, "--concurrency", int, 64, "concurrent callers")
-    _flag(demo, "--max-batch-size", int, 32, "rows per model call at most")
+    add_flag(demo, "--requests", int, 2000, "requests to send")
+    add_flag(demo, "--concurrency", int, 64, "concurrent callers")
+    add_flag(demo, "--max-batch-size", int, 32, "rows per model call at most")
     return parser
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from carpool.server.config import (
-        ConfigError,
-        ServerConfig,
-        parse_tensor,
-        read_config_file,
-        resolve_models,
-    )
+    from carpool.errors import ConfigError
+    from carpool.loading import parse_tensor, read_config_file, resolve_models
+    from carpool.server.config import ServerConfig
     from carpool.server.serve import configure_logging, serve
 
     try:
@@ -341,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return bench(args)
     if args.command == "demo":
-        from carpool.demo import run_demo
+        from carpool.tour import run_demo
 
         return run_demo(args.requests, args.concurrency, args.max_batch_size)
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse refuses others

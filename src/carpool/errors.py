@@ -9,7 +9,8 @@ working in code that does not know carpool::
     ├── DeadlineExceeded (TimeoutError)   the request's timeout_ms passed before its result
     ├── BatcherClosed (RuntimeError)      the batcher stopped accepting requests
     ├── CollationError (TypeError)        rows that cannot be stacked, or an unsplittable output
-    └── BatchSizeMismatch (ValueError)    the model returned more or fewer rows than it got
+    ├── BatchSizeMismatch (ValueError)    the model returned more or fewer rows than it got
+    └── ConfigError (ValueError)          a target, flag or config file that cannot be used
 
 Errors raised by the model itself are not wrapped: the caller whose rows failed gets the
 model's own exception, with a note naming the batch it ran in.
@@ -24,6 +25,7 @@ __all__ = [
     "BatcherClosed",
     "CarpoolError",
     "CollationError",
+    "ConfigError",
     "DeadlineExceeded",
     "Overloaded",
     "QueueFull",
@@ -161,3 +163,14 @@ class BatchSizeMismatch(CarpoolError, ValueError):
 
     def _fields(self) -> dict[str, Any]:
         return {"expected": self.expected, "actual": self.actual, "field": self.field}
+
+
+class ConfigError(CarpoolError, ValueError):
+    """A target, flag or config file that cannot be used; the message says what to fix."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        super().__init__(message)
+
+    def _fields(self) -> dict[str, Any]:
+        return {"message": self.message}

@@ -17,9 +17,9 @@ import numpy as np
 
 from carpool.batcher import Batcher
 from carpool.collate import Collator
+from carpool.datatypes import DATATYPES
 from carpool.padding import PaddedBatch, Padding, allowed_size, pad_rows, take_rows
 from carpool.policy import Policy
-from carpool.server.tensors import DATATYPES  # numpy only: the v2 datatypes and their dtypes
 from carpool.worker import is_async_callable
 
 __all__ = ["Batching", "Model", "Tensor"]

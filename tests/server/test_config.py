@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 
 from carpool import Batching, Model, Tensor
-from carpool.server.config import (
-    ConfigError,
-    ServerConfig,
+from carpool.errors import ConfigError
+from carpool.loading import (
     check_batching,
     load_target,
     parse_tensor,
     read_config_file,
     resolve_models,
 )
+from carpool.server.config import ServerConfig
 
 from .conftest import HERE
 

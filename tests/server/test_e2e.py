@@ -313,7 +313,7 @@ def test_nan_and_infinity_in_json_outputs_parse(client: triton.InferenceServerCl
 
 
 def test_demo_model_answers_as_the_mlp_does(client: triton.InferenceServerClient) -> None:
-    from carpool.demo import DemoMLP
+    from carpool.backends.demo import DemoMLP
 
     x = np.random.default_rng(7).standard_normal((3, 256)).astype(np.float32)
     result = client.infer("demo", [infer_input("INPUT0", x)])

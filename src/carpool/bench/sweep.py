@@ -38,7 +38,8 @@ def grid(
 ) -> list[Cell]:
     """Every (size, wait) setting merged into ``model``'s batching, checked before any run:
     a setting the batcher would refuse is a :class:`BenchError` naming it."""
-    from carpool.server.config import ConfigError, check_batching
+    from carpool.errors import ConfigError
+    from carpool.loading import check_batching
 
     cells = []
     for size in sizes:

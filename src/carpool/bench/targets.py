@@ -243,7 +243,8 @@ class HttpClient:
 
 def load_model(target: str, overrides: Mapping[str, Any]) -> Model:
     """What ``carpool serve TARGET`` would serve, with batching ``overrides`` applied."""
-    from carpool.server.config import ConfigError, check_batching, load_target
+    from carpool.errors import ConfigError
+    from carpool.loading import check_batching, load_target
 
     try:
         model = load_target(target)

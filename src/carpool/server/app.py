@@ -13,11 +13,11 @@ import logging
 import time
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
+from importlib.metadata import version as _version
 from typing import Any
 
 import orjson
 
-from carpool import __version__
 from carpool.errors import BatcherClosed, BatchSizeMismatch, DeadlineExceeded, QueueFull
 from carpool.server.inference import ModelOutputError, admit, respond
 from carpool.server.metrics import Metrics
@@ -34,6 +34,7 @@ from carpool.server.registry import ModelNotFound, ModelUnavailable, Registry, S
 __all__ = ["App", "HTTPError"]
 
 log = logging.getLogger("carpool.server")
+_VERSION = _version("carpool")  # from the installed metadata: pyproject.toml holds it once
 access_log = logging.getLogger("carpool.access")
 
 Scope = dict[str, Any]
@@ -342,7 +343,7 @@ class App:
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": "carpool", "version": __version__, "extensions": EXTENSIONS}
+        return {"name": "carpool", "version": _VERSION, "extensions": EXTENSIONS}
 
 
 async def _unless_disconnected(work: asyncio.Future[Any], receive: Receive) -> bool:

@@ -14,8 +14,8 @@ from typing import Any
 
 from carpool.batcher import Batcher
 from carpool.errors import CarpoolError
+from carpool.loading.repository import LoadFailure
 from carpool.model import Model, Tensor
-from carpool.server.repository import Unavailable
 from carpool.stats import BatcherStats
 
 __all__ = ["ModelNotFound", "ModelUnavailable", "Registry", "ServedModel"]
@@ -195,7 +195,7 @@ class ServedModel:
 class Registry:
     """Models by name; iteration order is the order they were given."""
 
-    def __init__(self, models: Sequence[Model], unavailable: Sequence[Unavailable] = ()) -> None:
+    def __init__(self, models: Sequence[Model], unavailable: Sequence[LoadFailure] = ()) -> None:
         self.unavailable = {u.name: u for u in unavailable}
         self._models: dict[str, ServedModel] = {}
         for model in models:

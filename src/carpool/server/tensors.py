@@ -1,9 +1,10 @@
-"""Tensor codecs of the v2 protocol: datatype names, binary layouts and JSON ``data`` lists.
+"""Tensor codecs of the v2 protocol: binary layouts and JSON ``data`` lists.
 
-Pure: numpy only, no I/O, no carpool imports. :mod:`carpool.server.protocol` frames requests
-and responses around these codecs. Errors here are builtins whose message is ready for the
-client: ``ValueError`` for data a client sent, or a form it asked for, that cannot be used;
-``TypeError`` for an array the server itself cannot express. protocol.py turns both into
+Pure: numpy only, no I/O; the datatype names come from :mod:`carpool.datatypes`.
+:mod:`carpool.server.protocol` frames requests and responses around these codecs. Errors
+here are builtins whose message is ready for the client: ``ValueError`` for data a client
+sent, or a form it asked for, that cannot be used; ``TypeError`` for an array the server
+itself cannot express. protocol.py turns both into
 ``ProtocolError`` with a field and an HTTP status.
 
 BF16 has no numpy dtype, so carpool holds BF16 tensors as float32 and converts on the wire:
@@ -15,12 +16,13 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Mapping, Sequence
-from types import MappingProxyType
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from carpool.datatypes import DATATYPES, FIXED_DTYPES, STRING_KINDS, datatype_of, element_size
 
 __all__ = [
     "DATATYPES",
@@ -40,67 +42,10 @@ __all__ = [
 
 Array = npt.NDArray[Any]
 
-#: The v2 datatype names and the numpy dtype carpool holds each in (BF16 as float32).
-DATATYPES: Mapping[str, np.dtype[Any]] = MappingProxyType(
-    {
-        "BOOL": np.dtype(np.bool_),
-        "UINT8": np.dtype(np.uint8),
-        "UINT16": np.dtype(np.uint16),
-        "UINT32": np.dtype(np.uint32),
-        "UINT64": np.dtype(np.uint64),
-        "INT8": np.dtype(np.int8),
-        "INT16": np.dtype(np.int16),
-        "INT32": np.dtype(np.int32),
-        "INT64": np.dtype(np.int64),
-        "FP16": np.dtype(np.float16),
-        "FP32": np.dtype(np.float32),
-        "FP64": np.dtype(np.float64),
-        "BF16": np.dtype(np.float32),
-        "BYTES": np.dtype(np.object_),
-    }
-)
-
-_FIXED = {name: dtype for name, dtype in DATATYPES.items() if name not in ("BF16", "BYTES")}
-_BY_KIND = {(dtype.kind, dtype.itemsize): name for name, dtype in _FIXED.items()}
 _MAX_DIMS = 32  # numpy 1.x's limit (numpy 2 allows 64); no model input needs more
 _MAX_EXTENT = (2**63 - 1) // 8  # numpy refuses shapes whose nonzero dims * itemsize overflow
-_STRING_KINDS = "OSUT"  # object, bytes, str, and numpy 2's StringDType
 _U32 = struct.Struct("<I")
 _JSON_TYPES = {bool: "a boolean", int: "a number", float: "a number", str: "a string"}
-
-
-def datatype_of(array: Array) -> str:
-    """The v2 datatype name for an array's dtype; object, bytes and str arrays are BYTES.
-
-    Raises ``TypeError`` for dtypes the protocol has no name for (complex, datetime, ...).
-    """
-    dtype = array.dtype
-    if dtype.kind in _STRING_KINDS:
-        return "BYTES"
-    if dtype.name == "bfloat16":
-        return "BF16"
-    name = _BY_KIND.get((dtype.kind, dtype.itemsize))
-    if name is None:
-        raise TypeError(
-            f"numpy dtype {dtype} has no v2 datatype; use bool, (u)int8-64, float16/32/64, "
-            "or an object/bytes/str array for BYTES"
-        )
-    return name
-
-
-def element_size(datatype: str) -> int | None:
-    """Bytes per element on the wire (BF16: 2); ``None`` for BYTES, whose elements vary.
-
-    Raises ``ValueError`` for an unknown datatype name.
-    """
-    if datatype == "BYTES":
-        return None
-    if datatype == "BF16":
-        return 2
-    dtype = _FIXED.get(datatype)
-    if dtype is None:
-        raise ValueError(f"unknown datatype {datatype!r}; expected one of {', '.join(DATATYPES)}")
-    return dtype.itemsize
 
 
 def serialize_bytes_tensor(array: Array) -> bytes:
@@ -186,7 +131,7 @@ def array_from_wire(buf: bytes | memoryview, *, datatype: str, count: int, name:
             raise ValueError(f"Unable to parse BYTES data of input '{name}': {exc}") from None
     if datatype == "BF16":
         return deserialize_bf16_tensor(buf)
-    array = np.frombuffer(buf, dtype=_FIXED[datatype].newbyteorder("<"))
+    array = np.frombuffer(buf, dtype=FIXED_DTYPES[datatype].newbyteorder("<"))
     if datatype == "BOOL" and count and array.view(np.uint8).max() > 1:
         raise ValueError(f"BOOL data of input '{name}' must be bytes 0 or 1")
     if not array.flags.aligned:
@@ -275,7 +220,7 @@ def array_from_json(data: Any, *, datatype: str, count: int, name: str) -> Array
         out = np.empty(count, dtype=object)
         out[:] = [item.encode() for item in flat]
         return out
-    dtype = _FIXED[datatype]
+    dtype = FIXED_DTYPES[datatype]
     if datatype == "BOOL":
         if not types <= {bool}:
             raise ValueError(f"{where}: BOOL needs true/false; {_first_not(flat, (bool,))}")
@@ -318,7 +263,7 @@ def array_to_json(array: Array, *, datatype: str, name: str) -> Array | list[Any
     if datatype == "BF16":
         raise ValueError(f"{cannot}: BF16 has no JSON form; {advice}")
     if datatype == "BYTES":
-        _check_kind(array, datatype, _STRING_KINDS, name)
+        _check_kind(array, datatype, STRING_KINDS, name)
         out: list[Any] = []
         for index, item in enumerate(array.reshape(-1).tolist()):
             if isinstance(item, bytes | bytearray):
@@ -330,7 +275,9 @@ def array_to_json(array: Array, *, datatype: str, name: str) -> Array | list[Any
                 raise TypeError(f"output '{name}': BYTES element {index} is {type(item).__name__}")
             out.append(item)
         return out
-    flat = np.ascontiguousarray(_cast(array, datatype, name), dtype=_FIXED[datatype]).reshape(-1)
+    flat = np.ascontiguousarray(_cast(array, datatype, name), dtype=FIXED_DTYPES[datatype]).reshape(
+        -1
+    )
     return flat.astype(np.float64) if datatype == "FP16" else flat
 
 
@@ -340,7 +287,7 @@ def array_to_wire(array: Array, *, datatype: str, name: str) -> bytes | memoryvi
     Raises ``TypeError`` when the array cannot be sent as ``datatype``.
     """
     if datatype == "BYTES":
-        _check_kind(array, datatype, _STRING_KINDS, name)
+        _check_kind(array, datatype, STRING_KINDS, name)
         try:
             return serialize_bytes_tensor(array)
         except TypeError as exc:
@@ -349,7 +296,7 @@ def array_to_wire(array: Array, *, datatype: str, name: str) -> bytes | memoryvi
         if array.dtype.name != "bfloat16":
             _check_kind(array, datatype, "fiu", name)
         return serialize_bf16_tensor(array)
-    little = _FIXED[datatype].newbyteorder("<")
+    little = FIXED_DTYPES[datatype].newbyteorder("<")
     wire = np.ascontiguousarray(_cast(array, datatype, name), dtype=little)
     return wire.reshape(-1).view(np.uint8).data
 
@@ -358,7 +305,7 @@ def _cast(array: Array, datatype: str, name: str) -> Array:
     # Same-kind casts only (float64 -> FP32 yes, float -> INT32 no): silently truncating a
     # model's output would send a wrong answer, not an encoding detail.
     if array.dtype.kind not in "biuf" or not np.can_cast(
-        array.dtype, _FIXED[datatype], casting="same_kind"
+        array.dtype, FIXED_DTYPES[datatype], casting="same_kind"
     ):
         raise TypeError(f"output '{name}': a {array.dtype} array cannot be sent as {datatype}")
     return array

@@ -20,17 +20,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from carpool.errors import ConfigError
 from carpool.model import Model
-from carpool.server.settings import ConfigError
 
-__all__ = ["MODEL_FILE", "Unavailable", "as_model", "load_file", "load_folder", "model_folders"]
+__all__ = ["MODEL_FILE", "LoadFailure", "as_model", "load_file", "load_folder", "model_folders"]
 
 MODEL_FILE = "carpool.toml"
 _BACKENDS = {".onnx": "onnx", ".pt": "torch", ".pth": "torch", ".ts": "torch", ".py": "python"}
 
 
 @dataclass(frozen=True, slots=True)
-class Unavailable:
+class LoadFailure:
     """A model of the repository that failed to load, and why."""
 
     name: str

