@@ -3,8 +3,9 @@
 * ``mlp``: a :class:`carpool.Model` for ``carpool serve`` (input ``INPUT0`` FP32 [512],
   output ``OUTPUT0`` FP32 [512]); carpool batches it.
 * ``plain_app``: a minimal ASGI app for plain ``uvicorn``, speaking the same v2 JSON and
-  binary request/response shapes, calling the same model once per request in a thread
-  (no batching).
+  binary request/response shapes (and answering ``GET /v2/models/mlp`` with the metadata
+  ``carpool bench`` builds its requests from), calling the same model once per request in
+  a thread (no batching).
 * ``instant_app``: the same wire format, answering with a canned response and no model at
   all: the ceiling of the client plus uvicorn, to show the client is not the bottleneck.
 
@@ -80,6 +81,15 @@ def __getattr__(name: str) -> Any:  # PEP 562: ``mlp`` is built on first access,
 # ---------------------------------------------------------------------------------------
 JSON_HEADERS = [(b"content-type", b"application/json")]
 HEADER_LENGTH = b"inference-header-content-length"
+METADATA = orjson.dumps(  # what carpool bench reads to build its requests
+    {
+        "name": MODEL_NAME,
+        "versions": ["1"],
+        "platform": "numpy",
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, IN_DIM]}],
+        "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, OUT_DIM]}],
+    }
+)
 
 
 def decode_request(body: bytes, header_length: int | None) -> tuple[np.ndarray, bool]:
@@ -161,6 +171,9 @@ def _make_app(compute: bool) -> Any:
         path = scope["path"]
         if path == "/v2/health/ready" or path == "/v2/health/live":
             await _send(send, 200, b'{"ready":true}', JSON_HEADERS)
+            return
+        if path == f"/v2/models/{MODEL_NAME}" and scope["method"] == "GET":
+            await _send(send, 200, METADATA, JSON_HEADERS)
             return
         if not path.endswith("/infer") or scope["method"] != "POST":
             await _send(send, 404, b'{"error":"Not Found"}', JSON_HEADERS)
