@@ -8,7 +8,8 @@ client's cores, its report loaded (:class:`carpool.bench.report.Report`) with th
 CPU share over it; one v2 inference to check a server's answers; a child script answering
 JSON (once, or one line per command line). It measures nothing itself and prints nothing.
 
-Imports carpool's bench report and request encoder; no numpy at import time.
+Imports carpool's bench report and request encoder where they are used, so a script that
+only runs children (overhead.py) needs neither; no numpy at import time.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from carpool.bench.report import Report, Step
+if TYPE_CHECKING:  # imported where used: overhead.py runs without carpool's bench extra
+    from carpool.bench.report import Report, Step
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -80,7 +82,9 @@ def pin_self(cpus: frozenset[int] | None) -> None:
         os.sched_setaffinity(0, cpus)
 
 
-def _preexec(cpus: frozenset[int] | None) -> Any:
+def pin_child(cpus: frozenset[int] | None) -> Any:
+    """A ``preexec_fn``: the child pinned to ``cpus``, and stopped with its parent."""
+
     def setup() -> None:  # runs in the child, before exec
         try:  # stopped if the orchestrator dies without cleaning up (Linux)
             ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -148,7 +152,7 @@ class Server:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # own process group: stopped as one
-            preexec_fn=_preexec(cpus),
+            preexec_fn=pin_child(cpus),
         )
 
     @property
@@ -274,6 +278,8 @@ def carpool_bench(
 ) -> BenchRun:
     """``python -m carpool bench URL --concurrency C,... --json FILE`` pinned to ``cpus``:
     closed loop, one step per concurrency. ``RuntimeError`` with its stderr if it fails."""
+    from carpool.bench.report import Report
+
     with tempfile.TemporaryDirectory(prefix="carpool-bench-") as folder:
         out = Path(folder) / "report.json"
         argv = [sys.executable, "-m", "carpool", "bench", server.url(model),
@@ -287,7 +293,7 @@ def carpool_bench(
             capture_output=True,
             text=True,
             timeout=60 + 3 * len(concurrency) * (warmup + duration),
-            preexec_fn=_preexec(cpus),
+            preexec_fn=pin_child(cpus),
         )
         cpu1 = cpu_seconds(server.pid)
         if done.returncode != 0:
@@ -329,7 +335,7 @@ def run_json(script: Path, args: Sequence[str], cpus: Iterable[int] | None, time
         capture_output=True,
         text=True,
         timeout=timeout,
-        preexec_fn=_preexec(frozenset(cpus) if cpus else None),
+        preexec_fn=pin_child(frozenset(cpus) if cpus else None),
         env=os.environ.copy(),
     )
     if proc.returncode != 0:
@@ -352,7 +358,7 @@ class Worker:
             text=True,
             cwd=script.parent,
             env=child_env(),
-            preexec_fn=_preexec(cpus),
+            preexec_fn=pin_child(cpus),
         )
 
     def ask(self, cmd: str, **spec: Any) -> Any:

@@ -14,7 +14,7 @@ Why: in a closed loop with fewer callers than max_batch_size a fixed window only
 latency; with more, it fills batches. The curve shows where the crossover lies.
 
     python benchmarks/bench_demo_curve.py                      # ~5 min; docs/bench/*
-    python benchmarks/bench_demo_curve.py --quick              # smoke test, in a temp folder
+    python benchmarks/bench_demo_curve.py --quick              # smoke: waits 0, 5; temp folder
     python benchmarks/bench_demo_curve.py --cpus none          # no pinning
 """
 
@@ -33,6 +33,7 @@ import _process
 from carpool.bench.report import Latency, Report, Step
 
 WAITS = (0, 2, 5, 10)
+QUICK_WAITS = (0, 5)  # --quick: a smoke test of the code paths
 
 
 def median_report(reports: list[Report]) -> Report:
@@ -74,18 +75,18 @@ def _median_step(steps: list[Step]) -> Step:
     )
 
 
-def measure(args: Any, cores: _process.Cores) -> dict[int, list[Report]]:
+def measure(args: Any, cores: _process.Cores, waits: tuple[int, ...]) -> dict[int, list[Report]]:
     servers = {
         w: _process.carpool_serve(
             "demo", "--policy", "fixed", "--max-wait-ms", str(w), cpus=cores.server
         )
-        for w in WAITS
+        for w in waits
     }
-    runs: dict[int, list[Report]] = {w: [] for w in WAITS}
+    runs: dict[int, list[Report]] = {w: [] for w in waits}
     try:
         _process.wait_all(servers.values())
         for r in range(args.repeats):
-            for w in WAITS[r % len(WAITS) :] + WAITS[: r % len(WAITS)]:
+            for w in waits[r % len(waits) :] + waits[: r % len(waits)]:
                 run = _process.carpool_bench(
                     servers[w],
                     "demo",
@@ -137,16 +138,17 @@ def main() -> int:
          "step": f"{args.warmup:g} s warm-up + {args.duration:g} s"},
     )  # fmt: skip
     try:
-        runs = measure(args, cores)
+        waits = QUICK_WAITS if quick else WAITS
+        runs = measure(args, cores, waits)
         reports = []
-        for w in WAITS:
+        for w in waits:
             path = out / f"demo-wait-{w}ms.json"
             median_report(runs[w]).save(path)
             reports.append(str(path))
         print()
         compare = [sys.executable, "-m", "carpool", "bench", "--compare", *reports, "--plot", plot]
         subprocess.run(
-            compare, cwd=_process.REPO, env=_process.child_env(COLUMNS="120"), check=True
+            compare, cwd=_process.REPO, env=_process.child_env(COLUMNS="200"), check=True
         )
     except (Exception, KeyboardInterrupt) as exc:  # report, never fail the caller
         print(f"\nbench_demo_curve: {type(exc).__name__}: {exc}", flush=True)

@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 import _bench  # before numpy/carpool: sets single-thread BLAS env vars
+import _process
 
 SCRIPT = Path(__file__).resolve()
 MAX_BATCH = 64
@@ -348,7 +349,7 @@ def main() -> int:
                 "target_s": target_s,
                 "ray_timeout": args.ray_timeout,
             }
-            res = _bench.run_child(SCRIPT, ["--child", json.dumps(spec)], cpus, timeout=300)
+            res = _process.run_json(SCRIPT, ["--child", json.dumps(spec)], cpus, timeout=300)
             results[(mode, impl)].append(res)
             print(
                 f"  repeat {r + 1}/{repeats}  {mode:7s} {impl:8s} {res['rps']:>12,.0f} req/s",
