@@ -165,11 +165,12 @@ def measure(args: Any, servers: dict[str, _process.Server], cores: _process.Core
                     where = f"repeat {r + 1}/{args.repeats}" + (f".{k + 1}" if rounds > 1 else "  ")
                     for row in run.rows():
                         results.setdefault((name, encoding, row["clients"]), []).append(row)
-                        print(f"  {where}  {encoding:6s} {name:8s} {_progress(row, name)}")
+                        print(f"  {where}  {encoding:6s} {name:8s} {progress(row, name)}")
     return results
 
 
-def _progress(row: dict[str, Any], name: str) -> str:
+def progress(row: dict[str, Any], name: str) -> str:
+    """One run's figures on one line (mean batch: carpool only)."""
     batch = f"  batch {row['mean_batch']:5.1f}" if name == "carpool" else ""
     errors = f"  ERRORS {row['errors']}" if row["errors"] else ""
     return (

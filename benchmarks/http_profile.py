@@ -166,7 +166,7 @@ def profile(args: Any, server: _process.Server, cores: _process.Cores, raw: Path
     return result["run"]
 
 
-def main() -> int:
+def parse_args() -> Any:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--server", choices=("carpool", "plain"), default="carpool")
     p.add_argument("--concurrency", type=int, default=64)
@@ -190,6 +190,11 @@ def main() -> int:
     args.duration = args.duration or (1.0 if args.quick else 8.0)
     args.warmup = args.warmup if args.warmup is not None else (0.3 if args.quick else 2.0)
     args.top = 5 if args.quick else args.top
+    return args
+
+
+def main() -> int:
+    args = parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     if not shutil.which("py-spy") and not Path(sys.executable).with_name("py-spy").exists():
         print("http_profile: py-spy not found; install it: python -m pip install py-spy")
@@ -206,16 +211,9 @@ def main() -> int:
             if args.keep:
                 shutil.copy(raw, args.keep)
             (row,) = run.rows()
-            print(
-                f"== py-spy on {args.server} ({cores}), {args.encoding}, "
-                f"{args.concurrency} clients =="
-            )
-            print(
-                f"   {row['throughput']:.0f} req/s, p50 {row['p50_ms']:.2f} ms, "
-                f"p99 {row['p99_ms']:.2f} ms, server CPU {row['server_cpu']:.0%}"
-                + (f", mean batch {row['mean_batch']:.1f}" if args.server == "carpool" else "")
-                + (f", errors {row['errors']}" if row["errors"] else "")
-            )
+            print(f"== py-spy on {args.server} ({cores}), {args.encoding}, "
+                  f"{args.concurrency} clients ==")  # fmt: skip
+            print(f"   {http_bench.progress(row, args.server)}")
             print()
             print(summarise(raw, args.rate, int(row["throughput"] * args.duration), args.top))
     except (Exception, KeyboardInterrupt) as exc:  # report, never fail the caller

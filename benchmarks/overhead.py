@@ -356,7 +356,14 @@ def main() -> int:
                 flush=True,
             )
     print()
+    report(results, modes, impls)
+    return 0
 
+
+def report(
+    results: dict[tuple[str, str], list[dict[str, Any]]], modes: list[str], impls: list[str]
+) -> None:
+    """Per front end: medians over repeats, ratios of the medians, and the targets."""
     for mode in modes:
         med = {i: _bench.median(x["rps"] for x in results[(mode, i)]) for i in impls}
         rows = []
@@ -396,7 +403,6 @@ def main() -> int:
                 f"{results[(mode, 'ray')][0].get('ray_initialized')})"
             )
         print()
-    return 0
 
 
 if __name__ == "__main__":
