@@ -29,12 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+import _bench  # one BLAS thread for everything numpy in this process tree
+
 if TYPE_CHECKING:  # imported where used: overhead.py runs without carpool's bench extra
     from carpool.bench.report import Report, Step
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-SRC = REPO / "src"
+REPO, SRC = _bench.REPO, _bench.SRC
 
 READY_S = 60.0  # a server importing torch on a busy 2-core box takes tens of seconds
 STOP_S = 15.0  # carpool serve drains in-flight requests on SIGTERM; then SIGKILL
@@ -61,15 +61,12 @@ class Cores:
 
 
 def split_cpus(spec: str) -> Cores:
-    """``--cpus``: the first CPU listed for the servers, the last for the client; ``none``
-    (or CPUs this process may not use) leaves everything unpinned."""
-    if spec.lower() in ("", "none", "all"):
+    """``--cpus``: the lowest CPU listed for the servers, the highest for the client;
+    ``none`` (or CPUs this process may not use) leaves everything unpinned."""
+    cpus = _bench.parse_cpus(spec)
+    if not cpus:
         return Cores(None, None)
-    wanted = sorted({int(c) for c in spec.replace("-", ",").split(",")})
-    usable = [c for c in wanted if c in os.sched_getaffinity(0)]
-    if not usable:
-        return Cores(None, None)
-    return Cores(frozenset(usable[:1]), frozenset(usable[-1:]))
+    return Cores(frozenset({min(cpus)}), frozenset({max(cpus)}))
 
 
 def _cpus(cpus: Iterable[int]) -> str:
