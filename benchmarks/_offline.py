@@ -18,6 +18,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import _backends
@@ -73,7 +74,7 @@ class Offline:
         rng = np.random.default_rng(3)
         for b in BATCHES:
             x = rng.standard_normal((b, _backends.MLP_DIMS[0])).astype(np.float32)
-            self.calls[b] = lambda x=x: session.run(None, {_backends.MLP_INPUT: x})
+            self.calls[b] = partial(session.run, None, {_backends.MLP_INPUT: x})
         rows = np.asarray(spec["check"], np.float32)
         ref = [session.run(None, {_backends.MLP_INPUT: row[None]})[0][0].tolist() for row in rows]
         return {"ref": ref, "runtime": f"onnxruntime {ort.__version__}, 1 thread"}
@@ -87,7 +88,7 @@ class Offline:
         texts = _backends.short_texts(max(BATCHES))
         batches = {b: self.tokens(texts[:b]) for b in BATCHES}
         for b, x in batches.items():
-            self.calls[b] = lambda x=x: model.fn(x)
+            self.calls[b] = partial(model.fn, x)
         short = batches[max(BATCHES)]["attention_mask"].sum(axis=1)
         return {
             "ref": [model.fn(self.tokens([t]))["EMBEDDING"][0].tolist() for t in spec["check"]],

@@ -38,7 +38,9 @@ Models:
     whole set through the model each way (real model calls, alternating, medians), with the
     largest difference between the two ways' embeddings (padding must not change them).
 
-Nothing is asserted; exits 0.
+Why: what batching buys on real CPU backends, served end to end (a dense MLP gains with
+the batch; a transformer on one core gains little past a few rows, and pays for padding
+mixed lengths unless rows are grouped by length). Nothing is asserted; exits 0.
 
     python benchmarks/backends_bench.py                  # ~3 min
     python benchmarks/backends_bench.py --quick          # ~30 s: smoke test only
