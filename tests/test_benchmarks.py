@@ -56,10 +56,21 @@ def test_benchmark_quick_run(script: str, expected: list[str]) -> None:
     assert f"\n{Path(script).stem}: " not in out, out[-3000:]  # how a script reports a failure
 
 
-def test_backends_bench_quick_run() -> None:
-    out = quick_run("backends_bench.py")
+def test_backends_bench_mlp_quick_run() -> None:
+    out = quick_run("backends_bench.py", "--models", "mlp")
     for text in [
         "[mlp] check: batching ok, unbatched ok",
+        "batching / unbatched",
+        "served / offline",
+    ]:
+        assert text in out, out[-3000:]
+    assert "failed:" not in out, out[-3000:]
+
+
+@pytest.mark.timeout(150)  # three processes import torch: 20-40 s of it on a busy 2-core box
+def test_backends_bench_minilm_quick_run() -> None:
+    out = quick_run("backends_bench.py", "--models", "minilm", timeout=140)
+    for text in [
         "[minilm] check: batching ok, unbatched ok",
         "batching / unbatched",
         "padded/real",
