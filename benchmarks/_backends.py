@@ -1,9 +1,9 @@
 """Helpers for ``backends_bench.py`` (not a benchmark itself): the models' files and folders,
-the text sets, the request bodies and the padding simulation.
+the text sets and the padding simulation.
 
 Pure Python and numpy, except :func:`write_mlp_onnx` (needs ``onnx``). Imported by the
-orchestrator, the offline child and the load-generator child alike, so all three see the same
-seeded weights, texts and bodies.
+orchestrator and the offline worker (``_offline.py``) alike, so both see the same seeded
+weights and texts.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from typing import Any
 
 MLP_NAME = "mlp"
 MLP_DIMS = (512, 2048, 2048, 512)
-MLP_INPUT, MLP_OUTPUT = "INPUT0", "OUTPUT0"  # http_bench's bodies and path fit as they are
+MLP_INPUT, MLP_OUTPUT = "INPUT0", "OUTPUT0"
 MINILM_NAME = "minilm"
-MINILM_PATH = f"/v2/models/{MINILM_NAME}/infer"
 BUCKETS = (16, 32, 64, 128, 256)  # minilm_model's default length buckets
 
 # Common English words, each ONE WordPiece token in all-MiniLM-L6-v2's vocabulary (checked
@@ -118,55 +117,18 @@ def short_texts(n: int = 64, tokens: int = 12, seed: int = 1) -> list[str]:
     return [sentence(rng, tokens) for _ in range(n)]
 
 
+def write_strings(path: Path, texts: Sequence[str]) -> Path:
+    """One text per line: ``carpool bench --strings`` sends them as BYTES elements, cycled."""
+    path.write_text("".join(f"{t}\n" for t in texts))
+    return path
+
+
 def mixed_texts(n: int, lo: int = 5, hi: int = 250, seed: int = 2) -> list[str]:
     """``n`` sentences, lengths log-uniform over ``lo..hi`` tokens, in arrival order."""
     rng = random.Random(seed)
     return [
         sentence(rng, round(math.exp(rng.uniform(math.log(lo), math.log(hi))))) for _ in range(n)
     ]
-
-
-# ---------------------------------------------------------------------------------------
-# Request bodies for minilm (one text per request, BYTES [1, 1])
-# ---------------------------------------------------------------------------------------
-def minilm_bodies(encoding: str, n: int = 64) -> list[tuple[bytes, dict[str, str]]]:
-    """``n`` pre-encoded requests, one short text each, as v2 JSON or v2 binary (the output
-    asked back binary too), shaped like http_bench's ``_request_bodies``."""
-    import json
-    import struct
-
-    out = []
-    for text in short_texts(n):
-        if encoding == "json":
-            doc = {
-                "inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": [text]}]
-            }
-            out.append((json.dumps(doc).encode(), {"Content-Type": "application/json"}))
-            continue
-        raw = text.encode()
-        blob = struct.pack("<I", len(raw)) + raw  # BYTES: 4-byte length, then the bytes
-        doc = {
-            "inputs": [
-                {
-                    "name": "TEXT",
-                    "shape": [1, 1],
-                    "datatype": "BYTES",
-                    "parameters": {"binary_data_size": len(blob)},
-                }
-            ],
-            "outputs": [{"name": "EMBEDDING", "parameters": {"binary_data": True}}],
-        }
-        header = json.dumps(doc).encode()
-        out.append(
-            (
-                header + blob,
-                {
-                    "Content-Type": "application/octet-stream",
-                    "Inference-Header-Content-Length": str(len(header)),
-                },
-            )
-        )
-    return out
 
 
 # ---------------------------------------------------------------------------------------

@@ -8,10 +8,8 @@ comparable between the offline and the served runs.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -103,7 +101,7 @@ def ray_version() -> str:
 
 
 # --------------------------------------------------------------------------
-# CPU pinning and process helpers
+# CPU pinning (of this process; child processes: _process.py)
 # --------------------------------------------------------------------------
 def parse_cpus(spec: str | None) -> set[int] | None:
     """'0', '0,1', '0-1' -> {0, 1}; '' / 'none' / None -> no pinning."""
@@ -126,29 +124,6 @@ def pin(cpus: set[int] | None) -> str:
     if cpus:
         os.sched_setaffinity(0, cpus)
     return ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
-
-
-def run_child(script: Path, args: Sequence[str], cpus: set[int] | None, timeout: float) -> Any:
-    """Run ``python script args...`` pinned to ``cpus``; parse its last stdout line as JSON."""
-
-    def _pin() -> None:
-        if cpus:
-            os.sched_setaffinity(0, cpus)
-
-    proc = subprocess.run(
-        [sys.executable, str(script), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        preexec_fn=_pin,
-        env=os.environ.copy(),
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"child {' '.join(args)} failed (rc={proc.returncode}):\n{proc.stderr[-3000:]}"
-        )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
-    return json.loads(lines[-1])
 
 
 def base_parser(

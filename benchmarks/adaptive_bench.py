@@ -137,18 +137,11 @@ def main() -> int:
 
     pinned = _bench.pin(_bench.parse_cpus(args.cpus))
     carpool = _bench.import_carpool()
-    repeats = args.repeats or 1
-    window = args.window or (0.4 if args.quick else 2.0)
-    warm = args.warm or (0.3 if args.quick else 1.0)
-    min_samples = 0 if args.quick else MIN_SAMPLES
-    everything = A.settings(A.WAITS_MS)
-    if args.quick:
-        everything = [s for s in everything if s.label in ("eager", "fixed 5", "adaptive")]
-        loads: list[Load] = [0.5, OVERLOAD]
-    else:
-        loads = [*POISSON, SATURATION, OVERLOAD, BURSTY]
-    extreme = [s for s in everything if s.kind != "fixed" or float(s.label[6:]) in EXTREME_WAITS]
-
+    args.repeats = args.repeats or 1
+    args.window = args.window or (0.4 if args.quick else 2.0)
+    args.warm = args.warm or (0.3 if args.quick else 1.0)
+    args.min_samples = 0 if args.quick else MIN_SAMPLES
+    loads: list[Load] = [0.5, OVERLOAD] if args.quick else [*POISSON, SATURATION, OVERLOAD, BURSTY]
     setups: dict[str, tuple[Any, np.ndarray]] = {}
     for name in args.models.split(","):
         if name == "sleep":
@@ -164,25 +157,52 @@ def main() -> int:
             "cpus": pinned,
             "blas": models.blas_info(),
             "client": args.client,
-            "cell": f"{warm:g} s + {window:g} s (>= {min_samples} requests)",
-            "repeats": repeats,
+            "cell": f"{args.warm:g} s + {args.window:g} s (>= {args.min_samples} requests)",
+            "repeats": args.repeats,
             "objective": f"{A.SLO_MS:g} ms",
             "loadavg": f"{os.getloadavg()[0]:.2f}",
         },
     )
-    capacity: dict[str, float] = {}
-    for name, (model, row) in setups.items():
-        curve = A.cost_curve(model, row, SIZES, 3 if args.quick else 15)
-        best = max(SIZES, key=lambda b: b / curve[b])
-        capacity[name] = best / curve[best]
-        shown = ", ".join(f"{b}: {curve[b] * 1e3:.2f}" for b in SIZES)
-        print(f"  [{name}] offline t(b) ms  {shown}")
-        print(f"  [{name}] capacity {capacity[name]:,.0f} rows/s (b={best})")
+    capacity = {name: measure_capacity(name, *setup, args.quick) for name, setup in setups.items()}
     print()
+    results = run_grid(args, carpool, setups, capacity, loads)
+    for name in setups:
+        report(results, name, capacity[name], loads)
+    if not args.quick:
+        for name, (model, row) in setups.items():
+            cold_start(carpool, name, model, row, capacity[name], args)
+        print()
+    if args.plot:
+        draw(results, list(setups), loads, capacity, args.plot)
+    return 0
 
+
+def measure_capacity(name: str, model: Any, row: np.ndarray, quick: bool) -> float:
+    """max over b of b / t(b), t(b) the median of offline calls (printed)."""
+    curve = A.cost_curve(model, row, SIZES, 3 if quick else 15)
+    best = max(SIZES, key=lambda b: b / curve[b])
+    shown = ", ".join(f"{b}: {curve[b] * 1e3:.2f}" for b in SIZES)
+    print(f"  [{name}] offline t(b) ms  {shown}")
+    print(f"  [{name}] capacity {best / curve[best]:,.0f} rows/s (b={best})")
+    return best / curve[best]
+
+
+def run_grid(
+    args: Any,
+    carpool: Any,
+    setups: dict[str, tuple[Any, np.ndarray]],
+    capacity: dict[str, float],
+    loads: list[Load],
+) -> Results:
+    """Every (repeat, model, load, setting) cell; at one load every setting sees the same
+    arrivals, in an order that rotates per repeat."""
+    everything = A.settings(A.WAITS_MS)
+    if args.quick:
+        everything = [s for s in everything if s.label in ("eager", "fixed 5", "adaptive")]
+    extreme = [s for s in everything if s.kind != "fixed" or float(s.label[6:]) in EXTREME_WAITS]
     results = Results()
     started = time.perf_counter()
-    for r in range(repeats):
+    for r in range(args.repeats):
         for name, (model, row) in setups.items():
             cap = capacity[name]
             for load in loads:
@@ -191,7 +211,7 @@ def main() -> int:
                 if load == BURSTY:
                     timing = (1.0, 0.8 if args.quick else 4.0, 0)
                 else:
-                    timing = (warm, window, min_samples)
+                    timing = (args.warm, args.window, args.min_samples)
                 offsets, lo, hi = arrivals(load, cap, *timing, seed=args.seed + r)
                 for setting in pool:
                     gc.collect()
@@ -202,7 +222,8 @@ def main() -> int:
                     cell = A.Cell.of(rec, before, after, lo, hi)
                     results.add(name, load, setting.label, cell)
                     print(
-                        f"  {r + 1}/{repeats} {name:5s} {load_name(load):14s} {setting.label:10s}"
+                        f"  {r + 1}/{args.repeats} {name:5s} {load_name(load):14s}"
+                        f" {setting.label:10s}"
                         f" p50 {cell.pct(50):7.1f}  p99 {cell.pct(99):7.1f} ms"
                         f"  tput {cell.throughput / cap:4.2f}  good {cell.goodput / cap:4.2f} cap"
                         f"  rej {cell.rejected:5d}  batch {cell.mean_batch:4.1f}"
@@ -210,16 +231,7 @@ def main() -> int:
                     )
     took = time.perf_counter() - started
     print(f"\n  grid: {took:.0f} s; loadavg now {os.getloadavg()[0]:.2f}\n")
-
-    for name in setups:
-        report(results, name, capacity[name], loads)
-    if not args.quick:
-        for name, (model, row) in setups.items():
-            cold_start(carpool, name, model, row, capacity[name], args)
-        print()
-    if args.plot:
-        draw(results, list(setups), loads, capacity, args.plot)
-    return 0
+    return results
 
 
 def report(results: Results, name: str, cap: float, loads: list[Load]) -> None:

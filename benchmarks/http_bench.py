@@ -1,748 +1,310 @@
-"""`carpool serve` vs a plain uvicorn endpoint, over HTTP, for the same numpy MLP.
+"""`carpool serve` vs a plain uvicorn endpoint, over HTTP, for the same numpy MLP, loaded
+by ``carpool bench``.
 
 What: two real servers, side by side in one run, each in its own process pinned to one core
-(default CPU 0), and a load generator in a third process pinned to the other core (CPU 1):
+(default CPU 0), loaded by ``carpool bench`` pinned to the other core (CPU 1):
 
-  * carpool:  ``python -m carpool serve benchmarks.http_models:mlp --max-batch-size 32
-    --access-log false`` (KServe v2 REST; eager policy, one model worker);
+  * carpool:  ``python -m carpool serve benchmarks.http_models:mlp --max-batch-size 32``
+    (KServe v2 REST; eager policy, one model worker);
   * plain:    ``python -m uvicorn benchmarks.http_models:plain_app`` -- a minimal ASGI app
     with the same v2 request/response shapes that calls the same model once per request in
     a thread: no batching. Same uvicorn settings as carpool's: httptools, uvloop, no access
     log, no server header;
   * instant:  the same wire format answered with a canned response and no model: the
-    ceiling of the load generator (plus uvicorn), printed to show that the client is not
-    the bottleneck.
+    ceiling of the load generator plus uvicorn, printed to show that the client is not the
+    bottleneck.
 
 The model (``http_models.py``): float32 MLP 512 -> 2048 -> 2048 -> 2048 -> 512, ReLU,
 fixed-seed weights, numpy with ONE BLAS thread (threadpoolctl inside the server process).
 
-Load: closed loop, 1/8/64/256 concurrent clients (aiohttp on uvloop, one keep-alive
-connection per client), one 512-float row per request, as v2 JSON (``"data": [...]``) and
-as v2 binary (JSON header + ``Inference-Header-Content-Length`` + 2,048 raw bytes, output
-asked back binary -- what tritonclient sends with binary_data=True). Every step warms up,
-then measures a fixed window: throughput = responses completed in the window / window;
-p50/p99 over the latencies of those responses. Steps are interleaved (for each repeat, for
-each concurrency, for each encoding: carpool and plain back to back, the first of the two
-alternating, then instant), repeated (default 3) and reported as medians; the ratio and
-Δp50 are medians over the back-to-back (carpool, plain) pairs. At 1 client each repeat is
-``--latency-rounds`` (4) shorter rounds, so drift on a shared machine hits both servers
-alike. After each carpool step the client reads carpool's
-``/metrics`` (before and after the window) and reports the window's mean batch size.
-Every server's answer is checked against the model computed locally before any timing.
+Load: ``carpool bench URL --concurrency C --encoding E --json FILE``: closed loop, C callers
+with one keep-alive connection each (aiohttp on uvloop), one 512-float row per request
+(generated from the model's v2 metadata, seeded), as v2 JSON and as v2 binary (output asked
+back binary, as tritonclient sends it). Each run warms up, then measures a fixed window:
+throughput = responses in the window / window, p50/p99 over them, and for carpool the mean
+batch size from its ``/metrics`` over the window; the server's CPU share comes from /proc.
+Runs are interleaved (for each repeat, for each concurrency, for each encoding: carpool and
+plain back to back, the first of the two alternating, then instant), repeated (default 3)
+and reported as medians; the ratio and Δp50 are medians over the back-to-back (carpool,
+plain) pairs. At 1 client each repeat is ``--latency-rounds`` (4) shorter rounds, so drift
+on a shared machine hits both servers alike. Every server's answers are checked against
+the model computed here before any timing.
 
-Targets (JSON): at 64 clients carpool req/s / plain req/s >= 2.5; at 1 client
+Why: batching must pay over HTTP even when one core does the HTTP work, the protocol and
+the model (many clients: more throughput than a server that calls the model per request),
+and must cost next to nothing when there is nothing to batch (one client: the same
+latency). Targets (JSON): at 64 clients carpool req/s / plain req/s >= 2.5; at 1 client
 p50(carpool) - p50(plain) <= 0.5 ms. Nothing is asserted; exits 0.
 
-    python benchmarks/http_bench.py                 # ~6 min
-    python benchmarks/http_bench.py --quick         # ~10 s: smoke test only
+    python benchmarks/http_bench.py                 # ~8 min
+    python benchmarks/http_bench.py --quick         # ~10 s, JSON only: smoke test
     python benchmarks/http_bench.py --cpus none     # no pinning
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import ctypes
-import json
-import os
+import importlib.util
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
-from pathlib import Path
 from typing import Any
 
 import _bench  # first: one BLAS thread for everything numpy in this process tree
+import _process
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-MODEL_PATH = "/v2/models/mlp/infer"
+MODEL = "mlp"
 SERVERS = ("carpool", "plain", "instant")
 ENCODINGS = ("json", "binary")
-
-
-# =======================================================================================
-# The load generator (runs in its own process: ``http_bench.py --client``)
-# =======================================================================================
-def _request_bodies(encoding: str, n: int = 64) -> list[tuple[bytes, dict[str, str]]]:
-    """``n`` distinct single-row requests, pre-encoded (the client does no work per row)."""
-    import numpy as np
-    import orjson
-
-    rng = np.random.default_rng(1)
-    rows = rng.standard_normal((n, 512)).astype(np.float32)
-    out = []
-    for row in rows:
-        if encoding == "json":
-            doc = {
-                "inputs": [{"name": "INPUT0", "shape": [1, 512], "datatype": "FP32", "data": row}]
-            }
-            body = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
-            out.append((body, {"Content-Type": "application/json"}))
-        else:
-            blob = row.astype("<f4").tobytes()
-            doc = {
-                "inputs": [
-                    {
-                        "name": "INPUT0",
-                        "shape": [1, 512],
-                        "datatype": "FP32",
-                        "parameters": {"binary_data_size": len(blob)},
-                    }
-                ],
-                "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
-            }
-            header = orjson.dumps(doc)
-            out.append(
-                (
-                    header + blob,
-                    {
-                        "Content-Type": "application/octet-stream",
-                        "Inference-Header-Content-Length": str(len(header)),
-                    },
-                )
-            )
-    return out
-
-
-def _decode_output(body: bytes, header_length: str | None) -> Any:
-    import numpy as np
-    import orjson
-
-    if header_length is None:
-        doc = orjson.loads(body)
-        (out,) = doc["outputs"]
-        return np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
-    n = int(header_length)
-    doc = orjson.loads(body[:n])
-    (out,) = doc["outputs"]
-    return np.frombuffer(body[n:], dtype=np.float32).reshape(out["shape"])
-
-
-def _cpu_seconds(pid: int | None) -> float:
-    """utime + stime of a process, from /proc (nan where unavailable)."""
-    if not pid:
-        return float("nan")
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return float("nan")
-
-
-def _batch_counters(text: str) -> tuple[float, float]:
-    """(rows, batches) summed over models from carpool's Prometheus text."""
-    rows = batches = 0.0
-    for line in text.splitlines():
-        if line.startswith("carpool_batch_size_sum"):
-            rows += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("carpool_batch_size_count"):
-            batches += float(line.rsplit(" ", 1)[1])
-    return rows, batches
-
-
-async def _client_step(session: Any, spec: dict[str, Any]) -> dict[str, Any]:
-    import asyncio
-
-    base = spec["base"]
-    url = base + MODEL_PATH
-    bodies = _request_bodies(spec["encoding"])
-    concurrency = int(spec["concurrency"])
-    warmup, duration = float(spec["warmup"]), float(spec["duration"])
-    latencies: list[float] = []
-    errors: dict[str, int] = {}
-    state = {"measuring": False, "stop": False, "t0": 0.0, "t1": 0.0}
-    perf = time.perf_counter
-
-    async def worker(k: int) -> None:
-        i = k
-        while not state["stop"]:
-            body, headers = bodies[i % len(bodies)]
-            i += 1
-            t0 = perf()
-            try:
-                async with session.post(url, data=body, headers=headers) as resp:
-                    await resp.read()
-                    status = resp.status
-            except Exception as exc:  # counted, and the loop goes on
-                status = type(exc).__name__
-            t1 = perf()
-            if status != 200:
-                errors[str(status)] = errors.get(str(status), 0) + 1
-            elif state["measuring"] and t1 <= state["t1"]:
-                latencies.append(t1 - t0)
-
-    async def metrics() -> tuple[float, float]:
-        if not spec.get("metrics"):
-            return float("nan"), float("nan")
-        async with session.get(base + "/metrics") as resp:
-            return _batch_counters(await resp.text())
-
-    tasks = [asyncio.create_task(worker(k)) for k in range(concurrency)]
-    await asyncio.sleep(warmup)
-    m0 = await metrics()
-    cpu0, srv0 = time.process_time(), _cpu_seconds(spec.get("server_pid"))
-    state["t0"] = perf()
-    state["t1"] = state["t0"] + duration
-    state["measuring"] = True
-    await asyncio.sleep(duration)
-    elapsed = perf() - state["t0"]
-    cpu1, srv1 = time.process_time(), _cpu_seconds(spec.get("server_pid"))
-    state["measuring"] = False
-    m1 = await metrics()
-    state["stop"] = True
-    await asyncio.gather(*tasks)
-    latencies.sort()
-    n = len(latencies)
-    rows, batches = m1[0] - m0[0], m1[1] - m0[1]
-    return {
-        "n": n,
-        "throughput": n / elapsed,
-        "p50_ms": _bench.percentile(latencies, 50) * 1e3,
-        "p99_ms": _bench.percentile(latencies, 99) * 1e3,
-        "errors": errors,
-        "client_cpu": (cpu1 - cpu0) / elapsed,
-        "server_cpu": (srv1 - srv0) / elapsed,
-        "mean_batch": rows / batches if batches else float("nan"),
-    }
-
-
-async def _client_check(session: Any, spec: dict[str, Any]) -> dict[str, Any]:
-    """Each server answers each encoding with the model's own output for that row."""
-    import http_models
-    import numpy as np
-
-    problems = []
-    for encoding in ENCODINGS:
-        for body, headers in _request_bodies(encoding, n=3):
-            async with session.post(spec["base"] + MODEL_PATH, data=body, headers=headers) as r:
-                data = await r.read()
-                if r.status != 200:
-                    problems.append(f"{encoding}: HTTP {r.status}: {data[:300]!r}")
-                    continue
-                got = _decode_output(data, r.headers.get("Inference-Header-Content-Length"))
-            if encoding == "json":
-                row = np.asarray(json.loads(body)["inputs"][0]["data"], np.float32)
-            else:
-                row = np.frombuffer(
-                    body[int(headers["Inference-Header-Content-Length"]) :], np.float32
-                )
-            want = http_models.model(row.reshape(1, -1))
-            if got.shape != want.shape or (
-                spec.get("compare", True) and not np.allclose(got, want, rtol=1e-4, atol=1e-4)
-            ):
-                problems.append(f"{encoding}: wrong output (shape {got.shape})")
-    return {"ok": not problems, "problems": problems}
-
-
-def _client_model_cost() -> dict[str, Any]:
-    """The model's own cost on this (client) core, for reference: median ms at 1 and 32 rows."""
-    import http_models
-    import numpy as np
-
-    out = {}
-    for rows in (1, 32):
-        x = np.random.default_rng(2).standard_normal((rows, 512)).astype(np.float32)
-        for _ in range(5):
-            http_models.model(x)
-        times = []
-        for _ in range(30 if rows == 1 else 15):
-            t0 = time.perf_counter()
-            http_models.model(x)
-            times.append(time.perf_counter() - t0)
-        out[str(rows)] = _bench.median(times) * 1e3
-    return out
-
-
-def client_main() -> int:
-    """Read one JSON command per stdin line, answer one JSON line on stdout."""
-    import asyncio
-
-    import aiohttp
-
-    try:
-        import uvloop
-
-        runner: Any = uvloop.run
-        loop_name = f"uvloop {uvloop.__version__}"
-    except ImportError:
-        runner = asyncio.run
-        loop_name = "asyncio"
-
-    async def one(spec: dict[str, Any]) -> dict[str, Any]:
-        if spec["cmd"] == "hello":
-            return {
-                "client": f"aiohttp {aiohttp.__version__} + {loop_name}",
-                "cpus": _bench.pin(None),
-                "model_ms": _client_model_cost(),
-            }
-        limit = max(1, int(spec.get("concurrency", 1))) + 1  # +1: /metrics never waits
-        connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit)
-        timeout = aiohttp.ClientTimeout(total=120)
-        async with aiohttp.ClientSession(
-            connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",)
-        ) as session:
-            if spec["cmd"] == "check":
-                return await _client_check(session, spec)
-            return await _client_step(session, spec)
-
-    for line in sys.stdin:
-        spec = json.loads(line)
-        if spec["cmd"] == "exit":
-            break
-        try:
-            reply = runner(one(spec))
-        except Exception as exc:
-            reply = {"error": f"{type(exc).__name__}: {exc}"}
-        sys.stdout.write(json.dumps(reply) + "\n")
-        sys.stdout.flush()
-    return 0
-
-
-# =======================================================================================
-# The orchestrator
-# =======================================================================================
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _preexec(cpus: set[int] | None) -> Any:
-    def setup() -> None:
-        os.setsid()  # own process group: stopped as one
-        try:  # and stopped if this orchestrator dies without cleaning up (Linux)
-            ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-        if cpus:
-            os.sched_setaffinity(0, cpus)
-
-    return setup
-
-
-class Server:
-    """One server process, in its own process group, pinned, its output kept for errors."""
-
-    def __init__(
-        self,
-        name: str,
-        argv: list[str],
-        port: int,
-        cpus: set[int] | None,
-        extra_env: dict[str, str] | None = None,
-    ) -> None:
-        self.name = name
-        self.port = port
-        self.base = f"http://127.0.0.1:{port}"
-        env = os.environ.copy()
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(REPO), str(_bench.SRC), env.get("PYTHONPATH", "")) if p
-        )
-        env.update(extra_env or {})
-        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            argv,
-            cwd=REPO,
-            env=env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            preexec_fn=_preexec(cpus),
-        )
-
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"{self.name} server exited ({self.proc.returncode}):\n" + self.tail()
-                )
-            try:
-                with urllib.request.urlopen(self.base + "/v2/health/ready", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"{self.name} server not ready after {timeout}s:\n" + self.tail())
-
-    def tail(self, n: int = 3000) -> str:
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace")[-n:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self.log.close()
+CONCURRENCY = "1,8,64,256"
+NEEDED = ("aiohttp", "orjson", "uvicorn", "httptools", "uvloop", "threadpoolctl", "rich")
+Results = dict[tuple[str, str, int], list[dict[str, Any]]]  # (server, encoding, clients)
 
 
 def start_servers(
-    cpus: set[int] | None, plain_threads: int, only: tuple[str, ...] = SERVERS
-) -> dict[str, Server]:
-    py = sys.executable
-    uvicorn_flags = [
-        "--http",
-        "httptools",
-        "--loop",
-        "uvloop",
-        "--no-access-log",
-        "--no-server-header",
-        "--log-level",
-        "warning",
-    ]
-    servers: dict[str, Server] = {}
-    p = _free_port()
-    if "carpool" in only:
-        servers["carpool"] = Server(
-            "carpool",
-            [
-                py,
-                "-m",
-                "carpool",
-                "serve",
-                "benchmarks.http_models:mlp",
-                "--max-batch-size",
-                "32",
-                "--access-log",
-                "false",
-                "--log-level",
-                "warning",
-                "--port",
-                str(p),
-            ],
-            p,
-            cpus,
-        )
-    for name, app in (("plain", "plain_app"), ("instant", "instant_app")):
-        if name not in only:
-            continue
-        p = _free_port()
-        servers[name] = Server(
-            name,
-            [
-                py,
-                "-m",
-                "uvicorn",
-                f"benchmarks.http_models:{app}",
-                "--port",
-                str(p),
-                *uvicorn_flags,
-            ],
-            p,
-            cpus,
-            {"PLAIN_THREADS": str(plain_threads)},
-        )
-    for s in servers.values():
-        s.wait_ready()
+    cores: _process.Cores, plain_threads: int = 1, only: tuple[str, ...] = SERVERS
+) -> dict[str, _process.Server]:
+    """The servers named in ``only``, started in parallel, pinned, ready."""
+    servers: dict[str, _process.Server] = {}
+    try:
+        if "carpool" in only:
+            servers["carpool"] = _process.carpool_serve(
+                "benchmarks.http_models:mlp", "--max-batch-size", "32", cpus=cores.server
+            )
+        if "plain" in only:
+            servers["plain"] = _process.uvicorn(
+                "benchmarks.http_models:plain_app",
+                cpus=cores.server,
+                PLAIN_THREADS=str(plain_threads),
+            )
+        if "instant" in only:
+            servers["instant"] = _process.uvicorn(
+                "benchmarks.http_models:instant_app", cpus=cores.server
+            )
+        _process.wait_all(servers.values())
+    except BaseException:
+        for server in servers.values():
+            server.stop()
+        raise
     return servers
 
 
-class Client:
-    def __init__(self, cpus: set[int] | None) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--client"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=HERE,
-            preexec_fn=_preexec(cpus),
-        )
+def check(server: _process.Server, compare: bool) -> str:
+    """'ok', or what is wrong with the server's answers to three rows in each encoding."""
+    import http_models
+    import numpy as np
 
-    def ask(self, **spec: Any) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        assert self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps(spec) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"client process exited ({self.proc.wait()})")
-        reply: dict[str, Any] = json.loads(line)
-        if "error" in reply:
-            raise RuntimeError(f"client: {reply['error']}")
-        return reply
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(Exception):
-                self._send_exit()
+    rows = np.random.default_rng(1).standard_normal((3, 1, 512)).astype(np.float32)
+    problems = []
+    for encoding in ENCODINGS:
+        for x in rows:
             try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def _send_exit(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
-        self.proc.stdin.close()
-
-
-def _cpu_split(spec: str) -> tuple[set[int] | None, set[int] | None, str]:
-    cpus = _bench.parse_cpus(spec)
-    if not cpus:
-        return None, None, "not pinned"
-    ordered = sorted(cpus)
-    server, client = {ordered[0]}, {ordered[-1]}
-    return server, client, f"servers on CPU {ordered[0]}, client on CPU {ordered[-1]}"
+                got = _process.infer(
+                    server, MODEL, {"INPUT0": ("FP32", x)}, binary=encoding == "binary"
+                )
+            except OSError as exc:
+                problems.append(f"{encoding}: {exc}")
+                continue
+            want = http_models.model(x)
+            if got.shape != want.shape or (
+                compare and not np.allclose(got, want, rtol=1e-4, atol=1e-4)
+            ):
+                problems.append(f"{encoding}: wrong output (shape {list(got.shape)})")
+    return "ok" if not problems else "; ".join(problems)
 
 
-def _fmt(x: float, digits: int = 0) -> str:
-    return _bench.fmt_num(x, digits)
+def model_ms() -> str:
+    """The model's own cost on this (the client's) core: median ms at 1 and 32 rows."""
+    import http_models
+    import numpy as np
+
+    out = []
+    for rows in (1, 32):
+        x = np.random.default_rng(2).standard_normal((rows, 512)).astype(np.float32)
+        times = []
+        for i in range(35 if rows == 1 else 20):
+            t0 = time.perf_counter()
+            http_models.model(x)
+            if i >= 5:  # the first calls warm up
+                times.append(time.perf_counter() - t0)
+        out.append(f"{_bench.median(times) * 1e3:.2f}")
+    return ",".join(out)
 
 
-def _missing_modules() -> list[str]:
-    import importlib.util
-
-    needed = ("aiohttp", "orjson", "uvicorn", "httptools", "uvloop", "threadpoolctl", "numpy")
-    return [m for m in needed if importlib.util.find_spec(m) is None]
-
-
-def run(args: Any) -> None:
-    missing = _missing_modules()
-    if missing:
-        print(
-            f"http_bench: {sys.executable} lacks {', '.join(missing)}: install carpool's server "
-            "extra and aiohttp, e.g.  python -m pip install -e '.[server]' aiohttp"
-        )
-        return
-    quick = args.quick
-    repeats = args.repeats or (1 if quick else 3)
-    concurrencies = [int(c) for c in args.concurrency.split(",")]
-    if quick and args.concurrency == DEFAULT_CONCURRENCY:
-        concurrencies = [1, 64]
-    encodings = args.encodings.split(",")
-    if args.latency_rounds is None:
-        args.latency_rounds = 2 if quick else 4
-    warmup = args.warmup if args.warmup is not None else (0.2 if quick else 1.0)
-    duration = args.duration if args.duration is not None else (0.4 if quick else 3.0)
-    server_cpus, client_cpus, pinning = _cpu_split(args.cpus)
-    _bench.pin(client_cpus)  # the orchestrator mostly sleeps; keep it off the servers' core
-
-    servers: dict[str, Server] = {}
-    client: Client | None = None
-    try:
-        servers = start_servers(server_cpus, args.plain_threads)
-        client = Client(client_cpus)
-        hello = client.ask(cmd="hello")
-        _bench.header(
-            "carpool serve vs plain uvicorn over HTTP (KServe v2), MLP 512->2048x3->512",
-            {
-                "cpus": pinning,
-                "client": hello["client"],
-                "repeats": repeats,
-                "window": f"{warmup:g}s warm-up + {duration:g}s measured",
-                "plain_threads": args.plain_threads,
-                "model_ms(1,32 rows)": "{:.2f},{:.2f}".format(*hello["model_ms"].values()),
-            },
-        )
-        for name in SERVERS:
-            check = client.ask(cmd="check", base=servers[name].base, compare=name != "instant")
-            print(f"  check {name:8s}: {'ok' if check['ok'] else check['problems']}")
-        print()
-
-        results: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
-        for r in range(repeats):
-            for c in concurrencies:
-                # 1 client is a latency comparison: a few short rounds, carpool and plain
-                # alternating which goes first, so drift on a shared box hits both alike.
-                rounds = args.latency_rounds if c == 1 else 1
-                step_warmup = min(warmup, 0.3) if c == 1 else warmup
-                step_duration = max(duration / 3, 0.2) if c == 1 else duration
-                for k in range(rounds):
-                    for enc in encodings:
-                        pair = (
-                            ["carpool", "plain"]
-                            if (r * rounds + k) % 2 == 0
-                            else ["plain", "carpool"]
-                        )
-                        order = pair + (["instant"] if k == 0 and not args.no_ceiling else [])
-                        for name in order:
-                            srv = servers[name]
-                            res = client.ask(
-                                cmd="step",
-                                base=srv.base,
-                                encoding=enc,
-                                concurrency=c,
-                                warmup=step_warmup,
-                                duration=step_duration,
-                                metrics=name == "carpool",
-                                server_pid=srv.proc.pid,
-                            )
-                            results.setdefault((name, enc, c), []).append(res)
-                            batch = f"  batch {res['mean_batch']:5.1f}" if name == "carpool" else ""
-                            errs = f"  ERRORS {res['errors']}" if res["errors"] else ""
-                            where = f"repeat {r + 1}/{repeats}" + (
-                                f".{k + 1}" if rounds > 1 else "  "
-                            )
-                            print(
-                                f"  {where}  {enc:6s} c={c:<3d} {name:8s}"
-                                f" {res['throughput']:8.0f} req/s  p50 {res['p50_ms']:7.2f} ms"
-                                f"  p99 {res['p99_ms']:7.2f} ms  cpu srv {res['server_cpu']:4.0%}"
-                                f" cli {res['client_cpu']:4.0%}{batch}{errs}"
-                            )
-        print()
-        report(results, concurrencies, encodings, not args.no_ceiling)
-    finally:
-        if client is not None:
-            client.close()
-        for s in servers.values():
-            s.stop()
+def schedule(
+    concurrencies: list[int], rounds: int, quick: bool
+) -> list[tuple[list[int], int, int]]:
+    """One repeat's runs: (concurrencies of one ``carpool bench`` run, round, rounds).
+    ``--quick`` runs every concurrency in one run per server."""
+    if quick:
+        return [(concurrencies, 0, 1)]
+    plan = []
+    for c in concurrencies:
+        n = rounds if c == 1 else 1
+        plan += [([c], k, n) for k in range(n)]
+    return plan
 
 
-def _med(
-    results: dict[tuple[str, str, int], list[dict[str, Any]]], key: tuple[str, str, int], field: str
-) -> float:
-    vals = [r[field] for r in results.get(key, [])]
-    return _bench.median(vals)
+def measure(args: Any, servers: dict[str, _process.Server], cores: _process.Cores) -> Results:
+    results: Results = {}
+    plan = schedule(args.concurrency, args.latency_rounds, args.quick)
+    for r in range(args.repeats):
+        for group, k, rounds in plan:
+            short = group == [1]  # a latency round: shorter, so rounds interleave finely
+            warmup = min(args.warmup, 0.3) if short else args.warmup
+            duration = max(args.duration / 3, 0.2) if short else args.duration
+            for encoding in args.encodings:
+                pair = ["carpool", "plain"] if (r * rounds + k) % 2 == 0 else ["plain", "carpool"]
+                order = pair + (["instant"] if k == 0 and not args.no_ceiling else [])
+                for name in order:
+                    run = _process.carpool_bench(
+                        servers[name],
+                        MODEL,
+                        group,
+                        warmup=warmup,
+                        duration=duration,
+                        cpus=cores.client,
+                        flags=("--encoding", encoding),
+                    )
+                    where = f"repeat {r + 1}/{args.repeats}" + (f".{k + 1}" if rounds > 1 else "  ")
+                    for row in run.rows():
+                        results.setdefault((name, encoding, row["clients"]), []).append(row)
+                        print(f"  {where}  {encoding:6s} {name:8s} {progress(row, name)}")
+    return results
 
 
-def _paired(
-    results: dict[tuple[str, str, int], list[dict[str, Any]]], enc: str, c: int, fn: Any
-) -> float:
-    """Median over the (carpool, plain) pairs measured back to back of fn(carpool, plain)."""
+def progress(row: dict[str, Any], name: str) -> str:
+    """One run's figures on one line (mean batch: carpool only)."""
+    batch = f"  batch {row['mean_batch']:5.1f}" if name == "carpool" else ""
+    errors = f"  ERRORS {row['errors']}" if row["errors"] else ""
+    return (
+        f"c={row['clients']:<3d} {row['throughput']:8.0f} req/s  p50 {row['p50_ms']:7.2f} ms"
+        f"  p99 {row['p99_ms']:7.2f} ms  srv CPU {row['server_cpu']:4.0%}{batch}{errors}"
+    )
+
+
+# ------------------------------------------------------------------------------ report
+
+
+def _med(results: Results, key: tuple[str, str, int], field: str) -> float:
+    return _bench.median(r[field] for r in results.get(key, []))
+
+
+def _paired(results: Results, enc: str, c: int, field: str) -> float:
+    """Median over the back-to-back (carpool, plain) pairs: req/s ratio, or p50 difference."""
     pairs = zip(
         results.get(("carpool", enc, c), []), results.get(("plain", enc, c), []), strict=False
     )
-    return _bench.median(fn(a, b) for a, b in pairs)
+    if field == "ratio":
+        return _bench.median(a["throughput"] / b["throughput"] for a, b in pairs if b["throughput"])
+    return _bench.median(a["p50_ms"] - b["p50_ms"] for a, b in pairs)
 
 
-def _ratio(a: dict[str, Any], b: dict[str, Any]) -> float:
-    return a["throughput"] / b["throughput"] if b["throughput"] else float("nan")
+def report_ceiling(results: Results, concurrencies: list[int], encodings: list[str]) -> None:
+    fmt = _bench.fmt_num
+    print("client ceiling: the instant endpoint (canned answer, no model), medians")
+    rows = []
+    for enc in encodings:
+        for c in concurrencies:
+            k = ("instant", enc, c)
+            rows.append(
+                [enc, c, fmt(_med(results, k, "throughput")), fmt(_med(results, k, "p50_ms"), 2),
+                 fmt(_med(results, k, "p99_ms"), 2), f"{_med(results, k, 'server_cpu'):.0%}"]
+            )  # fmt: skip
+    print(_bench.table(["enc", "clients", "req/s", "p50 ms", "p99 ms", "server CPU"], rows))
+    print()
 
 
-def _delta_p50(a: dict[str, Any], b: dict[str, Any]) -> float:
-    return float(a["p50_ms"] - b["p50_ms"])
-
-
-def report(
-    results: dict[tuple[str, str, int], list[dict[str, Any]]],
-    concurrencies: list[int],
-    encodings: list[str],
-    ceiling: bool,
-) -> None:
-    def errors(key: tuple[str, str, int]) -> int:
-        return sum(sum(r["errors"].values()) for r in results.get(key, []))
-
-    if ceiling:
-        print("client ceiling: the instant endpoint (canned answer, no model), medians")
-        rows = []
-        for enc in encodings:
-            for c in concurrencies:
-                k = ("instant", enc, c)
-                rows.append(
-                    [
-                        enc,
-                        c,
-                        _fmt(_med(results, k, "throughput")),
-                        _fmt(_med(results, k, "p50_ms"), 2),
-                        _fmt(_med(results, k, "p99_ms"), 2),
-                        f"{_med(results, k, 'client_cpu'):.0%}",
-                        f"{_med(results, k, 'server_cpu'):.0%}",
-                    ]
-                )
-        print(
-            _bench.table(
-                ["enc", "clients", "req/s", "p50 ms", "p99 ms", "client CPU", "server CPU"], rows
-            )
-        )
-        print()
-
+def report(results: Results, concurrencies: list[int], encodings: list[str]) -> None:
+    fmt = _bench.fmt_num
     print("carpool serve vs plain uvicorn (same model, same client), medians over repeats")
     rows = []
     for enc in encodings:
         for c in concurrencies:
             kc, kp = ("carpool", enc, c), ("plain", enc, c)
-            tc, tp = _med(results, kc, "throughput"), _med(results, kp, "throughput")
-            p50c, p50p = _med(results, kc, "p50_ms"), _med(results, kp, "p50_ms")
-            err = errors(kc) + errors(kp)
-            rows.append(
-                [
-                    enc,
-                    c,
-                    _fmt(tc),
-                    _fmt(tp),
-                    f"{_paired(results, enc, c, _ratio):.2f}x",
-                    _fmt(p50c, 2),
-                    _fmt(p50p, 2),
-                    f"{_paired(results, enc, c, _delta_p50):+.2f}",
-                    _fmt(_med(results, kc, "p99_ms"), 2),
-                    _fmt(_med(results, kp, "p99_ms"), 2),
-                    _fmt(_med(results, kc, "mean_batch"), 1),
-                    f"{_med(results, kc, 'server_cpu'):.0%}/{_med(results, kp, 'server_cpu'):.0%}",
-                    f"{_med(results, kc, 'client_cpu'):.0%}/{_med(results, kp, 'client_cpu'):.0%}",
-                    err,
-                ]
-            )
-    print(
-        _bench.table(
-            [
-                "enc",
-                "clients",
-                "carpool req/s",
-                "plain req/s",
-                "ratio",
-                "carpool p50",
-                "plain p50",
-                "Δp50 ms",
-                "carpool p99",
-                "plain p99",
-                "mean batch",
-                "srv CPU c/p",
-                "cli CPU c/p",
-                "errors",
-            ],
-            rows,
-        )
-    )
+            errors = sum(r["errors"] for k in (kc, kp) for r in results.get(k, []))
+            rows.append([
+                enc, c, fmt(_med(results, kc, "throughput")), fmt(_med(results, kp, "throughput")),
+                f"{_paired(results, enc, c, 'ratio'):.2f}x",
+                fmt(_med(results, kc, "p50_ms"), 2), fmt(_med(results, kp, "p50_ms"), 2),
+                f"{_paired(results, enc, c, 'p50'):+.2f}",
+                fmt(_med(results, kc, "p99_ms"), 2), fmt(_med(results, kp, "p99_ms"), 2),
+                fmt(_med(results, kc, "mean_batch"), 1),
+                f"{_med(results, kc, 'server_cpu'):.0%}/{_med(results, kp, 'server_cpu'):.0%}",
+                errors,
+            ])  # fmt: skip
+    headers = ["enc", "clients", "carpool req/s", "plain req/s", "ratio", "carpool p50",
+               "plain p50", "Δp50 ms", "carpool p99", "plain p99", "mean batch",
+               "srv CPU c/p", "errors"]  # fmt: skip
+    print(_bench.table(headers, rows))
     print("  (ratio, Δp50: medians over carpool/plain pairs measured back to back; medians over")
     print("   repeats otherwise; latencies in ms; mean batch: carpool's /metrics over the window;")
-    print("   CPU: share of one core used by the server / the client process in the window)")
+    print("   srv CPU: share of one core the server used while loaded)")
     print()
-
     print("targets")
     for enc in encodings:
         tag = "" if enc == "json" else "  (binary: for information)"
         if 64 in concurrencies:
-            ratio = _paired(results, enc, 64, _ratio)
-            print(
-                f"  [{enc}] 64 clients: carpool/plain throughput = {ratio:.2f}x "
-                f"(target >= 2.5x: {_bench.verdict(ratio, 2.5)}){tag}"
-            )
+            ratio = _paired(results, enc, 64, "ratio")
+            print(f"  [{enc}] 64 clients: carpool/plain throughput = {ratio:.2f}x "
+                  f"(target >= 2.5x: {_bench.verdict(ratio, 2.5)}){tag}")  # fmt: skip
         if 1 in concurrencies:
-            d = _paired(results, enc, 1, _delta_p50)
-            print(
-                f"  [{enc}] 1 client: p50 carpool - plain = {d:+.3f} ms "
-                f"(target <= +0.5 ms: {_bench.verdict(d, 0.5, higher_is_better=False)}){tag}"
-            )
+            d = _paired(results, enc, 1, "p50")
+            ok = _bench.verdict(d, 0.5, higher_is_better=False)
+            print(f"  [{enc}] 1 client: p50 carpool - plain = {d:+.3f} ms "
+                  f"(target <= +0.5 ms: {ok}){tag}")  # fmt: skip
 
 
-DEFAULT_CONCURRENCY = "1,8,64,256"
+# ------------------------------------------------------------------------------ main
 
 
-def main() -> int:
-    if "--client" in sys.argv[1:]:
-        return client_main()
+def run(args: Any) -> None:
+    missing = [m for m in NEEDED if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"http_bench: {sys.executable} lacks {', '.join(missing)}: install carpool's server"
+              " and bench extras, e.g.  python -m pip install -e '.[server,bench]'")  # fmt: skip
+        return
+    cores = _process.split_cpus(args.cpus)
+    _process.pin_self(cores.client)  # the orchestrator mostly waits: keep it off the servers'
+    servers: dict[str, _process.Server] = {}
+    try:
+        servers = start_servers(cores, args.plain_threads)
+        _bench.header(
+            "carpool serve vs plain uvicorn over HTTP (KServe v2), MLP 512->2048x3->512",
+            {
+                "cpus": str(cores),
+                "client": "carpool bench",
+                "repeats": args.repeats,
+                "window": f"{args.warmup:g}s warm-up + {args.duration:g}s measured",
+                "plain_threads": args.plain_threads,
+                "model_ms(1,32 rows)": model_ms(),
+            },
+        )
+        for name, server in servers.items():
+            print(f"  check {name:8s}: {check(server, compare=name != 'instant')}")
+        print()
+        results = measure(args, servers, cores)
+        print()
+        if not args.no_ceiling:
+            report_ceiling(results, args.concurrency, args.encodings)
+        report(results, args.concurrency, args.encodings)
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+def parse_args() -> Any:
     p = _bench.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
     p.add_argument(
         "--concurrency",
-        default=DEFAULT_CONCURRENCY,
-        help=f"comma-separated client counts (default {DEFAULT_CONCURRENCY})",
+        default=None,
+        help=f"client counts (default {CONCURRENCY}; 1,64 with --quick)",
     )
-    p.add_argument("--encodings", default="json,binary", help="json, binary or both")
-    p.add_argument("--warmup", type=float, default=None, help="seconds per step (default 1)")
     p.add_argument(
-        "--duration", type=float, default=None, help="measured seconds per step (default 3)"
+        "--encodings", default=None, help="json, binary or both (default both; json with --quick)"
+    )
+    p.add_argument("--warmup", type=float, default=None, help="seconds per run (default 1)")
+    p.add_argument(
+        "--duration", type=float, default=None, help="measured seconds per run (default 3)"
     )
     p.add_argument(
         "--plain-threads",
@@ -754,12 +316,24 @@ def main() -> int:
     p.add_argument(
         "--latency-rounds",
         type=int,
-        default=None,
-        help="alternating carpool/plain rounds per repeat at 1 client, each a "
-        "third of --duration (default 4; 2 with --quick)",
+        default=4,
+        help="alternating carpool/plain rounds per repeat at 1 client, "
+        "each a third of --duration (default 4)",
     )
-    p.add_argument("--client", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    quick = args.quick
+    args.concurrency = [
+        int(c) for c in (args.concurrency or ("1,64" if quick else CONCURRENCY)).split(",")
+    ]
+    args.encodings = (args.encodings or ("json" if quick else "json,binary")).split(",")
+    args.repeats = args.repeats or (1 if quick else 3)
+    args.warmup = args.warmup if args.warmup is not None else (0.2 if quick else 1.0)
+    args.duration = args.duration if args.duration is not None else (0.4 if quick else 3.0)
+    return args
+
+
+def main() -> int:
+    args = parse_args()
     signal.signal(signal.SIGTERM, _terminate)  # servers are stopped on the way out
     try:
         run(args)

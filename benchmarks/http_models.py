@@ -3,8 +3,9 @@
 * ``mlp``: a :class:`carpool.Model` for ``carpool serve`` (input ``INPUT0`` FP32 [512],
   output ``OUTPUT0`` FP32 [512]); carpool batches it.
 * ``plain_app``: a minimal ASGI app for plain ``uvicorn``, speaking the same v2 JSON and
-  binary request/response shapes, calling the same model once per request in a thread
-  (no batching).
+  binary request/response shapes (and answering ``GET /v2/models/mlp`` with the metadata
+  ``carpool bench`` builds its requests from), calling the same model once per request in
+  a thread (no batching).
 * ``instant_app``: the same wire format, answering with a canned response and no model at
   all: the ceiling of the client plus uvicorn, to show the client is not the bottleneck.
 
@@ -80,6 +81,15 @@ def __getattr__(name: str) -> Any:  # PEP 562: ``mlp`` is built on first access,
 # ---------------------------------------------------------------------------------------
 JSON_HEADERS = [(b"content-type", b"application/json")]
 HEADER_LENGTH = b"inference-header-content-length"
+METADATA = orjson.dumps(  # what carpool bench reads to build its requests
+    {
+        "name": MODEL_NAME,
+        "versions": ["1"],
+        "platform": "numpy",
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, IN_DIM]}],
+        "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [-1, OUT_DIM]}],
+    }
+)
 
 
 def decode_request(body: bytes, header_length: int | None) -> tuple[np.ndarray, bool]:
@@ -138,48 +148,59 @@ async def _send(send: Any, status: int, body: bytes, headers: list[tuple[bytes, 
     await send({"type": "http.response.body", "body": body})
 
 
+async def _lifespan(receive: Any, send: Any, executor: ThreadPoolExecutor) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            executor.shutdown(wait=True)
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+def _fixed_answer(scope: dict[str, Any]) -> tuple[int, bytes, list[tuple[bytes, bytes]]] | None:
+    """The answer to anything but an inference (health, metadata, 404); None for one."""
+    path, method = scope["path"], scope["method"]
+    if path in ("/v2/health/ready", "/v2/health/live"):
+        return 200, b'{"ready":true}', JSON_HEADERS
+    if path == f"/v2/models/{MODEL_NAME}" and method == "GET":
+        return 200, METADATA, JSON_HEADERS
+    if not path.endswith("/infer") or method != "POST":
+        return 404, b'{"error":"Not Found"}', JSON_HEADERS
+    return None
+
+
 def _make_app(compute: bool) -> Any:
     # PLAIN_THREADS: threads that run the model (default 1, like carpool's workers=1; with
     # more, numpy calls overlap on the one pinned core and only add contention).
     executor = ThreadPoolExecutor(
         max_workers=int(os.environ.get("PLAIN_THREADS", "1")), thread_name_prefix="model"
     )
-    canned: dict[bool, tuple[bytes, list[tuple[bytes, bytes]]]] = {}
+    zeros = np.zeros((1, OUT_DIM), np.float32)
+    canned = {binary: encode_response(zeros, binary) for binary in (False, True)}
+
+    async def answer(body: bytes, header_length: int | None) -> tuple[bytes, Any]:
+        if not compute:  # no decoding, no model: a canned answer of the same size
+            return canned[header_length is not None]
+        x, binary = decode_request(body, header_length)
+        y = await asyncio.get_running_loop().run_in_executor(executor, model, x)
+        return encode_response(y, binary)
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    executor.shutdown(wait=True)
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await _lifespan(receive, send, executor)
+            return
         if scope["type"] != "http":
             return
-        path = scope["path"]
-        if path == "/v2/health/ready" or path == "/v2/health/live":
-            await _send(send, 200, b'{"ready":true}', JSON_HEADERS)
-            return
-        if not path.endswith("/infer") or scope["method"] != "POST":
-            await _send(send, 404, b'{"error":"Not Found"}', JSON_HEADERS)
+        fixed = _fixed_answer(scope)
+        if fixed is not None:
+            await _send(send, *fixed)
             return
         body = await _read_body(receive)
-        hl = None
-        for key, value in scope["headers"]:
-            if key == HEADER_LENGTH:
-                hl = int(value)
+        lengths = [int(value) for key, value in scope["headers"] if key == HEADER_LENGTH]
         try:
-            if compute:
-                x, binary = decode_request(body, hl)
-                y = await asyncio.get_running_loop().run_in_executor(executor, model, x)
-                payload, headers = encode_response(y, binary)
-            else:  # no decoding, no model: a canned answer of the same size
-                binary = hl is not None
-                if binary not in canned:
-                    canned[binary] = encode_response(np.zeros((1, OUT_DIM), np.float32), binary)
-                payload, headers = canned[binary]
+            payload, headers = await answer(body, lengths[-1] if lengths else None)
         except Exception as exc:  # a benchmark server: say what went wrong, as a 400
             await _send(send, 400, orjson.dumps({"error": repr(exc)}), JSON_HEADERS)
             return

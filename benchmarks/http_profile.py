@@ -1,9 +1,10 @@
 """Where a server's time goes under http_bench.py's load: py-spy, summarised per request.
 
-Starts the servers as ``http_bench.py`` does (pinned to CPU 0), drives one of them with the
-same load generator (pinned to CPU 1) at one concurrency and encoding, and records the
-server process with ``py-spy record --format raw`` (py-spy pinned to the client's core)
-during the measured window. Prints, per request served in that window:
+Starts one of ``http_bench.py``'s servers as it does (pinned to CPU 0), loads it with
+``carpool bench`` (pinned to CPU 1) at one concurrency and encoding, and once the load has
+begun and warmed up, records the server process with ``py-spy record --format raw``
+(py-spy pinned to the client's core) for the measured window. Prints, per request served
+in that window:
 
   * CPU-time by thread (the event loop vs the model worker thread);
   * the functions with the most *self* time (the leaf frame of each sample);
@@ -17,22 +18,24 @@ for each sample unless ``--nonblocking``: at the default 1000 Hz that costs a fe
     python benchmarks/http_profile.py --server carpool --concurrency 64
     python benchmarks/http_profile.py --server carpool --concurrency 1 --encoding binary
     python benchmarks/http_profile.py --server plain --concurrency 1
+    python benchmarks/http_profile.py --quick     # ~10 s smoke test (needs py-spy)
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import _bench  # first: one BLAS thread
+import _bench  # noqa: F401  (first: one BLAS thread)
+import _process
 import http_bench
 
 INTERESTING = ("carpool/", "uvicorn/", "http_models", "asyncio/", "concurrent/", "threading")
@@ -100,13 +103,76 @@ def summarise(raw: Path, rate: int, requests: int, top: int) -> str:
     return "\n".join(out)
 
 
-def main() -> int:
+def wait_loaded(pid: int, timeout: float = 30.0) -> None:
+    """Until the server's CPU time starts rising (``carpool bench`` has started its load:
+    an idle server uses none); at most ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last = _process.cpu_seconds(pid)
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = _process.cpu_seconds(pid)
+        if now - last >= 0.02:  # 20 ms of CPU in 50 ms: loaded
+            return
+        last = now
+
+
+def pyspy_command(args: Any, pid: int, raw: Path) -> list[str]:
+    pyspy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    cmd = [pyspy, "record", "--pid", str(pid), "--rate", str(args.rate),
+           "--duration", str(max(1, round(args.duration))), "--format", "raw", "--threads",
+           "--nolineno", "--output", str(raw)]  # fmt: skip
+    if args.native:
+        cmd.append("--native")
+    if not args.all_threads:
+        cmd.append("--gil")
+    if args.nonblocking:
+        cmd.append("--nonblocking")
+    return cmd
+
+
+def profile(args: Any, server: _process.Server, cores: _process.Cores, raw: Path) -> Any:
+    """Load the server in a thread; record it with py-spy after the warm-up. The run."""
+    result: dict[str, Any] = {}
+
+    def drive() -> None:
+        try:
+            result["run"] = _process.carpool_bench(
+                server,
+                http_bench.MODEL,
+                [args.concurrency],
+                warmup=args.warmup,
+                duration=args.duration + 0.5,  # outlasts py-spy's window
+                cpus=cores.client,
+                flags=("--encoding", args.encoding),
+            )
+        except Exception as exc:  # reported by the caller
+            result["error"] = exc
+
+    load = threading.Thread(target=drive)
+    load.start()
+    wait_loaded(server.pid)
+    time.sleep(args.warmup)
+    spy = subprocess.run(
+        pyspy_command(args, server.pid, raw),
+        capture_output=True,
+        text=True,
+        preexec_fn=_process.pin_child(cores.client),
+    )
+    load.join()
+    if "error" in result:
+        raise result["error"]
+    if spy.returncode != 0 or not raw.exists():
+        raise RuntimeError(f"py-spy failed: {spy.stderr[-2000:]}")
+    return result["run"]
+
+
+def parse_args() -> Any:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--server", choices=("carpool", "plain"), default="carpool")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--encoding", choices=http_bench.ENCODINGS, default="json")
-    p.add_argument("--duration", type=float, default=8.0, help="profiled seconds (default 8)")
-    p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--duration", type=float, default=None, help="profiled seconds (default 8)")
+    p.add_argument("--warmup", type=float, default=None, help="seconds before (default 2)")
     p.add_argument("--rate", type=int, default=1000, help="py-spy samples/s (default 1000)")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--nonblocking", action="store_true", help="py-spy --nonblocking")
@@ -119,93 +185,42 @@ def main() -> int:
     )
     p.add_argument("--cpus", default="0,1", help="server CPU, client CPU (default '0,1')")
     p.add_argument("--keep", default=None, help="also write the raw py-spy output here")
+    p.add_argument("--quick", action="store_true", help="a short smoke run (1 s profiled)")
     args = p.parse_args()
+    args.duration = args.duration or (1.0 if args.quick else 8.0)
+    args.warmup = args.warmup if args.warmup is not None else (0.3 if args.quick else 2.0)
+    args.top = 5 if args.quick else args.top
+    return args
+
+
+def main() -> int:
+    args = parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    if not shutil.which("py-spy") and not Path(sys.executable).with_name("py-spy").exists():
+        print("http_profile: py-spy not found; install it: python -m pip install py-spy")
+        return 0
 
-    pyspy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    server_cpus, client_cpus, pinning = http_bench._cpu_split(args.cpus)
-    _bench.pin(client_cpus)
-    servers: dict[str, http_bench.Server] = {}
-    client = None
+    cores = _process.split_cpus(args.cpus)
+    _process.pin_self(cores.client)
+    servers: dict[str, _process.Server] = {}
     try:
-        servers = http_bench.start_servers(server_cpus, 1, only=(args.server,))
-        srv = servers[args.server]
-        client = http_bench.Client(client_cpus)
-        client.ask(cmd="hello")
-        raw = Path(tempfile.mkdtemp()) / "profile.txt"
-        cmd = [
-            pyspy,
-            "record",
-            "--pid",
-            str(srv.proc.pid),
-            "--rate",
-            str(args.rate),
-            "--duration",
-            str(round(args.duration)),
-            "--format",
-            "raw",
-            "--threads",
-            "--nolineno",
-            "--output",
-            str(raw),
-            *(["--native"] if args.native else []),
-        ]
-        if not args.all_threads:
-            cmd.append("--gil")
-        if args.nonblocking:
-            cmd.append("--nonblocking")
-
-        def pin_pyspy() -> None:
-            if client_cpus:
-                os.sched_setaffinity(0, client_cpus)
-
-        # The client runs warm-up + window in one step; py-spy starts as the window does.
-        import threading
-
-        result: dict[str, Any] = {}
-
-        def drive() -> None:
-            result.update(
-                client.ask(
-                    cmd="step",
-                    base=srv.base,
-                    encoding=args.encoding,  # type: ignore[union-attr]
-                    concurrency=args.concurrency,
-                    warmup=args.warmup,
-                    duration=args.duration + 0.5,
-                    metrics=args.server == "carpool",
-                    server_pid=srv.proc.pid,
-                )
-            )
-
-        t = threading.Thread(target=drive)
-        t.start()
-        time.sleep(args.warmup + 0.25)
-        spy = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=pin_pyspy)
-        t.join()
-        if spy.returncode != 0 or not raw.exists():
-            print("py-spy failed:", spy.stderr[-2000:])
-            return 0
-        if args.keep:
-            shutil.copy(raw, args.keep)
-        requests = int(result["throughput"] * args.duration)
-        print(
-            f"== py-spy on {args.server} ({pinning}), {args.encoding}, "
-            f"{args.concurrency} clients =="
-        )
-        print(
-            f"   {result['throughput']:.0f} req/s, p50 {result['p50_ms']:.2f} ms, "
-            f"p99 {result['p99_ms']:.2f} ms, server CPU {result['server_cpu']:.0%}"
-            + (f", mean batch {result['mean_batch']:.1f}" if args.server == "carpool" else "")
-            + (f", errors {result['errors']}" if result["errors"] else "")
-        )
-        print()
-        print(summarise(raw, args.rate, requests, args.top))
+        servers = http_bench.start_servers(cores, 1, only=(args.server,))
+        with tempfile.TemporaryDirectory() as folder:
+            raw = Path(folder) / "profile.txt"
+            run = profile(args, servers[args.server], cores, raw)
+            if args.keep:
+                shutil.copy(raw, args.keep)
+            (row,) = run.rows()
+            print(f"== py-spy on {args.server} ({cores}), {args.encoding}, "
+                  f"{args.concurrency} clients ==")  # fmt: skip
+            print(f"   {http_bench.progress(row, args.server)}")
+            print()
+            print(summarise(raw, args.rate, int(row["throughput"] * args.duration), args.top))
+    except (Exception, KeyboardInterrupt) as exc:  # report, never fail the caller
+        print(f"\nhttp_profile: {type(exc).__name__}: {exc}", flush=True)
     finally:
-        if client is not None:
-            client.close()
-        for s in servers.values():
-            s.stop()
+        for server in servers.values():
+            server.stop()
     return 0
 
 

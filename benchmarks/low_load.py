@@ -133,7 +133,17 @@ def main() -> int:
                 ms = _bench.median(xs) * 1e3
                 print(f"  repeat {r + 1}/{repeats}  {m:5s} {v:6s} median {ms:8.3f} ms", flush=True)
     print()
+    report(names, variants, med, allv)
+    return 0
 
+
+def report(
+    names: list[str],
+    variants: list[str],
+    med: dict[tuple[str, str], list[float]],
+    allv: dict[tuple[str, str], list[float]],
+) -> None:
+    """The table (medians over repeats, p90 over all samples) and the eager target."""
     rows = []
     summary = []
     for m in names:
@@ -161,7 +171,6 @@ def main() -> int:
     print(_bench.table(["model", "variant", "median ms", "p90 ms", "vs model ms"], rows))
     print()
     print("\n".join(summary))
-    return 0
 
 
 if __name__ == "__main__":

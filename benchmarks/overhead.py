@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 import _bench  # before numpy/carpool: sets single-thread BLAS env vars
+import _process
 
 SCRIPT = Path(__file__).resolve()
 MAX_BATCH = 64
@@ -348,14 +349,21 @@ def main() -> int:
                 "target_s": target_s,
                 "ray_timeout": args.ray_timeout,
             }
-            res = _bench.run_child(SCRIPT, ["--child", json.dumps(spec)], cpus, timeout=300)
+            res = _process.run_json(SCRIPT, ["--child", json.dumps(spec)], cpus, timeout=300)
             results[(mode, impl)].append(res)
             print(
                 f"  repeat {r + 1}/{repeats}  {mode:7s} {impl:8s} {res['rps']:>12,.0f} req/s",
                 flush=True,
             )
     print()
+    report(results, modes, impls)
+    return 0
 
+
+def report(
+    results: dict[tuple[str, str], list[dict[str, Any]]], modes: list[str], impls: list[str]
+) -> None:
+    """Per front end: medians over repeats, ratios of the medians, and the targets."""
     for mode in modes:
         med = {i: _bench.median(x["rps"] for x in results[(mode, i)]) for i in impls}
         rows = []
@@ -395,7 +403,6 @@ def main() -> int:
                 f"{results[(mode, 'ray')][0].get('ray_initialized')})"
             )
         print()
-    return 0
 
 
 if __name__ == "__main__":
