@@ -221,7 +221,7 @@ async def test_open_loop_latency_runs_from_the_scheduled_time() -> None:
     """Above capacity, requests queue: measured from their scheduled send time, latency
     grows with the backlog; a closed loop at one caller never sees it."""
     rows = [{"INPUT0": np.ones((1, 4), np.float32)}]
-    from carpool.bench.load import count_offsets
+    from carpool.bench.arrivals import count_offsets
 
     async with LocalTarget.serving(SLEEPY, "sleepy") as target:
         generator = InProcess(target.client(rows))

@@ -2,7 +2,7 @@
 
 Flags become :class:`~carpool.bench.options.Options` first (files checked here, the rest
 in ``options``), so a usage error is one line on stderr and exit status 2 before anything
-is loaded or sent. Then each step's plan is built (send times from ``load``, request
+is loaded or sent. Then each step's plan is built (send times from ``arrivals``, request
 bodies from ``payload``, both before the step, so the client does no per-request work
 beyond sending), the steps run through ``runner`` under the live ``display``, and the
 :class:`~carpool.bench.report.Report` is printed, saved and plotted.
@@ -80,7 +80,7 @@ def _plans(options: Options) -> list[Plan]:
     """:func:`~carpool.bench.options.plans`, with the ``--trace`` file read for it."""
     if options.mode != "trace":
         return plans(options)
-    from carpool.bench import load as arrivals
+    from carpool.bench import arrivals
 
     assert options.trace is not None
     try:

@@ -227,7 +227,7 @@ def plans(options: Options, *, trace: np.ndarray[Any, Any] | None = None) -> lis
     ``trace``: the ``--trace`` file's send times as read (a trace run needs them; the
     caller reads the file, as this module does no I/O).
     """
-    from carpool.bench import load as arrivals
+    from carpool.bench import arrivals
 
     duration = options.duration_s if options.duration_s is not None else DURATION_S
     warmup, seed, count = options.warmup_s, options.seed, options.requests
