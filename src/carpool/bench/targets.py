@@ -4,8 +4,9 @@ A target is a model behind any v2 server (a URL), or a model loaded in this proc
 served through its own :class:`~carpool.Batcher` (anything ``carpool serve`` takes). Each
 gives its v2 metadata, a *client* (the load generator's one seam: ``send(i)`` sends request
 ``i`` and returns ``None`` or the kind of error) and server-side figures for a step's window:
-carpool's ``/metrics``, or the batcher's own stats. Timing and load shapes live in
-``runner.py``, flags in ``options.py``, output in ``display.py``.
+carpool's ``/metrics``, or the batcher's own stats. Load shapes live in
+``plan.py``, the loops that send in ``loops.py``, flags in ``flags.py`` and ``options.py``,
+output in ``display.py``.
 """
 
 from __future__ import annotations
