@@ -5,6 +5,7 @@ stats read exactly as a scrape of carpool's ``/metrics`` would read them."""
 from __future__ import annotations
 
 import asyncio
+import pickle
 from typing import Any
 
 import numpy as np
@@ -22,9 +23,18 @@ from carpool.bench.targets import (
     parse_url,
     snapshot_of,
 )
+from carpool.errors import CarpoolError
 from carpool.server.metrics import Metrics
 from carpool.server.registry import Registry, ServedModel
 from server.conftest import free_port
+
+
+def test_bench_error_is_a_carpool_value_error_that_pickles() -> None:
+    assert issubclass(BenchError, CarpoolError)
+    assert issubclass(BenchError, ValueError)
+    error = pickle.loads(pickle.dumps(BenchError("--rate values must be > 0")))
+    assert type(error) is BenchError
+    assert (str(error), error.message) == ("--rate values must be > 0",) * 2
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ import numpy as np
 from carpool.batcher import Batcher
 from carpool.bench.report import ServerSide
 from carpool.bench.scrape import Snapshot, parse_metrics, server_side
+from carpool.errors import CarpoolError
 from carpool.model import Model, Preprocess
 from carpool.stats import BatcherStats
 
@@ -54,8 +55,15 @@ KEEPALIVE_S = 60.0  # idle pooled connections live across a step's pauses (aioht
 CONTROL_TIMEOUT_S = 10.0  # metadata and /metrics: a server that cannot answer these is down
 
 
-class BenchError(ValueError):
+class BenchError(CarpoolError, ValueError):
     """A target, flag or file that cannot be used; the message says what to fix (exit 2)."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        super().__init__(message)
+
+    def _fields(self) -> dict[str, Any]:
+        return {"message": self.message}
 
 
 class Client(Protocol):
