@@ -29,18 +29,13 @@ import numpy as np
 from carpool.bench.arrivals import read_trace
 from carpool.bench.client_processes import ClientProcesses
 from carpool.bench.display import Display, stdout_console
+from carpool.bench.http_target import HttpTarget
+from carpool.bench.local_target import LocalTarget, load_model
 from carpool.bench.loops import InProcess, LoadGenerator, Probe, event_loop, measure
 from carpool.bench.options import Options, options_from
 from carpool.bench.plan import Plan, Timing, plans
 from carpool.bench.report import Report, ReportError, Step
-from carpool.bench.targets import (
-    BenchError,
-    Client,
-    HttpTarget,
-    LocalTarget,
-    is_url,
-    load_model,
-)
+from carpool.bench.targets import BenchError, Client, is_url
 from carpool.model import Model
 
 if TYPE_CHECKING:
