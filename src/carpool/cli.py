@@ -1,7 +1,10 @@
 """The ``carpool`` command: flags in, calls into the library out; no logic of its own.
 
-Every option also reads an environment variable (``CARPOOL_`` + its name), which the flag
-overrides, so containers can be configured without rewriting the command line.
+Defines ``carpool serve``'s and ``carpool demo``'s flags and dispatches; ``carpool bench``'s
+flags are :mod:`carpool.bench.flags`'s, next to the code that reads them. Every option also
+reads an environment variable (``CARPOOL_`` + its name, ``CARPOOL_BENCH_`` + its name for
+bench), which the flag overrides, so containers are configured without rewriting the command
+line. The top of the layers: it may import anything, and nothing imports it.
 """
 
 from __future__ import annotations
@@ -37,37 +40,62 @@ _SERVE_EPILOG = (
 
 Flag = tuple[str, Callable[[str], Any], str]  # name, type, help; the variable is CARPOOL_ + name
 
-# In the order --help lists them; the declared --input/--output come between the first two.
-_SERVE_FLAGS: tuple[tuple[Flag, ...], ...] = (
+# In the order --help lists them: where to listen and what to read, then (after the declared
+# --input/--output tensors) the batching and operating settings.
+_WHERE_FLAGS: tuple[Flag, ...] = (
+    ("--host", str, "address to listen on [127.0.0.1]"),
+    ("--port", int, "port to listen on [8000]"),
+    ("--name", str, "model name for a single TARGET (default: attr or file stem)"),
+    ("--config", str, "TOML file with [server] and [models.NAME] tables"),
+)
+_SETTING_FLAGS: tuple[Flag, ...] = (
+    ("--max-batch-size", int, "rows per model call at most [32]"),
+    ("--max-wait-ms", float, "longest deliberate wait for a batch [5.0]"),
+    ("--policy", str, "batching policy: eager, fixed or adaptive [eager]"),
     (
-        ("--host", str, "address to listen on [127.0.0.1]"),
-        ("--port", int, "port to listen on [8000]"),
-        ("--name", str, "model name for a single TARGET (default: attr or file stem)"),
-        ("--config", str, "TOML file with [server] and [models.NAME] tables"),
+        "--latency-slo-ms",
+        float,
+        "latency objective of --policy adaptive: it batches for it, and answers 503 at "
+        "once to requests predicted to miss it",
     ),
+    ("--workers", int, "batches run at once per model [1]"),
+    ("--max-queue-size", int, "rows allowed to wait; then 503 [no limit]"),
     (
-        ("--max-batch-size", int, "rows per model call at most [32]"),
-        ("--max-wait-ms", float, "longest deliberate wait for a batch [5.0]"),
-        ("--policy", str, "batching policy: eager, fixed or adaptive [eager]"),
-        (
-            "--latency-slo-ms",
-            float,
-            "latency objective of --policy adaptive: it batches for it, and answers 503 at "
-            "once to requests predicted to miss it",
-        ),
-        ("--workers", int, "batches run at once per model [1]"),
-        ("--max-queue-size", int, "rows allowed to wait; then 503 [no limit]"),
-        (
-            "--default-timeout-ms",
-            float,
-            "queue timeout for requests that send none; then 503 [none]",
-        ),
-        ("--max-body-bytes", int, "largest request body; then 413 [67108864]"),
-        ("--drain-timeout", float, "seconds to finish requests on SIGTERM [30]"),
-        ("--log-level", str, "debug, info, warning or error [info]"),
-        ("--log-format", str, "text, or json for one object per line [text]"),
-        ("--access-log", parse_bool, "log every request (true/false) [true]"),
+        "--default-timeout-ms",
+        float,
+        "queue timeout for requests that send none; then 503 [none]",
     ),
+    ("--max-body-bytes", int, "largest request body; then 413 [67108864]"),
+    ("--drain-timeout", float, "seconds to finish requests on SIGTERM [30]"),
+    ("--log-level", str, "debug, info, warning or error [info]"),
+    ("--log-format", str, "text, or json for one object per line [text]"),
+    ("--access-log", parse_bool, "log every request (true/false) [true]"),
+)
+
+_TENSOR_HELP = {
+    "input": "declare an input of a single TARGET, e.g. INPUT0:FP32:256 (repeat for several); "
+    "requests that do not match get a 400",
+    "output": "declare an output of a single TARGET, e.g. OUTPUT0:FP32:8 (repeat for several)",
+}
+
+# Flags that are server settings, and the [server] key each sets; the rest are batching's.
+_SERVER_KEYS = {
+    "host": "host",
+    "port": "port",
+    "max_body_bytes": "max_body_bytes",
+    "log_level": "log_level",
+    "log_format": "log_format",
+    "access_log": "access_log",
+    "drain_timeout": "drain_timeout_s",
+}
+_BATCHING_KEYS = (
+    "max_batch_size",
+    "max_wait_ms",
+    "policy",
+    "workers",
+    "max_queue_size",
+    "default_timeout_ms",
+    "latency_slo_ms",
 )
 
 
@@ -79,8 +107,7 @@ def _add_serve(commands: Commands) -> None:
         epilog=_SERVE_EPILOG,
     )
     serve.add_argument("targets", nargs="*", metavar="TARGET", help="models to serve")
-    where, settings = _SERVE_FLAGS
-    for flag, convert, text in where:
+    for flag, convert, text in _WHERE_FLAGS:
         add_flag(serve, flag, convert, None, text)
     for kind in ("input", "output"):
         serve.add_argument(
@@ -90,15 +117,8 @@ def _add_serve(commands: Commands) -> None:
             metavar="NAME:DATATYPE:DIMS",
             help=_TENSOR_HELP[kind],
         )
-    for flag, convert, text in settings:
+    for flag, convert, text in _SETTING_FLAGS:
         add_flag(serve, flag, convert, None, text)
-
-
-_TENSOR_HELP = {
-    "input": "declare an input of a single TARGET, e.g. INPUT0:FP32:256 (repeat for several); "
-    "requests that do not match get a 400",
-    "output": "declare an output of a single TARGET, e.g. OUTPUT0:FP32:8 (repeat for several)",
-}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -127,49 +147,55 @@ def _add_demo(commands: Commands) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    """Flags and the config file -> :class:`~carpool.server.config.ServerConfig` -> serve;
+    a config that cannot be used is one line on stderr and exit status 2."""
     from carpool.errors import ConfigError
     from carpool.loading import parse_tensor, read_config_file, resolve_models
     from carpool.server.config import ServerConfig
-    from carpool.server.serve import configure_logging, serve
+    from carpool.server.serve import serve
 
     try:
         file: dict[str, Any] = read_config_file(args.config) if args.config else {}
     except ConfigError as exc:
-        print(f"carpool serve: {exc}", file=sys.stderr)
-        return 2
-    server = dict(file.get("server", {}))
-    for key in ("host", "port", "max_body_bytes", "log_level", "log_format", "access_log"):
-        value = getattr(args, key)
-        if value is not None:
-            server[key] = value
-    if args.drain_timeout is not None:
-        server["drain_timeout_s"] = args.drain_timeout
-    level, log_format = str(server.get("log_level", "info")), server.get("log_format", "text")
-    if level.lower() in _LOG_LEVELS and log_format in ("text", "json"):  # else: refused below
-        configure_logging(level, bool(server.get("access_log", True)), str(log_format))
-    flags = {
-        key: getattr(args, key)
-        for key in ("max_batch_size", "max_wait_ms", "policy", "workers", "max_queue_size",
-                    "default_timeout_ms", "latency_slo_ms")
-        if getattr(args, key) is not None
-    }  # fmt: skip
+        return _refuse(exc)
+    server = _server_settings(file, args)
     try:
         models, unavailable = resolve_models(
             args.targets,
             name=args.name,
-            flags=flags,
+            flags={k: getattr(args, k) for k in _BATCHING_KEYS if getattr(args, k) is not None},
             file_models=file.get("models", {}),
             inputs=[parse_tensor(t) for t in args.input],
             outputs=[parse_tensor(t) for t in args.output],
         )
         config = ServerConfig(models=models, unavailable=unavailable, **server)
     except ConfigError as exc:
-        print(f"carpool serve: {exc}", file=sys.stderr)
-        return 2
+        return _refuse(exc)
     except TypeError as exc:
-        print(f"carpool serve: config file [server]: {exc}", file=sys.stderr)
-        return 2
+        return _refuse(f"config file [server]: {exc}")
     return serve(config)
+
+
+def _server_settings(file: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """The config file's [server] table, the flags over it; logging configured from them
+    now, so that loading the models logs as asked (bad values are refused later, by
+    ``ServerConfig``)."""
+    from carpool.server.serve import configure_logging
+
+    server = dict(file.get("server", {}))
+    for flag, key in _SERVER_KEYS.items():
+        value = getattr(args, flag)
+        if value is not None:
+            server[key] = value
+    level, log_format = str(server.get("log_level", "info")), server.get("log_format", "text")
+    if level.lower() in _LOG_LEVELS and log_format in ("text", "json"):  # else: refused below
+        configure_logging(level, bool(server.get("access_log", True)), str(log_format))
+    return server
+
+
+def _refuse(problem: object) -> int:
+    print(f"carpool serve: {problem}", file=sys.stderr)
+    return 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
