@@ -21,6 +21,9 @@ class FromEnv(str):
 
 
 def typed_flag(convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``convert`` as an argparse ``type``: a value it refuses is a usage error that names the
+    environment variable when the value came from one, else the flag's type."""
+
     def typed(value: str) -> Any:
         try:
             return convert(value)
@@ -45,6 +48,9 @@ def add_flag(
     prefix: str = "CARPOOL_",
     **kwargs: Any,
 ) -> None:
+    """Add ``flag`` to ``parser``, defaulting to the variable ``prefix`` + its name in capitals
+    (``--max-batch-size``: ``CARPOOL_MAX_BATCH_SIZE``) when that is set and not empty, else to
+    ``default``. The help text names the variable, and the default when there is one."""
     env = prefix + flag.lstrip("-").replace("-", "_").upper()
     # A string default is converted by argparse only for the command being run, and a bad
     # value becomes a usage error (exit 2) like a bad flag.
@@ -64,6 +70,7 @@ def add_flag(
 
 
 def parse_bool(value: str) -> bool:
+    """``1/true/yes/on`` or ``0/false/no/off``, any case; ``ValueError`` for anything else."""
     lowered = value.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
         return True

@@ -13,8 +13,9 @@ from matplotlib.image import imread
 from matplotlib.lines import Line2D
 from matplotlib.text import Annotation
 
+from bench.conftest import batch_sizes, latency, report, step
 from carpool.bench.plot import NO_SERVER_NOTE, plot_compare, plot_report
-from carpool.bench.report import Latency, Load, Report, ServerSide, Step
+from carpool.bench.report import Load, Report, Step
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -28,40 +29,12 @@ def _ys(line: Line2D) -> list[float]:
 
 
 def _step(clients: int, rps: float, p50: float, p99: float, sizes: dict[str, int] | None) -> Step:
-    server = (
-        ServerSide(
-            batches=sum(sizes.values()),
-            rows=0,
-            batch_size_mean=1.0,
-            batch_sizes=sizes,
-            queue_wait_ms_mean=0.0,
-            model_ms_mean=0.0,
-            queue_wait_share=None,
-        )
-        if sizes is not None
-        else None
-    )
-    return Step(
-        load=Load("concurrency", clients),
-        duration_s=10.0,
-        requests=100,
-        ok=100,
-        errors={},
-        throughput_rps=rps,
-        latency=Latency(count=100, mean=p50, p50=p50, p90=(p50 + p99) / 2, p99=p99, max=p99),
-        server=server,
-    )
+    server = batch_sizes(sizes) if sizes is not None else None
+    return step(clients, rps, latency(p50, p99), ok=100, server=server)
 
 
 def _report(label: str, steps: list[Step]) -> Report:
-    return Report(
-        target="http://h:8000",
-        kind="http",
-        model="demo",
-        mode="concurrency",
-        steps=steps,
-        label=label,
-    )
+    return report(steps, label=label, target="http://h:8000")
 
 
 SERVER_REPORT = _report(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench.conftest import latency, report, step
 from carpool.bench.present import (
     SweepResult,
     batch_histogram,
@@ -17,7 +18,7 @@ from carpool.bench.present import (
     steps_table,
     sweep_table,
 )
-from carpool.bench.report import Latency, Load, Report, ServerSide, Step
+from carpool.bench.report import Report, ServerSide, Step
 
 
 def _step(
@@ -30,33 +31,13 @@ def _step(
     goodput: float | None = None,
     mode: str = "concurrency",
 ) -> Step:
-    latency = (
-        Latency(count=100, mean=p99 / 2, p50=p99 / 2, p90=p99 * 0.75, p99=p99, max=p99 * 1.5)
-        if p99 is not None
-        else None
-    )
-    return Step(
-        load=Load(mode, clients),
-        duration_s=10.0,
-        requests=int(rps * 10) + sum((errors or {}).values()),
-        ok=int(rps * 10),
-        errors=errors or {},
-        throughput_rps=rps,
-        latency=latency,
-        server=server,
-        goodput_rps=goodput,
-    )
+    """``rps`` for 10 s, p50 half of p99 and the max one and a half times it."""
+    measured = latency(p99 / 2, p99, max_ms=p99 * 1.5) if p99 is not None else None
+    return step(clients, rps, measured, mode=mode, errors=errors, server=server, goodput=goodput)
 
 
 def _report(steps: list[Step], label: str = "eager") -> Report:
-    return Report(
-        target="http://127.0.0.1:8000",
-        kind="http",
-        model="demo",
-        mode="concurrency",
-        steps=steps,
-        label=label,
-    )
+    return report(steps, label=label)
 
 
 SERVER = ServerSide(

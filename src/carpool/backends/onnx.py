@@ -72,43 +72,12 @@ def onnx_model(
     missing file, a file onnxruntime cannot load, an input or output type carpool cannot
     carry, an unavailable provider, or a thread count below 0.
     """
-    try:
-        import onnxruntime as ort
-    except ImportError as exc:
-        raise ImportError(
-            "carpool's ONNX backend needs onnxruntime: pip install 'carpool[onnx]'"
-        ) from exc
     file = Path(path)
-    if not file.is_file():
-        raise ValueError(f"ONNX model {file}: no such file; give the path of a .onnx file")
-    options = ort.SessionOptions()
-    if intra_op_threads is not None:
-        options.intra_op_num_threads = _check_threads("intra_op_threads", intra_op_threads)
-    if inter_op_threads is not None:
-        options.inter_op_num_threads = _check_threads("inter_op_threads", inter_op_threads)
-    chosen = _providers(file, providers, list(ort.get_available_providers()))
-    try:
-        session = ort.InferenceSession(str(file), sess_options=options, providers=chosen)
-    except Exception as exc:  # onnxruntime's error types derive from Exception directly
-        raise ValueError(
-            f"ONNX model {file}: onnxruntime cannot load it ({exc}); give a file exported to "
-            "ONNX, e.g. with torch.onnx.export"
-        ) from exc
-
+    session = _session(file, providers, intra_op_threads, inter_op_threads)
+    model_name = name if name is not None else file.stem
     requested = batching if batching is not None else Batching()
     graph_inputs, graph_outputs = session.get_inputs(), session.get_outputs()
-    fixed = next((arg for arg in graph_inputs if not _dynamic_first(arg.shape)), None)
-    batched = requested.batched and fixed is None
-    model_name = name if name is not None else file.stem
-    if requested.batched and fixed is not None:
-        log.warning(
-            "ONNX model %r (%s): input %r has shape %s, with no dynamic first axis to batch "
-            "along; serving it with batching off (each request runs alone, in that shape)",
-            model_name,
-            file,
-            fixed.name,
-            list(fixed.shape),
-        )
+    batched = _batch_axis(file, model_name, requested, graph_inputs)
     settings = (
         requested if batched else replace(requested, max_batch_size=0, allowed_batch_sizes=())
     )
@@ -123,6 +92,52 @@ def onnx_model(
         version=version,
         platform="onnxruntime_onnx",  # what Triton reports for the same file
     )
+
+
+def _session(
+    file: Path,
+    providers: Sequence[str] | None,
+    intra_op_threads: int | None,
+    inter_op_threads: int | None,
+) -> Any:
+    """One onnxruntime session of ``file``, its options and providers checked first."""
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        raise ImportError(
+            "carpool's ONNX backend needs onnxruntime: pip install 'carpool[onnx]'"
+        ) from exc
+    if not file.is_file():
+        raise ValueError(f"ONNX model {file}: no such file; give the path of a .onnx file")
+    options = ort.SessionOptions()
+    if intra_op_threads is not None:
+        options.intra_op_num_threads = _check_threads("intra_op_threads", intra_op_threads)
+    if inter_op_threads is not None:
+        options.inter_op_num_threads = _check_threads("inter_op_threads", inter_op_threads)
+    chosen = _providers(file, providers, list(ort.get_available_providers()))
+    try:
+        return ort.InferenceSession(str(file), sess_options=options, providers=chosen)
+    except Exception as exc:  # onnxruntime's error types derive from Exception directly
+        raise ValueError(
+            f"ONNX model {file}: onnxruntime cannot load it ({exc}); give a file exported to "
+            "ONNX, e.g. with torch.onnx.export"
+        ) from exc
+
+
+def _batch_axis(file: Path, name: str, requested: Batching, graph_inputs: Sequence[Any]) -> bool:
+    """Whether to batch along the first axis: asked to, and it is dynamic on every input.
+    A graph that fixes it is served with batching off, and a warning says why."""
+    fixed = next((arg for arg in graph_inputs if not _dynamic_first(arg.shape)), None)
+    if requested.batched and fixed is not None:
+        log.warning(
+            "ONNX model %r (%s): input %r has shape %s, with no dynamic first axis to batch "
+            "along; serving it with batching off (each request runs alone, in that shape)",
+            name,
+            file,
+            fixed.name,
+            list(fixed.shape),
+        )
+    return requested.batched and fixed is None
 
 
 def _check_threads(option: str, value: int) -> int:

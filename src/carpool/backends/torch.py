@@ -65,19 +65,7 @@ def torch_model(
             raise ValueError(f"threads must be an int >= 1, got {threads!r}")
         torch.set_num_threads(threads)
     target = _device(device)
-    if isinstance(module, str | os.PathLike):
-        path = Path(module)
-        net: torch.nn.Module = _load(path, target)
-        default_name = path.stem
-    elif isinstance(module, torch.nn.Module):
-        net = module.to(target)
-        # A ScriptModule's class is RecursiveScriptModule; original_name is the one written.
-        default_name = getattr(net, "original_name", type(net).__name__).lower()
-    else:
-        raise ValueError(
-            f"torch_model needs an nn.Module or the path of a TorchScript file, got "
-            f"{type(module).__name__}"
-        )
+    net, default_name = _module(module, target)
     net.eval()
     return Model(
         _runner(net, target, inputs, outputs),
@@ -87,6 +75,26 @@ def torch_model(
         outputs=outputs,
         batching=batching if batching is not None else Batching(),
         platform="pytorch_libtorch" if isinstance(net, torch.jit.ScriptModule) else "pytorch",
+    )
+
+
+def _module(
+    module: torch.nn.Module | str | os.PathLike[str], device: torch.device
+) -> tuple[torch.nn.Module, str]:
+    """The module on ``device`` (loaded first when given a path), and its default name: the
+    file's stem, or the class name in lower case."""
+    import torch
+
+    if isinstance(module, str | os.PathLike):
+        path = Path(module)
+        return _load(path, device), path.stem
+    if isinstance(module, torch.nn.Module):
+        net = module.to(device)
+        # A ScriptModule's class is RecursiveScriptModule; original_name is the one written.
+        return net, getattr(net, "original_name", type(net).__name__).lower()
+    raise ValueError(
+        f"torch_model needs an nn.Module or the path of a TorchScript file, got "
+        f"{type(module).__name__}"
     )
 
 
@@ -147,59 +155,71 @@ def _runner(
     input_names = [t.name for t in inputs] if inputs is not None else None
     output_names = [t.name for t in outputs] if outputs is not None else None
 
-    def to_tensor(value: Any) -> torch.Tensor:
-        if isinstance(value, torch.Tensor):
-            return value.to(device, non_blocking=True)
-        array = np.asarray(value)
-        # from_numpy shares memory, but warns on a read-only array (the server's decoded
-        # request bytes) and refuses strided or byte-swapped ones: copy those first.
-        if not (array.flags.writeable and array.flags.c_contiguous and array.dtype.isnative):
-            array = np.array(array, dtype=array.dtype.newbyteorder("="), order="C")
-        tensor: torch.Tensor = torch.from_numpy(array).to(device, non_blocking=True)
-        return tensor
-
-    def to_numpy(value: Any, what: str) -> np.ndarray[Any, Any]:
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(f"the module returned {what} as {type(value).__name__}, not a tensor")
-        if value.dtype == torch.bfloat16:
-            value = value.float()  # numpy has no bfloat16; carpool holds BF16 as float32
-        array: np.ndarray[Any, Any] = value.detach().cpu().numpy()
-        return array
-
-    def named(result: Any) -> Any:
-        if isinstance(result, Mapping):
-            return {key: to_numpy(value, f"output {key!r}") for key, value in result.items()}
-        values = list(result) if isinstance(result, tuple | list) else [result]
-        if output_names is None and len(values) > 1:  # the Model names them, in its order
-            return tuple(to_numpy(value, f"output {i}") for i, value in enumerate(values))
-        if output_names is not None and len(values) != len(output_names):
-            raise ValueError(
-                f"the module returned {len(values)} output(s), but outputs declares "
-                f"{len(output_names)}: {output_names}"
-            )
-        if len(values) == 1:  # left unnamed: the Model names its single output
-            return to_numpy(values[0], "its output")
-        return {
-            key: to_numpy(value, f"output {key!r}")
-            for key, value in zip(output_names or (), values, strict=True)
-        }
-
-    def arguments(batch: Any) -> list[Any]:
-        if not isinstance(batch, Mapping):
-            return [batch]
-        if input_names is None:  # carpool.Model hands a dict over in its declared order
-            return list(batch.values())
-        if any(key not in batch for key in input_names):
-            raise ValueError(
-                f"the batch holds inputs {sorted(batch)}, but torch_model was built with "
-                f"inputs {input_names}; declare them when calling torch_model(inputs=...)"
-            )
-        return [batch[key] for key in input_names]
-
     def run(batch: Any) -> Any:
-        args = [to_tensor(value) for value in arguments(batch)]
+        args = [_to_tensor(value, device) for value in _arguments(batch, input_names)]
         with torch.inference_mode():
             result = net(*args)
-        return named(result)
+        return _named(result, output_names)
 
     return run
+
+
+def _arguments(batch: Any, input_names: list[str] | None) -> list[Any]:
+    """``forward``'s positional arguments: the inputs in their declared order."""
+    if not isinstance(batch, Mapping):
+        return [batch]
+    if input_names is None:  # carpool.Model hands a dict over in its declared order
+        return list(batch.values())
+    if any(key not in batch for key in input_names):
+        raise ValueError(
+            f"the batch holds inputs {sorted(batch)}, but torch_model was built with "
+            f"inputs {input_names}; declare them when calling torch_model(inputs=...)"
+        )
+    return [batch[key] for key in input_names]
+
+
+def _to_tensor(value: Any, device: torch.device) -> torch.Tensor:
+    """An input on ``device``, sharing the array's memory where numpy allows it."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to(device, non_blocking=True)
+    array = np.asarray(value)
+    # from_numpy shares memory, but warns on a read-only array (the server's decoded
+    # request bytes) and refuses strided or byte-swapped ones: copy those first.
+    if not (array.flags.writeable and array.flags.c_contiguous and array.dtype.isnative):
+        array = np.array(array, dtype=array.dtype.newbyteorder("="), order="C")
+    tensor: torch.Tensor = torch.from_numpy(array).to(device, non_blocking=True)
+    return tensor
+
+
+def _named(result: Any, output_names: list[str] | None) -> Any:
+    """``forward``'s result as the Model takes it: one array, a tuple, or arrays by name."""
+    if isinstance(result, Mapping):
+        return {key: _to_numpy(value, f"output {key!r}") for key, value in result.items()}
+    values = list(result) if isinstance(result, tuple | list) else [result]
+    if output_names is None and len(values) > 1:  # the Model names them, in its order
+        return tuple(_to_numpy(value, f"output {i}") for i, value in enumerate(values))
+    if output_names is not None and len(values) != len(output_names):
+        raise ValueError(
+            f"the module returned {len(values)} output(s), but outputs declares "
+            f"{len(output_names)}: {output_names}"
+        )
+    if len(values) == 1:  # left unnamed: the Model names its single output
+        return _to_numpy(values[0], "its output")
+    return {
+        key: _to_numpy(value, f"output {key!r}")
+        for key, value in zip(output_names or (), values, strict=True)
+    }
+
+
+def _to_numpy(value: Any, what: str) -> np.ndarray[Any, Any]:
+    """One output tensor as a numpy array on the CPU; ``what`` names it in the error."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"the module returned {what} as {type(value).__name__}, not a tensor")
+    if value.dtype == torch.bfloat16:
+        value = value.float()  # numpy has no bfloat16; carpool holds BF16 as float32
+    array: np.ndarray[Any, Any] = value.detach().cpu().numpy()
+    return array

@@ -2,9 +2,10 @@
 
 Flags become :class:`~carpool.bench.options.Options` first (files checked here, the rest
 in ``options``), so a usage error is one line on stderr and exit status 2 before anything
-is loaded or sent. Then each step's plan is built (send times from ``load``, request
+is loaded or sent. Then each step's ``plan`` is drawn (send times from ``arrivals``, request
 bodies from ``payload``, both before the step, so the client does no per-request work
-beyond sending), the steps run through ``runner`` under the live ``display``, and the
+beyond sending), the steps run through the ``loops`` (in this process or in
+``client_processes``) under the live ``display``, and the
 :class:`~carpool.bench.report.Report` is printed, saved and plotted.
 """
 
@@ -25,27 +26,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from carpool.bench.arrivals import read_trace
+from carpool.bench.client_processes import ClientProcesses
 from carpool.bench.display import Display, stdout_console
-from carpool.bench.options import Options, options_from, plans
+from carpool.bench.http_target import HttpTarget
+from carpool.bench.local_target import LocalTarget, load_model
+from carpool.bench.loops import InProcess, LoadGenerator, Probe, event_loop, measure
+from carpool.bench.options import Options, options_from
+from carpool.bench.plan import Plan, Timing, plans
 from carpool.bench.report import Report, ReportError, Step
-from carpool.bench.runner import (
-    ClientProcesses,
-    Generator,
-    InProcess,
-    Plan,
-    Probe,
-    Timing,
-    event_loop,
-    measure,
-)
-from carpool.bench.targets import (
-    BenchError,
-    Client,
-    HttpTarget,
-    LocalTarget,
-    is_url,
-    load_model,
-)
+from carpool.bench.targets import BenchError, Client, is_url
 from carpool.model import Model
 
 if TYPE_CHECKING:
@@ -77,14 +67,12 @@ def _check_plot(path: str | None) -> None:
 
 
 def _plans(options: Options) -> list[Plan]:
-    """:func:`~carpool.bench.options.plans`, with the ``--trace`` file read for it."""
+    """:func:`~carpool.bench.plan.plans`, with the ``--trace`` file read for it."""
     if options.mode != "trace":
         return plans(options)
-    from carpool.bench import load as arrivals
-
     assert options.trace is not None
     try:
-        trace = np.asarray(arrivals.read_trace(options.trace), dtype=np.float64)
+        trace = np.asarray(read_trace(options.trace), dtype=np.float64)
     except (OSError, ValueError) as exc:
         raise BenchError(f"--trace {options.trace!r}: {exc}") from None
     return plans(options, trace=trace)
@@ -119,7 +107,7 @@ def _payload(
 
 
 @contextmanager
-def _generator(client: Client, processes: int) -> Iterator[Generator]:
+def _generator(client: Client, processes: int) -> Iterator[LoadGenerator]:
     if processes == 1:
         yield InProcess(client)
         return
@@ -129,7 +117,7 @@ def _generator(client: Client, processes: int) -> Iterator[Generator]:
 
 async def _step(
     plan: Plan,
-    generator: Generator,
+    generator: LoadGenerator,
     probe: Probe,
     display: Display,
     options: Options,
@@ -180,7 +168,7 @@ def _batching(model: Model) -> dict[str, Any]:
 
 
 async def _steps(
-    report: Report, generator: Generator, probe: Probe, display: Display, options: Options
+    report: Report, generator: LoadGenerator, probe: Probe, display: Display, options: Options
 ) -> Report:
     from carpool.bench.present import steps_table
 

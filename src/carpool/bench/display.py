@@ -16,8 +16,9 @@ from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
+from carpool.bench.loops import LoadGenerator, Tally
+from carpool.bench.plan import Plan, Timing, clock
 from carpool.bench.report import Report, Step
-from carpool.bench.runner import Generator, Plan, Tally, Timing, clock
 
 __all__ = ["Display", "stdout_console"]
 
@@ -43,7 +44,7 @@ class Display:
 
     @asynccontextmanager
     async def showing(
-        self, plan: Plan, timing: Timing, generator: Generator, above: RenderableType | None
+        self, plan: Plan, timing: Timing, generator: LoadGenerator, above: RenderableType | None
     ) -> AsyncIterator[None]:
         if not self.live:
             yield
@@ -75,7 +76,7 @@ class Display:
         live: Live,
         plan: Plan,
         timing: Timing,
-        generator: Generator,
+        generator: LoadGenerator,
     ) -> None:
         by_time = plan.requests is None and plan.duration_s is not None
         total = (plan.duration_s if by_time else plan.requests) or (

@@ -107,61 +107,72 @@ class InstantProtocol(asyncio.Protocol):
         transport = self._transport
         if transport is None:
             return
+        self._buffer += data
+        out, close = self._answer_buffered()
+        if out:
+            transport.write(b"".join(out))
+        if close:
+            transport.close()
+
+    def _answer_buffered(self) -> tuple[list[bytes], bool]:
+        """Responses to every whole request head buffered, bodies skipped; and whether the
+        connection closes after the last."""
         buffer = self._buffer
-        buffer += data
         out: list[bytes] = []
-        close = False
         while True:
             if self._skip:
                 taken = min(self._skip, len(buffer))
                 del buffer[:taken]
                 self._skip -= taken
                 if self._skip:
-                    break
+                    return out, False
                 continue
             end = buffer.find(b"\r\n\r\n")
             if end < 0:
                 if len(buffer) > _MAX_HEAD:
                     out.append(_response("431 Request Header Fields Too Large", b"{}", close=True))
-                    close = True
-                break
+                    return out, True
+                return out, False
             head = bytes(buffer[:end])
             del buffer[: end + 4]
-            lines = head.split(b"\r\n")
-            request = lines[0].split(b" ")
-            if len(request) != 3:
-                out.append(_response("400 Bad Request", b'{"error":"bad request"}', close=True))
-                close = True
-                break
-            method, target, version = request
-            length = 0
-            close = version != b"HTTP/1.1"
-            chunked = False
-            for line in lines[1:]:
-                name, _, value = line.partition(b":")
-                name = name.strip().lower()
-                if name == b"content-length":
-                    length = int(value.strip() or b"0")
-                elif name == b"connection":
-                    lowered = value.strip().lower()
-                    close = lowered == b"close" or (close and lowered != b"keep-alive")
-                elif name == b"transfer-encoding" and b"chunked" in value.lower():
-                    chunked = True
-            if chunked:  # no client of ours sends it; refuse rather than misparse
-                out.append(_response("501 Not Implemented", b'{"error":"chunked"}', close=True))
-                close = True
-                break
-            self._skip = length
-            response = _answer(method, target)
-            if close:
-                response = response.replace(b"Connection: keep-alive", b"Connection: close", 1)
-                out.append(response)
-                break
+            response, self._skip, close = _reply(head)
             out.append(response)
-        if out:
-            transport.write(b"".join(out))
-        if close:
-            transport.close()
+            if close:
+                return out, True
+
+
+def _reply(head: bytes) -> tuple[bytes, int, bool]:
+    """The response to one request head, the length of the body to skip, and whether the
+    connection closes after it."""
+    lines = head.split(b"\r\n")
+    request = lines[0].split(b" ")
+    if len(request) != 3:
+        return _response("400 Bad Request", b'{"error":"bad request"}', close=True), 0, True
+    method, target, version = request
+    length, close, chunked = _headers(lines[1:], close=version != b"HTTP/1.1")
+    if chunked:  # no client of ours sends it; refuse rather than misparse
+        return _response("501 Not Implemented", b'{"error":"chunked"}', close=True), 0, True
+    response = _answer(method, target)
+    if close:
+        response = response.replace(b"Connection: keep-alive", b"Connection: close", 1)
+    return response, length, close
+
+
+def _headers(lines: Sequence[bytes], *, close: bool) -> tuple[int, bool, bool]:
+    """Content-Length, whether to close (``close``: the HTTP version's default), chunked."""
+    length = 0
+    chunked = False
+    for line in lines:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-length":
+            length = int(value.strip() or b"0")
+        elif name == b"connection":
+            lowered = value.strip().lower()
+            close = lowered == b"close" or (close and lowered != b"keep-alive")
+        elif name == b"transfer-encoding" and b"chunked" in value.lower():
+            chunked = True
+    return length, close, chunked
 
 
 async def serve(host: str, port: int, *, ready: asyncio.Event | None = None) -> None:

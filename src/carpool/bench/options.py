@@ -1,9 +1,9 @@
-"""``carpool bench``'s flags, checked, as :class:`Options`; and each step's :class:`Plan`.
+"""``carpool bench``'s flags (defined in :mod:`carpool.bench.flags`), checked, as :class:`Options`.
 
 Pure: no file is opened or looked at, nothing is sent or printed. The checks that look at
-the world (files exist, outputs can be written, matplotlib is installed) and the reading
-of a ``--trace`` file are the caller's, passed in, so every rule here is testable without
-files. A usage error is a :class:`~carpool.bench.targets.BenchError` naming the flag.
+the world (files exist, outputs can be written, matplotlib is installed) are the caller's,
+passed in, so every rule here is testable without files. A usage error is a
+:class:`~carpool.bench.targets.BenchError` naming the flag.
 """
 
 from __future__ import annotations
@@ -14,13 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-import numpy as np
-
-from carpool.bench.report import Load
-from carpool.bench.runner import Plan
 from carpool.bench.targets import BenchError, is_url
 
-__all__ = ["Options", "options_from", "plans"]
+__all__ = ["Options", "options_from"]
 
 CONCURRENCY = (1, 8, 64, 256)  # one caller, then the levels where batching starts to pay
 DURATION_S = 5.0  # perf_analyzer's measurement interval
@@ -216,64 +212,3 @@ def _batching_flags(
                 raise BenchError(f"{flag} takes one value here; a list needs --sweep-batching")
             batching[key] = values[0]
     return batching, (), ()
-
-
-# ----------------------------------------------------------------------------- plans
-
-
-def plans(options: Options, *, trace: np.ndarray[Any, Any] | None = None) -> list[Plan]:
-    """Each step's plan; open-loop send times drawn here, before anything is sent.
-
-    ``trace``: the ``--trace`` file's send times as read (a trace run needs them; the
-    caller reads the file, as this module does no I/O).
-    """
-    from carpool.bench import load as arrivals
-
-    duration = options.duration_s if options.duration_s is not None else DURATION_S
-    warmup, seed, count = options.warmup_s, options.seed, options.requests
-    by_time = None if count is not None else duration
-
-    def warm(rate: float) -> np.ndarray[Any, Any]:
-        if warmup <= 0:
-            return np.empty(0)
-        return np.asarray(arrivals.poisson_offsets(rate, warmup, seed=seed + 1), dtype=np.float64)
-
-    if options.mode == "concurrency":
-        return [
-            Plan(Load("concurrency", c), warmup, by_time, count, connections=int(c))
-            for c in options.values
-        ]
-    if options.mode == "rate":
-        out = []
-        for rate in options.values:
-            if count is not None:
-                offsets = arrivals.count_offsets(rate, count, seed=seed)
-            else:
-                offsets = arrivals.poisson_offsets(rate, duration, seed=seed)
-            out.append(
-                Plan(
-                    Load("rate", rate),
-                    warmup,
-                    by_time,
-                    count,
-                    np.asarray(offsets, dtype=np.float64),
-                    warm(rate),
-                    options.connections,
-                )
-            )
-        return out
-    assert options.trace is not None
-    if trace is None:
-        raise TypeError("plans() of a trace run needs the trace's send times")
-    offsets = np.asarray(trace, dtype=np.float64)
-    if offsets.size:
-        offsets = offsets - offsets[0]
-    if count is not None:
-        offsets = offsets[:count]
-    elif options.duration_s is not None:
-        offsets = offsets[offsets < options.duration_s]
-    if not offsets.size:
-        raise BenchError(f"--trace {options.trace!r} has no send times to replay")
-    span = float(offsets[-1])
-    rate = offsets.size / span if span > 0 else float(offsets.size)
-    return [Plan(Load("trace", rate), warmup, None, None, offsets, warm(rate), options.connections)]

@@ -1,7 +1,7 @@
 """What is sent: request shapes from model metadata, request data, and v2 request bodies.
 
 Pure: numpy and :mod:`carpool.server.tensors` (the v2 codecs the server itself decodes
-with), no HTTP client, no orjson. The runner resolves a :class:`RequestSpec` from
+with), no HTTP client, no orjson. ``carpool bench`` resolves a :class:`RequestSpec` from
 ``GET /v2/models/NAME``, generates a few distinct requests (or reads them, with
 :mod:`carpool.bench.requests_file`), encodes each once with :func:`encode`, and sends the
 bytes over and over.

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from carpool.errors import CarpoolError
+
 __all__ = [
     "FORMAT",
     "Latency",
@@ -29,8 +31,15 @@ __all__ = [
 FORMAT = "carpool-bench/1"  # the "format" field: bumped when a field changes meaning
 
 
-class ReportError(ValueError):
+class ReportError(CarpoolError, ValueError):
     """A file that is not a carpool bench report (or one of an unknown format)."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        super().__init__(message)
+
+    def _fields(self) -> dict[str, Any]:
+        return {"message": self.message}
 
 
 @dataclass(frozen=True, slots=True)

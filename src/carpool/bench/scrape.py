@@ -1,7 +1,7 @@
 """What a carpool server's ``/metrics`` says about one model, and about a window of time.
 
-Pure: text in, dataclasses out (prometheus_client's text parser, no HTTP). The runner
-fetches ``/metrics`` before and after a step, :func:`parse_metrics` reads each, and
+Pure: text in, dataclasses out (prometheus_client's text parser, no HTTP). A step's
+probe fetches ``/metrics`` before and after its window, :func:`parse_metrics` reads each, and
 :func:`server_side` turns the pair into the step's :class:`~carpool.bench.report.ServerSide`.
 The names read are those :mod:`carpool.server.metrics` writes.
 """

@@ -13,9 +13,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from carpool.bench.local_target import LocalTarget
 from carpool.bench.present import SweepResult, best
 from carpool.bench.report import Step
-from carpool.bench.targets import BenchError, LocalTarget
+from carpool.bench.targets import BenchError
 from carpool.model import Model
 
 __all__ = ["Cell", "grid", "summary", "sweep"]

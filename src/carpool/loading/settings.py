@@ -93,22 +93,7 @@ def apply_settings(
 ) -> Model:
     """``model`` with each settings table in ``layers`` applied, weakest first, then the
     command line's batching ``flags`` and declared ``inputs``/``outputs``, strongest."""
-    batching: dict[str, Any] = {}
-    changes: dict[str, Any] = {}
-    for layer in layers:
-        for key, value in layer.items():
-            if key in LOAD_KEYS:
-                continue
-            if key in ("inputs", "outputs"):
-                changes[key] = _tensors(value, key)
-            elif key == "padding":
-                changes[key] = _padding(value)
-            elif key == "version":
-                changes[key] = str(value)
-            else:
-                if key == "allowed_batch_sizes" and isinstance(value, list):
-                    value = tuple(value)
-                batching[key] = value
+    batching, changes = _read_layers(layers)
     batching.update(flags or {})
     if not model.batching.batched:
         # The model itself cannot batch (an ONNX graph without a batch axis): settings
@@ -125,6 +110,28 @@ def apply_settings(
         return replace(model, batching=merged, **changes)
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _read_layers(layers: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The settings tables merged, weakest first: batching keys, and the Model's own fields
+    (``inputs``, ``outputs``, ``padding``, ``version``) checked. Loading keys are skipped."""
+    batching: dict[str, Any] = {}
+    changes: dict[str, Any] = {}
+    for layer in layers:
+        for key, value in layer.items():
+            if key in LOAD_KEYS:
+                continue
+            if key in ("inputs", "outputs"):
+                changes[key] = _tensors(value, key)
+            elif key == "padding":
+                changes[key] = _padding(value)
+            elif key == "version":
+                changes[key] = str(value)
+            elif key == "allowed_batch_sizes" and isinstance(value, list):
+                batching[key] = tuple(value)
+            else:
+                batching[key] = value
+    return batching, changes
 
 
 def check_batching(batching: Batching) -> None:

@@ -1,5 +1,5 @@
-"""The load generator (``carpool.bench.runner``): plans split over processes, closed and
-open loops, warm-up, tallies, and the step they make.
+"""The load loops (``carpool.bench.loops``): closed and open loops, warm-up, tallies, and
+the step they make.
 
 Fake clients (an ``open`` that yields a ``send``) sequence events without a server; an
 in-process model that sleeps shows open-loop queueing; a real instant server, stopped after
@@ -20,18 +20,14 @@ import httpx
 import numpy as np
 import pytest
 
+from bench.conftest import closed_plan, open_plan
 from carpool import Batching, Model, Tensor
+from carpool.bench.arrivals import count_offsets
+from carpool.bench.http_target import HttpTarget
+from carpool.bench.local_target import LocalTarget
+from carpool.bench.loops import InProcess, Tally, measure, step_of
+from carpool.bench.plan import Plan, Timing
 from carpool.bench.report import Load, ServerSide
-from carpool.bench.runner import (
-    InProcess,
-    Plan,
-    Tally,
-    Timing,
-    measure,
-    split,
-    step_of,
-)
-from carpool.bench.targets import HttpTarget, LocalTarget
 from server.conftest import free_port, wait_until
 
 Send = Callable[[int], Awaitable[str | None]]
@@ -56,55 +52,10 @@ class NoServer:
         return None
 
 
-def closed(
-    concurrency: int,
-    *,
-    requests: int | None = None,
-    duration_s: float | None = None,
-    warmup_s: float = 0.0,
-) -> Plan:
-    return Plan(
-        Load("concurrency", concurrency), warmup_s, duration_s, requests, connections=concurrency
-    )
-
-
-def opened(offsets: list[float], *, warmup: list[float] = ()) -> Plan:  # type: ignore[assignment]
-    return Plan(
-        Load("rate", 100.0),
-        0.0,
-        None,
-        len(offsets),
-        np.asarray(offsets, float),
-        np.asarray(warmup, float),
-        connections=8,
-    )
-
-
 async def run(plan: Plan, client: FakeClient, slo_ms: float | None = None) -> Any:
     generator = InProcess(client)
     step, _ = await measure(plan, Timing.of(plan), generator, NoServer(), slo_ms=slo_ms)
     return step
-
-
-# ----------------------------------------------------------------------------- split
-
-
-def test_closed_loop_callers_and_requests_are_divided_over_processes() -> None:
-    shares = split(closed(5, requests=41), 2)
-    assert [s.concurrency for s in shares] == [3, 2]
-    assert [s.requests for s in shares] == [21, 20]
-    assert [(s.first, s.stride) for s in shares] == [(0, 2), (1, 2)]
-    idle = split(closed(2, requests=9), 4)  # more processes than callers: two stay idle
-    assert [s.concurrency for s in idle] == [1, 1, 0, 0]
-    assert [s.requests for s in idle] == [5, 4, 0, 0]
-
-
-def test_open_loop_send_times_are_dealt_round_robin() -> None:
-    plan = opened([0.0, 0.1, 0.2, 0.3, 0.4], warmup=[0.01, 0.02, 0.03])
-    shares = split(plan, 2)
-    assert [s.offsets.tolist() for s in shares] == [[0.0, 0.2, 0.4], [0.1, 0.3]]  # type: ignore[union-attr]
-    assert [s.warmup_offsets.tolist() for s in shares] == [[0.01, 0.03], [0.02]]  # type: ignore[union-attr]
-    assert all(s.connections == 4 for s in shares)  # the pool is shared out too
 
 
 # ----------------------------------------------------------------------------- loops
@@ -122,7 +73,7 @@ async def test_closed_loop_records_exactly_the_requested_count() -> None:
         in_flight -= 1
 
     client = FakeClient(send)
-    step = await run(closed(4, requests=40), client)
+    step = await run(closed_plan(4, requests=40), client)
     assert (step.requests, step.ok, step.errors) == (40, 40, {})
     assert most == 4
     assert sorted(sent) == list(range(40))  # each request once
@@ -139,7 +90,7 @@ async def test_warmup_requests_are_sent_but_not_recorded() -> None:
         sent += 1
         await asyncio.sleep(0.001)
 
-    step = await run(closed(2, requests=10, warmup_s=0.05), FakeClient(send))
+    step = await run(closed_plan(2, requests=10, warmup_s=0.05), FakeClient(send))
     assert step.requests == 10
     assert sent > 10
 
@@ -148,7 +99,7 @@ async def test_a_closed_loop_by_duration_keeps_what_finished_in_the_window() -> 
     async def send(i: int) -> None:
         await asyncio.sleep(0.002)
 
-    plan = closed(2, duration_s=0.1)
+    plan = closed_plan(2, duration_s=0.1)
     timing = Timing.of(plan)
     step, tallies = await measure(
         plan, timing, InProcess(FakeClient(send)), NoServer(), slo_ms=None
@@ -163,7 +114,7 @@ async def test_errors_are_counted_by_kind_and_a_failed_step_still_reports() -> N
         await asyncio.sleep(0)
         return "503" if i % 2 else None
 
-    step = await run(closed(2, requests=20), FakeClient(flaky), slo_ms=1000.0)
+    step = await run(closed_plan(2, requests=20), FakeClient(flaky), slo_ms=1000.0)
     assert (step.ok, step.errors) == (10, {"503": 10})
     assert step.goodput_rps == pytest.approx(step.throughput_rps)
 
@@ -171,7 +122,7 @@ async def test_errors_are_counted_by_kind_and_a_failed_step_still_reports() -> N
         await asyncio.sleep(0)
         return "ClientConnectorError"
 
-    failed = await run(closed(2, requests=6), FakeClient(down))
+    failed = await run(closed_plan(2, requests=6), FakeClient(down))
     assert (failed.requests, failed.ok, failed.errors) == (6, 0, {"ClientConnectorError": 6})
     assert (failed.latency, failed.throughput_rps) == (None, 0.0)
 
@@ -186,7 +137,7 @@ async def test_open_loop_sends_on_schedule_without_waiting_for_answers() -> None
             gate.set()
         await gate.wait()  # nothing is answered until every request was sent
 
-    step = await run(opened([0.0, 0.001, 0.002, 0.003, 0.004]), FakeClient(send))
+    step = await run(open_plan([0.0, 0.001, 0.002, 0.003, 0.004]), FakeClient(send))
     assert sorted(started) == [0, 1, 2, 3, 4]
     assert step.requests == 5
 
@@ -221,14 +172,13 @@ async def test_open_loop_latency_runs_from_the_scheduled_time() -> None:
     """Above capacity, requests queue: measured from their scheduled send time, latency
     grows with the backlog; a closed loop at one caller never sees it."""
     rows = [{"INPUT0": np.ones((1, 4), np.float32)}]
-    from carpool.bench.load import count_offsets
 
     async with LocalTarget.serving(SLEEPY, "sleepy") as target:
         generator = InProcess(target.client(rows))
         offsets = count_offsets(100.0, 40, seed=0)  # twice what the model can do
         plan = Plan(Load("rate", 100.0), 0.0, None, 40, offsets, np.empty(0), 8)
         open_step, _ = await measure(plan, Timing.of(plan), generator, target, slo_ms=None)
-        plan = closed(1, requests=20)
+        plan = closed_plan(1, requests=20)
         closed_step, _ = await measure(plan, Timing.of(plan), generator, target, slo_ms=None)
     assert (open_step.requests, closed_step.requests) == (40, 20)
     assert open_step.latency is not None
@@ -268,7 +218,7 @@ async def test_a_server_gone_after_start_is_counted_by_exception_type(instant: A
         assert target.name == "m"
         body = b'{"inputs": []}'
         generator = InProcess(target.client([(body, {})], timeout_s=5.0))
-        plan = closed(2, requests=6)
+        plan = closed_plan(2, requests=6)
         ok, _ = await measure(plan, Timing.of(plan), generator, target, slo_ms=None)
         process.terminate()
         await asyncio.to_thread(process.wait, 10)

@@ -1,4 +1,4 @@
-"""Send offsets: Poisson, counted, bursty, from a trace file; and "1,8,64" options."""
+"""Send offsets (``carpool.bench.arrivals``): Poisson, counted, bursty, from a trace file."""
 
 from __future__ import annotations
 
@@ -7,11 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import carpool.bench.load as load
-from carpool.bench.load import (
+import carpool.bench.arrivals as arrivals
+from carpool.bench.arrivals import (
     bursty_offsets,
     count_offsets,
-    parse_list,
     poisson_offsets,
     read_trace,
 )
@@ -47,7 +46,7 @@ def test_poisson_offsets_drawn_in_several_chunks_match_one_draw(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     whole = poisson_offsets(100.0, 10.0, seed=5)
-    monkeypatch.setattr(load, "_SLACK_SIGMAS", -20.0)  # first chunk falls ~600 arrivals short
+    monkeypatch.setattr(arrivals, "_SLACK_SIGMAS", -20.0)  # first chunk falls ~600 arrivals short
     np.testing.assert_array_equal(poisson_offsets(100.0, 10.0, seed=5), whole)
 
 
@@ -176,33 +175,3 @@ def test_read_trace_names_the_file(tmp_path: Path) -> None:
 def test_read_trace_missing_file(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         read_trace(tmp_path / "nope.csv")
-
-
-# Option lists
-
-
-def test_parse_list() -> None:
-    assert parse_list("1,8,64", int) == [1, 8, 64]
-    assert parse_list(" 1, 8 ,64 ", int) == [1, 8, 64]
-    assert parse_list("7", int) == [7]
-    assert parse_list("0.5,2", float) == [0.5, 2.0]
-
-
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("", "--concurrency expects a comma-separated list like '1,8,64', got nothing"),
-        ("1,,8", r"--concurrency expects a comma-separated list of int like '1,8,64'; '' in"),
-        ("1,8,", r"'' in '1,8,' is not one"),
-        ("1,eight", r"'eight' in '1,eight' is not one"),
-        ("1.5", r"'1.5' in '1.5' is not one"),
-    ],
-)
-def test_parse_list_refuses(text: str, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        parse_list(text, int, option="--concurrency")
-
-
-def test_parse_list_without_an_option_name() -> None:
-    with pytest.raises(ValueError, match=r"^expects a comma-separated list of float"):
-        parse_list("fast", float)

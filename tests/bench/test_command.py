@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from carpool.bench.report import Latency, Load, Report, Step
+from bench.conftest import latency, report, step
+from carpool.bench.report import Report
 from carpool.cli import main
 from server.conftest import Launcher, Server, free_port, wait_until
 
@@ -109,6 +110,7 @@ def test_each_load_mode_records_its_requests_and_writes_a_report(
         assert f"wrote {path}" in out
 
 
+@pytest.mark.slow  # interpreters started: seconds
 def test_client_processes_split_the_load_and_merge_it(demo: Server, tmp_path: Path) -> None:
     path = tmp_path / "two.json"
     done = run(
@@ -235,15 +237,12 @@ def test_a_queue_limit_is_counted_as_503(failing: Server, tmp_path: Path) -> Non
 
 
 def _report(label: str, rps: float) -> Report:
-    latency = Latency(count=10, mean=2.0, p50=2.0, p90=3.0, p99=4.0, max=5.0)
-    step = Step(Load("concurrency", 8), 1.0, 10, 10, {}, rps, latency)
-    return Report(
+    measured = latency(2.0, 4.0, max_ms=5.0, count=10)
+    return report(
+        [step(8, rps, measured, duration_s=1.0, ok=10)],
+        label=label,
         target="demo",
         kind="in-process",
-        model="demo",
-        mode="concurrency",
-        steps=[step],
-        label=label,
     )
 
 
@@ -324,6 +323,7 @@ def test_usage_errors_exit_2_with_one_line(
     assert message in err
 
 
+@pytest.mark.slow  # interpreters started: seconds
 def test_unreachable_or_unknown_models_exit_2_without_a_traceback(demo: Server) -> None:
     port = free_port()
     done = run(f"http://127.0.0.1:{port}/v2/models/demo", "--requests", "5")
@@ -336,46 +336,3 @@ def test_unreachable_or_unknown_models_exit_2_without_a_traceback(demo: Server) 
     assert unknown.returncode == 2
     assert unknown.stderr.count("\n") == 1
     assert "answered HTTP 404" in unknown.stderr
-
-
-def test_flags_read_their_environment_variables() -> None:
-    done = run("demo", env={"CARPOOL_BENCH_CONCURRENCY": "1,x"})
-    assert done.returncode == 2
-    assert "environment variable CARPOOL_BENCH_CONCURRENCY='1,x' is invalid" in done.stderr
-    assert "Traceback" not in done.stderr
-
-
-def test_help_explains_every_flag_and_gives_examples(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exited:
-        main(["bench", "--help"])
-    assert exited.value.code == 0
-    out = capsys.readouterr().out
-    flags = [
-        "--concurrency",
-        "--rate",
-        "--trace",
-        "--duration",
-        "--requests",
-        "--warmup",
-        "--seed",
-        "--input-data",
-        "--strings",
-        "--shape",
-        "--rows",
-        "--client-processes",
-        "--max-batch-size",
-        "--max-wait-ms",
-        "--policy",
-        "--workers",
-        "--sweep-batching",
-        "--p99-budget-ms",
-        "--slo-ms",
-        "--json",
-        "--plot",
-        "--compare",
-    ]
-    for flag in flags:
-        assert flag in out
-    assert "CARPOOL_BENCH_CONCURRENCY" in out
-    assert "examples:" in out
-    assert "carpool bench --compare a.json b.json" in out

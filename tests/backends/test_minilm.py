@@ -20,6 +20,8 @@ import sentence_transformers
 from carpool import Model
 from carpool.backends.minilm import minilm_model
 
+pytestmark = pytest.mark.slow  # the model and its reference load for seconds
+
 PARAGRAPH = (
     "Dynamic batching holds requests for a few milliseconds so that one model call serves "
     "many callers; each caller still gets exactly its own row back, as if it ran alone. "

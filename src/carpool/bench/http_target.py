@@ -1,0 +1,197 @@
+"""A model behind any v2 server (carpool, Triton, MLServer, KServe), as ``carpool bench``
+measures it: its URL, its metadata, pre-encoded requests POSTed over a keep-alive pool, and
+carpool's ``/metrics`` read around each step.
+
+aiohttp is imported only when a server is reached. Nothing here plans, times or prints.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from carpool.bench.report import ServerSide
+from carpool.bench.scrape import Snapshot, parse_metrics, server_side
+from carpool.bench.targets import BenchError, Client, Send
+
+if TYPE_CHECKING:
+    import aiohttp
+
+__all__ = ["HttpClient", "HttpTarget", "ModelURL", "parse_url"]
+
+KEEPALIVE_S = 60.0  # idle pooled connections live across a step's pauses (aiohttp's is 15)
+CONTROL_TIMEOUT_S = 10.0  # metadata and /metrics: a server that cannot answer these is down
+
+
+@dataclass(frozen=True, slots=True)
+class ModelURL:
+    """``http://HOST:PORT/v2/models/NAME[/versions/V]``, split into what bench uses."""
+
+    base: str  # scheme://host:port
+    model: str
+    version: str | None = None
+
+    @property
+    def metadata(self) -> str:
+        suffix = f"/versions/{self.version}" if self.version else ""
+        return f"{self.base}/v2/models/{self.model}{suffix}"
+
+    @property
+    def infer(self) -> str:
+        return self.metadata + "/infer"
+
+    @property
+    def metrics(self) -> str:
+        return self.base + "/metrics"
+
+    def __str__(self) -> str:
+        return self.metadata
+
+
+def parse_url(text: str) -> ModelURL:
+    """A model URL as a v2 server exposes it; a trailing ``/infer`` is allowed."""
+    parts = urlsplit(text)
+    segments = [s for s in parts.path.split("/") if s]
+    if segments and segments[-1] == "infer":
+        segments.pop()
+    version = None
+    if len(segments) == 5 and segments[3] == "versions":
+        version = segments.pop()
+        segments.pop()
+    if not parts.netloc or len(segments) != 3 or segments[:2] != ["v2", "models"]:
+        raise BenchError(
+            f"TARGET URL {text!r} must name a model: http://HOST:PORT/v2/models/NAME "
+            "(optionally /versions/V)"
+        )
+    return ModelURL(f"{parts.scheme}://{parts.netloc}", segments[2], version)
+
+
+def _unreachable(url: str, exc: BaseException) -> BenchError:
+    cause = getattr(exc, "os_error", exc)
+    code = getattr(cause, "errno", None)
+    if isinstance(code, int) and code:
+        reason = os.strerror(code).lower()
+    elif isinstance(exc, TimeoutError):
+        reason = f"no answer within {CONTROL_TIMEOUT_S:g}s"
+    else:
+        reason = str(exc) or type(exc).__name__
+    hint = "; is the server running?" if code == errno.ECONNREFUSED else ""
+    return BenchError(f"cannot reach {url}: {reason}{hint}")
+
+
+async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, bytes]:
+    import aiohttp
+
+    try:
+        async with session.get(url) as response:
+            return response.status, await response.read()
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise _unreachable(url, exc) from None
+
+
+class HttpTarget:
+    """A model behind a v2 server; ``/metrics`` read when it is carpool's."""
+
+    kind = "http"
+
+    def __init__(
+        self, url: ModelURL, metadata: Mapping[str, Any], session: aiohttp.ClientSession
+    ) -> None:
+        self.url = url
+        self.metadata = dict(metadata)
+        self.name = str(metadata.get("name") or url.model)
+        self._session = session
+        self._scrape = True  # until /metrics turns out not to describe this model
+
+    def __str__(self) -> str:
+        return str(self.url)
+
+    @classmethod
+    @asynccontextmanager
+    async def connect(cls, text: str) -> AsyncIterator[HttpTarget]:
+        """Reach the server and read the model's metadata; :class:`BenchError` when the
+        server is unreachable or does not serve that model."""
+        import aiohttp
+
+        url = parse_url(text)
+        timeout = aiohttp.ClientTimeout(total=CONTROL_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            status, body = await _get(session, url.metadata)
+            if status != 200:
+                message = body.decode(errors="replace")[:300].strip()
+                raise BenchError(f"{url.metadata} answered HTTP {status}: {message}")
+            try:
+                metadata = json.loads(body)
+                if not isinstance(metadata, dict) or not isinstance(metadata.get("inputs"), list):
+                    raise ValueError("no 'inputs' list")
+            except ValueError as exc:
+                raise BenchError(f"{url.metadata} is not v2 model metadata: {exc}") from None
+            yield cls(url, metadata, session)
+
+    def client(self, bodies: Sequence[tuple[bytes, Mapping[str, str]]], timeout_s: float) -> Client:
+        return HttpClient(self.url.infer, tuple((b, dict(h)) for b, h in bodies), timeout_s)
+
+    async def snapshot(self) -> Snapshot | None:
+        """The model's counters in ``/metrics``; ``None`` when it has none (not carpool)."""
+        if not self._scrape:
+            return None
+        try:
+            status, body = await _get(self._session, self.url.metrics)
+            text = body.decode(errors="replace")
+            snap = parse_metrics(text, self.name) if status == 200 else None
+        except BenchError:
+            return None  # the server went away: the step's errors say so
+        except ImportError:  # prometheus-client, to read the text, is not installed
+            snap = None
+        self._scrape = snap is not None
+        return snap
+
+    def server_side(
+        self, before: Snapshot | None, after: Snapshot | None, latency_sum_s: float
+    ) -> ServerSide | None:
+        if before is None or after is None:
+            return None
+        return server_side(before, after, latency_sum_s=latency_sum_s)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpClient:
+    """Pre-encoded requests POSTed over a keep-alive pool. Picklable: each client process
+    opens its own."""
+
+    url: str
+    bodies: tuple[tuple[bytes, dict[str, str]], ...]
+    timeout_s: float
+
+    @asynccontextmanager
+    async def open(self, connections: int) -> AsyncIterator[Send]:
+        import aiohttp
+
+        connector = aiohttp.TCPConnector(
+            limit=connections, limit_per_host=connections, keepalive_timeout=KEEPALIVE_S
+        )
+        async with aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+            skip_auto_headers=("User-Agent",),
+            auto_decompress=False,
+        ) as session:
+            post, url, bodies, n = session.post, self.url, self.bodies, len(self.bodies)
+
+            async def send(i: int) -> str | None:
+                body, headers = bodies[i % n]
+                try:
+                    async with post(url, data=body, headers=headers) as response:
+                        await response.read()
+                        status = response.status
+                except Exception as exc:  # any failure is counted by its kind, never raised
+                    return type(exc).__name__
+                return None if status == 200 else str(status)
+
+            yield send

@@ -1,0 +1,91 @@
+"""A model's settings (``carpool.loading.settings``): ``NAME:DATATYPE:DIMS`` tensors, batching
+settings checked as the batcher would, tensors declared in the config file, and models that
+cannot batch left unbatched."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from carpool import Batching, Tensor
+from carpool.errors import ConfigError
+from carpool.loading import check_batching, parse_tensor, resolve_models
+from loading.conftest import declared_model
+
+
+def test_parse_tensor() -> None:
+    assert parse_tensor("INPUT0:fp32:256") == Tensor("INPUT0", "FP32", (256,))
+    assert parse_tensor("tokens:INT64:-1,3") == Tensor("tokens", "INT64", (-1, 3))
+    assert parse_tensor("scalar:BOOL:") == Tensor("scalar", "BOOL", ())
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("INPUT0:FP32", "must be NAME:DATATYPE:DIMS"),
+        ("INPUT0:FP33:4", "datatype must be one of"),
+        ("INPUT0:FP32:four", "tensor 'INPUT0:FP32:four'"),
+        ("INPUT0:FP32:-2", "shape dims must be ints >= -1"),
+    ],
+)
+def test_parse_tensor_refuses_with_a_remedy(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_tensor(text)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"workers": 0}, "workers must be >= 1, got 0"),
+        ({"policy": "bogus"}, "policy must be one of"),
+        ({"max_queue_size": 0}, "max_queue_size must be >= 1, got 0"),
+    ],
+)
+def test_check_batching_refuses_what_the_batcher_would(
+    settings: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        check_batching(Batching(**settings))
+    check_batching(Batching())
+
+
+def test_unknown_batching_setting(module: Callable[[str], str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_models(
+            [declared_model(module)], name=None, flags={}, file_models={"net": {"bogus": 1}}
+        )
+    assert str(info.value).startswith("model 'net': unknown batching settings ['bogus']; known:")
+    assert "max_batch_size" in str(info.value)
+
+
+@pytest.mark.usefixtures("test_models")
+def test_config_file_declares_tensors_per_model() -> None:
+    file_models = {
+        "add_one": {
+            "inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [2]}],
+            "outputs": ["OUTPUT0:INT32:2"],
+            "max_batch_size": 8,
+        }
+    }
+    (model,), _ = resolve_models(["models:add_one"], name=None, flags={}, file_models=file_models)
+    assert model.input_specs == (Tensor("INPUT0", "INT32", (2,)),)
+    assert model.output_specs == (Tensor("OUTPUT0", "INT32", (2,)),)
+    assert model.batching.max_batch_size == 8
+    with pytest.raises(ConfigError, match="not a tensor"):
+        resolve_models(
+            ["models:add_one"], name=None, flags={}, file_models={"add_one": {"inputs": [3]}}
+        )
+
+
+def test_batching_flags_leave_a_model_that_cannot_batch_unbatched(tmp_path: Path) -> None:
+    from backends import onnx_graphs
+
+    path = onnx_graphs.static(tmp_path / "fixed.onnx")
+    (model,), _ = resolve_models(
+        [str(path)], name=None, flags={"max_batch_size": 8, "workers": 2}, file_models={}
+    )
+    assert (model.name, model.batching.max_batch_size, model.batching.workers) == ("fixed", 0, 2)
+    assert model.input_specs[0].shape == (2, 3)
