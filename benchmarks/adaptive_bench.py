@@ -58,7 +58,7 @@ import _bench
 import models
 import numpy as np
 
-from carpool.bench.load import bursty_offsets, poisson_offsets
+from carpool.bench.arrivals import bursty_offsets, poisson_offsets
 
 POISSON = (0.1, 0.3, 0.5, 0.7, 0.9)
 SATURATION, OVERLOAD = 1.1, 2.0
