@@ -22,7 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
+
+from carpool.server.messages import OutputTensor
+from carpool.server.tensors import serialize_bytes_tensor
 
 HERE = Path(__file__).resolve().parent
 READY_WITHIN_S = 30.0  # importing numpy, uvicorn and the models, on a slow CI machine
@@ -233,3 +237,38 @@ def serve_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]
     launcher = Launcher(tmp_path_factory.mktemp("servers"))
     yield launcher
     launcher.close()
+
+
+# -- v2 sample tensors, for the codec tests ------------------------------------------------
+
+SAMPLES: dict[str, np.ndarray[Any, Any]] = {
+    "BOOL": np.array([[True, False, True], [False, False, True]]),
+    "UINT8": np.array([[0, 1, 255], [7, 8, 9]], np.uint8),
+    "UINT16": np.array([[0, 1, 65535], [7, 8, 9]], np.uint16),
+    "UINT32": np.array([[0, 1, 2**32 - 1], [7, 8, 9]], np.uint32),
+    "UINT64": np.array([[0, 1, 2**64 - 1], [7, 8, 9]], np.uint64),
+    "INT8": np.array([[-128, 0, 127], [7, -8, 9]], np.int8),
+    "INT16": np.array([[-(2**15), 0, 2**15 - 1], [7, -8, 9]], np.int16),
+    "INT32": np.array([[-(2**31), 0, 2**31 - 1], [7, -8, 9]], np.int32),
+    "INT64": np.array([[-(2**63), 0, 2**63 - 1], [7, -8, 9]], np.int64),
+    "FP16": np.array([[0.1, -2.5, 65504], [1e-4, 0, -0.0]], np.float16),
+    "FP32": np.array([[0.1, -2.5, 3.4e38], [1e-38, 0, 1 / 3]], np.float32),
+    "FP64": np.array([[0.1, -2.5, 1e308], [5e-324, 0, 1 / 3]], np.float64),
+    "BYTES": np.array([[b"", "héllo".encode(), b"x"], ["日本".encode(), b"a b", b""]], object),
+}
+# BF16 is held as float32; these values are exactly representable in BF16.
+BF16 = np.array([[1.0, -2.5, 0.15625], [3.0e38, 0.0, -1.0]], np.float32)
+BF16 = (BF16.view(np.uint32) & 0xFFFF0000).view(np.float32)
+
+
+def wire(datatype: str, array: np.ndarray[Any, Any]) -> bytes:
+    """``array``'s v2 binary layout (BYTES through the codec, the rest by hand)."""
+    if datatype == "BYTES":
+        return serialize_bytes_tensor(array)
+    if datatype == "BF16":
+        return (array.astype(np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
+    return array.astype(array.dtype.newbyteorder("<")).tobytes()
+
+
+def output_tensor(name: str, datatype: str, array: np.ndarray[Any, Any]) -> OutputTensor:
+    return OutputTensor(name, datatype, tuple(array.shape), array)

@@ -11,7 +11,8 @@ import pytest
 
 from carpool import Batching, Model, Tensor
 from carpool.server.inference import Admission, ModelOutputError, admit, respond
-from carpool.server.protocol import InferRequest, ProtocolError, parse_infer_request
+from carpool.server.messages import InferRequest, ProtocolError
+from carpool.server.requests import parse_infer_request
 
 
 def _pair(batch: dict[str, Any]) -> dict[str, Any]:

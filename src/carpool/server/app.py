@@ -20,16 +20,11 @@ import orjson
 
 from carpool.errors import BatcherClosed, BatchSizeMismatch, DeadlineExceeded, QueueFull
 from carpool.server.inference import ModelOutputError, admit, respond
+from carpool.server.messages import HEADER_LENGTH, ProtocolError
 from carpool.server.metrics import Metrics
-from carpool.server.protocol import (
-    ProtocolError,
-    encode_error,
-    encode_infer_response,
-    parse_header_length,
-    parse_infer_request,
-    parse_raw_request,
-)
 from carpool.server.registry import ModelNotFound, ModelUnavailable, Registry, ServedModel
+from carpool.server.requests import parse_header_length, parse_infer_request, parse_raw_request
+from carpool.server.responses import encode_error, encode_infer_response
 
 __all__ = ["App", "HTTPError"]
 
@@ -280,7 +275,7 @@ class App:
                 raise ProtocolError(
                     f"raw binary request needs a model with exactly 1 input; "
                     f"'{model.name}' has {len(spec)}",
-                    field="Inference-Header-Content-Length",
+                    field=HEADER_LENGTH,
                 )
             request = parse_raw_request(
                 body,

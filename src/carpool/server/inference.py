@@ -13,16 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from carpool.datatypes import DATATYPES, datatype_of
 from carpool.errors import CollationError
 from carpool.model import Model, Tensor
-from carpool.server.protocol import (
-    DATATYPES,
-    InferRequest,
-    OutputTensor,
-    ProtocolError,
-    datatype_of,
-    wants_binary,
-)
+from carpool.server.messages import InferRequest, OutputTensor, ProtocolError, wants_binary
 
 __all__ = ["Admission", "ModelOutputError", "admit", "respond"]
 

@@ -1,10 +1,10 @@
 """Tensor codecs of the v2 protocol: binary layouts and JSON ``data`` lists.
 
 Pure: numpy only, no I/O; the datatype names come from :mod:`carpool.datatypes`.
-:mod:`carpool.server.protocol` frames requests and responses around these codecs. Errors
-here are builtins whose message is ready for the client: ``ValueError`` for data a client
-sent, or a form it asked for, that cannot be used; ``TypeError`` for an array the server
-itself cannot express. protocol.py turns both into
+:mod:`carpool.server.requests` and :mod:`carpool.server.responses` frame bodies around these
+codecs. Errors here are builtins whose message is ready for the client: ``ValueError`` for
+data a client sent, or a form it asked for, that cannot be used; ``TypeError`` for an array
+the server itself cannot express. :class:`carpool.server.messages.blame` turns both into
 ``ProtocolError`` with a field and an HTTP status.
 
 BF16 has no numpy dtype, so carpool holds BF16 tensors as float32 and converts on the wire:
