@@ -1,7 +1,9 @@
-"""Every way a request can go wrong, over raw HTTP (httpx): the status, an error body that is
-exactly ``{"error": "<message>"}``, and a server that is still live afterwards.
+"""The error table end to end: every way a request can go wrong, sent over raw HTTP (httpx)
+to a real server. Each gets its status, an error body that is exactly
+``{"error": "<message>"}``, and a server that is still live afterwards.
 
-tritonclient refuses to send most of these, so the bodies are written by hand.
+tritonclient refuses to send most of these, so the bodies are written by hand. The table
+itself is :mod:`carpool.server.statuses` (unit-tested in ``test_statuses.py``).
 """
 
 from __future__ import annotations
