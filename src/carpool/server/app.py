@@ -99,8 +99,8 @@ class App:
         self.ready = True
         for served in self.registry:
             log.info("serving model %r: %s", served.name, served.describe())
-        for failed in self.registry.unavailable.values():
-            log.error("model %r is unavailable: %s", failed.name, failed.reason)
+        for failure in self.registry.load_failures.values():
+            log.error("model %r is unavailable: %s", failure.name, failure.reason)
 
     async def shutdown(self) -> None:
         """Not ready any more; every batcher finishes what it accepted, within the drain
@@ -182,9 +182,9 @@ class App:
         action = tail[0] if tail else ""
         if len(tail) > 1 or action not in ("", "infer", "ready", "config", "stats"):
             raise HTTPError(404, f"Not Found: {scope['path']}")
-        if action == "ready" and name in self.registry.unavailable:
+        if action == "ready" and name in self.registry.load_failures:
             _allow(method, "GET")
-            reason = self.registry.unavailable[name].reason
+            reason = self.registry.load_failures[name].reason
             return await send_json(send, 503, {"name": name, "ready": False, "error": reason})
         served = self.registry.get(name, version)
         if action == "infer":

@@ -31,7 +31,7 @@ log = logging.getLogger("carpool.server")
 
 def build_app(config: ServerConfig) -> App:
     return App(
-        Registry(config.models, config.unavailable),
+        Registry(config.models, load_failures=config.unavailable),
         max_body_bytes=config.max_body_bytes,
         drain_timeout_s=config.drain_timeout_s,
     )
