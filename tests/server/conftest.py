@@ -5,6 +5,10 @@ from this folder so that ``models:NAME`` targets import ``tests/server/models.py
 until ``/v2/health/ready`` answers 200, and returns a :class:`Server`. At teardown each
 server gets SIGTERM and must exit 0. ``serve`` stops its servers after the test,
 ``serve_module`` after the module (for servers that several tests share).
+
+Also shared by the server's test files: ``threads`` to hold requests in flight, request
+bodies (``json_tensor``, ``float_request``), and sample tensors of every v2 datatype with
+their binary layout (``SAMPLES``, ``BF16``, ``wire``) for the codec tests.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +152,14 @@ class Server:
         assert match is not None, f"no sample {name}{{{wanted}}} in /metrics"
         return float(match.group(1))
 
+    def infer(self, model: str, doc: Any, **kwargs: Any) -> httpx.Response:
+        """POST ``doc`` as JSON to ``model``'s infer route, on the shared connection."""
+        return self.http.post(f"/v2/models/{model}/infer", json=doc, **kwargs)
+
+    def infer_alone(self, model: str, doc: Any) -> httpx.Response:
+        """The same on a connection of its own, so that other threads can send meanwhile."""
+        return httpx.post(f"{self.url}/v2/models/{model}/infer", json=doc, timeout=30.0)
+
     def is_live(self) -> bool:
         response = self.http.get("/v2/health/live")
         return response.status_code == 200 and response.json() == {"live": True}
@@ -226,6 +239,13 @@ class Launcher:
 
 
 @pytest.fixture
+def threads() -> Iterator[ThreadPoolExecutor]:
+    """Threads to hold requests in flight while the test goes on."""
+    with ThreadPoolExecutor(16) as executor:
+        yield executor
+
+
+@pytest.fixture
 def serve(tmp_path: Path) -> Iterator[Launcher]:
     launcher = Launcher(tmp_path)
     yield launcher
@@ -237,6 +257,19 @@ def serve_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]
     launcher = Launcher(tmp_path_factory.mktemp("servers"))
     yield launcher
     launcher.close()
+
+
+# -- request bodies ------------------------------------------------------------------------
+
+
+def json_tensor(name: str, datatype: str, shape: list[int], data: Any) -> dict[str, Any]:
+    """One input of a JSON request body."""
+    return {"name": name, "datatype": datatype, "shape": shape, "data": data}
+
+
+def float_request(value: float, **extra: Any) -> dict[str, Any]:
+    """A request of one FP32 row ``[value]`` for INPUT0, as ``models:gated`` takes."""
+    return {"inputs": [json_tensor("INPUT0", "FP32", [1, 1], [value])], **extra}
 
 
 # -- v2 sample tensors, for the codec tests ------------------------------------------------

@@ -8,17 +8,15 @@ from typing import Any
 import numpy as np
 import pytest
 
+from carpool.datatypes import DATATYPES, datatype_of, element_size
 from carpool.server.tensors import (
-    DATATYPES,
     array_from_json,
     array_from_wire,
     array_to_json,
     array_to_wire,
     check_shape,
-    datatype_of,
     deserialize_bf16_tensor,
     deserialize_bytes_tensor,
-    element_size,
     raw_shape,
     serialize_bf16_tensor,
     serialize_bytes_tensor,

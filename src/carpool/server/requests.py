@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from carpool.datatypes import DATATYPES
 from carpool.server.messages import (
     HEADER_LENGTH,
     Array,
@@ -28,7 +29,6 @@ from carpool.server.messages import (
     blame,
 )
 from carpool.server.tensors import (
-    DATATYPES,
     array_from_json,
     array_from_wire,
     check_shape,

@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 import orjson
 
+from carpool.datatypes import DATATYPES
 from carpool.server.messages import OutputTensor, Parameters, ProtocolError, blame
-from carpool.server.tensors import DATATYPES, array_to_json, array_to_wire
+from carpool.server.tensors import array_to_json, array_to_wire
 
 __all__ = ["encode_infer_response", "encode_error"]
 

@@ -22,12 +22,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from carpool.datatypes import DATATYPES, FIXED_DTYPES, STRING_KINDS, datatype_of, element_size
+from carpool.datatypes import DATATYPES, FIXED_DTYPES, STRING_KINDS, element_size
 
 __all__ = [
-    "DATATYPES",
-    "datatype_of",
-    "element_size",
+    "DATATYPES",  # lives in carpool.datatypes; kept here only while carpool.bench imports it here
     "serialize_bytes_tensor",
     "deserialize_bytes_tensor",
     "serialize_bf16_tensor",
