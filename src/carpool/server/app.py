@@ -5,7 +5,7 @@ path, and a handful of fixed routes needs no more. Whatever a request ends in is
 with the status :func:`~carpool.server.statuses.error_status` gives it, and an error body
 that is exactly ``{"error": "<message>"}``, which is what tritonclient reads. Bodies are
 read by :mod:`carpool.server.bodies`; the wire format is :mod:`carpool.server.requests` and
-:mod:`carpool.server.responses`.
+:mod:`carpool.server.responses`. Only :mod:`carpool.server.serve` imports it.
 """
 
 from __future__ import annotations

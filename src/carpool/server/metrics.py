@@ -2,7 +2,8 @@
 
 Nothing is recorded here: at scrape time a collector reads each batcher's ``stats()``
 snapshot and the server's per-status request counts, so the request path never touches a
-metrics library.
+metrics library. The only module that imports ``prometheus_client``; it must not import the
+app.
 """
 
 from __future__ import annotations

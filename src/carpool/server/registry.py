@@ -3,7 +3,8 @@
 Metadata follows the v2 protocol; ``config`` and ``statistics`` follow Triton's
 ``model_configuration`` and ``statistics`` extensions, which perf_analyzer and Triton's
 tooling read (``max_batch_size``, ``input``/``output`` dims without the batch dimension,
-``inference_count`` > ``execution_count`` when batching happens).
+``inference_count`` > ``execution_count`` when batching happens). It must not import the
+app or anything of HTTP.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """THE table from exceptions to HTTP statuses, and :class:`HTTPError`, an answer other than 200.
 
 Every status a request can end in is decided by :func:`error_status`, and only there: the app
-sends what it returns, the access log and ``/metrics`` count what it says. Pure: it must not
-import the ASGI app, the batcher's running parts or anything that does I/O.
+sends what it returns, the access log and ``/metrics`` count what it says. Pure: it only
+classifies, and must not import the app or anything that sends.
 """
 
 from __future__ import annotations
