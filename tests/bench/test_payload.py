@@ -19,8 +19,8 @@ from carpool.bench.payload import (
     generate,
     spec_from_metadata,
 )
-from carpool.server.protocol import parse_header_length, parse_infer_request
-from carpool.server.tensors import DATATYPES
+from carpool.datatypes import DATATYPES
+from carpool.server.requests import parse_header_length, parse_infer_request
 
 ALL_TYPES = list(DATATYPES)
 JSON_TYPES = [t for t in ALL_TYPES if t != "BF16"]

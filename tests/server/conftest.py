@@ -5,6 +5,10 @@ from this folder so that ``models:NAME`` targets import ``tests/server/models.py
 until ``/v2/health/ready`` answers 200, and returns a :class:`Server`. At teardown each
 server gets SIGTERM and must exit 0. ``serve`` stops its servers after the test,
 ``serve_module`` after the module (for servers that several tests share).
+
+Also shared by the server's test files: ``threads`` to hold requests in flight, request
+bodies (``json_tensor``, ``float_request``), and sample tensors of every v2 datatype with
+their binary layout (``SAMPLES``, ``BF16``, ``wire``) for the codec tests.
 """
 
 from __future__ import annotations
@@ -18,14 +22,21 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
+from carpool.server.messages import OutputTensor
+from carpool.server.tensors import serialize_bytes_tensor
+
 HERE = Path(__file__).resolve().parent
-READY_WITHIN_S = 30.0  # importing numpy, uvicorn and the models, on a slow CI machine
+# Importing numpy, uvicorn and the models (minilm: 10-20 s alone, 26 s seen on a busy 2-core
+# machine); below pytest's 60 s per-test timeout, which a module fixture's start counts against.
+READY_WITHIN_S = 45.0
 EXIT_WITHIN_S = 30.0
 POLL_S = 0.01  # how often a wait-until loop looks again; never decides an outcome
 
@@ -143,6 +154,14 @@ class Server:
         assert match is not None, f"no sample {name}{{{wanted}}} in /metrics"
         return float(match.group(1))
 
+    def infer(self, model: str, doc: Any, **kwargs: Any) -> httpx.Response:
+        """POST ``doc`` as JSON to ``model``'s infer route, on the shared connection."""
+        return self.http.post(f"/v2/models/{model}/infer", json=doc, **kwargs)
+
+    def infer_alone(self, model: str, doc: Any) -> httpx.Response:
+        """The same on a connection of its own, so that other threads can send meanwhile."""
+        return httpx.post(f"{self.url}/v2/models/{model}/infer", json=doc, timeout=30.0)
+
     def is_live(self) -> bool:
         response = self.http.get("/v2/health/live")
         return response.status_code == 200 and response.json() == {"live": True}
@@ -222,6 +241,13 @@ class Launcher:
 
 
 @pytest.fixture
+def threads() -> Iterator[ThreadPoolExecutor]:
+    """Threads to hold requests in flight while the test goes on."""
+    with ThreadPoolExecutor(16) as executor:
+        yield executor
+
+
+@pytest.fixture
 def serve(tmp_path: Path) -> Iterator[Launcher]:
     launcher = Launcher(tmp_path)
     yield launcher
@@ -233,3 +259,51 @@ def serve_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]
     launcher = Launcher(tmp_path_factory.mktemp("servers"))
     yield launcher
     launcher.close()
+
+
+# -- request bodies ------------------------------------------------------------------------
+
+
+def json_tensor(name: str, datatype: str, shape: list[int], data: Any) -> dict[str, Any]:
+    """One input of a JSON request body."""
+    return {"name": name, "datatype": datatype, "shape": shape, "data": data}
+
+
+def float_request(value: float, **extra: Any) -> dict[str, Any]:
+    """A request of one FP32 row ``[value]`` for INPUT0, as ``models:gated`` takes."""
+    return {"inputs": [json_tensor("INPUT0", "FP32", [1, 1], [value])], **extra}
+
+
+# -- v2 sample tensors, for the codec tests ------------------------------------------------
+
+SAMPLES: dict[str, np.ndarray[Any, Any]] = {
+    "BOOL": np.array([[True, False, True], [False, False, True]]),
+    "UINT8": np.array([[0, 1, 255], [7, 8, 9]], np.uint8),
+    "UINT16": np.array([[0, 1, 65535], [7, 8, 9]], np.uint16),
+    "UINT32": np.array([[0, 1, 2**32 - 1], [7, 8, 9]], np.uint32),
+    "UINT64": np.array([[0, 1, 2**64 - 1], [7, 8, 9]], np.uint64),
+    "INT8": np.array([[-128, 0, 127], [7, -8, 9]], np.int8),
+    "INT16": np.array([[-(2**15), 0, 2**15 - 1], [7, -8, 9]], np.int16),
+    "INT32": np.array([[-(2**31), 0, 2**31 - 1], [7, -8, 9]], np.int32),
+    "INT64": np.array([[-(2**63), 0, 2**63 - 1], [7, -8, 9]], np.int64),
+    "FP16": np.array([[0.1, -2.5, 65504], [1e-4, 0, -0.0]], np.float16),
+    "FP32": np.array([[0.1, -2.5, 3.4e38], [1e-38, 0, 1 / 3]], np.float32),
+    "FP64": np.array([[0.1, -2.5, 1e308], [5e-324, 0, 1 / 3]], np.float64),
+    "BYTES": np.array([[b"", "héllo".encode(), b"x"], ["日本".encode(), b"a b", b""]], object),
+}
+# BF16 is held as float32; these values are exactly representable in BF16.
+BF16 = np.array([[1.0, -2.5, 0.15625], [3.0e38, 0.0, -1.0]], np.float32)
+BF16 = (BF16.view(np.uint32) & 0xFFFF0000).view(np.float32)
+
+
+def wire(datatype: str, array: np.ndarray[Any, Any]) -> bytes:
+    """``array``'s v2 binary layout (BYTES through the codec, the rest by hand)."""
+    if datatype == "BYTES":
+        return serialize_bytes_tensor(array)
+    if datatype == "BF16":
+        return (array.astype(np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
+    return array.astype(array.dtype.newbyteorder("<")).tobytes()
+
+
+def output_tensor(name: str, datatype: str, array: np.ndarray[Any, Any]) -> OutputTensor:
+    return OutputTensor(name, datatype, tuple(array.shape), array)

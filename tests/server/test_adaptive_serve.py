@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from .conftest import Server
+from .conftest import Server, json_tensor
 
-BODY = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [1.0, 2.0]}]}
+BODY = {"inputs": [json_tensor("INPUT0", "FP32", [1, 2], [1.0, 2.0])]}
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +19,7 @@ def server(serve_module: Any) -> Server:
 
 
 def test_a_request_that_cannot_make_the_objective_is_refused_at_once(server: Server) -> None:
-    refused = server.http.post("/v2/models/deliberate/infer", json=BODY)
+    refused = server.infer("deliberate", BODY)
     assert refused.status_code == 503
     assert refused.headers["retry-after"] == "1"
     message = refused.json()["error"]
@@ -36,7 +36,7 @@ def test_a_request_that_cannot_make_the_objective_is_refused_at_once(server: Ser
 
 def test_a_request_timeout_cannot_loosen_the_objective(server: Server) -> None:
     body = {**BODY, "parameters": {"timeout": 10_000_000}}  # 10 s, in microseconds
-    assert server.http.post("/v2/models/deliberate/infer", json=body).status_code == 503
+    assert server.infer("deliberate", body).status_code == 503
 
 
 def test_stats_metrics_and_log_show_what_the_policy_learned(server: Server) -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from carpool.cli import build_parser, main
 
-from .conftest import HERE, POLL_S, READY_WITHIN_S, Launcher, free_port
+from .conftest import HERE, POLL_S, READY_WITHIN_S, Launcher, free_port, json_tensor
 
 FLAGS = {
     "--host": "CARPOOL_HOST",
@@ -245,8 +245,7 @@ def test_input_and_output_flags_declare_a_functions_signature(serve: Launcher) -
     assert metadata["outputs"] == [{"name": "OUTPUT0", "datatype": "INT32", "shape": [-1, 3]}]
 
     def infer(datatype: str, shape: list[int], data: list[int]) -> httpx.Response:
-        body = {"inputs": [{"name": "INPUT0", "datatype": datatype, "shape": shape, "data": data}]}
-        return server.http.post("/v2/models/add_one/infer", json=body)
+        return server.infer("add_one", {"inputs": [json_tensor("INPUT0", datatype, shape, data)]})
 
     ok = infer("INT32", [1, 3], [1, 2, 3])
     assert ok.status_code == 200

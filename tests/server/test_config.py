@@ -3,6 +3,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
+from carpool import Model
+from carpool.errors import ConfigError
 from carpool.server.config import ServerConfig
 
 
@@ -11,3 +17,24 @@ def test_server_config_defaults() -> None:
     assert (config.host, config.port, config.access_log) == ("127.0.0.1", 8000, True)
     assert (config.max_body_bytes, config.drain_timeout_s) == (64 * 1024 * 1024, 30.0)
     assert config.models == ()
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"drain_timeout_s": -1.0}, "drain timeout must be >= 0 seconds, got -1.0"),
+        ({"drain_timeout_s": float("nan")}, "drain timeout must be >= 0 seconds, got nan"),
+        ({"port": 0}, r"port must be in 1\.\.65535, got 0"),
+        ({"port": 65536}, r"port must be in 1\.\.65535, got 65536"),
+        ({"max_body_bytes": 0}, "max body bytes must be >= 1, got 0"),
+        ({"log_format": "xml"}, "log format must be 'text' or 'json', got 'xml'"),
+        ({"log_level": "loud"}, "log level must be debug, info, warning, error or critical"),
+        (
+            {"models": (Model(lambda b: b, name="m"), Model(lambda b: b, name="m"))},
+            r"two models are named 'm'; give one another name \(--name\)",
+        ),
+    ],
+)
+def test_server_config_refuses_what_it_cannot_serve(settings: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        ServerConfig(**settings)

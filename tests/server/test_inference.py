@@ -3,15 +3,18 @@ shaped into response tensors. Pure: no server, no batcher."""
 
 from __future__ import annotations
 
+import copy
 import json
+import pickle
 from typing import Any
 
 import numpy as np
 import pytest
 
-from carpool import Batching, Model, Tensor
-from carpool.server.inference import Admission, ModelOutputError, admit, respond
-from carpool.server.protocol import InferRequest, ProtocolError, parse_infer_request
+from carpool import Batching, CarpoolError, Model, Tensor
+from carpool.server.inference import AdmittedRequest, ModelOutputError, admit, respond
+from carpool.server.messages import InferRequest, ProtocolError
+from carpool.server.requests import parse_infer_request
 
 
 def _pair(batch: dict[str, Any]) -> dict[str, Any]:
@@ -65,17 +68,17 @@ def refused(model: Model, doc: dict[str, Any]) -> ProtocolError:
 # ---------------------------------------------------------------- inputs
 
 
-def test_admission_of_a_declared_model() -> None:
-    admission = admit(declared(), request(pair_doc(rows=3, width=5)))
-    assert isinstance(admission, Admission)
-    assert admission.rows == 3
-    assert list(admission.value) == ["A", "B"]
-    assert admission.value["A"].shape == (3, 2, 5)
-    assert admission.value["A"].dtype == np.float32
-    assert admission.value["B"].dtype == np.int64
-    assert np.all(admission.value["A"] == 1.5)
-    assert admission.outputs == (("SUM", False), ("TWICE", False))
-    assert (admission.priority, admission.timeout_ms) == (1, None)
+def test_admitting_a_request_for_a_declared_model() -> None:
+    admitted = admit(declared(), request(pair_doc(rows=3, width=5)))
+    assert isinstance(admitted, AdmittedRequest)
+    assert admitted.rows == 3
+    assert list(admitted.value) == ["A", "B"]
+    assert admitted.value["A"].shape == (3, 2, 5)
+    assert admitted.value["A"].dtype == np.float32
+    assert admitted.value["B"].dtype == np.int64
+    assert np.all(admitted.value["A"] == 1.5)
+    assert admitted.outputs == (("SUM", False), ("TWICE", False))
+    assert (admitted.priority, admitted.timeout_ms) == (1, None)
 
 
 def test_undeclared_model_takes_any_datatype_and_row_shape() -> None:
@@ -83,10 +86,10 @@ def test_undeclared_model_takes_any_datatype_and_row_shape() -> None:
     for datatype, shape in [("INT32", [2, 3]), ("BOOL", [1]), ("BYTES", [4, 1, 2])]:
         fill = {"INT32": 7, "BOOL": True, "BYTES": "x"}[datatype]
         doc = {"inputs": [tensor("INPUT0", datatype, shape, fill)]}
-        admission = admit(model, request(doc))
-        assert admission.rows == shape[0]
-        assert admission.value["INPUT0"].shape == tuple(shape)
-        assert admission.outputs == (("OUTPUT0", False),)
+        admitted = admit(model, request(doc))
+        assert admitted.rows == shape[0]
+        assert admitted.value["INPUT0"].shape == tuple(shape)
+        assert admitted.outputs == (("OUTPUT0", False),)
 
 
 def test_missing_input() -> None:
@@ -260,10 +263,10 @@ def test_custom_parameters_are_allowed() -> None:
 
 def test_respond_casts_to_the_declared_datatypes() -> None:
     model = declared()
-    admission = admit(model, request(pair_doc(rows=2)))
-    result = model.batched_fn()(admission.value)
+    admitted = admit(model, request(pair_doc(rows=2)))
+    result = model.batched_fn()(admitted.value)
     assert result["SUM"].dtype == np.float64  # float32 + int64
-    tensors = respond(model, admission, result)
+    tensors = respond(model, admitted, result)
     assert [(t.name, t.datatype, t.shape, binary) for t, binary in tensors] == [
         ("SUM", "FP32", (2, 2, 3), False),
         ("TWICE", "INT64", (2, 2, 3), False),
@@ -276,8 +279,8 @@ def test_respond_casts_to_the_declared_datatypes() -> None:
 def test_respond_sends_only_what_was_requested_in_that_order() -> None:
     model = declared()
     doc = pair_doc(outputs=[{"name": "TWICE", "parameters": {"binary_data": True}}])
-    admission = admit(model, request(doc))
-    tensors = respond(model, admission, model.batched_fn()(admission.value))
+    admitted = admit(model, request(doc))
+    tensors = respond(model, admitted, model.batched_fn()(admitted.value))
     assert [(t.name, binary) for t, binary in tensors] == [("TWICE", True)]
 
 
@@ -295,8 +298,8 @@ def test_respond_names_an_undeclared_output_by_its_dtype(
     array: np.ndarray[Any, Any], datatype: str
 ) -> None:
     model = undeclared()
-    admission = admit(model, request(free_doc()))
-    ((output, binary),) = respond(model, admission, {"OUTPUT0": array})
+    admitted = admit(model, request(free_doc()))
+    ((output, binary),) = respond(model, admitted, {"OUTPUT0": array})
     assert (output.name, output.datatype, output.shape, binary) == (
         "OUTPUT0",
         datatype,
@@ -307,18 +310,29 @@ def test_respond_names_an_undeclared_output_by_its_dtype(
 
 def test_respond_without_a_requested_output_is_a_model_error() -> None:
     model = declared()
-    admission = admit(model, request(pair_doc()))
+    admitted = admit(model, request(pair_doc()))
     with pytest.raises(ModelOutputError) as info:
-        respond(model, admission, {"SUM": np.zeros((1, 2, 3))})
+        respond(model, admitted, {"SUM": np.zeros((1, 2, 3))})
     assert str(info.value) == "model 'pair' returned outputs ['SUM'], without 'TWICE'"
     assert isinstance(info.value, RuntimeError)
+    assert isinstance(info.value, CarpoolError)
+
+
+@pytest.mark.parametrize(
+    "clone", [lambda e: pickle.loads(pickle.dumps(e)), copy.copy, copy.deepcopy]
+)
+def test_model_output_error_survives_pickling_and_copying(clone: Any) -> None:
+    error = ModelOutputError("model 'pair' returned outputs [], without 'SUM'")
+    again = clone(error)
+    assert type(again) is ModelOutputError
+    assert str(again) == again.message == "model 'pair' returned outputs [], without 'SUM'"
 
 
 @pytest.mark.parametrize("shape", [(1, 2, 3, 1), (1, 3, 3), (1, 2)])
 def test_respond_refuses_an_output_unlike_its_declaration(shape: tuple[int, ...]) -> None:
     """Declared outputs are a promise made in metadata: rows of [2,-1] here."""
     model = declared()
-    admission = admit(model, request(pair_doc()))
+    admitted = admit(model, request(pair_doc()))
     result = {"SUM": np.zeros(shape, np.float32), "TWICE": np.zeros((1, 2, 3), np.int64)}
     with pytest.raises(ModelOutputError, match="SUM"):
-        respond(model, admission, result)
+        respond(model, admitted, result)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from carpool import Batching, CarpoolError, Model, Tensor
-from carpool.server.registry import ModelNotFound, Registry, ServedModel
+from carpool.loading import LoadFailure
+from carpool.server.registry import ModelNotFound, ModelUnavailable, Registry, ServedModel
 
 
 def _fn(batch: Any) -> Any:
@@ -197,6 +198,22 @@ def test_registry_misses_are_model_not_found(name: str, version: str | None, mes
     assert isinstance(info.value, CarpoolError)
     again = pickle.loads(pickle.dumps(info.value))
     assert (type(again), str(again)) == (ModelNotFound, message)
+
+
+def test_a_model_that_failed_to_load_is_indexed_and_unavailable_by_name() -> None:
+    failure = LoadFailure(name="broken", version="1", reason="no model file in broken/1")
+    registry = Registry([Model(_fn, name="ok")], load_failures=[failure])
+    assert [served.name for served in registry] == ["ok"]
+    assert registry.index() == [
+        {"name": "broken", "version": "1", "state": "UNAVAILABLE", "reason": failure.reason},
+        {"name": "ok", "version": "1", "state": "READY", "reason": ""},
+    ]
+    with pytest.raises(ModelUnavailable) as info:
+        registry.get("broken")
+    message = "Model 'broken' is not ready: failed to load: no model file in broken/1"
+    assert str(info.value) == message
+    again = pickle.loads(pickle.dumps(info.value))
+    assert (type(again), str(again), again.reason) == (ModelUnavailable, message, failure.reason)
 
 
 def test_registry_refuses_two_models_of_one_name() -> None:

@@ -24,7 +24,10 @@ from tritonclient.utils import InferenceServerException
 
 from backends import onnx_graphs
 
-from .conftest import Server
+from .conftest import Server, json_tensor
+
+# One server for the module, importing torch and onnxruntime and loading nine models: ~4 s.
+pytestmark = pytest.mark.slow
 
 Array = np.ndarray[Any, Any]
 
@@ -245,8 +248,7 @@ def test_graph_without_a_batch_axis_is_served_unbatched(
 
 def infer_status(server: Server, model: str, shape: list[int]) -> tuple[int, str]:
     count = int(np.prod(shape))
-    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": shape, "data": [0.0] * count}]}
-    response = server.http.post(f"/v2/models/{model}/infer", json=body)
+    response = server.infer(model, {"inputs": [json_tensor("x", "FP32", shape, [0.0] * count)]})
     return response.status_code, response.json().get("error", "")
 
 

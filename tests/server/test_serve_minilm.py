@@ -14,6 +14,9 @@ import tritonclient.http as triton
 
 from .conftest import Server
 
+# Loading the model and its tokenizer in a fresh process takes 10-20 s.
+pytestmark = pytest.mark.slow
+
 TEXTS = [
     "hi",
     "A short sentence about batching.",

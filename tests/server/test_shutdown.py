@@ -9,30 +9,14 @@ from __future__ import annotations
 
 import signal
 import socket
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import httpx
 import pytest
 
-from .conftest import Launcher, Server, wait_until
+from .conftest import Launcher, Server, float_request, wait_until
 
 IN_FLIGHT = 6
-
-
-@pytest.fixture
-def threads() -> Iterator[ThreadPoolExecutor]:
-    with ThreadPoolExecutor(IN_FLIGHT) as executor:
-        yield executor
-
-
-def request(value: float) -> dict[str, Any]:
-    return {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 1], "data": [value]}]}
-
-
-def send(server: Server, value: float) -> httpx.Response:
-    return httpx.post(f"{server.url}/v2/models/gated/infer", json=request(value), timeout=30.0)
 
 
 def refuses_connections(server: Server) -> bool:
@@ -45,7 +29,10 @@ def refuses_connections(server: Server) -> bool:
 
 def hold_requests(server: Server, threads: ThreadPoolExecutor) -> list[Any]:
     """IN_FLIGHT requests accepted by the (closed) gated model: one running, the rest queued."""
-    futures = [threads.submit(send, server, float(i)) for i in range(IN_FLIGHT)]
+    futures = [
+        threads.submit(server.infer_alone, "gated", float_request(float(i)))
+        for i in range(IN_FLIGHT)
+    ]
     wait_until(
         lambda: server.metric("carpool_requests_in_flight", model="gated") == IN_FLIGHT,
         f"{IN_FLIGHT} requests in flight",
@@ -53,6 +40,7 @@ def hold_requests(server: Server, threads: ThreadPoolExecutor) -> list[Any]:
     return futures
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_drains_in_flight_requests_and_exits_0(
     serve: Launcher, threads: ThreadPoolExecutor, sig: signal.Signals
@@ -74,6 +62,7 @@ def test_signal_drains_in_flight_requests_and_exits_0(
     assert "Traceback" not in log
 
 
+@pytest.mark.slow
 def test_requests_past_the_drain_timeout_get_503_error_json(
     serve: Launcher, threads: ThreadPoolExecutor
 ) -> None:
@@ -91,6 +80,7 @@ def test_requests_past_the_drain_timeout_get_503_error_json(
     assert server.wait_exit() == 0
 
 
+@pytest.mark.slow
 def test_a_hung_model_does_not_keep_the_process_past_the_drain_timeout(
     serve: Launcher, threads: ThreadPoolExecutor
 ) -> None:

@@ -1,4 +1,4 @@
-"""The v2 tensor codecs: datatype table, BYTES and BF16 layouts, JSON data, exact outcomes."""
+"""The v2 tensor codecs: BYTES and BF16 layouts, JSON data, exact outcomes."""
 
 from __future__ import annotations
 
@@ -9,16 +9,13 @@ import numpy as np
 import pytest
 
 from carpool.server.tensors import (
-    DATATYPES,
     array_from_json,
     array_from_wire,
     array_to_json,
     array_to_wire,
     check_shape,
-    datatype_of,
     deserialize_bf16_tensor,
     deserialize_bytes_tensor,
-    element_size,
     raw_shape,
     serialize_bf16_tensor,
     serialize_bytes_tensor,
@@ -46,66 +43,6 @@ def bits_of(value: float) -> int:
 
 def float_from_bits(bits: int) -> float:
     return float(np.array([bits], dtype=np.uint32).view(np.float32)[0])
-
-
-# -- datatype table ------------------------------------------------------------------------
-
-
-def test_datatypes_map_every_v2_name_to_the_dtype_carpool_holds_it_in() -> None:
-    expected: dict[str, np.dtype[Any]] = {name: np.dtype(t) for name, t in NUMERIC.items()}
-    expected |= {"BF16": np.dtype(np.float32), "BYTES": np.dtype(object)}
-    assert dict(DATATYPES) == expected
-    with pytest.raises(TypeError):
-        DATATYPES["FP8"] = np.dtype(np.uint8)  # type: ignore[index]  # read-only on purpose
-
-
-@pytest.mark.parametrize(("name", "dtype"), NUMERIC.items())
-def test_datatype_of_names_every_numeric_dtype(name: str, dtype: type) -> None:
-    assert datatype_of(np.zeros(2, dtype=dtype)) == name
-
-
-def test_datatype_of_ignores_byte_order() -> None:
-    assert datatype_of(np.zeros(2, dtype=">i4")) == "INT32"
-    assert datatype_of(np.zeros(2, dtype=">f8")) == "FP64"
-
-
-@pytest.mark.parametrize("array", [np.array([b"a"]), np.array(["a"]), np.array([b"a"], object)])
-def test_datatype_of_calls_object_bytes_and_str_arrays_bytes(array: np.ndarray[Any, Any]) -> None:
-    assert datatype_of(array) == "BYTES"
-
-
-def test_datatype_of_knows_ml_dtypes_bfloat16() -> None:
-    import ml_dtypes
-
-    assert datatype_of(np.zeros(2, dtype=ml_dtypes.bfloat16)) == "BF16"
-
-
-@pytest.mark.parametrize("dtype", [np.complex64, "datetime64[s]", np.dtype("V4")])
-def test_datatype_of_refuses_dtypes_without_a_v2_name(dtype: Any) -> None:
-    with pytest.raises(TypeError, match="has no v2 datatype"):
-        datatype_of(np.zeros(2, dtype=dtype))
-
-
-def test_element_size_is_the_wire_size() -> None:
-    sizes = {name: element_size(name) for name in DATATYPES}
-    assert sizes == {
-        "BOOL": 1,
-        "UINT8": 1,
-        "UINT16": 2,
-        "UINT32": 4,
-        "UINT64": 8,
-        "INT8": 1,
-        "INT16": 2,
-        "INT32": 4,
-        "INT64": 8,
-        "FP16": 2,
-        "FP32": 4,
-        "FP64": 8,
-        "BF16": 2,
-        "BYTES": None,
-    }
-    with pytest.raises(ValueError, match="unknown datatype 'fp32'"):
-        element_size("fp32")
 
 
 # -- BYTES ---------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from carpool.bench.report import ServerSide
 from carpool.bench.scrape import Snapshot, server_side
 from carpool.bench.targets import BenchError, Client, Send
 from carpool.model import Model, Preprocess
+from carpool.server.buckets import batch_size_buckets
 from carpool.stats import BatcherStats
 
 __all__ = ["LocalClient", "LocalTarget", "load_model", "metadata_of", "snapshot_of"]
@@ -122,22 +123,10 @@ class LocalClient:
         yield send
 
 
-def _bounds(largest: int) -> list[int]:
-    """The batch-size buckets carpool's ``/metrics`` uses: powers of two up to the largest."""
-    bounds = [1]
-    while bounds[-1] < largest:
-        bounds.append(min(bounds[-1] * 2, largest))
-    return bounds
-
-
 def snapshot_of(stats: BatcherStats, max_batch_size: int) -> Snapshot:
     """What ``/metrics`` would say of a batcher with these stats, as a scrape reads it; so
     in-process and HTTP steps get their server-side figures from the same arithmetic."""
-    buckets = {
-        str(bound): float(sum(n for size, n in stats.batch_sizes.items() if size <= bound))
-        for bound in _bounds(max(1, max_batch_size))
-    }
-    buckets["+Inf"] = float(sum(stats.batch_sizes.values()))
+    buckets = dict(batch_size_buckets(stats.batch_sizes, max(1, max_batch_size)))
     return Snapshot(
         batch_count=stats.batches,
         batch_rows=stats.rows,

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from carpool.datatypes import DATATYPES
 from carpool.server.tensors import (
-    DATATYPES,
     array_to_json,
     array_to_wire,
     deserialize_bf16_tensor,

@@ -1,1 +1,15 @@
-"""The KServe v2 / Open Inference Protocol server: wire format, routes and process lifecycle."""
+"""The KServe v2 / Open Inference Protocol server: wire format, routes and process lifecycle.
+
+Its modules, each importing only from those above it:
+
+- ``tensors``: the tensor codecs (binary layouts, JSON data lists); pure.
+- ``messages``: the request and response records, ``ProtocolError``; pure.
+- ``requests`` / ``responses``: bodies to records, records to bodies; pure.
+- ``inference``: a request checked against its model, the model's outputs shaped; pure.
+- ``registry``: the served models, their batchers, metadata, config and statistics.
+- ``statuses``: the one table from exceptions to HTTP statuses; ``HTTPError``.
+- ``asgi`` / ``bodies``: ASGI plumbing; request bodies within the size limit.
+- ``buckets`` / ``metrics``: ``/metrics`` histogram buckets (pure); Prometheus exposition.
+- ``app``: the ASGI application: lifespan, routes, the inference endpoint.
+- ``config`` / ``serve``: the process's settings; bind, serve, drain on a signal.
+"""

@@ -1,7 +1,8 @@
 """The server's own settings: where it listens, how it logs, what it serves.
 
 Which models and with what batching is settled by :mod:`carpool.loading`; this is what is
-left for the HTTP process.
+left for the HTTP process. A frozen record checked on construction; it must not import the
+rest of the server.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Nothing is recorded here: at scrape time a collector reads each batcher's ``stats()``
 snapshot and the server's per-status request counts, so the request path never touches a
-metrics library.
+metrics library. The only module that imports ``prometheus_client``; it must not import the
+app.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from carpool.stats import HistogramSnapshot
+from carpool.server.buckets import batch_size_buckets, histogram_buckets
+from carpool.stats import BatcherStats
 
 if TYPE_CHECKING:
-    from carpool.server.registry import Registry
+    from carpool.server.registry import Registry, ServedModel
 
 __all__ = ["Metrics"]
 
@@ -38,22 +40,98 @@ _OUTCOMES = {
 }
 
 
-def _buckets(hist: HistogramSnapshot) -> list[tuple[str, float]]:
-    pairs = [
-        (repr(bound), float(count)) for bound, count in zip(hist.bounds, hist.counts, strict=True)
-    ]
-    return [*pairs, ("+Inf", float(hist.count))]
+def _counter(name: str, documentation: str, *labels: str) -> CounterMetricFamily:
+    return CounterMetricFamily(name, documentation, labels=["model", *labels])
 
 
-def _size_buckets(sizes: dict[int, int], largest: int) -> list[tuple[str, float]]:
-    bounds = [1]
-    while bounds[-1] < largest:
-        bounds.append(min(bounds[-1] * 2, largest))
-    out = []
-    for bound in bounds:
-        out.append((str(bound), float(sum(n for size, n in sizes.items() if size <= bound))))
-    out.append(("+Inf", float(sum(sizes.values()))))
-    return out
+def _gauge(name: str, documentation: str, *labels: str) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, labels=["model", *labels])
+
+
+def _histogram(name: str, documentation: str) -> HistogramMetricFamily:
+    return HistogramMetricFamily(name, documentation, labels=["model"])
+
+
+class _Families:
+    """Every family ``/metrics`` shows, filled in one served model at a time."""
+
+    def __init__(self) -> None:
+        self.requests = _counter(
+            "carpool_requests", "Inference requests by model and outcome", "outcome"
+        )
+        self.batches = _histogram("carpool_batch_size", "Rows per model call")
+        self.waits = _histogram(
+            "carpool_queue_wait_seconds", "From arrival until the request's batch formed"
+        )
+        self.model_time = _histogram("carpool_model_seconds", "Duration of one model call")
+        self.queued = _gauge("carpool_queue_rows", "Rows waiting")
+        self.running = _gauge("carpool_rows_in_flight", "Rows in batches being run or staged")
+        self.pending = _gauge(
+            "carpool_requests_in_flight", "Requests accepted and not yet answered"
+        )
+        self.outcomes = _counter(
+            "carpool_batcher_requests",
+            "Batcher outcomes: completed, failed, expired, cancelled, rejected",
+            "outcome",
+        )
+        self.reasons = _counter("carpool_batches", "Batches by why they were dispatched", "reason")
+        self.overloaded = _counter(
+            "carpool_overloaded",
+            "Requests refused at once as predicted to miss the latency objective (adaptive)",
+        )
+        self.cost = _gauge(
+            "carpool_cost_seconds",
+            "Fitted batch time t(b) = fixed + per_row x b, at the fitted quantile (adaptive)",
+            "term",
+        )
+        self.accuracy = _gauge(
+            "carpool_batch_time_measured_over_predicted",
+            "Measured / predicted model time of recent batches (adaptive)",
+            "quantile",
+        )
+
+    def __iter__(self) -> Iterator[Metric]:
+        yield from (
+            self.requests, self.batches, self.waits, self.model_time, self.queued,
+            self.running, self.pending, self.outcomes, self.reasons, self.overloaded,
+            self.cost, self.accuracy,
+        )  # fmt: skip
+
+    def add(self, served: ServedModel) -> None:
+        name = served.name
+        for status, count in sorted(served.statuses.items()):
+            self.requests.add_metric([name, _OUTCOMES.get(status, str(status))], count)
+        s = served.batcher.stats()
+        self._add_batcher(name, s, served.model.batching.max_batch_size)
+        if served.model.batching.latency_slo_ms is not None:
+            self.overloaded.add_metric([name], s.overloaded)
+        self._add_learned(name, s)
+
+    def _add_batcher(self, name: str, s: BatcherStats, max_batch_size: int) -> None:
+        rows_total = sum(size * n for size, n in s.batch_sizes.items())
+        self.batches.add_metric(
+            [name], batch_size_buckets(s.batch_sizes, max_batch_size), float(rows_total)
+        )
+        waits = s.queue_wait_seconds
+        self.waits.add_metric([name], histogram_buckets(waits), waits.sum)
+        self.model_time.add_metric([name], histogram_buckets(s.model_seconds), s.model_seconds.sum)
+        self.queued.add_metric([name], s.queued_rows)
+        self.running.add_metric([name], s.running_rows)
+        self.pending.add_metric([name], s.pending)
+        for outcome in ("completed", "failed", "expired", "cancelled", "rejected"):
+            self.outcomes.add_metric([name, outcome], getattr(s, outcome))
+        for reason, count in s.dispatch_reasons.items():
+            self.reasons.add_metric([name, reason], count)
+
+    def _add_learned(self, name: str, s: BatcherStats) -> None:
+        # What an adaptive policy fitted: its cost curve and how well it predicts.
+        if s.cost_curve is not None:
+            curve = s.cost_curve
+            self.cost.add_metric([name, "fixed"], curve.fixed_s * curve.margin)
+            self.cost.add_metric([name, "per_row"], curve.per_row_s * curve.margin)
+        if s.prediction_ratio is not None:
+            for q in ("p50", "p90", "p99"):
+                self.accuracy.add_metric([name, q[1:]], getattr(s.prediction_ratio, q))
 
 
 class _Collector:
@@ -61,85 +139,10 @@ class _Collector:
         self._registry = registry
 
     def collect(self) -> Iterator[Metric]:
-        requests = CounterMetricFamily(
-            "carpool_requests",
-            "Inference requests by model and outcome",
-            labels=["model", "outcome"],
-        )
-        batches = HistogramMetricFamily(
-            "carpool_batch_size", "Rows per model call", labels=["model"]
-        )
-        waits = HistogramMetricFamily(
-            "carpool_queue_wait_seconds",
-            "From arrival until the request's batch formed",
-            labels=["model"],
-        )
-        model_time = HistogramMetricFamily(
-            "carpool_model_seconds", "Duration of one model call", labels=["model"]
-        )
-        queued = GaugeMetricFamily("carpool_queue_rows", "Rows waiting", labels=["model"])
-        running = GaugeMetricFamily(
-            "carpool_rows_in_flight", "Rows in batches being run or staged", labels=["model"]
-        )
-        pending = GaugeMetricFamily(
-            "carpool_requests_in_flight", "Requests accepted and not yet answered", labels=["model"]
-        )
-        outcomes = CounterMetricFamily(
-            "carpool_batcher_requests",
-            "Batcher outcomes: completed, failed, expired, cancelled, rejected",
-            labels=["model", "outcome"],
-        )
-        reasons = CounterMetricFamily(
-            "carpool_batches", "Batches by why they were dispatched", labels=["model", "reason"]
-        )
-        overloaded = CounterMetricFamily(
-            "carpool_overloaded",
-            "Requests refused at once as predicted to miss the latency objective (adaptive)",
-            labels=["model"],
-        )
-        cost = GaugeMetricFamily(
-            "carpool_cost_seconds",
-            "Fitted batch time t(b) = fixed + per_row x b, at the fitted quantile (adaptive)",
-            labels=["model", "term"],
-        )
-        accuracy = GaugeMetricFamily(
-            "carpool_batch_time_measured_over_predicted",
-            "Measured / predicted model time of recent batches (adaptive)",
-            labels=["model", "quantile"],
-        )
+        families = _Families()
         for served in self._registry:
-            name = served.name
-            for status, count in sorted(served.statuses.items()):
-                requests.add_metric([name, _OUTCOMES.get(status, str(status))], count)
-            s = served.batcher.stats()
-            rows_total = sum(size * n for size, n in s.batch_sizes.items())
-            batches.add_metric(
-                [name],
-                _size_buckets(dict(s.batch_sizes), served.model.batching.max_batch_size),
-                float(rows_total),
-            )
-            waits.add_metric([name], _buckets(s.queue_wait_seconds), s.queue_wait_seconds.sum)
-            model_time.add_metric([name], _buckets(s.model_seconds), s.model_seconds.sum)
-            queued.add_metric([name], s.queued_rows)
-            running.add_metric([name], s.running_rows)
-            pending.add_metric([name], s.pending)
-            for outcome in ("completed", "failed", "expired", "cancelled", "rejected"):
-                outcomes.add_metric([name, outcome], getattr(s, outcome))
-            for reason, count in s.dispatch_reasons.items():
-                reasons.add_metric([name, reason], count)
-            if served.model.batching.latency_slo_ms is not None:
-                overloaded.add_metric([name], s.overloaded)
-            if s.cost_curve is not None:
-                curve = s.cost_curve
-                cost.add_metric([name, "fixed"], curve.fixed_s * curve.margin)
-                cost.add_metric([name, "per_row"], curve.per_row_s * curve.margin)
-            if s.prediction_ratio is not None:
-                for q in ("p50", "p90", "p99"):
-                    accuracy.add_metric([name, q[1:]], getattr(s.prediction_ratio, q))
-        yield from (
-            requests, batches, waits, model_time, queued, running, pending, outcomes, reasons,
-            overloaded, cost, accuracy,
-        )  # fmt: skip
+            families.add(served)
+        yield from families
 
 
 class Metrics:

@@ -3,7 +3,8 @@
 Metadata follows the v2 protocol; ``config`` and ``statistics`` follow Triton's
 ``model_configuration`` and ``statistics`` extensions, which perf_analyzer and Triton's
 tooling read (``max_batch_size``, ``input``/``output`` dims without the batch dimension,
-``inference_count`` > ``execution_count`` when batching happens).
+``inference_count`` > ``execution_count`` when batching happens). It must not import the
+app or anything of HTTP.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from carpool.batcher import Batcher
 from carpool.errors import CarpoolError
-from carpool.loading.repository import LoadFailure
+from carpool.loading import LoadFailure
 from carpool.model import Model, Tensor
 from carpool.stats import BatcherStats
 
@@ -35,7 +36,8 @@ class ModelNotFound(CarpoolError, LookupError):
 
 
 class ModelUnavailable(CarpoolError):
-    """The model failed to load at start; the reason says why (a 400, as in Triton)."""
+    """A request for a model that failed to load at start (its
+    :class:`~carpool.loading.LoadFailure`); the reason says why (a 400, as in Triton)."""
 
     def __init__(self, name: str, reason: str) -> None:
         self.name = name
@@ -193,10 +195,14 @@ class ServedModel:
 
 
 class Registry:
-    """Models by name; iteration order is the order they were given."""
+    """Models by name; iteration order is the order they were given.
 
-    def __init__(self, models: Sequence[Model], unavailable: Sequence[LoadFailure] = ()) -> None:
-        self.unavailable = {u.name: u for u in unavailable}
+    ``load_failures`` are the repository's models that failed to load: not served, but
+    listed in the index, and asked for by name they are :class:`ModelUnavailable`.
+    """
+
+    def __init__(self, models: Sequence[Model], load_failures: Sequence[LoadFailure] = ()) -> None:
+        self.load_failures = {failure.name: failure for failure in load_failures}
         self._models: dict[str, ServedModel] = {}
         for model in models:
             served = ServedModel(model)
@@ -217,16 +223,17 @@ class Registry:
         entries = [
             {"name": m.name, "version": m.version, "state": "READY", "reason": ""} for m in self
         ] + [
-            {"name": u.name, "version": u.version, "state": "UNAVAILABLE", "reason": u.reason}
-            for u in self.unavailable.values()
+            {"name": f.name, "version": f.version, "state": "UNAVAILABLE", "reason": f.reason}
+            for f in self.load_failures.values()
         ]
         return sorted(entries, key=lambda entry: entry["name"])
 
     def get(self, name: str, version: str | None = None) -> ServedModel:
         served = self._models.get(name)
         if served is None:
-            if name in self.unavailable:
-                raise ModelUnavailable(name, self.unavailable[name].reason)
+            failure = self.load_failures.get(name)
+            if failure is not None:
+                raise ModelUnavailable(name, failure.reason)
             raise ModelNotFound(name)
         if version not in (None, "", served.version):
             raise ModelNotFound(name, version)

@@ -3,7 +3,8 @@
 On a signal, readiness turns false at once (load balancers stop sending), the listening
 socket closes (new connections are refused), every request already received is answered,
 each batcher finishes what it accepted, and the process exits 0. Requests still running
-after ``drain_timeout_s`` are cut off so the process always exits in bounded time.
+after ``drain_timeout_s`` are cut off so the process always exits in bounded time. The only
+module that imports uvicorn; nothing in the server imports it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ log = logging.getLogger("carpool.server")
 
 def build_app(config: ServerConfig) -> App:
     return App(
-        Registry(config.models, config.unavailable),
+        Registry(config.models, load_failures=config.unavailable),
         max_body_bytes=config.max_body_bytes,
         drain_timeout_s=config.drain_timeout_s,
     )

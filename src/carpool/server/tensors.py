@@ -1,10 +1,10 @@
 """Tensor codecs of the v2 protocol: binary layouts and JSON ``data`` lists.
 
 Pure: numpy only, no I/O; the datatype names come from :mod:`carpool.datatypes`.
-:mod:`carpool.server.protocol` frames requests and responses around these codecs. Errors
-here are builtins whose message is ready for the client: ``ValueError`` for data a client
-sent, or a form it asked for, that cannot be used; ``TypeError`` for an array the server
-itself cannot express. protocol.py turns both into
+:mod:`carpool.server.requests` and :mod:`carpool.server.responses` frame bodies around these
+codecs. Errors here are builtins whose message is ready for the client: ``ValueError`` for
+data a client sent, or a form it asked for, that cannot be used; ``TypeError`` for an array
+the server itself cannot express. :class:`carpool.server.messages.blame` turns both into
 ``ProtocolError`` with a field and an HTTP status.
 
 BF16 has no numpy dtype, so carpool holds BF16 tensors as float32 and converts on the wire:
@@ -22,12 +22,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from carpool.datatypes import DATATYPES, FIXED_DTYPES, STRING_KINDS, datatype_of, element_size
+from carpool.datatypes import FIXED_DTYPES, STRING_KINDS, element_size
 
 __all__ = [
-    "DATATYPES",
-    "datatype_of",
-    "element_size",
     "serialize_bytes_tensor",
     "deserialize_bytes_tensor",
     "serialize_bf16_tensor",
@@ -220,30 +217,38 @@ def array_from_json(data: Any, *, datatype: str, count: int, name: str) -> Array
         out = np.empty(count, dtype=object)
         out[:] = [item.encode() for item in flat]
         return out
-    dtype = FIXED_DTYPES[datatype]
     if datatype == "BOOL":
         if not types <= {bool}:
             raise ValueError(f"{where}: BOOL needs true/false; {_first_not(flat, (bool,))}")
-        return np.array(flat, dtype=dtype)
-    if dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        wanted = f"{where}: {datatype} needs integers in [{info.min}, {info.max}]"
-        if not types <= {int}:
-            raise ValueError(f"{wanted}; {_first_not(flat, (int,))}")
-        raw = np.array(flat)  # int64 or uint64; float64 only for a mix of both ranges
-        exact = raw.dtype.kind in "iu"
-        low, high = (
-            (int(raw.min()), int(raw.max()))
-            if exact
-            else (min(flat, default=0), max(flat, default=0))
-        )
-        if low < info.min or high > info.max:
-            raise ValueError(f"{wanted}; got {low if low < info.min else high}")
-        return raw.astype(dtype) if exact else np.array(flat, dtype=dtype)
+        return np.array(flat, dtype=np.bool_)
+    if FIXED_DTYPES[datatype].kind in "iu":
+        return _integers_from_json(flat, types, datatype, where)
+    return _floats_from_json(flat, types, datatype, where)
+
+
+def _integers_from_json(flat: list[Any], types: set[type], datatype: str, where: str) -> Array:
+    # Integers only, each in the datatype's range, checked before any cast could wrap.
+    dtype = FIXED_DTYPES[datatype]
+    info = np.iinfo(dtype)
+    wanted = f"{where}: {datatype} needs integers in [{info.min}, {info.max}]"
+    if not types <= {int}:
+        raise ValueError(f"{wanted}; {_first_not(flat, (int,))}")
+    raw = np.array(flat)  # int64 or uint64; float64 only for a mix of both ranges
+    exact = raw.dtype.kind in "iu"
+    low, high = (
+        (int(raw.min()), int(raw.max())) if exact else (min(flat, default=0), max(flat, default=0))
+    )
+    if low < info.min or high > info.max:
+        raise ValueError(f"{wanted}; got {low if low < info.min else high}")
+    return raw.astype(dtype) if exact else np.array(flat, dtype=dtype)
+
+
+def _floats_from_json(flat: list[Any], types: set[type], datatype: str, where: str) -> Array:
+    # Numbers, rounded to the nearest value of the datatype; one too large for it is refused.
     if not types <= {int, float}:
         raise ValueError(f"{where}: {datatype} needs numbers; {_first_not(flat, (int, float))}")
     with np.errstate(over="ignore"):
-        out = np.array(flat, dtype=dtype)
+        out = np.array(flat, dtype=FIXED_DTYPES[datatype])
     if not np.isfinite(out).all():  # JSON has no NaN or Infinity: this is an overflow
         raise ValueError(f"{where}: a value is out of range for {datatype}")
     return out

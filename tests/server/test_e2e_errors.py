@@ -1,7 +1,9 @@
-"""Every way a request can go wrong, over raw HTTP (httpx): the status, an error body that is
-exactly ``{"error": "<message>"}``, and a server that is still live afterwards.
+"""The error table end to end: every way a request can go wrong, sent over raw HTTP (httpx)
+to a real server. Each gets its status, an error body that is exactly
+``{"error": "<message>"}``, and a server that is still live afterwards.
 
-tritonclient refuses to send most of these, so the bodies are written by hand.
+tritonclient refuses to send most of these, so the bodies are written by hand. The table
+itself is :mod:`carpool.server.statuses` (unit-tested in ``test_statuses.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import Launcher, Server, wait_until
+from .conftest import Launcher, Server, float_request, json_tensor, wait_until
 
 BODY_LIMIT = 65536
 QUEUE_LIMIT = 2
@@ -49,12 +51,6 @@ def limited(serve_module: Launcher) -> Server:
     )
 
 
-@pytest.fixture
-def threads() -> Iterator[ThreadPoolExecutor]:
-    with ThreadPoolExecutor(16) as executor:
-        yield executor
-
-
 def assert_error(server: Server, response: httpx.Response, status: int, message: str) -> str:
     """``response`` is ``status`` with an error JSON containing ``message``; server still live."""
     assert response.status_code == status, response.text
@@ -69,15 +65,11 @@ def assert_error(server: Server, response: httpx.Response, status: int, message:
     return error
 
 
-def tensor(name: str, datatype: str, shape: list[int], data: Any) -> dict[str, Any]:
-    return {"name": name, "datatype": datatype, "shape": shape, "data": data}
-
-
 def pair_request(**extra: Any) -> dict[str, Any]:
     return {
         "inputs": [
-            tensor("INPUT0", "FP32", [1, 4], [1.0, 2.0, 3.0, 4.0]),
-            tensor("INPUT1", "INT64", [1, 4], [1, 2, 3, 4]),
+            json_tensor("INPUT0", "FP32", [1, 4], [1.0, 2.0, 3.0, 4.0]),
+            json_tensor("INPUT1", "INT64", [1, 4], [1, 2, 3, 4]),
         ],
         **extra,
     }
@@ -85,20 +77,11 @@ def pair_request(**extra: Any) -> dict[str, Any]:
 
 def int_request(*rows: list[int], **extra: Any) -> dict[str, Any]:
     flat = [v for row in rows for v in row]
-    return {"inputs": [tensor("INPUT0", "INT64", [len(rows), len(rows[0])], flat)], **extra}
-
-
-def infer(server: Server, model: str, doc: Any, **kwargs: Any) -> httpx.Response:
-    return server.http.post(f"/v2/models/{model}/infer", json=doc, **kwargs)
-
-
-def send(server: Server, model: str, doc: Any) -> httpx.Response:
-    """One request on its own connection (for use from other threads)."""
-    return httpx.post(f"{server.url}/v2/models/{model}/infer", json=doc, timeout=30.0)
+    return {"inputs": [json_tensor("INPUT0", "INT64", [len(rows), len(rows[0])], flat)], **extra}
 
 
 def test_pair_request_is_valid(server: Server) -> None:
-    response = infer(server, "pair", pair_request())
+    response = server.infer("pair", pair_request())
     assert response.status_code == 200, response.text
     assert [o["data"] for o in response.json()["outputs"]] == [[2, 4, 6, 8], [2, 4, 6, 8]]
 
@@ -129,7 +112,7 @@ def test_malformed_body_is_400(server: Server, body: bytes, message: str) -> Non
 def test_missing_required_input_is_400(server: Server) -> None:
     doc = pair_request()
     del doc["inputs"][1]
-    error = assert_error(server, infer(server, "pair", doc), 400, "")
+    error = assert_error(server, server.infer("pair", doc), 400, "")
     assert error == (
         "expected 2 inputs but got 1 inputs for model 'pair'. Got input(s) ['INPUT0'], "
         "but missing required input(s) ['INPUT1']"
@@ -138,24 +121,24 @@ def test_missing_required_input_is_400(server: Server) -> None:
 
 def test_unknown_input_name_is_400(server: Server) -> None:
     doc = pair_request()
-    doc["inputs"].append(tensor("EXTRA", "FP32", [1, 1], [0.0]))
-    assert_error(server, infer(server, "pair", doc), 400, "unexpected inference input(s) ['EXTRA']")
-    renamed = {"inputs": [tensor("X", "FP32", [1, 1], [0.0])]}
-    assert_error(server, infer(server, "identity", renamed), 400, "['X']")
+    doc["inputs"].append(json_tensor("EXTRA", "FP32", [1, 1], [0.0]))
+    assert_error(server, server.infer("pair", doc), 400, "unexpected inference input(s) ['EXTRA']")
+    renamed = {"inputs": [json_tensor("X", "FP32", [1, 1], [0.0])]}
+    assert_error(server, server.infer("identity", renamed), 400, "['X']")
 
 
 def test_duplicate_input_name_is_400(server: Server) -> None:
     doc = pair_request()
     doc["inputs"][1] = dict(doc["inputs"][0])
-    assert_error(server, infer(server, "pair", doc), 400, "input 'INPUT0' already exists")
+    assert_error(server, server.infer("pair", doc), 400, "input 'INPUT0' already exists")
 
 
 def test_wrong_datatype_is_400(server: Server) -> None:
     doc = pair_request()
-    doc["inputs"][1] = tensor("INPUT1", "FP32", [1, 4], [1.0, 2.0, 3.0, 4.0])
+    doc["inputs"][1] = json_tensor("INPUT1", "FP32", [1, 4], [1.0, 2.0, 3.0, 4.0])
     assert_error(
         server,
-        infer(server, "pair", doc),
+        server.infer("pair", doc),
         400,
         "inference input 'INPUT1' data-type is 'FP32', but model 'pair' expects 'INT64'",
     )
@@ -175,67 +158,67 @@ def test_data_of_the_wrong_json_type_is_400(
     server: Server, datatype: str, data: list[Any], message: str
 ) -> None:
     doc = pair_request()
-    doc["inputs"][1] = tensor("INPUT1", datatype, [1, 4], data)
-    assert_error(server, infer(server, "pair", doc), 400, message)
+    doc["inputs"][1] = json_tensor("INPUT1", datatype, [1, 4], data)
+    assert_error(server, server.infer("pair", doc), 400, message)
 
 
 @pytest.mark.parametrize("data", [[1, 2, 3], [1, 2, 3, 4, 5], [[1, 2], [3]]])
 def test_data_count_not_matching_shape_is_400(server: Server, data: list[Any]) -> None:
     doc = pair_request()
-    doc["inputs"][1] = tensor("INPUT1", "INT64", [1, 4], data)
-    assert_error(server, infer(server, "pair", doc), 400, "INPUT1")
+    doc["inputs"][1] = json_tensor("INPUT1", "INT64", [1, 4], data)
+    assert_error(server, server.infer("pair", doc), 400, "INPUT1")
 
 
 def test_shape_not_matching_the_declared_model_is_400(server: Server) -> None:
     doc = pair_request()
-    doc["inputs"][0] = tensor("INPUT0", "FP32", [1, 5], [0.0] * 5)
+    doc["inputs"][0] = json_tensor("INPUT0", "FP32", [1, 5], [0.0] * 5)
     assert_error(
         server,
-        infer(server, "pair", doc),
+        server.infer("pair", doc),
         400,
         "unexpected shape for input 'INPUT0' for model 'pair'. Expected [-1,4], got [1,5]",
     )
-    doc["inputs"][0] = tensor("INPUT0", "FP32", [4], [0.0] * 4)  # no batch dimension
-    assert_error(server, infer(server, "pair", doc), 400, "'INPUT0'")
+    doc["inputs"][0] = json_tensor("INPUT0", "FP32", [4], [0.0] * 4)  # no batch dimension
+    assert_error(server, server.infer("pair", doc), 400, "'INPUT0'")
 
 
 def test_inputs_disagreeing_on_rows_is_400(server: Server) -> None:
     doc = pair_request()
-    doc["inputs"][0] = tensor("INPUT0", "FP32", [2, 4], [0.0] * 8)
-    assert_error(server, infer(server, "pair", doc), 400, "inputs disagree on the batch size")
+    doc["inputs"][0] = json_tensor("INPUT0", "FP32", [2, 4], [0.0] * 8)
+    assert_error(server, server.infer("pair", doc), 400, "inputs disagree on the batch size")
 
 
 def test_zero_rows_is_400(server: Server) -> None:
-    doc = {"inputs": [tensor("INPUT0", "FP32", [0, 3], [])]}
-    assert_error(server, infer(server, "identity", doc), 400, "batch dimension must be at least 1")
+    doc = {"inputs": [json_tensor("INPUT0", "FP32", [0, 3], [])]}
+    assert_error(server, server.infer("identity", doc), 400, "batch dimension must be at least 1")
 
 
 @pytest.mark.parametrize("shape", [[-1, 4], [1, -4], [1.0, 4], ["1", 4], [True, 4], "14", None])
 def test_bad_shape_is_400(server: Server, shape: Any) -> None:
     doc = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": shape, "data": [0.0] * 4}]}
-    assert_error(server, infer(server, "identity", doc), 400, "Unable to parse 'shape'")
+    assert_error(server, server.infer("identity", doc), 400, "Unable to parse 'shape'")
 
 
 @pytest.mark.parametrize("datatype", ["FP8", "fp32", "STRING", "", None, 7])
 def test_unknown_datatype_is_400(server: Server, datatype: Any) -> None:
     doc = {"inputs": [{"name": "INPUT0", "datatype": datatype, "shape": [1], "data": [0]}]}
-    assert_error(server, infer(server, "identity", doc), 400, "invalid datatype")
+    assert_error(server, server.infer("identity", doc), 400, "invalid datatype")
 
 
 def test_duplicate_output_names_are_400(server: Server) -> None:
     doc = pair_request(outputs=[{"name": "SUM"}, {"name": "SUM"}])
-    assert_error(server, infer(server, "pair", doc), 400, "output 'SUM' already exists in request")
+    assert_error(server, server.infer("pair", doc), 400, "output 'SUM' already exists in request")
 
 
 def test_unknown_output_is_400(server: Server) -> None:
     doc = pair_request(outputs=[{"name": "NOPE"}])
     assert_error(
-        server, infer(server, "pair", doc), 400, "unexpected inference output 'NOPE' for model"
+        server, server.infer("pair", doc), 400, "unexpected inference output 'NOPE' for model"
     )
 
 
 def test_data_and_binary_size_both_set_is_400(server: Server) -> None:
-    doc = {"inputs": [tensor("INPUT0", "FP32", [1], [1.0])]}
+    doc = {"inputs": [json_tensor("INPUT0", "FP32", [1], [1.0])]}
     doc["inputs"][0]["parameters"] = {"binary_data_size": 4}
     body = json.dumps(doc).encode()
     response = server.http.post(
@@ -252,18 +235,18 @@ def test_data_and_binary_size_both_set_is_400(server: Server) -> None:
 @pytest.mark.parametrize("name", ["sequence_id", "sequence_start", "sequence_end"])
 @pytest.mark.parametrize("value", [1, "session", True])
 def test_sequence_parameters_are_400(server: Server, name: str, value: Any) -> None:
-    response = infer(server, "pair", pair_request(parameters={name: value}))
+    response = server.infer("pair", pair_request(parameters={name: value}))
     assert_error(server, response, 400, f"parameter '{name}': model 'pair' is stateless")
 
 
 @pytest.mark.parametrize("priority", [0, 1, 3])
 def test_priority_within_levels_is_accepted(server: Server, priority: int) -> None:
-    response = infer(server, "pair", pair_request(parameters={"priority": priority}))
+    response = server.infer("pair", pair_request(parameters={"priority": priority}))
     assert response.status_code == 200, response.text
 
 
 def test_priority_beyond_levels_is_400(server: Server) -> None:
-    response = infer(server, "pair", pair_request(parameters={"priority": 4}))
+    response = server.infer("pair", pair_request(parameters={"priority": 4}))
     assert_error(server, response, 400, "parameter 'priority' must be in [0, 3]")
 
 
@@ -272,18 +255,18 @@ def test_priority_beyond_levels_is_400(server: Server) -> None:
 def test_priority_and_timeout_of_the_wrong_type_are_400(
     server: Server, name: str, value: Any
 ) -> None:
-    response = infer(server, "pair", pair_request(parameters={name: value}))
+    response = server.infer("pair", pair_request(parameters={name: value}))
     assert_error(server, response, 400, f"parameter '{name}' must be a non-negative integer")
 
 
 @pytest.mark.parametrize("value", [[1], {"a": 1}, None])
 def test_parameter_values_must_be_scalars(server: Server, value: Any) -> None:
-    response = infer(server, "pair", pair_request(parameters={"custom": value}))
+    response = server.infer("pair", pair_request(parameters={"custom": value}))
     assert_error(server, response, 400, "'custom' must be a string, number or boolean")
 
 
 def test_custom_parameters_are_accepted(server: Server) -> None:
-    response = infer(server, "pair", pair_request(parameters={"custom": "x", "n": 1.5}))
+    response = server.infer("pair", pair_request(parameters={"custom": "x", "n": 1.5}))
     assert response.status_code == 200, response.text
 
 
@@ -404,15 +387,15 @@ def test_body_at_the_limit_is_accepted(server: Server) -> None:
 
 @pytest.mark.parametrize("shape", [[2**40, 2**40], [2**62, 4], [2**63, 1], [2**64]])
 def test_element_count_overflow_is_400(server: Server, shape: list[int]) -> None:
-    doc = {"inputs": [tensor("INPUT0", "FP32", shape, [1.0])]}
-    response = infer(server, "identity", doc)
+    doc = {"inputs": [json_tensor("INPUT0", "FP32", shape, [1.0])]}
+    response = server.infer("identity", doc)
     message = "Unable to parse 'shape'" if shape == [2**64] else "exceed maximum size"
     assert_error(server, response, 400, message)
 
 
 def test_element_count_over_the_server_limit_is_413(server: Server) -> None:
-    doc = {"inputs": [tensor("INPUT0", "FP32", [2**31 + 1], [1.0])]}
-    assert_error(server, infer(server, "identity", doc), 413, "over this server's limit")
+    doc = {"inputs": [json_tensor("INPUT0", "FP32", [2**31 + 1], [1.0])]}
+    assert_error(server, server.infer("identity", doc), 413, "over this server's limit")
 
 
 # ---------------------------------------------------------------- binary framing
@@ -525,17 +508,17 @@ def test_model_exception_fails_only_the_requests_that_caused_it(
     good = {i: int_request([10 * i, 10 * i + 1]) for i in range(4)}
     bad = {i: int_request([5, -i - 1]) for i in range(2)}
     with server.gate_closed("flaky"):
-        held = threads.submit(send, server, "flaky", int_request([100, 101]))
+        held = threads.submit(server.infer_alone, "flaky", int_request([100, 101]))
         server.wait_started("flaky", 1)
         futures: dict[str, Future[httpx.Response]] = {}
         for i in range(4):
-            futures[f"good{i}"] = threads.submit(send, server, "flaky", good[i])
+            futures[f"good{i}"] = threads.submit(server.infer_alone, "flaky", good[i])
             if i < 2:
-                futures[f"bad{i}"] = threads.submit(send, server, "flaky", bad[i])
+                futures[f"bad{i}"] = threads.submit(server.infer_alone, "flaky", bad[i])
         wait_until(lambda: server.stats("flaky")["pending"] == 7, "7 flaky requests pending")
         # A malformed request in the same window is refused at the door, never queued.
-        malformed = {"inputs": [tensor("INPUT0", "INT64", [1, 2], [1])]}
-        assert_error(server, infer(server, "flaky", malformed), 400, "INPUT0")
+        malformed = {"inputs": [json_tensor("INPUT0", "INT64", [1, 2], [1])]}
+        assert_error(server, server.infer("flaky", malformed), 400, "INPUT0")
         assert server.stats("flaky")["pending"] == 7
     assert held.result().json()["outputs"][0]["data"] == [101, 102]
     for i in range(4):
@@ -546,7 +529,7 @@ def test_model_exception_fails_only_the_requests_that_caused_it(
         error = assert_error(server, futures[f"bad{i}"].result(), 500, "")
         assert error == NEGATIVE
     assert server.batches_started("flaky")[:2] == [1, 6]  # the six shared one batch
-    after = infer(server, "flaky", int_request([7, 8]))
+    after = server.infer("flaky", int_request([7, 8]))
     assert after.json()["outputs"][0]["data"] == [8, 9]
     stats = server.stats("flaky")
     assert stats["inference_stats"]["success"]["count"] == 6
@@ -555,22 +538,22 @@ def test_model_exception_fails_only_the_requests_that_caused_it(
 
 
 def test_wrong_row_count_is_500_and_the_server_keeps_serving(server: Server) -> None:
-    response = infer(server, "wrong_rows", int_request([1, 2], [3, 4]))
+    response = server.infer("wrong_rows", int_request([1, 2], [3, 4]))
     error = assert_error(server, response, 500, "model error: ")
     assert "returned 3 rows" in error
     assert "a batch of 2 rows" in error
     assert "Traceback" not in error
-    again = infer(server, "identity", int_request([1, 2]))
+    again = server.infer("identity", int_request([1, 2]))
     assert again.status_code == 200
 
 
 def test_output_not_matching_its_declared_shape_is_500(server: Server) -> None:
     """Metadata promises OUTPUT0 rows of [4]; a model returning rows of [3] broke that
     promise, which is the server's error to report, not a 200 contradicting the metadata."""
-    doc = {"inputs": [tensor("INPUT0", "FP32", [2, 4], [0.5] * 8)]}
-    error = assert_error(server, infer(server, "wrong_shape", doc), 500, "model error: ")
+    doc = {"inputs": [json_tensor("INPUT0", "FP32", [2, 4], [0.5] * 8)]}
+    error = assert_error(server, server.infer("wrong_shape", doc), 500, "model error: ")
     assert "OUTPUT0" in error
-    assert infer(server, "identity", int_request([1, 2])).status_code == 200
+    assert server.infer("identity", int_request([1, 2])).status_code == 200
 
 
 def test_refused_requests_are_counted_by_outcome(server: Server) -> None:
@@ -585,8 +568,8 @@ def test_refused_requests_are_counted_by_outcome(server: Server) -> None:
         return 0.0
 
     before = {o: count(o) for o in ("success", "invalid", "too_large")}
-    assert infer(server, "pair", pair_request()).status_code == 200
-    assert infer(server, "pair", {"inputs": 1}).status_code == 400
+    assert server.infer("pair", pair_request()).status_code == 200
+    assert server.infer("pair", {"inputs": 1}).status_code == 400
     framing = server.http.post(
         "/v2/models/pair/infer", content=b"{}", headers={"Inference-Header-Content-Length": "x"}
     )
@@ -604,19 +587,20 @@ def test_refused_requests_are_counted_by_outcome(server: Server) -> None:
 # ---------------------------------------------------------------- queue limits
 
 
-def float_request(value: float, **extra: Any) -> dict[str, Any]:
-    return {"inputs": [tensor("INPUT0", "FP32", [1, 1], [value])], **extra}
-
-
 def test_queue_full_is_503_at_once(limited: Server, threads: ThreadPoolExecutor) -> None:
     with limited.gate_closed("gated"):
-        held = threads.submit(send, limited, "gated", float_request(0.0))
+        held = threads.submit(limited.infer_alone, "gated", float_request(0.0))
         limited.wait_queued("gated", pending=1, queued_rows=0)
-        queued = [threads.submit(send, limited, "gated", float_request(v)) for v in (1.0, 2.0)]
+        queued = [
+            threads.submit(limited.infer_alone, "gated", float_request(v)) for v in (1.0, 2.0)
+        ]
         limited.wait_queued("gated", pending=3, queued_rows=QUEUE_LIMIT)
         # answered while the model is still blocked: refused at the door, not after it
-        for doc in (float_request(3.0), {"inputs": [tensor("INPUT0", "FP32", [3, 1], [1, 2, 3])]}):
-            response = infer(limited, "gated", doc)
+        for doc in (
+            float_request(3.0),
+            {"inputs": [json_tensor("INPUT0", "FP32", [3, 1], [1, 2, 3])]},
+        ):
+            response = limited.infer("gated", doc)
             assert_error(limited, response, 503, "Exceeds maximum queue size")
             assert response.headers["retry-after"] == "1"
         assert limited.stats("gated")["pending"] == 3
@@ -631,10 +615,10 @@ def test_queue_full_is_503_at_once(limited: Server, threads: ThreadPoolExecutor)
 def test_request_timeout_expires_while_queued(limited: Server, threads: ThreadPoolExecutor) -> None:
     started = len(limited.batches_started("gated"))
     with limited.gate_closed("gated"):
-        held = threads.submit(send, limited, "gated", float_request(5.0))
+        held = threads.submit(limited.infer_alone, "gated", float_request(5.0))
         limited.wait_started("gated", started + 1)
         # 20 ms, in microseconds as Triton's `timeout` parameter is; the gate holds far longer
-        response = infer(limited, "gated", float_request(6.0, parameters={"timeout": 20_000}))
+        response = limited.infer("gated", float_request(6.0, parameters={"timeout": 20_000}))
         assert_error(limited, response, 503, "Request timeout expired")
         assert response.headers["retry-after"] == "1"
     assert held.result().json()["outputs"][0]["data"] == [5.0]
@@ -653,11 +637,11 @@ def test_default_timeout_applies_and_cannot_be_extended(
         "allow_timeout_override": True,
     }
     with server.gate_closed("gated"):
-        held = threads.submit(send, server, "gated", float_request(1.0))
+        held = threads.submit(server.infer_alone, "gated", float_request(1.0))
         server.wait_started("gated", 1)
         # none, 0 (Triton: none) and 10 minutes all mean the default 250 ms
         for parameters in ({}, {"timeout": 0}, {"timeout": 600_000_000}):
-            response = infer(server, "gated", float_request(2.0, parameters=parameters))
+            response = server.infer("gated", float_request(2.0, parameters=parameters))
             assert_error(
                 server, response, 503, "Request timeout expired: timeout_ms=250 passed while queued"
             )
@@ -672,7 +656,7 @@ def test_a_client_that_disconnects_while_queued_is_withdrawn(
     """Its request leaves the queue and never runs; nobody waits for an answer no one reads."""
     started = len(limited.batches_started("gated"))
     with limited.gate_closed("gated"):
-        held = threads.submit(send, limited, "gated", float_request(7.0))
+        held = threads.submit(limited.infer_alone, "gated", float_request(7.0))
         limited.wait_queued("gated", pending=1, queued_rows=0)
         body = json.dumps(float_request(8.0)).encode()
         head = (

@@ -1,15 +1,12 @@
-"""The v2 inference wire format: requests in, responses out, every refusal with its field.
+"""Request bodies in, ``InferRequest`` records out, every refusal with its field and status.
 
-Binary framing is decoded independently here (header length, then ``binary_data_size``
-blobs in order); the last section runs tritonclient's own encoder and decoder against it.
+Bodies are built here without the code under test (``json.dumps`` plus blobs); binary
+framing is the header length, then ``binary_data_size`` blobs in input order.
 """
 
 from __future__ import annotations
 
-import copy
 import json
-import math
-import pickle
 import re
 import struct
 import tracemalloc
@@ -18,43 +15,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from carpool.errors import CarpoolError
-from carpool.server.protocol import (
-    HEADER_LENGTH,
-    InferRequest,
-    OutputTensor,
-    ProtocolError,
-    RequestedOutput,
-    encode_error,
-    encode_infer_response,
-    parse_header_length,
-    parse_infer_request,
-    parse_raw_request,
-    serialize_bf16_tensor,
-    serialize_bytes_tensor,
-    wants_binary,
-)
+from carpool.server.messages import HEADER_LENGTH, InferRequest, ProtocolError, RequestedOutput
+from carpool.server.requests import parse_header_length, parse_infer_request, parse_raw_request
+from carpool.server.tensors import serialize_bf16_tensor
+
+from .conftest import BF16, SAMPLES, wire
 
 LIMIT = 1 << 20
-
-SAMPLES: dict[str, np.ndarray[Any, Any]] = {
-    "BOOL": np.array([[True, False, True], [False, False, True]]),
-    "UINT8": np.array([[0, 1, 255], [7, 8, 9]], np.uint8),
-    "UINT16": np.array([[0, 1, 65535], [7, 8, 9]], np.uint16),
-    "UINT32": np.array([[0, 1, 2**32 - 1], [7, 8, 9]], np.uint32),
-    "UINT64": np.array([[0, 1, 2**64 - 1], [7, 8, 9]], np.uint64),
-    "INT8": np.array([[-128, 0, 127], [7, -8, 9]], np.int8),
-    "INT16": np.array([[-(2**15), 0, 2**15 - 1], [7, -8, 9]], np.int16),
-    "INT32": np.array([[-(2**31), 0, 2**31 - 1], [7, -8, 9]], np.int32),
-    "INT64": np.array([[-(2**63), 0, 2**63 - 1], [7, -8, 9]], np.int64),
-    "FP16": np.array([[0.1, -2.5, 65504], [1e-4, 0, -0.0]], np.float16),
-    "FP32": np.array([[0.1, -2.5, 3.4e38], [1e-38, 0, 1 / 3]], np.float32),
-    "FP64": np.array([[0.1, -2.5, 1e308], [5e-324, 0, 1 / 3]], np.float64),
-    "BYTES": np.array([[b"", "héllo".encode(), b"x"], ["日本".encode(), b"a b", b""]], object),
-}
-# BF16 is held as float32; these values are exactly representable in BF16.
-BF16 = np.array([[1.0, -2.5, 0.15625], [3.0e38, 0.0, -1.0]], np.float32)
-BF16 = (BF16.view(np.uint32) & 0xFFFF0000).view(np.float32)
 
 
 def request(doc: dict[str, Any], *blobs: bytes) -> tuple[bytes, int | None]:
@@ -83,14 +50,6 @@ def json_input(name: str, datatype: str, array: np.ndarray[Any, Any]) -> dict[st
     return {"name": name, "datatype": datatype, "shape": list(array.shape), "data": data}
 
 
-def wire(datatype: str, array: np.ndarray[Any, Any]) -> bytes:
-    if datatype == "BYTES":
-        return serialize_bytes_tensor(array)
-    if datatype == "BF16":
-        return (array.astype(np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
-    return array.astype(array.dtype.newbyteorder("<")).tobytes()
-
-
 def binary_input(name: str, datatype: str, array: np.ndarray[Any, Any]) -> dict[str, Any]:
     return {
         "name": name,
@@ -98,45 +57,6 @@ def binary_input(name: str, datatype: str, array: np.ndarray[Any, Any]) -> dict[
         "shape": list(array.shape),
         "parameters": {"binary_data_size": len(wire(datatype, array))},
     }
-
-
-def split_response(body: bytes, header_length: int | None) -> tuple[dict[str, Any], list[bytes]]:
-    """Decode a response the way a client does: JSON header, then blobs in output order."""
-    if header_length is None:
-        return json.loads(body), []
-    header = json.loads(body[:header_length])
-    blobs, offset = [], header_length
-    for output in header["outputs"]:
-        size = output.get("parameters", {}).get("binary_data_size")
-        if size is not None:
-            blobs.append(body[offset : offset + size])
-            offset += size
-    assert offset == len(body), "blobs must fill the body exactly"
-    return header, blobs
-
-
-def tensor(name: str, datatype: str, array: np.ndarray[Any, Any]) -> OutputTensor:
-    return OutputTensor(name, datatype, tuple(array.shape), array)
-
-
-# -- ProtocolError -------------------------------------------------------------------------
-
-
-def test_protocol_error_is_a_carpool_value_error_with_field_and_status() -> None:
-    error = ProtocolError("bad shape", field="inputs[0].shape")
-    assert isinstance(error, CarpoolError)
-    assert isinstance(error, ValueError)
-    assert (str(error), error.field, error.status) == ("bad shape", "inputs[0].shape", 400)
-
-
-@pytest.mark.parametrize(
-    "clone", [lambda e: pickle.loads(pickle.dumps(e)), copy.copy, copy.deepcopy]
-)
-def test_protocol_error_survives_pickling_and_copying(clone: Any) -> None:
-    error = ProtocolError("too big", field="INPUT0", status=413)
-    again = clone(error)
-    assert type(again) is ProtocolError
-    assert (str(again), again.field, again.status) == ("too big", "INPUT0", 413)
 
 
 # -- Inference-Header-Content-Length -------------------------------------------------------
@@ -257,25 +177,6 @@ def test_binary_data_output_is_lifted_out_of_parameters() -> None:
     parsed = parse({"inputs": [], "parameters": {"binary_data_output": True, "x": 1}})
     assert parsed.binary_data_output is True
     assert parsed.parameters == {"x": 1}
-
-
-@pytest.mark.parametrize(
-    ("request_level", "per_output", "expected"),
-    [
-        (False, None, False),
-        (True, None, True),
-        (True, False, False),
-        (False, True, True),
-        (True, True, True),
-        (False, False, False),
-    ],
-)
-def test_wants_binary_per_output_overrides_request(
-    request_level: bool, per_output: bool | None, expected: bool
-) -> None:
-    parsed = InferRequest(None, {}, (), None, request_level)
-    assert wants_binary(parsed, RequestedOutput("Y", per_output, {})) is expected
-    assert wants_binary(parsed, None) is request_level
 
 
 # -- binary requests -----------------------------------------------------------------------
@@ -646,285 +547,3 @@ def test_raw_request_refusals(datatype: str, dims: list[int], body: bytes, messa
         parse_raw_request(body, name="X", datatype=datatype, shape_without_batch=dims)
     assert message in str(info.value)
     assert (info.value.field, info.value.status) == ("X", 400)
-
-
-# -- responses -----------------------------------------------------------------------------
-
-
-def test_json_response_fields() -> None:
-    body, length = encode_infer_response(
-        model_name="m",
-        model_version=None,
-        request_id=None,
-        outputs=[(tensor("Y", "INT32", np.array([[1, 2], [3, 4]], np.int32)), False)],
-    )
-    assert length is None
-    assert json.loads(body) == {
-        "model_name": "m",
-        "outputs": [{"name": "Y", "datatype": "INT32", "shape": [2, 2], "data": [1, 2, 3, 4]}],
-    }
-    body, _ = encode_infer_response(
-        model_name="m",
-        model_version="3",
-        request_id="",
-        outputs=[],
-        parameters={"sequence": "x"},
-    )
-    assert json.loads(body) == {
-        "model_name": "m",
-        "model_version": "3",
-        "id": "",
-        "parameters": {"sequence": "x"},
-        "outputs": [],
-    }
-
-
-@pytest.mark.parametrize("datatype", SAMPLES)
-def test_json_response_round_trips_every_datatype(datatype: str) -> None:
-    array = SAMPLES[datatype]
-    body, length = encode_infer_response(
-        model_name="m",
-        model_version=None,
-        request_id="r",
-        outputs=[(tensor("Y", datatype, array), False)],
-    )
-    header, blobs = split_response(body, length)
-    assert (length, blobs, header["id"]) == (None, [], "r")
-    (output,) = header["outputs"]
-    assert (output["datatype"], output["shape"]) == (datatype, [2, 3])
-    if datatype == "BYTES":
-        assert output["data"] == [item.decode() for item in array.reshape(-1)]
-    else:
-        back = np.array(output["data"], dtype=array.dtype).reshape(2, 3)
-        assert back.tobytes() == array.tobytes()  # bit-exact, signed zeros included
-        kinds = {type(item) for item in output["data"]}
-        assert kinds == (
-            {bool} if datatype == "BOOL" else {int} if array.dtype.kind in "iu" else {float}
-        )
-
-
-@pytest.mark.parametrize("datatype", [*SAMPLES, "BF16"])
-def test_binary_response_round_trips_every_datatype(datatype: str) -> None:
-    array = BF16 if datatype == "BF16" else SAMPLES[datatype]
-    body, length = encode_infer_response(
-        model_name="m",
-        model_version=None,
-        request_id=None,
-        outputs=[(tensor("Y", datatype, array), True)],
-    )
-    header, (blob,) = split_response(body, length)
-    (output,) = header["outputs"]
-    assert "data" not in output
-    assert output["parameters"] == {"binary_data_size": len(blob)}
-    assert blob == wire(datatype, array)
-
-
-def test_binary_response_framing_keeps_output_order_and_mixes_json() -> None:
-    a = np.arange(3, dtype=np.int64)
-    b = np.array([[0.5, 1.5]], np.float32)
-    c = np.array([b"ab", b""], dtype=object)
-    body, length = encode_infer_response(
-        model_name="m",
-        model_version="1",
-        request_id="r7",
-        outputs=[
-            (tensor("A", "INT64", a), True),
-            (tensor("B", "FP32", b), False),
-            (tensor("C", "BYTES", c), True),
-        ],
-    )
-    assert length is not None
-    header = json.loads(body[:length])
-    assert [o["name"] for o in header["outputs"]] == ["A", "B", "C"]
-    assert header["outputs"][1]["data"] == [0.5, 1.5]
-    sizes = [o.get("parameters", {}).get("binary_data_size") for o in header["outputs"]]
-    assert sizes == [24, None, 10]
-    assert body[length:] == a.tobytes() + b"\x02\x00\x00\x00ab" + b"\x00\x00\x00\x00"
-
-
-def test_empty_binary_output_still_announces_the_header() -> None:
-    body, length = encode_infer_response(
-        model_name="m",
-        model_version=None,
-        request_id=None,
-        outputs=[(tensor("Y", "FP32", np.zeros((0, 4), np.float32)), True)],
-    )
-    assert length == len(body)
-    assert json.loads(body)["outputs"][0]["parameters"] == {"binary_data_size": 0}
-
-
-def test_nan_and_infinity_yield_a_body_pythons_json_parses() -> None:
-    values = np.array([np.nan, np.inf, -np.inf, 1.5], np.float32)
-    body, length = encode_infer_response(
-        model_name="m",
-        model_version=None,
-        request_id=None,
-        outputs=[
-            (tensor("Y", "FP32", values), False),
-            (tensor("Z", "INT8", np.array([1], np.int8)), False),
-        ],
-    )
-    assert length is None
-    data = json.loads(body)["outputs"][0]["data"]
-    assert math.isnan(data[0])
-    assert data[1:] == [math.inf, -math.inf, 1.5]
-    assert json.loads(body)["outputs"][1]["data"] == [1]
-
-
-def test_finite_float32_is_written_in_its_shortest_form() -> None:
-    body, _ = encode_infer_response(
-        model_name="m",
-        model_version=None,
-        request_id=None,
-        outputs=[(tensor("Y", "FP32", np.array([0.1], np.float32)), False)],
-    )
-    assert b'"data":[0.1]' in body
-
-
-@pytest.mark.parametrize(
-    ("output", "field", "status", "message"),
-    [
-        (
-            tensor("Y", "BYTES", np.array([b"\xff\xfe"], object)),
-            "Y",
-            400,
-            "output 'Y' cannot be sent as JSON: element 0 is not UTF-8",
-        ),
-        (tensor("Y", "BF16", np.array([1.0], np.float32)), "Y", 400, "BF16 has no JSON form"),
-        (
-            tensor("Y", "INT32", np.array([1.5])),
-            "Y",
-            500,
-            "a float64 array cannot be sent as INT32",
-        ),
-        (
-            OutputTensor("Y", "FP32", (3,), np.zeros(2, np.float32)),
-            "Y",
-            500,
-            "does not fit datatype 'FP32' and shape [3]",
-        ),
-        (
-            OutputTensor("Y", "FP8", (2,), np.zeros(2, np.float32)),
-            "Y",
-            500,
-            "does not fit datatype 'FP8'",
-        ),
-        (
-            tensor("Y", "BYTES", np.array(["\ud800"], object)),
-            "body",
-            500,
-            "cannot be encoded as JSON",
-        ),
-    ],
-)
-def test_response_refusals(output: OutputTensor, field: str, status: int, message: str) -> None:
-    with pytest.raises(ProtocolError) as info:
-        encode_infer_response(
-            model_name="m", model_version=None, request_id=None, outputs=[(output, False)]
-        )
-    assert message in str(info.value)
-    assert (info.value.field, info.value.status) == (field, status)
-
-
-def test_json_refusals_tell_the_client_to_ask_for_binary() -> None:
-    output = tensor("Y", "BYTES", np.array([b"\xff"], object))
-    with pytest.raises(ProtocolError, match='"binary_data": true'):
-        encode_infer_response(
-            model_name="m", model_version=None, request_id=None, outputs=[(output, False)]
-        )
-    body, length = encode_infer_response(
-        model_name="m", model_version=None, request_id=None, outputs=[(output, True)]
-    )
-    assert split_response(body, length)[1] == [b"\x01\x00\x00\x00\xff"]
-
-
-@pytest.mark.parametrize("message", ["Exceeds maximum queue size", 'é \ud800 "quoted"', ""])
-def test_encode_error(message: str) -> None:
-    body = encode_error(message)
-    assert json.loads(body) == {"error": message}
-    body.decode("ascii")  # any str encodes
-
-
-# -- tritonclient, the real client ---------------------------------------------------------
-
-
-def triton_array(datatype: str) -> np.ndarray[Any, Any]:
-    if datatype == "BF16":
-        import ml_dtypes
-
-        return BF16.astype(ml_dtypes.bfloat16)
-    return SAMPLES[datatype]
-
-
-# tritonclient refuses to send BF16 as JSON, so that pair is not a case.
-TRITON_CASES = [(d, b) for d in [*SAMPLES, "BF16"] for b in (True, False) if d != "BF16" or b]
-
-
-@pytest.mark.parametrize(("datatype", "binary"), TRITON_CASES)
-def test_tritonclient_request_and_response_round_trip(datatype: str, binary: bool) -> None:
-    import tritonclient.http as httpclient
-
-    array = triton_array(datatype)
-    given = httpclient.InferInput("INPUT0", list(array.shape), datatype)
-    given.set_data_from_numpy(array, binary_data=binary)
-    wanted = [httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary or datatype == "BF16")]
-    body, json_size = httpclient.InferenceServerClient.generate_request_body(
-        [given], outputs=wanted, request_id="abc", priority=3, timeout=5000
-    )
-    parsed = parse_infer_request(body, json_size, max_elements=LIMIT)
-    assert parsed.id == "abc"
-    assert parsed.parameters == {"priority": 3, "timeout": 5000}
-    (only,) = parsed.inputs
-    assert (only.name, only.datatype, only.shape) == ("INPUT0", datatype, (2, 3))
-    expected = array.astype(np.float32) if datatype == "BF16" else array
-    assert only.data.tolist() == expected.tolist()
-    (requested,) = parsed.outputs or ()
-    assert requested == RequestedOutput("OUTPUT0", binary or datatype == "BF16", {})
-
-    reply = OutputTensor("OUTPUT0", only.datatype, only.shape, only.data)
-    out_body, header_length = encode_infer_response(
-        model_name="m",
-        model_version="1",
-        request_id=parsed.id,
-        outputs=[(reply, wants_binary(parsed, requested))],
-    )
-    result = httpclient.InferenceServerClient.parse_response_body(
-        out_body, header_length=header_length
-    )
-    got = result.as_numpy("OUTPUT0")
-    assert result.get_response()["id"] == "abc"
-    if datatype == "BYTES" and not binary:  # tritonclient gives str for JSON BYTES
-        assert got.tolist() == [[item.decode() for item in row] for row in array]
-    else:
-        assert got.dtype == array.dtype
-        if array.dtype == object:
-            assert got.reshape(array.shape).tolist() == array.tolist()
-        else:  # bit-exact, signed zeros included
-            assert got.reshape(array.shape).tobytes() == array.tobytes()
-
-
-def test_tritonclient_default_asks_for_every_output_binary() -> None:
-    import tritonclient.http as httpclient
-
-    given = httpclient.InferInput("INPUT0", [2], "INT32")
-    given.set_data_from_numpy(np.array([5, 6], np.int32))
-    body, json_size = httpclient.InferenceServerClient.generate_request_body([given])
-    parsed = parse_infer_request(body, json_size, max_elements=LIMIT)
-    assert parsed.outputs is None
-    assert parsed.binary_data_output is True
-    assert parsed.id is None
-    assert wants_binary(parsed, None) is True
-
-
-def test_tritonclient_reads_nan_from_a_json_response() -> None:
-    import tritonclient.http as httpclient
-
-    values = np.array([np.nan, np.inf, -1.0], np.float32)
-    body, length = encode_infer_response(
-        model_name="m",
-        model_version=None,
-        request_id=None,
-        outputs=[(tensor("Y", "FP32", values), False)],
-    )
-    got = httpclient.InferenceServerClient.parse_response_body(body, header_length=length)
-    assert np.array_equal(got.as_numpy("Y"), values, equal_nan=True)

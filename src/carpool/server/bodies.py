@@ -1,0 +1,72 @@
+"""Request bodies off the ASGI channel: read within the size limit, inflated within it too.
+
+A body larger than ``--max-body-bytes`` is refused as soon as its size is known (from
+``Content-Length``, or while it streams in), and a gzip or deflate body is inflated to at
+most that many bytes, so a small compressed body cannot expand without bound. Every refusal
+is an :class:`~carpool.server.statuses.HTTPError`. It must not import the app or the
+batcher.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Mapping
+
+from carpool.server.asgi import Receive
+from carpool.server.statuses import HTTPError
+
+__all__ = ["read_body", "decompress"]
+
+
+async def read_body(headers: Mapping[bytes, bytes], receive: Receive, limit: int) -> bytes:
+    """The whole request body, inflated if ``Content-Encoding`` says so, of at most ``limit``
+    bytes. Raises ``HTTPError``: 413 over the limit, 400 if the client leaves mid-body,
+    415 or 400 for an encoding that cannot be inflated."""
+    declared = headers.get(b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HTTPError(413, _too_large(int(declared), limit))
+    chunks = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise HTTPError(400, "client disconnected before sending the whole body")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise HTTPError(413, _too_large(size, limit))
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    encoding = headers.get(b"content-encoding")
+    return body if encoding is None else decompress(body, encoding, limit)
+
+
+def decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
+    """A gzip or deflate body (tritonclient's request compression), inflated to at most
+    ``limit`` bytes. Raises ``HTTPError``: 415 for another encoding, 413 past the limit,
+    400 for data that does not inflate."""
+    kind = encoding.strip().lower()
+    if kind == b"identity":
+        return body
+    if kind not in (b"gzip", b"deflate"):
+        raise HTTPError(415, f"Content-Encoding {kind.decode(errors='replace')!r} is not "
+                        "supported; send gzip, deflate or an uncompressed body")  # fmt: skip
+    inflater = zlib.decompressobj(zlib.MAX_WBITS | (16 if kind == b"gzip" else 0))
+    try:
+        out = inflater.decompress(body, limit + 1)
+        if len(out) > limit:
+            raise HTTPError(413, _too_large(len(out), limit) + " (after decompression)")
+        if not inflater.eof or inflater.unused_data:
+            raise zlib.error("truncated or trailing data")
+    except zlib.error as exc:
+        raise HTTPError(400, f"cannot decompress the {kind.decode()} body: {exc}") from None
+    return out
+
+
+def _too_large(size: int, limit: int) -> str:
+    return (
+        f"request body of {size} bytes exceeds the limit of {limit} bytes; "
+        "raise --max-body-bytes or send smaller requests"
+    )

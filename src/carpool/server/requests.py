@@ -1,0 +1,323 @@
+"""Inference request bodies of the v2 protocol, parsed into :class:`InferRequest` records.
+
+The ASGI layer reads the body and the ``Inference-Header-Content-Length`` header, calls
+:func:`parse_header_length`, then :func:`parse_infer_request` (or :func:`parse_raw_request`
+when the length is 0). Every refusal is a :class:`ProtocolError` carrying the HTTP status
+and the field at fault; messages keep Triton's wording where it has one, because clients and
+operators grep for it. Pure and sans-I/O: it must not import the ASGI app, the batcher or
+anything that touches a socket.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import orjson
+
+from carpool.datatypes import DATATYPES
+from carpool.server.messages import (
+    HEADER_LENGTH,
+    Array,
+    InferInput,
+    InferRequest,
+    Parameters,
+    ProtocolError,
+    RequestedOutput,
+    blame,
+)
+from carpool.server.tensors import (
+    array_from_json,
+    array_from_wire,
+    check_shape,
+    raw_shape,
+)
+
+__all__ = ["parse_header_length", "parse_infer_request", "parse_raw_request"]
+
+_NO_SHM = "shared memory is not supported by this server ({} '{}'); send the data in the body"
+
+
+def parse_header_length(value: str | None, body_length: int) -> int | None:
+    """The ``Inference-Header-Content-Length`` value, checked to lie in [0, body_length].
+
+    ``None`` when the header is absent (the whole body is JSON); 0 means a raw binary
+    request. Raises ``ProtocolError`` (400) for anything else, as Triton does.
+    """
+    if value is None:
+        return None
+    text = value.strip()
+    digits = text[1:] if text[:1] in "+-" else text
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= 20):
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise ProtocolError(f"Unable to parse {HEADER_LENGTH}, got: {shown}", field=HEADER_LENGTH)
+    length = int(text)
+    _check_header_range(length, body_length, allow_zero=True)
+    return length
+
+
+def parse_infer_request(
+    body: bytes | memoryview, header_length: int | None, *, max_elements: int
+) -> InferRequest:
+    """A JSON request, or a JSON header followed by the binary inputs in input order.
+
+    ``header_length`` is :func:`parse_header_length`'s result (0 belongs to
+    :func:`parse_raw_request`). ``max_elements`` bounds the element count summed over the
+    inputs; shapes are checked with Python ints before anything is allocated, so
+    ``[2**40, 2**40]`` costs nothing. Binary inputs are zero-copy views of ``body``.
+    Raises ``ProtocolError``: 400, or 413 over ``max_elements``.
+    """
+    if max_elements < 1:
+        raise ValueError(f"max_elements must be >= 1, got {max_elements}")
+    view = memoryview(body)
+    if header_length is not None:
+        _check_header_range(header_length, len(view), allow_zero=False)
+    split = len(view) if header_length is None else header_length
+    doc = _json_object(view[:split])
+    request_id = doc.get("id")
+    if request_id is not None and type(request_id) is not str:
+        raise ProtocolError("Unable to parse 'id': expected a string", field="id")
+    parameters = _parameters(doc.get("parameters"), "parameters")
+    binary_output = _expect_bool(
+        parameters.pop("binary_data_output", False), "parameters.binary_data_output"
+    )
+    framed = header_length is not None
+    inputs = _inputs(doc.get("inputs"), view[split:], framed, max_elements)
+    return InferRequest(
+        id=request_id,
+        parameters=parameters,
+        inputs=inputs,
+        outputs=_outputs(doc.get("outputs")),
+        binary_data_output=binary_output,
+    )
+
+
+def parse_raw_request(
+    body: bytes | memoryview,
+    *,
+    name: str,
+    datatype: str,
+    shape_without_batch: Sequence[int],
+    batched: bool = True,
+) -> InferRequest:
+    """A raw binary request (header length 0): the whole body is the one input's data.
+
+    The model's only input supplies name, datatype and shape; one ``-1`` dimension is
+    deduced from the body size. With ``batched`` (a model with a batch dimension) the
+    request is batch-1: a leading 1 is added. A BYTES input must have shape [1], and the
+    body is that element's content without a length prefix. Every output is returned
+    binary, as Triton does. Raises ``ProtocolError`` (400) when the body does not fit.
+    """
+    with blame(name):
+        dims = raw_shape(shape_without_batch, datatype=datatype, nbytes=len(body), name=name)
+        if datatype == "BYTES":
+            data = np.empty(1, dtype=object)
+            data[0] = bytes(body)
+        else:
+            count = math.prod(dims)
+            data = array_from_wire(body, datatype=datatype, count=count, name=name)
+    shape = (1, *dims) if batched else tuple(dims)
+    return InferRequest(
+        id=None,
+        parameters={},
+        inputs=(_input(name, datatype, shape, data, {}),),
+        outputs=None,
+        binary_data_output=True,
+    )
+
+
+def _json_object(header: memoryview) -> dict[str, Any]:
+    try:
+        doc = orjson.loads(header)
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError(
+            f"failed to parse the request JSON buffer: {exc}", field="body"
+        ) from None
+    if type(doc) is not dict:
+        raise ProtocolError("the request body must be a JSON object", field="body")
+    return doc
+
+
+def _inputs(
+    value: Any, blobs: memoryview, framed: bool, max_elements: int
+) -> tuple[InferInput, ...]:
+    # Every input with its data, JSON or binary; binary inputs take ``blobs`` in input order.
+    if type(value) is not list:
+        raise ProtocolError("Unable to parse 'inputs': expected an array", field="inputs")
+    inputs: list[InferInput] = []
+    names: set[str] = set()
+    total = offset = 0
+    for index, item in enumerate(value):
+        where = f"inputs[{index}]"
+        name, datatype, shape, params = _describe_input(item, where, names)
+        count = math.prod(shape)
+        total += count
+        if total > max_elements:
+            raise ProtocolError(
+                f"input '{name}' with shape {list(shape)} brings the request to {total} "
+                f"elements, over this server's limit of {max_elements}",
+                field=f"{where}.shape",
+                status=413,
+            )
+        if "data" in item:
+            with blame(name):
+                data = array_from_json(item["data"], datatype=datatype, count=count, name=name)
+        else:
+            size = _binary_size(params.pop("binary_data_size"), where, name)
+            data = _blob(blobs, offset, size, framed, datatype, count, name)
+            offset += size
+        inputs.append(_input(name, datatype, shape, data, params))
+    if offset != len(blobs):
+        raise ProtocolError(
+            f"unexpected additional input data: {len(blobs) - offset} bytes follow the last "
+            "binary input",
+            field="body",
+        )
+    return tuple(inputs)
+
+
+def _blob(
+    blobs: memoryview, offset: int, size: int, framed: bool, datatype: str, count: int, name: str
+) -> Array:
+    # Input ``name``'s ``size`` bytes from ``offset`` of the blobs, decoded; ``framed``: the
+    # request has the header that says where its JSON ends.
+    if size and not framed:
+        raise ProtocolError(
+            f"must specify valid '{HEADER_LENGTH}' in request header and "
+            "'binary_data_size' when passing inputs in binary data format",
+            field=HEADER_LENGTH,
+        )
+    left = len(blobs) - offset
+    if size > left:
+        raise ProtocolError(
+            f"unexpected size for input '{name}', expecting {size - left} additional bytes",
+            field=name,
+        )
+    with blame(name):
+        return array_from_wire(
+            blobs[offset : offset + size], datatype=datatype, count=count, name=name
+        )
+
+
+def _check_header_range(length: int, body_length: int, *, allow_zero: bool) -> None:
+    if not (0 if allow_zero else 1) <= length <= body_length:
+        raise ProtocolError(
+            f"inference header size should be in range [{0 if allow_zero else 1}, "
+            f"{body_length}], got {length}",
+            field=HEADER_LENGTH,
+        )
+
+
+def _name(item: Any, where: str, taken: set[str], kind: str) -> str:
+    # The item's name, checked to be a string not used by an earlier tensor of its kind.
+    if type(item) is not dict:
+        raise ProtocolError(f"Unable to parse '{where}': expected an object", field=where)
+    name = item.get("name")
+    if type(name) is not str:
+        field = f"{where}.name"
+        raise ProtocolError(f"Unable to parse '{field}': expected a string", field=field)
+    if name in taken:
+        raise ProtocolError(f"{kind} '{name}' already exists in request", field=f"{where}.name")
+    taken.add(name)
+    return name
+
+
+def _describe_input(
+    item: Any, where: str, names: set[str]
+) -> tuple[str, str, tuple[int, ...], Parameters]:
+    # Everything about one input but its data: name, datatype, shape, parameters.
+    name = _name(item, where, names, "input")
+    datatype = item.get("datatype")
+    if type(datatype) is not str or datatype not in DATATYPES:
+        raise ProtocolError(
+            f"invalid datatype {datatype!r} for input '{name}', expected one of "
+            + ", ".join(DATATYPES),
+            field=f"{where}.datatype",
+        )
+    with blame(f"{where}.shape"):
+        shape = check_shape(item.get("shape"), name=name)
+    params = _parameters(item.get("parameters"), f"{where}.parameters")
+    _check_content_fields("data" in item, params, name, where)
+    return name, datatype, shape, params
+
+
+def _binary_size(value: Any, where: str, name: str) -> int:
+    if type(value) is not int or value < 0:
+        raise ProtocolError(
+            f"Unable to parse 'binary_data_size' of input '{name}': expected a non-negative "
+            "integer",
+            field=f"{where}.parameters.binary_data_size",
+        )
+    return value
+
+
+def _parameters(value: Any, field: str) -> Parameters:
+    # A fresh dict every time: callers pop the keys they lift into fields.
+    if value is None:
+        return {}
+    if type(value) is not dict:
+        raise ProtocolError(f"Unable to parse '{field}': expected an object", field=field)
+    for key, item in value.items():
+        if type(item) not in (str, int, float, bool):
+            raise ProtocolError(
+                f"Unable to parse '{field}': '{key}' must be a string, number or boolean",
+                field=f"{field}.{key}",
+            )
+    return dict(value)
+
+
+def _expect_bool(value: Any, field: str) -> bool:
+    if type(value) is not bool:
+        key = field.rpartition(".")[2]
+        raise ProtocolError(f"Unable to parse '{key}': expected true or false", field=field)
+    return value
+
+
+def _check_content_fields(has_data: bool, params: Parameters, name: str, where: str) -> None:
+    keys = ("data", "binary_data_size", "shared_memory_region")
+    given = [key for key in keys if (has_data if key == "data" else key in params)]
+    if len(given) != 1:
+        found = " set " + " ".join(f"'{key}'" for key in given) if given else " no field is set"
+        raise ProtocolError(
+            "Input must set only one of the following fields: 'data', 'binary_data_size' in "
+            f"'parameters', 'shared_memory_region' in 'parameters'. But{found} (input "
+            f"'{name}')",
+            field=where,
+        )
+    if given == ["shared_memory_region"]:
+        raise ProtocolError(_NO_SHM.format("input", name), field=f"{where}.parameters")
+
+
+def _input(
+    name: str, datatype: str, shape: tuple[int, ...], data: Array, params: Parameters
+) -> InferInput:
+    data = data.reshape(shape)
+    data.flags.writeable = False  # mostly views of the request body; copies follow suit
+    return InferInput(name=name, datatype=datatype, shape=shape, data=data, parameters=params)
+
+
+def _outputs(value: Any) -> tuple[RequestedOutput, ...] | None:
+    if value is None:
+        return None
+    if type(value) is not list:
+        raise ProtocolError("Unable to parse 'outputs': expected an array", field="outputs")
+    outputs: list[RequestedOutput] = []
+    names: set[str] = set()
+    for index, item in enumerate(value):
+        where = f"outputs[{index}]"
+        name = _name(item, where, names, "output")
+        params = _parameters(item.get("parameters"), f"{where}.parameters")
+        if "shared_memory_region" in params:
+            raise ProtocolError(_NO_SHM.format("output", name), field=f"{where}.parameters")
+        if "classification" in params:
+            raise ProtocolError(
+                f"the classification extension is not supported (output '{name}')",
+                field=f"{where}.parameters.classification",
+            )
+        binary = params.pop("binary_data", None)
+        if binary is not None:
+            binary = _expect_bool(binary, f"{where}.parameters.binary_data")
+        outputs.append(RequestedOutput(name=name, binary=binary, parameters=params))
+    return tuple(outputs) or None  # Triton answers an empty list with every output

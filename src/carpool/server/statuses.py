@@ -1,0 +1,73 @@
+"""THE table from exceptions to HTTP statuses, and :class:`HTTPError`, an answer other than 200.
+
+Every status a request can end in is decided by :func:`error_status`, and only there: the app
+sends what it returns, the access log and ``/metrics`` count what it says. Pure: it only
+classifies, and must not import the app or anything that sends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from carpool.errors import (
+    BatcherClosed,
+    BatchSizeMismatch,
+    CarpoolError,
+    DeadlineExceeded,
+    QueueFull,
+)
+from carpool.server.inference import ModelOutputError
+from carpool.server.messages import ProtocolError
+from carpool.server.registry import ModelNotFound, ModelUnavailable
+
+__all__ = ["CLIENT_CLOSED", "STOPPING", "HTTPError", "error_status"]
+
+CLIENT_CLOSED = 499  # nginx's status for a client that closed the connection first
+STOPPING = "Server is stopping, scheduler for model has stopped accepting new inference requests"
+_RETRY = [(b"retry-after", b"1")]  # a full queue or a missed deadline may pass in a second
+
+
+class HTTPError(CarpoolError):
+    """An answer other than 200: its status, the message for the ``error`` body, and headers.
+
+    Raised inside the app to unwind to the one place that answers (a 404 route, a 405
+    method, a 413 body); not also a builtin, since its status, not its type, says what
+    went wrong.
+    """
+
+    def __init__(
+        self, status: int, message: str, headers: Sequence[tuple[bytes, bytes]] = ()
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = list(headers)
+
+    def _fields(self) -> dict[str, Any]:
+        return {"status": self.status, "message": self.message, "headers": self.headers}
+
+
+def error_status(exc: BaseException) -> HTTPError:
+    """THE table: every exception a request can end in, as the status a client sees.
+
+    Anything that is not an ``Exception`` (cancellation, ``KeyboardInterrupt``) is
+    re-raised: it is not a request's outcome.
+    """
+    if isinstance(exc, HTTPError):
+        return exc
+    if isinstance(exc, ProtocolError):
+        return HTTPError(exc.status, str(exc))
+    if isinstance(exc, ModelNotFound):
+        return HTTPError(404, str(exc))
+    if isinstance(exc, ModelUnavailable):
+        return HTTPError(400, str(exc))
+    if isinstance(exc, QueueFull | DeadlineExceeded):
+        return HTTPError(503, str(exc), _RETRY)
+    if isinstance(exc, BatcherClosed):
+        return HTTPError(503, STOPPING)
+    if isinstance(exc, BatchSizeMismatch | ModelOutputError):
+        return HTTPError(500, f"model error: {exc}")
+    if isinstance(exc, Exception):  # the model's own exception, isolated to its rows
+        return HTTPError(500, f"model error: {type(exc).__name__}: {exc}")
+    raise exc

@@ -1,0 +1,62 @@
+"""``/metrics``: one family per figure, a sample per model, the adaptive ones only where a
+model learns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from carpool import Batching, Model
+from carpool.server.metrics import Metrics
+from carpool.server.registry import Registry
+
+
+def _double(x: Any) -> Any:
+    return x * 2
+
+
+def families(registry: Registry) -> dict[str, Any]:
+    text = Metrics(registry).render().decode()
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+async def test_each_model_has_its_samples_and_only_adaptive_ones_learn() -> None:
+    registry = Registry(
+        [
+            Model(_double, name="plain", batching=Batching(max_batch_size=6)),
+            Model(
+                _double,
+                name="learning",
+                batching=Batching(max_batch_size=8, policy="adaptive", latency_slo_ms=50.0),
+            ),
+        ]
+    )
+    for served in registry:
+        served.statuses.update({200: 2, 503: 1, 418: 1})
+        async with served.batcher:
+            value = {served.model.input_specs[0].name: np.ones((3, 2), np.float32)}
+            await served.batcher.infer_many(value)
+    found = families(registry)
+    requests = {
+        (s.labels["model"], s.labels["outcome"]): s.value for s in found["carpool_requests"].samples
+    }
+    assert requests == {
+        (model, outcome): count
+        for model in ("plain", "learning")
+        for outcome, count in (("success", 2.0), ("unavailable", 1.0), ("418", 1.0))
+    }
+    buckets = {
+        s.labels["le"]: s.value
+        for s in found["carpool_batch_size"].samples
+        if s.name.endswith("_bucket") and s.labels["model"] == "plain"
+    }
+    assert buckets == {"1": 0.0, "2": 0.0, "4": 1.0, "6": 1.0, "+Inf": 1.0}
+    overloaded = [s.labels["model"] for s in found["carpool_overloaded"].samples]
+    assert overloaded == ["learning"]
+    for name in ("carpool_queue_rows", "carpool_rows_in_flight", "carpool_requests_in_flight"):
+        assert {s.labels["model"]: s.value for s in found[name].samples} == {
+            "plain": 0.0,
+            "learning": 0.0,
+        }
