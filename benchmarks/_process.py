@@ -230,14 +230,14 @@ class BenchRun:
     server_cpu: float
 
     def rows(self) -> list[dict[str, Any]]:
-        """Each step's figures, flat: clients, req/s (:func:`answered_per_s`), p50/p99 ms,
+        """Each step's figures, flat: clients, req/s (answers in the window), p50/p99 ms,
         mean batch (carpool's ``/metrics``; nan for other servers), server CPU share,
         errors."""
         nan = float("nan")
         return [
             {
                 "clients": int(step.load.value),
-                "throughput": answered_per_s(step),
+                "throughput": step.throughput_rps,
                 "p50_ms": step.latency.p50 if step.latency else nan,
                 "p99_ms": step.latency.p99 if step.latency else nan,
                 "mean_batch": step.server.batch_size_mean if step.server else nan,
@@ -246,21 +246,6 @@ class BenchRun:
             }
             for step in self.report.steps
         ]
-
-
-def answered_per_s(step: Step) -> float:
-    """Successful answers per second of a closed-loop step's window.
-
-    ``carpool bench`` counts (``ok``) the requests both sent and answered within the
-    window. Each of the C callers also has one request in flight as the window opens,
-    answered within it (when the window outlasts the slowest answer) but sent before it:
-    answers in the window = ``ok`` + C. Counting only ``ok`` would understate throughput
-    by about latency / window, most for the slowest server (a 5 % bias at 150 ms and 3 s)
-    and so skew a ratio between servers.
-    """
-    if step.load.mode != "concurrency" or not step.ok:
-        return step.throughput_rps
-    return (step.ok + step.load.value) / step.duration_s
 
 
 def carpool_bench(

@@ -109,6 +109,31 @@ async def test_a_closed_loop_by_duration_keeps_what_finished_in_the_window() -> 
     assert all(t.last_done <= timing.end for t in tallies)  # type: ignore[operator]
 
 
+async def test_a_timed_closed_loop_counts_answers_to_requests_sent_before_its_window() -> None:
+    async def send(i: int) -> None:
+        await asyncio.sleep(0.04)  # sends at 0, 40, 80 ms: the window opens at 60, closes at 140
+
+    plan = closed_plan(2, duration_s=0.08, warmup_s=0.06)
+    step, tallies = await measure(
+        plan, Timing.of(plan), InProcess(FakeClient(send)), NoServer(), slo_ms=None
+    )
+    # The answers at 80 ms were to requests sent before the window: counted as throughput,
+    # not as latencies of the window.
+    assert sum(t.answered for t in tallies) == step.ok + 2
+    assert step.throughput_rps == pytest.approx((step.ok + 2) / 0.08)
+
+
+def test_a_timed_closed_loop_counts_every_answer_that_arrived_in_its_window() -> None:
+    plan = closed_plan(4, duration_s=1.0)
+    timing = Timing(start=99.0, window=100.0, end=101.0)
+    tally = Tally()
+    for now in (100.2, 100.4, 100.6):  # sent and answered inside the window
+        tally.record(None, 0.1, now)
+    tally.answered = 3 + 4  # plus one answer per caller to a request sent before it opened
+    step = step_of(plan, timing, [tally], slo_ms=None)
+    assert (step.ok, step.requests, step.throughput_rps) == (3, 3, 7.0)
+
+
 async def test_errors_are_counted_by_kind_and_a_failed_step_still_reports() -> None:
     async def flaky(i: int) -> str | None:
         await asyncio.sleep(0)

@@ -52,6 +52,8 @@ class Tally:
     failed: int = 0
     last_done: float = 0.0  # monotonic time of the last measured answer
     late: int = 0  # open loop: sends more than LATE_S behind schedule
+    # closed loop, timed window: successful answers that arrived inside it, whenever sent
+    answered: int = 0
     lag_max_s: float = 0.0
 
     def record(self, kind: str | None, latency_s: float, now: float) -> None:
@@ -92,10 +94,12 @@ async def _closed_loop(send: Send, share: Share, timing: Timing, tally: Tally) -
             i = index
             index += stride
             kind = await send(i)
-            if measured:
-                now = clock()
-                if end is None or now <= end:
-                    tally.record(kind, now - sent, now)
+            now = clock()
+            in_window = now >= window and (end is None or now <= end)
+            if in_window and kind is None:
+                tally.answered += 1
+            if measured and in_window:
+                tally.record(kind, now - sent, now)
 
     await _sleep_until(timing.start)
     async with asyncio.TaskGroup() as group:
@@ -225,6 +229,10 @@ def step_of(plan: Plan, timing: Timing, tallies: Sequence[Tally], *, slo_ms: flo
         errors.update(tally.errors)
     ok = int(latencies.size)
     window = _window(plan, timing, tallies)
+    # A timed closed-loop window also answers the requests its callers had in flight as it
+    # opened: counting only those sent inside it would understate throughput by
+    # concurrency / window requests (5 % at 64 callers, 150 ms and 3 s).
+    answered = sum(t.answered for t in tallies) if plan.closed and timing.end else ok
     goodput = None
     if slo_ms is not None:
         goodput = float(np.count_nonzero(latencies <= slo_ms / 1000.0)) / window
@@ -234,7 +242,7 @@ def step_of(plan: Plan, timing: Timing, tallies: Sequence[Tally], *, slo_ms: flo
         requests=ok + sum(errors.values()),
         ok=ok,
         errors=dict(sorted(errors.items())),
-        throughput_rps=ok / window,
+        throughput_rps=answered / window,
         latency=summarize(latencies),
         goodput_rps=goodput,
     )

@@ -124,7 +124,7 @@ class Step:
     requests: int
     ok: int
     errors: dict[str, int]
-    throughput_rps: float  # successful responses per second of the window
+    throughput_rps: float  # successful answers that arrived in the window, per second
     latency: Latency | None
     server: ServerSide | None = None
     goodput_rps: float | None = None  # responses within the latency objective per second
