@@ -32,7 +32,7 @@ from typing import IO, TYPE_CHECKING, Any
 import _bench  # one BLAS thread for everything numpy in this process tree
 
 if TYPE_CHECKING:  # imported where used: overhead.py runs without carpool's bench extra
-    from carpool.bench.report import Report, Step
+    from carpool.bench.report import Report
 
 REPO, SRC = _bench.REPO, _bench.SRC
 
