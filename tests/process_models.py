@@ -22,7 +22,12 @@ SLOW_S = 0.5
 
 
 def echo(batch: Any) -> Any:
-    """The batch back, unchanged: transport cost only."""
+    """The batch back, unchanged (transport cost only); the strings ``"raise-value"`` and
+    ``"raise-unpicklable"`` raise instead."""
+    if isinstance(batch, str) and batch == "raise-value":
+        raise ValueError("bad batch")
+    if isinstance(batch, str) and batch == "raise-unpicklable":
+        raise Unpicklable(1, 2)
     return batch
 
 
@@ -81,7 +86,3 @@ class Unpicklable(Exception):
 
     def __init__(self, a: int, b: int) -> None:
         super().__init__(f"unpicklable {a} {b}")
-
-
-def raises_unpicklable(batch: Any) -> Any:
-    raise Unpicklable(1, 2)
