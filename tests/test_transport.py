@@ -45,7 +45,7 @@ DTYPES = [
 
 def roundtrip(value: Any, *, copy: bool = False) -> Any:
     laid = plan(value)
-    buf = memoryview(bytearray(max(laid.nbytes, 1)))
+    buf = np.zeros(max(laid.nbytes, 1), np.uint8)
     laid.write(buf)
     return decode(laid.tree, buf, copy=copy)
 
@@ -168,7 +168,7 @@ def test_offsets_are_aligned() -> None:
 def test_views_alias_the_buffer_and_copies_do_not() -> None:
     array = np.arange(6, dtype=np.int32)
     laid = plan(array)
-    buf = memoryview(bytearray(laid.nbytes))
+    buf = np.zeros(laid.nbytes, np.uint8)
     laid.write(buf)
     view = decode(laid.tree, buf)
     copy = decode(laid.tree, buf, copy=True)

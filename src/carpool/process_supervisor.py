@@ -120,10 +120,12 @@ class Supervisor:
 
     def take_idle(self) -> Slot | None:
         """The most recently freed idle slot, now BUSY, or None."""
-        idle = [s for s in self.slots if s.state == IDLE]
-        if not idle:
+        slot = None
+        for candidate in self.slots:
+            if candidate.state == IDLE and (slot is None or candidate.freed > slot.freed):
+                slot = candidate
+        if slot is None:
             return None
-        slot = max(idle, key=lambda s: s.freed)
         slot.state = BUSY
         assert slot.child is not None
         slot.child.busy = True
@@ -142,7 +144,7 @@ class Supervisor:
                 slot.state = DYING
         if child.exitcode is not None:
             child.conn.close()
-        self.cond.notify_all()
+        self.cond.notify_all()  # callers, close() and await_exit() all wait on cond
 
     def await_exit(self, child: Child) -> int:
         """The exit code of a process whose pipe broke, once reaped (killing it if it

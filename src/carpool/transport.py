@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import pickle
-from dataclasses import dataclass, field
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Arena", "Attached", "Header", "Plan", "decode", "plan", "receive", "send"]
+__all__ = ["Arena", "Attached", "Bytes", "Header", "Plan", "decode", "plan", "receive", "send"]
 
 ALIGN = 64  # bytes: a cache line, and the widest SIMD load numpy uses
 MIN_ARENA = 1 << 20  # bytes: 1 MiB holds a 32x4096 FP32 batch; most never regrow
@@ -30,28 +29,42 @@ ARRAY, INLINE, DICT, TUPLE, LIST = range(5)
 Node = tuple[Any, ...]
 # What crosses the pipe: (arena name, node tree).
 Header = tuple[str, Node]
+# A buffer as a flat uint8 array: slicing one costs a tenth of np.ndarray(buffer=memoryview).
+Bytes = np.ndarray[Any, np.dtype[np.uint8]]
 
 
-@dataclass(slots=True)
+_KEYS: dict[np.dtype[Any], Any] = {}  # dtype -> its name in headers
+_DTYPES: dict[str, np.dtype[Any]] = {}  # and back
+
+
+def _at(buf: Bytes, dtype: np.dtype[Any], shape: tuple[int, ...], offset: int) -> Any:
+    count = 1
+    for n in shape:
+        count *= n
+    return np.frombuffer(buf, dtype, count, offset).reshape(shape)
+
+
 class Plan:
     """Where each array of one batch goes in a buffer of ``nbytes``; ``tree`` says how
     to rebuild the batch from it."""
 
-    tree: Node
-    nbytes: int = 0
-    arrays: list[tuple[np.ndarray[Any, Any], int]] = field(default_factory=list)
+    __slots__ = ("arrays", "nbytes", "tree")
 
-    def write(self, buf: memoryview) -> None:
+    def __init__(self) -> None:
+        self.tree: Node = ()
+        self.nbytes = 0
+        self.arrays: list[tuple[np.ndarray[Any, Any], int]] = []
+
+    def write(self, buf: Bytes) -> None:
         """Copy every array into ``buf`` at its offset (any strides: ``np.copyto`` gathers)."""
         for array, offset in self.arrays:
-            dst = np.ndarray(array.shape, array.dtype, buffer=buf, offset=offset)
-            np.copyto(dst, array, casting="no")
+            np.copyto(_at(buf, array.dtype, array.shape, offset), array, casting="no")
 
 
 def plan(value: Any) -> Plan:
     """Lay out ``value``: arrays go to the buffer, dicts and tuples or lists holding arrays
     are walked (two levels deep: a dict of tuples of arrays), anything else is inlined."""
-    out = Plan(tree=())
+    out = Plan()
     out.tree = _node(value, out, depth=0)
     return out
 
@@ -59,7 +72,10 @@ def plan(value: Any) -> Plan:
 def _node(value: Any, out: Plan, depth: int) -> Node:
     if type(value) is np.ndarray and not value.dtype.hasobject:
         dtype = value.dtype
-        key = dtype.str if dtype.fields is None and dtype.subdtype is None else dtype
+        key = _KEYS.get(dtype)
+        if key is None:  # the dtype's name, or itself when the name loses fields
+            key = dtype.str if dtype.fields is None and dtype.subdtype is None else dtype
+            _KEYS[dtype] = key
         offset = out.nbytes
         if value.nbytes:
             out.arrays.append((value, offset))
@@ -78,15 +94,17 @@ def _holds_arrays(items: tuple[Any, ...] | list[Any]) -> bool:
     return any(type(v) is np.ndarray or type(v) in (dict, tuple, list) for v in items)
 
 
-def decode(tree: Node, buf: memoryview, *, copy: bool = False) -> Any:
+def decode(tree: Node, buf: Bytes, *, copy: bool = False) -> Any:
     """The batch ``tree`` describes, its arrays read from ``buf``: views that alias it (valid
     until the buffer is written again), or private copies with ``copy=True``."""
     kind = tree[0]
     if kind == ARRAY:
-        _, dtype, shape, offset = tree
-        dtype = np.dtype(dtype)
+        _, key, shape, offset = tree
+        dtype = _DTYPES.get(key) if type(key) is str else np.dtype(key)
+        if dtype is None:
+            dtype = _DTYPES[key] = np.dtype(key)
         if not shape or all(shape):  # not empty
-            array = np.ndarray(shape, dtype, buffer=buf, offset=offset)
+            array = _at(buf, dtype, shape, offset)
             return array.copy() if copy else array
         return np.empty(shape, dtype)
     if kind == INLINE:
@@ -109,39 +127,66 @@ def receive(conn: Connection) -> Any:
     return pickle.loads(conn.recv_bytes())
 
 
+class Segment:
+    """One shared-memory segment and a flat uint8 array over it."""
+
+    def __init__(self, name: str | None = None, size: int = 0) -> None:
+        if name is None:
+            self.shm = shared_memory.SharedMemory(create=True, size=size)
+        else:
+            self.shm = shared_memory.SharedMemory(name=name)
+        self.name = self.shm.name
+        view = self.shm.buf
+        assert view is not None  # None only once closed
+        self.buf: Bytes = np.frombuffer(view, np.uint8)
+
+    def release(self, *, unlink: bool) -> None:
+        """Unmap (and unlink) it. A mapping that arrays still view cannot be unmapped: it
+        stays until they are gone (a model that kept its inputs) instead of failing."""
+        del self.buf
+        if unlink:
+            with contextlib.suppress(FileNotFoundError):
+                self.shm.unlink()
+        try:
+            self.shm.close()
+        except BufferError:
+            _kept.append(self.shm)
+
+
+_kept: list[shared_memory.SharedMemory] = []
+
+
 class Arena:
     """A shared-memory segment its creator reuses for batch after batch; ``fit`` replaces
     it by a larger one (and unlinks the old) when a batch does not fit."""
 
     def __init__(self, nbytes: int = MIN_ARENA) -> None:
-        self.shm = shared_memory.SharedMemory(create=True, size=max(nbytes, MIN_ARENA))
+        self.segment = Segment(size=max(nbytes, MIN_ARENA))
 
     @property
     def name(self) -> str:
-        return self.shm.name
+        return self.segment.name
 
     @property
     def size(self) -> int:
-        return self.shm.size
+        return len(self.segment.buf)
 
     @property
-    def buf(self) -> memoryview:
-        buf = self.shm.buf
-        assert buf is not None  # None only after close()
-        return buf
+    def buf(self) -> Bytes:
+        return self.segment.buf
 
     def fit(self, nbytes: int) -> bool:
         """Make room for ``nbytes``; True when that took a new segment (a new name)."""
-        if nbytes <= self.shm.size:
+        old = self.segment
+        if nbytes <= len(old.buf):
             return False
-        old = self.shm
-        self.shm = shared_memory.SharedMemory(create=True, size=max(nbytes, 2 * old.size))
-        _release(old, unlink=True)
+        self.segment = Segment(size=max(nbytes, 2 * len(old.buf)))
+        old.release(unlink=True)
         return True
 
     def close(self) -> None:
         """Unmap and unlink the segment (processes that attached it keep their mapping)."""
-        _release(self.shm, unlink=True)
+        self.segment.release(unlink=True)
 
 
 class Attached:
@@ -149,35 +194,19 @@ class Attached:
     names another (the writer grew its arena)."""
 
     def __init__(self) -> None:
-        self.shm: shared_memory.SharedMemory | None = None
+        self.segment: Segment | None = None
 
-    def buf(self, name: str) -> memoryview:
+    def buf(self, name: str) -> Bytes:
         """The buffer of segment ``name``; raises FileNotFoundError if it no longer exists."""
-        shm = self.shm
-        if shm is None or shm.name != name:
-            if shm is not None:
-                _release(shm, unlink=False)
-            shm = self.shm = shared_memory.SharedMemory(name=name)
-        buf = shm.buf
-        assert buf is not None
-        return buf
+        segment = self.segment
+        if segment is None or segment.name != name:
+            if segment is not None:
+                self.segment = None
+                segment.release(unlink=False)
+            segment = self.segment = Segment(name)
+        return segment.buf
 
     def close(self) -> None:
-        if self.shm is not None:
-            _release(self.shm, unlink=False)
-            self.shm = None
-
-
-_kept: list[shared_memory.SharedMemory] = []
-
-
-def _release(shm: shared_memory.SharedMemory, *, unlink: bool) -> None:
-    """Close (and unlink) a segment. A mapping that arrays still view cannot close: it is
-    kept open until the process exits instead of failing (a model that kept its inputs)."""
-    if unlink:
-        with contextlib.suppress(FileNotFoundError):
-            shm.unlink()
-    try:
-        shm.close()
-    except BufferError:
-        _kept.append(shm)
+        if self.segment is not None:
+            self.segment.release(unlink=False)
+            self.segment = None
