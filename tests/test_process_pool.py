@@ -13,6 +13,7 @@ import functools
 import itertools
 import logging
 import os
+import pickle
 import re
 import signal
 import subprocess
@@ -148,6 +149,9 @@ def test_model_errors_reach_the_caller_and_the_worker_stays(pools: MakePool) -> 
     # An exception that cannot be rebuilt arrives as a RuntimeError naming its type.
     with pytest.raises(RuntimeError, match=r"^Unpicklable: unpicklable 1 2\n"):
         pool.call("raise-unpicklable")
+    # A batch that cannot be pickled fails before it is sent; the worker is not touched.
+    with pytest.raises((AttributeError, pickle.PicklingError), match="local object"):
+        pool.call({"x": np.ones(2), "fn": lambda: None})
     assert pool.call(7) == 7
     assert pids(pool) == pid
     stats = pool.stats()

@@ -31,7 +31,7 @@ from typing import Any
 
 from carpool.process_supervisor import BUSY, IDLE, STARTING, STOPPED, Child, Slot, Supervisor
 from carpool.process_worker import run_worker
-from carpool.transport import Plan, decode, plan, receive, send
+from carpool.transport import Plan, decode, dumps, plan, receive
 from carpool.worker_errors import BatchTimeout, WorkerDied, WorkerPoolClosed, WorkerStartError
 
 __all__ = ["PoolStats", "ProcessPool", "WorkerState"]
@@ -112,6 +112,7 @@ class ProcessPool:
         self._sup: Supervisor | None = None
         self._retried = 0
         self._timed_out = 0
+        self._closed = False
 
     def __repr__(self) -> str:
         return f"<ProcessPool {self.name!r} workers={self.workers} alive={self.alive}>"
@@ -179,8 +180,9 @@ class ProcessPool:
         """Take no new batches, let running ones finish (up to ``timeout`` seconds), ask the
         children to exit, and kill what is left: no process remains. Idempotent."""
         sup = self._sup
-        if sup is None:
+        if sup is None or self._closed:
             return
+        self._closed = True
         deadline = time.monotonic() + timeout
         with sup.cond:
             sup.closing = True
@@ -241,8 +243,9 @@ class ProcessPool:
         try:
             slot.inputs.fit(laid.nbytes)
             laid.write(slot.inputs.buf)
-            healthy = False
-            reply = self._exchange(slot, child, laid)
+            run = dumps(("run", (slot.inputs.name, laid.tree), slot.outputs.name))
+            healthy = False  # from here on, only an answer shows the worker is fine
+            reply = self._exchange(slot, child, run)
             if reply is None:
                 raise self._timed_out_on(sup, child, slot.name)
             healthy = True  # it answered, whatever the answer
@@ -257,25 +260,25 @@ class ProcessPool:
                     child.kill("its caller stopped waiting for it")
                 sup.give_back(slot, child, healthy=healthy)
 
-    def _exchange(self, slot: Slot, child: Child, laid: Plan) -> Any:
+    def _exchange(self, slot: Slot, child: Child, run: bytes) -> Any:
         """The child's ``ok`` or ``error`` reply (growing its output arena on request), or
         None when batch_timeout_ms passed first. Raises _Died when its pipe breaks."""
         timeout = self.batch_timeout_ms
         deadline = None if timeout is None else time.monotonic() + timeout / 1000
-        message: Any = ("run", (slot.inputs.name, laid.tree), slot.outputs.name)
+        message = run
         while True:
             reply = self._talk(child, message, deadline)
             if reply is None or reply[0] != "grow":
                 return reply
             slot.outputs.fit(reply[1])
-            message = ("out", slot.outputs.name)
+            message = dumps(("out", slot.outputs.name))
 
-    def _talk(self, child: Child, message: Any, deadline: float | None) -> Any:
+    def _talk(self, child: Child, message: bytes, deadline: float | None) -> Any:
         """Send ``message`` and read the answer (None past ``deadline``); _Died when the
         child's pipe breaks, with its exit code once the supervisor has reaped it."""
         conn = child.conn
         try:
-            send(conn, message)
+            conn.send_bytes(message)
             if deadline is not None and not conn.poll(max(0.0, deadline - time.monotonic())):
                 return None
             return receive(conn)

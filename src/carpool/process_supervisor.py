@@ -178,6 +178,8 @@ class Supervisor:
         if self._thread.is_alive():  # never expected: the thread is stuck
             log.error("the supervisor of %s did not stop; killing its workers", self.name)
             self._kill_all("the supervisor did not stop")
+        with self.cond:  # callers of killed workers give their slots back at once
+            self.cond.wait_for(lambda: not any(s.child and s.child.busy for s in self.slots), 5.0)
         for slot in self.slots:
             slot.inputs.close()
             slot.outputs.close()
@@ -270,7 +272,8 @@ class Supervisor:
             child.eof = True  # it exited: its sentinel says how
             return
         with self.cond:
-            if message[0] == "ready" and slot.child is child and slot.state == STARTING:
+            ready = message[0] == "ready" and child.why is None  # not killed meanwhile
+            if ready and slot.child is child and slot.state == STARTING:
                 slot.state = IDLE
                 slot.started = True
                 slot.load_error = None

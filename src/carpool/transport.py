@@ -18,7 +18,18 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Arena", "Attached", "Bytes", "Header", "Plan", "decode", "plan", "receive", "send"]
+__all__ = [
+    "Arena",
+    "Attached",
+    "Bytes",
+    "Header",
+    "Plan",
+    "decode",
+    "dumps",
+    "plan",
+    "receive",
+    "send",
+]
 
 ALIGN = 64  # bytes: a cache line, and the widest SIMD load numpy uses
 MIN_ARENA = 1 << 20  # bytes: 1 MiB holds a 32x4096 FP32 batch; most never regrow
@@ -115,11 +126,15 @@ def decode(tree: Node, buf: Bytes, *, copy: bool = False) -> Any:
     return tuple(items) if kind == TUPLE else items
 
 
+def dumps(message: Any) -> bytes:
+    """A message (a small tuple) as bytes for ``Connection.send_bytes``: plain pickle, a
+    third of what ``Connection.send``'s pickler set-up costs per message."""
+    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+
+
 def send(conn: Connection, message: Any) -> None:
-    """Send a message (a small tuple) on a pipe: plain pickle, which costs a third of
-    ``Connection.send``'s pickler set-up per message. Raises what pickling raises before
-    anything is written."""
-    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+    """Send a message on a pipe; raises what pickling raises before anything is written."""
+    conn.send_bytes(dumps(message))
 
 
 def receive(conn: Connection) -> Any:
@@ -142,7 +157,10 @@ class Segment:
 
     def release(self, *, unlink: bool) -> None:
         """Unmap (and unlink) it. A mapping that arrays still view cannot be unmapped: it
-        stays until they are gone (a model that kept its inputs) instead of failing."""
+        stays until they are gone (a model that kept its inputs) instead of failing.
+        Idempotent."""
+        if not hasattr(self, "buf"):
+            return
         del self.buf
         if unlink:
             with contextlib.suppress(FileNotFoundError):
