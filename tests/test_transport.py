@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from carpool.padding import PaddedBatch
 from carpool.transport import (
     ALIGN,
     ARRAY,
@@ -132,6 +133,17 @@ def test_structures_roundtrip() -> None:
     assert_same(roundtrip((a, ids)), (a, ids))
     assert_same(roundtrip([a, {"k": ids}]), [a, {"k": ids}])
     assert_same(roundtrip(7), 7)
+
+
+def test_a_padded_batch_keeps_its_class_and_lengths() -> None:
+    batch = PaddedBatch(ids=np.ones((2, 5), np.int64), mask=np.ones((2, 5), bool))
+    batch.lengths = np.array([[3], [5]])
+    laid = plan(batch)
+    assert len(laid.arrays) == 3  # the lengths go through the buffer too
+    got = roundtrip(batch)
+    assert type(got) is PaddedBatch
+    assert_same(dict(got), dict(batch))
+    assert np.array_equal(got.lengths, batch.lengths)
 
 
 def test_object_arrays_and_plain_lists_travel_in_the_header() -> None:

@@ -174,7 +174,7 @@ class ProcessPool:
                 retried = True
                 with sup.cond:
                     self._retried += 1
-                log.warning("retrying the batch of model worker %s on another worker", slot.name)
+                log.warning("retrying the batch that model worker %s died on", slot.name)
 
     def close(self, timeout: float = 10.0) -> None:
         """Take no new batches, let running ones finish (up to ``timeout`` seconds), ask the

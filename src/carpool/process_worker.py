@@ -46,6 +46,8 @@ def run_worker(
     be unpickled here is reported as a load failure with its reason."""
     _die_with_parent(parent)
     _set_title(title)
+    # Ctrl-C reaches the whole process group: the parent drains, then stops its workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         fn = load_model(pickle.loads(spec))
         if warmup is not None:
@@ -158,6 +160,8 @@ def _set_title(title: str) -> None:
         pass
     try:
         libc = ctypes.CDLL(None)
-        libc.prctl(PR_SET_NAME, title.removeprefix("carpool-worker ").encode()[:15], 0, 0, 0)
+        name = title.removeprefix("carpool-worker ")
+        short = f"carpool {name}" if len(name) <= 7 else name  # the kernel keeps 15 bytes
+        libc.prctl(PR_SET_NAME, short.encode()[:15], 0, 0, 0)
     except (OSError, AttributeError):
         pass

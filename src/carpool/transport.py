@@ -35,7 +35,8 @@ ALIGN = 64  # bytes: a cache line, and the widest SIMD load numpy uses
 MIN_ARENA = 1 << 20  # bytes: 1 MiB holds a 32x4096 FP32 batch; most never regrow
 
 # Header nodes are plain tuples (cheap to pickle): (ARRAY, dtype, shape, offset),
-# (INLINE, value), (DICT, keys, children), (TUPLE, children), (LIST, children).
+# (INLINE, value), (DICT, keys, children[, cls, attributes]), (TUPLE, children),
+# (LIST, children).
 ARRAY, INLINE, DICT, TUPLE, LIST = range(5)
 Node = tuple[Any, ...]
 # What crosses the pipe: (arena name, node tree).
@@ -92,9 +93,14 @@ def _node(value: Any, out: Plan, depth: int) -> Node:
             out.arrays.append((value, offset))
             out.nbytes = offset + -(-value.nbytes // ALIGN) * ALIGN
         return (ARRAY, key, value.shape, offset)
-    if depth < 2 and type(value) is dict:
+    if depth < 2 and isinstance(value, dict) and type(value).__init__ is dict.__init__:
         keys = tuple(value)
-        return (DICT, keys, tuple(_node(value[k], out, depth + 1) for k in keys))
+        children = tuple(_node(value[k], out, depth + 1) for k in keys)
+        if type(value) is dict:
+            return (DICT, keys, children)
+        # A dict subclass (carpool.padding.PaddedBatch): its class, and its attributes
+        # (the batch's row lengths) laid out like items.
+        return (DICT, keys, children, type(value), _node(vars(value), out, depth + 1))
     if depth < 2 and type(value) in (tuple, list) and _holds_arrays(value):
         kind = TUPLE if type(value) is tuple else LIST
         return (kind, tuple(_node(v, out, depth + 1) for v in value))
@@ -121,7 +127,12 @@ def decode(tree: Node, buf: Bytes, *, copy: bool = False) -> Any:
     if kind == INLINE:
         return tree[1]
     if kind == DICT:
-        return {k: decode(n, buf, copy=copy) for k, n in zip(tree[1], tree[2], strict=True)}
+        named = {k: decode(n, buf, copy=copy) for k, n in zip(tree[1], tree[2], strict=True)}
+        if len(tree) == 3:
+            return named
+        rebuilt = tree[3](named)
+        vars(rebuilt).update(decode(tree[4], buf, copy=copy))
+        return rebuilt
     items = [decode(n, buf, copy=copy) for n in tree[1]]
     return tuple(items) if kind == TUPLE else items
 
