@@ -14,14 +14,13 @@ GIL lets one of them run at a time).
 
 from __future__ import annotations
 
-import _bench  # first: one BLAS thread
-
 import functools
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+import _bench  # before numpy: sets single-thread BLAS env vars
 import numpy as np
 
 _bench.import_carpool()

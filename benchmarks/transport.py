@@ -8,9 +8,9 @@ output arena and answers; the parent copies the output out. Two batches:
 ``32x512 FP32``  one 64 KiB tensor in, the same back (goal: median <= 100 us)
 ``minilm``       a dict of int64 ``input_ids``/``attention_mask`` 32x64 in, FP32 32x384 out
 
-Beside them, measured in the same run: ``pipe floor``, a bare ping-pong of a 100-byte
-message with a spawned process (two wake-ups: no transport can beat it), and ``copies``,
-the same encode/decode work in one process with no pipe (what the data costs).
+Beside them, measured in the same run: ``pipe floor``, a header-sized message to a spawned
+process and back over the same channel (two wake-ups: no transport can beat it), and
+``copies``, the same encode/decode work in one process with no pipe (what the data costs).
 
 Why: process workers are only worth having if the boundary costs almost nothing next to a
 model call; this separates the boundary's cost from the machine's wake-up latency.
@@ -18,20 +18,19 @@ model call; this separates the boundary's cost from the machine's wake-up latenc
 
 from __future__ import annotations
 
-import _bench  # first: one BLAS thread
-
 import multiprocessing
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+import _bench  # before numpy: sets single-thread BLAS env vars
 import numpy as np
 
 _bench.import_carpool()
 
 from carpool.process_pool import ProcessPool  # noqa: E402
-from carpool.transport import Arena, decode, plan  # noqa: E402
+from carpool.transport import Arena, Channel, decode, plan  # noqa: E402
 
 EMBEDDING = np.random.default_rng(0).standard_normal((32, 384)).astype(np.float32)
 
@@ -46,9 +45,10 @@ def embed(batch: dict[str, np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
     return EMBEDDING[: len(batch["input_ids"])]
 
 
-def _pong(conn: Connection) -> None:
-    while (message := conn.recv_bytes()) != b"stop":
-        conn.send_bytes(message)
+def _pong(ends: tuple[Connection, Connection]) -> None:
+    channel = Channel(*ends)
+    while (message := channel.receive()) != "stop":
+        channel.send(message)
 
 
 def timed(fn: Callable[[], Any], calls: int) -> list[float]:
@@ -64,21 +64,23 @@ def timed(fn: Callable[[], Any], calls: int) -> list[float]:
 
 
 def pipe_floor(calls: int) -> list[float]:
+    """A small message to a spawned process and back over the pool's own channel."""
     ctx = multiprocessing.get_context("spawn")
-    ours, theirs = ctx.Pipe()
+    ours, theirs = Channel.pair(ctx)
     child = ctx.Process(target=_pong, args=(theirs,), daemon=True)
     child.start()
-    message = b"x" * 100
+    message = ("run", ("psm_0123456789", (0, "<f4", (32, 512), 0)), "psm_9876543210")
 
     def ping() -> None:
-        ours.send_bytes(message)
-        ours.recv_bytes()
+        ours.send(message)
+        ours.receive()
 
     try:
         return timed(ping, calls)
     finally:
-        ours.send_bytes(b"stop")
+        ours.send("stop")
         child.join()
+        ours.close()
 
 
 def copies(batch: Any, output: Any, calls: int) -> list[float]:
@@ -119,7 +121,7 @@ def main() -> None:
     ids = np.random.default_rng(2).integers(0, 30522, (32, 64), dtype=np.int64)
     tokens = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
     cases: list[tuple[str, Callable[[], list[float]]]] = [
-        ("pipe floor (100 B ping-pong)", lambda: pipe_floor(calls)),
+        ("pipe floor (header ping-pong)", lambda: pipe_floor(calls)),
         ("copies 32x512 FP32, no pipe", lambda: copies(dense, dense, calls)),
         ("32x512 FP32 round trip", lambda: through_pool(echo, dense, calls)),
         ("copies minilm, no pipe", lambda: copies(tokens, EMBEDDING, calls)),
@@ -140,7 +142,7 @@ def main() -> None:
         )
     )
     dense_us = results["32x512 FP32 round trip"][0]
-    floor_us = results["pipe floor (100 B ping-pong)"][0]
+    floor_us = results["pipe floor (header ping-pong)"][0]
     print()
     print(
         f"32x512 FP32 round trip = {dense_us:.1f} us (goal <= 100 us: "

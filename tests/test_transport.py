@@ -4,6 +4,8 @@ alias the buffer and copies do not, arenas grow under a new name, messages cross
 from __future__ import annotations
 
 import multiprocessing
+import pickle
+import threading
 from typing import Any
 
 import numpy as np
@@ -17,10 +19,9 @@ from carpool.transport import (
     MIN_ARENA,
     Arena,
     Attached,
+    Channel,
     decode,
     plan,
-    receive,
-    send,
 )
 
 DTYPES = [
@@ -212,21 +213,34 @@ def test_arena_keeps_its_segment_while_batches_fit_and_grows_under_a_new_name() 
         arena.close()
 
 
-def test_messages_cross_a_pipe() -> None:
-    ours, theirs = multiprocessing.Pipe()
-    message = ("run", ("psm_x", (ARRAY, "<f4", (32, 512), 0)), "psm_y")
-    send(ours, message)
-    assert receive(theirs) == message
-    ours.close()
+def test_messages_cross_a_channel_in_order_whatever_their_size() -> None:
+    ours, ends = Channel.pair(multiprocessing.get_context("spawn"))
+    theirs = Channel(*ends)
+    try:
+        message = ("run", ("psm_x", (ARRAY, "<f4", (32, 512), 0)), "psm_y")
+        ours.send(message)
+        assert theirs.poll(0)
+        assert theirs.receive() == message
+        assert not ours.poll(0)
+        big = ("ok", (INLINE, "x" * 200_000))  # larger than a pipe's buffer: written in parts
+        sender = threading.Thread(target=theirs.send, args=(big,))
+        sender.start()
+        assert ours.receive() == big
+        sender.join()
+    finally:
+        theirs.close()
     with pytest.raises(EOFError):
-        receive(theirs)
-    theirs.close()
+        ours.receive()
+    with pytest.raises(BrokenPipeError):
+        ours.send(("stop",))
+    ours.close()
 
 
-def test_an_unpicklable_header_fails_before_anything_is_sent() -> None:
-    ours, theirs = multiprocessing.Pipe()
-    with pytest.raises((TypeError, AttributeError)):
-        send(ours, ("ok", (INLINE, lambda: None)))
+def test_an_unpicklable_message_fails_before_anything_is_sent() -> None:
+    ours, ends = Channel.pair(multiprocessing.get_context("spawn"))
+    theirs = Channel(*ends)
+    with pytest.raises((TypeError, AttributeError, pickle.PicklingError)):
+        ours.send(("ok", (INLINE, lambda: None)))
     assert not theirs.poll(0)
     ours.close()
     theirs.close()

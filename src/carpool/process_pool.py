@@ -31,7 +31,7 @@ from typing import Any
 
 from carpool.process_supervisor import BUSY, IDLE, STARTING, STOPPED, Child, Slot, Supervisor
 from carpool.process_worker import run_worker
-from carpool.transport import Plan, decode, dumps, plan, receive
+from carpool.transport import Channel, Plan, decode, dumps, plan
 from carpool.worker_errors import BatchTimeout, WorkerDied, WorkerPoolClosed, WorkerStartError
 
 __all__ = ["PoolStats", "ProcessPool", "WorkerState"]
@@ -281,7 +281,7 @@ class ProcessPool:
             conn.send_bytes(message)
             if deadline is not None and not conn.poll(max(0.0, deadline - time.monotonic())):
                 return None
-            return receive(conn)
+            return conn.receive()
         except (EOFError, OSError):
             sup = self._sup
             assert sup is not None
@@ -304,7 +304,7 @@ class ProcessPool:
 
     def _spawn(self, slot: Slot) -> Child:
         """Start a child for ``slot`` (called on the supervisor thread only)."""
-        conn, theirs = _CONTEXT.Pipe()
+        conn, theirs = Channel.pair(_CONTEXT)
         title = f"carpool-worker {slot.name}"
         process = _CONTEXT.Process(
             target=run_worker,
@@ -313,7 +313,8 @@ class ProcessPool:
             daemon=True,  # multiprocessing terminates it at exit if close() was never called
         )
         process.start()
-        theirs.close()
+        for end in theirs:
+            end.close()
         assert process.pid is not None
         deadline = time.monotonic() + self.start_timeout_s
         return Child(process=process, conn=conn, pid=process.pid, start_deadline=deadline)

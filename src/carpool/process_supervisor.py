@@ -19,11 +19,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from carpool.transport import Arena, receive, send
+from carpool.transport import Arena, Channel
 from carpool.worker_errors import describe_exit
 
 __all__ = ["Child", "Slot", "Supervisor"]
@@ -47,7 +47,7 @@ class Child:
     """One worker process: a slot's current generation."""
 
     process: BaseProcess
-    conn: Connection
+    conn: Channel
     pid: int
     start_deadline: float | None
     busy: bool = False  # a caller is talking to it; that caller closes conn once it is reaped
@@ -217,7 +217,7 @@ class Supervisor:
             if slot is None:
                 with contextlib.suppress(OSError):
                     os.read(self._wake_r, 4096)
-            elif child is not None and ready is child.conn:
+            elif child is not None and ready is child.conn.reader:
                 self._hear(slot, child)
             elif child is not None:
                 self._reap(slot, child)
@@ -235,7 +235,7 @@ class Supervisor:
                 continue
             waits[child.process.sentinel] = (slot, child)
             if slot.state == STARTING and not child.eof:
-                waits[child.conn] = (slot, child)
+                waits[child.conn.reader] = (slot, child)
                 if child.start_deadline is not None:
                     times.append(child.start_deadline)
         timeout = None if not times else max(0.0, min(times) - time.monotonic())
@@ -267,7 +267,7 @@ class Supervisor:
     def _hear(self, slot: Slot, child: Child) -> None:
         """A starting worker's message: ready, or the reason it failed to load."""
         try:
-            message = receive(child.conn)
+            message = child.conn.receive()
         except (EOFError, OSError):
             child.eof = True  # it exited: its sentinel says how
             return
@@ -354,7 +354,7 @@ class Supervisor:
             elif slot.state == IDLE:
                 slot.state = DYING
                 try:
-                    send(child.conn, ("stop",))
+                    child.conn.send(("stop",))
                 except OSError:
                     child.kill("pool closed")
             elif slot.state != DYING or late:

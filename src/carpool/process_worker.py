@@ -30,7 +30,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from carpool.model import Model
-from carpool.transport import Attached, decode, plan, receive, send
+from carpool.transport import Attached, Channel, decode, plan
 
 __all__ = ["load_model", "run_worker"]
 
@@ -39,11 +39,17 @@ PR_SET_PDEATHSIG = 1
 
 
 def run_worker(
-    conn: Connection, spec: bytes, warmup: bytes | None, title: str, parent: int
+    ends: tuple[Connection, Connection],
+    spec: bytes,
+    warmup: bytes | None,
+    title: str,
+    parent: int,
 ) -> None:
     """The worker process's target: load, warm up, report, serve until told to stop or
-    the parent is gone. ``spec`` and ``warmup`` come pickled so that a spec that cannot
-    be unpickled here is reported as a load failure with its reason."""
+    the parent is gone. ``ends`` are this side's pipes of a :class:`Channel`; ``spec`` and
+    ``warmup`` come pickled so that a spec that cannot be unpickled here is reported as a
+    load failure with its reason."""
+    conn = Channel(*ends)
     _die_with_parent(parent)
     _set_title(title)
     # Ctrl-C reaches the whole process group: the parent drains, then stops its workers.
@@ -54,9 +60,9 @@ def run_worker(
             fn(pickle.loads(warmup))
     except BaseException as exc:  # any load failure is reported, then exit 1
         reason = "".join(traceback.format_exception_only(exc)).strip()
-        send(conn, ("failed", reason, traceback.format_exc()))
+        conn.send(("failed", reason, traceback.format_exc()))
         sys.exit(1)
-    send(conn, ("ready", os.getpid()))
+    conn.send(("ready", os.getpid()))
     _serve(conn, fn)
 
 
@@ -84,11 +90,11 @@ def _is_factory(spec: Any) -> bool:
     return True
 
 
-def _serve(conn: Connection, fn: Callable[[Any], Any]) -> None:
+def _serve(conn: Channel, fn: Callable[[Any], Any]) -> None:
     inputs, outputs = Attached(), Attached()
     while True:
         try:
-            message = receive(conn)
+            message = conn.receive()
         except (EOFError, OSError):  # the parent is gone
             break
         if message[0] != "run" or not _run(conn, fn, message, inputs, outputs):
@@ -98,7 +104,7 @@ def _serve(conn: Connection, fn: Callable[[Any], Any]) -> None:
 
 
 def _run(
-    conn: Connection, fn: Callable[[Any], Any], message: Any, inputs: Attached, outputs: Attached
+    conn: Channel, fn: Callable[[Any], Any], message: Any, inputs: Attached, outputs: Attached
 ) -> bool:
     """Run one batch and answer; False when the parent stopped the worker meanwhile. The
     arrays it viewed in the arenas are dropped on return, before they may be replaced."""
@@ -106,15 +112,15 @@ def _run(
     try:
         laid = plan(fn(decode(tree, inputs.buf(in_name))))
         if laid.nbytes > len(outputs.buf(out_name)):
-            send(conn, ("grow", laid.nbytes))
-            reply = receive(conn)
+            conn.send(("grow", laid.nbytes))
+            reply = conn.receive()
             if reply[0] != "out":
                 return False
             out_name = reply[1]
         laid.write(outputs.buf(out_name))
-        send(conn, ("ok", (out_name, laid.tree)))  # pickles first: a bad output raises here
+        conn.send(("ok", (out_name, laid.tree)))  # pickles first: a bad output raises here
     except Exception as exc:  # the model's error goes back to its caller
-        send(conn, ("error", _pickled(exc), traceback.format_exc()))
+        conn.send(("error", _pickled(exc), traceback.format_exc()))
     return True
 
 

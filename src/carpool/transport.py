@@ -11,25 +11,16 @@ larger when a batch does not fit, never once per batch. Imports numpy and the st
 from __future__ import annotations
 
 import contextlib
+import os
 import pickle
+import struct
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
 
-__all__ = [
-    "Arena",
-    "Attached",
-    "Bytes",
-    "Header",
-    "Plan",
-    "decode",
-    "dumps",
-    "plan",
-    "receive",
-    "send",
-]
+__all__ = ["Arena", "Attached", "Bytes", "Channel", "Header", "Plan", "decode", "dumps", "plan"]
 
 ALIGN = 64  # bytes: a cache line, and the widest SIMD load numpy uses
 MIN_ARENA = 1 << 20  # bytes: 1 MiB holds a 32x4096 FP32 batch; most never regrow
@@ -138,19 +129,71 @@ def decode(tree: Node, buf: Bytes, *, copy: bool = False) -> Any:
 
 
 def dumps(message: Any) -> bytes:
-    """A message (a small tuple) as bytes for ``Connection.send_bytes``: plain pickle, a
-    third of what ``Connection.send``'s pickler set-up costs per message."""
+    """A message (a small tuple) as bytes for :meth:`Channel.send_bytes`."""
     return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def send(conn: Connection, message: Any) -> None:
-    """Send a message on a pipe; raises what pickling raises before anything is written."""
-    conn.send_bytes(dumps(message))
+_LENGTH = struct.Struct("!I")
 
 
-def receive(conn: Connection) -> Any:
-    """The next message :func:`send` wrote; EOFError once the other end is closed."""
-    return pickle.loads(conn.recv_bytes())
+class Channel:
+    """One end of a message channel made of two one-way pipes; at most one message is in
+    flight each way (request, answer). Plain pipes wake the other side in half the time of
+    the socket pair behind ``multiprocessing.Pipe()``, and writing the framed pickle with
+    ``os.write`` skips ``Connection.send``'s per-message pickler set-up."""
+
+    def __init__(self, reader: Connection, writer: Connection) -> None:
+        self.reader = reader  # for multiprocessing.connection.wait()
+        self.writer = writer
+        self._read = reader.fileno()
+        self._write = writer.fileno()
+
+    @classmethod
+    def pair(cls, ctx: Any) -> tuple[Channel, tuple[Connection, Connection]]:
+        """This side's channel, and the two ends to hand the other process (``reader,
+        writer``) for :class:`Channel` there; ``ctx`` is a multiprocessing context."""
+        ours_r, theirs_w = ctx.Pipe(duplex=False)
+        theirs_r, ours_w = ctx.Pipe(duplex=False)
+        return cls(ours_r, ours_w), (theirs_r, theirs_w)
+
+    def send(self, message: Any) -> None:
+        """Send a message; raises what pickling raises before anything is written, and
+        OSError (BrokenPipeError) once the other end is gone."""
+        self.send_bytes(dumps(message))
+
+    def send_bytes(self, payload: bytes) -> None:
+        data = memoryview(_LENGTH.pack(len(payload)) + payload)
+        while data:
+            data = data[os.write(self._write, data) :]
+
+    def receive(self) -> Any:
+        """The next message; EOFError once the other end is closed. Blocks."""
+        (size,) = _LENGTH.unpack(self._exactly(_LENGTH.size))
+        return pickle.loads(self._exactly(size))
+
+    def poll(self, timeout: float) -> bool:
+        """Whether a message (or end of file) is ready within ``timeout`` seconds."""
+        return self.reader.poll(timeout)
+
+    def _exactly(self, size: int) -> bytes:
+        data = os.read(self._read, size)
+        if len(data) == size:
+            return data
+        if not data:
+            raise EOFError
+        parts = [data]
+        size -= len(data)
+        while size:
+            part = os.read(self._read, size)
+            if not part:
+                raise EOFError
+            parts.append(part)
+            size -= len(part)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        self.reader.close()
+        self.writer.close()
 
 
 class Segment:
