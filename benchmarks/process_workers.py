@@ -15,6 +15,7 @@ GIL lets one of them run at a time).
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -94,7 +95,13 @@ def main() -> None:
     fixed, per_row = int(FIXED_MS * speed), int(ROW_MS * speed)
     _bench.header(
         "GIL-bound model: 2 process workers vs 2 thread workers",
-        {"cpus": pinned, "rows/batch": ROWS, "seconds": seconds, "repeats": repeats},
+        {
+            "cpus": pinned,
+            "load": f"{os.getloadavg()[0]:.1f}",
+            "rows/batch": ROWS,
+            "seconds": seconds,
+            "repeats": repeats,
+        },
     )
     model = GilModel(fixed, per_row)
     print(f"model: {FIXED_MS} ms/batch + {ROW_MS} ms/row of pure Python ({fixed} + {per_row}/row)")

@@ -19,6 +19,7 @@ model call; this separates the boundary's cost from the machine's wake-up latenc
 from __future__ import annotations
 
 import multiprocessing
+import os
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -115,7 +116,10 @@ def main() -> None:
     repeats = args.repeats or (1 if args.quick else 3)
     calls = 300 if args.quick else 3000
     pinned = _bench.pin(_bench.parse_cpus(args.cpus))
-    _bench.header("process worker transport", {"cpus": pinned, "calls": calls, "repeats": repeats})
+    _bench.header(
+        "process worker transport",
+        {"cpus": pinned, "load": f"{os.getloadavg()[0]:.1f}", "calls": calls, "repeats": repeats},
+    )
 
     dense = np.random.default_rng(1).standard_normal((32, 512)).astype(np.float32)
     ids = np.random.default_rng(2).integers(0, 30522, (32, 64), dtype=np.int64)
