@@ -7,6 +7,7 @@ column steers the misbehaviour (a poisoned row, a row that hangs).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 from typing import Any
@@ -18,6 +19,7 @@ from carpool.backends.demo import DemoMLP
 POISON = -1.0  # a row whose first value is this kills the worker (os._exit(1))
 HANG = -2.0  # a row whose first value is this hangs the worker
 SLOW = -3.0  # a batch whose first value is this sleeps SLOW_S first, holding nothing
+SEGFAULT = -4.0  # a row whose first value is this crashes the worker (SIGSEGV)
 SLOW_S = 0.5
 
 
@@ -49,11 +51,13 @@ def pid_and_double(batch: np.ndarray[Any, Any]) -> dict[str, np.ndarray[Any, Any
 
 
 def troublemaker(batch: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """Doubles rows; exits the process on a POISON row, hangs on a HANG row, raises
-    ValueError on a NaN row."""
+    """Doubles rows; exits the process on a POISON row, segfaults on a SEGFAULT row, hangs
+    on a HANG row, raises ValueError on a NaN row."""
     first = batch[:, 0]
     if (first == POISON).any():
         os._exit(1)
+    if (first == SEGFAULT).any():
+        ctypes.string_at(0)  # reads address 0: SIGSEGV, as a broken native library would
     if (first == HANG).any():
         time.sleep(3600)
     if np.isnan(first).any():

@@ -227,11 +227,17 @@ def test_a_poisoned_row_that_kills_its_worker_fails_after_one_retry(pools: MakeP
     wait_until(lambda: pool.alive == 2, "both workers to come back")
     assert np.array_equal(pool.call(rows()), rows() * 2)
 
-    pool.retry = False  # without retry, one death fails the call
+    # Without retry (for this call, or for the pool), one death fails the call.
     with pytest.raises(WorkerDied, match=r"died \(exit code 1\)") as info:
-        pool.call(poisoned)
+        pool.call(poisoned, retry=False)
     assert info.value.retried is False
     assert (pool.stats().retried, pool.stats().died) == (1, 3)
+    pool.retry = False
+
+    segfault = rows(first=pm.SEGFAULT)  # a crash in native code reads as its signal
+    with pytest.raises(WorkerDied, match=r"died \(signal 11\)") as info:
+        pool.call(segfault)
+    assert info.value.exitcode == -signal.SIGSEGV
 
 
 @pytest.mark.slow

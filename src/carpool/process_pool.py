@@ -151,14 +151,17 @@ class ProcessPool:
         with sup.cond:
             return sup.alive
 
-    def call(self, batch: Any) -> Any:
+    def call(self, batch: Any, *, retry: bool | None = None) -> Any:
         """Run ``batch`` in a free child and return its outputs (private copies). Raises
         what the model raised, or :class:`WorkerDied`, :class:`BatchTimeout`,
-        :class:`WorkerStartError`, :class:`WorkerPoolClosed` (see the module docstring)."""
+        :class:`WorkerStartError`, :class:`WorkerPoolClosed` (see the module docstring).
+        ``retry`` overrides the pool's setting for this batch (a batcher bisecting a batch
+        that killed its worker need not run each half twice)."""
         sup = self._sup
         if sup is None:
             raise WorkerPoolClosed(self.name, "is not started")
         laid = plan(batch)
+        retry = self.retry if retry is None else retry
         retried = False
         while True:
             slot, child = self._acquire(sup)
@@ -167,7 +170,7 @@ class ProcessPool:
             except _Died as died:
                 if sup.closing:
                     raise WorkerPoolClosed(self.name, "was closed while the batch ran") from None
-                if retried or not self.retry:
+                if retried or not retry:
                     raise WorkerDied(
                         worker=slot.name, exitcode=died.exitcode, retried=retried
                     ) from None
