@@ -7,6 +7,7 @@ column steers the misbehaviour (a poisoned row, a row that hangs).
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
 import time
@@ -34,6 +35,11 @@ def echo(batch: Any) -> Any:
 
 
 def double(batch: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    return batch * 2
+
+
+async def async_double(batch: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    await asyncio.sleep(0)
     return batch * 2
 
 
@@ -78,6 +84,11 @@ def gil_spin(batch: np.ndarray[Any, Any]) -> dict[str, Any]:
         "end": np.full(len(batch), time.time()),
         "pid": np.full(len(batch), os.getpid()),
     }
+
+
+def not_a_model() -> Any:
+    """A factory that gives something that is not a model."""
+    return 42
 
 
 def broken_factory() -> Any:

@@ -34,6 +34,7 @@ from carpool.backends.demo import DemoMLP
 from carpool.errors import BatcherClosed, CarpoolError
 from carpool.loading import load_target
 from carpool.process_pool import ProcessPool
+from carpool.process_worker import OnOwnLoop, load_model
 from carpool.worker_errors import BatchTimeout, WorkerDied, WorkerPoolClosed, WorkerStartError
 
 TESTS = Path(__file__).resolve().parent
@@ -347,6 +348,7 @@ import os, signal, threading, time
 import numpy as np
 import process_models as pm
 from carpool.process_pool import ProcessPool
+from carpool.process_worker import OnOwnLoop, load_model
 
 if __name__ == "__main__":
     pool = ProcessPool(pm.troublemaker, 2, name="orphan").start()
@@ -372,3 +374,17 @@ def test_workers_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
     children = [int(pid) for pid in done.stdout.split()]
     assert len(children) == 2
     wait_until(lambda: not any(running(pid) for pid in children), "orphaned workers to exit", 15)
+
+
+def test_specs_name_the_model_or_a_factory_of_it() -> None:
+    # Resolved in the worker by load_model; checked here in-process, no process needed.
+    mlp = load_model(pm.mlp)  # a zero-argument factory
+    assert isinstance(mlp, DemoMLP)
+    assert load_model(pm.double) is pm.double  # takes the batch: the model itself
+    assert isinstance(load_model(functools.partial(load_target, "demo")), DemoMLP)  # a Model
+    run = load_model(pm.async_double)  # async: run to completion on the worker's loop
+    assert isinstance(run, OnOwnLoop)
+    assert run(np.ones(2)).tolist() == [2.0, 2.0]
+    run.close()
+    with pytest.raises(TypeError, match="the model spec gave int, not a callable"):
+        load_model(pm.not_a_model)

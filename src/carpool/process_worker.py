@@ -5,7 +5,7 @@ pickled model spec (a module-level callable, or a zero-argument factory returnin
 function or a :class:`carpool.Model`), warms the model up, says ``ready`` (or ``failed``
 with the reason, and exits 1), then answers each ``run`` message with ``ok`` or the model's
 error. It dies with its parent: ``PR_SET_PDEATHSIG`` on Linux, end of file on its pipe
-elsewhere. Imports the transport and the model class; nothing of the batcher's machinery.
+elsewhere. Imports the transport, the model class and is_async_callable; nothing that queues.
 
 Messages (tuples over the pipe), parent -> worker: ``("run", inputs, out_name)``,
 ``("out", out_name)`` after a ``grow``, ``("stop",)``. Worker -> parent: ``("ready", pid)``,
@@ -15,6 +15,7 @@ Messages (tuples over the pipe), parent -> worker: ``("run", inputs, out_name)``
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import importlib
 import inspect
@@ -31,8 +32,9 @@ from typing import Any
 
 from carpool.model import Model
 from carpool.transport import Attached, Channel, decode, plan
+from carpool.worker import is_async_callable
 
-__all__ = ["load_model", "run_worker"]
+__all__ = ["OnOwnLoop", "load_model", "run_worker"]
 
 PR_SET_NAME = 15
 PR_SET_PDEATHSIG = 1
@@ -70,14 +72,31 @@ def load_model(spec: Any) -> Callable[[Any], Any]:
     """The batch function a spec stands for. A callable that takes no arguments (a class
     whose arguments all have defaults, ``functools.partial(load_target, "demo")``) is a
     factory: it is called once and gives the function or a :class:`Model`, whose ``fn``
-    is used. Any other callable (``predict(batch)``, a model object) is the function."""
+    is used. Any other callable (``predict(batch)``, a model object) is the function. An
+    ``async def`` function is run to completion on an event loop of this process."""
     obj = spec() if _is_factory(spec) else spec
     if isinstance(obj, Model):
-        return obj.fn
+        obj = obj.fn
     if not callable(obj):
         raise TypeError(f"the model spec gave {type(obj).__name__}, not a callable")
+    if is_async_callable(obj):
+        return OnOwnLoop(obj)
     result: Callable[[Any], Any] = obj
     return result
+
+
+class OnOwnLoop:
+    """An ``async def`` model, run batch by batch on an event loop of this process."""
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+        self.loop = asyncio.new_event_loop()
+
+    def __call__(self, batch: Any) -> Any:
+        return self.loop.run_until_complete(self.fn(batch))
+
+    def close(self) -> None:
+        self.loop.close()
 
 
 def _is_factory(spec: Any) -> bool:
@@ -97,7 +116,10 @@ def _serve(conn: Channel, fn: Callable[[Any], Any]) -> None:
             message = conn.receive()
         except (EOFError, OSError):  # the parent is gone
             break
-        if message[0] != "run" or not _run(conn, fn, message, inputs, outputs):
+        try:
+            if message[0] != "run" or not _run(conn, fn, message, inputs, outputs):
+                break
+        except (EOFError, OSError):  # the parent went away mid-batch
             break
     inputs.close()
     outputs.close()
