@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -388,3 +389,51 @@ def test_specs_name_the_model_or_a_factory_of_it() -> None:
     run.close()
     with pytest.raises(TypeError, match="the model spec gave int, not a callable"):
         load_model(pm.not_a_model)
+
+
+@pytest.mark.slow
+def test_every_call_gets_one_answer_while_workers_are_killed(pools: MakePool) -> None:
+    pool = pools(pm.pid_and_double, 2)
+    killed: list[int] = []
+    done = threading.Event()
+
+    def killer() -> None:
+        try:
+            for _ in range(3):
+                wait_until(lambda: pool.alive == 2 and busy_pid(pool) is not None, "a busy one")
+                victim = busy_pid(pool)
+                assert victim is not None
+                os.kill(victim, signal.SIGKILL)
+                killed.append(victim)
+                wait_until(lambda v=victim: v not in pids(pool), "the victim to be reaped")
+        finally:
+            done.set()
+
+    def client(seed: int) -> list[str]:
+        outcomes = []
+        i = 0
+        while not done.is_set() or i < 20:  # keep the workers busy until the kills are over
+            batch = np.full((3, 2), float(seed * 1000 + i))
+            i += 1
+            try:
+                out = pool.call(batch)
+            except WorkerDied:
+                outcomes.append("died")
+            else:
+                assert np.array_equal(out["y"], batch * 2)
+                outcomes.append("ok")
+        return outcomes
+
+    with ThreadPoolExecutor(9) as threads:
+        murder = threads.submit(killer)
+        clients = [threads.submit(client, seed) for seed in range(8)]
+        answers = [future.result(timeout=120) for future in clients]
+        murder.result(timeout=120)
+    assert all(len(outcomes) >= 20 for outcomes in answers)  # every call answered once
+    outcomes = [o for per_client in answers for o in per_client]
+    stats = pool.stats()
+    assert stats.died == len(set(killed)) == 3
+    assert outcomes.count("died") <= stats.died  # a call fails only if its retry died too
+    assert stats.retried >= 1
+    wait_until(lambda: pool.alive == 2, "both workers back")
+    assert not any(running(pid) for pid in killed)
