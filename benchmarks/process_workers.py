@@ -9,7 +9,9 @@ GIL: tokenizer-like loops) called on 32-row batches by 2 threads for a fixed tim
 
 Each repeat runs both, one after the other; the medians over repeats are compared.
 Goal: processes/threads >= 1.6x rows/s on a 2-core machine (threads cannot beat 1x: the
-GIL lets one of them run at a time).
+GIL lets one of them run at a time). Beside rows/s it prints how many cores each run kept
+busy (CPU seconds of this process and the workers / wall seconds): on a shared machine
+whose other users leave less than 2 cores, processes cannot reach 2x, and this says so.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import _bench  # before numpy: sets single-thread BLAS env vars
@@ -61,8 +64,24 @@ def _timed_once(fn: Callable[[Any], Any], batch: Any) -> float:
     return time.perf_counter() - start
 
 
-def rows_per_s(call: Callable[[Any], Any], seconds: float, threads: int = 2) -> float:
-    """Rows/s that ``threads`` threads calling ``call`` in a loop get in ``seconds``."""
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU time used so far by this process and the processes ``pids`` (Linux /proc)."""
+    total = time.process_time()
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+    return total
+
+
+def rows_per_s(
+    call: Callable[[Any], Any], seconds: float, pids: list[int], threads: int = 2
+) -> tuple[float, float]:
+    """Rows/s that ``threads`` threads calling ``call`` in a loop get in ``seconds``, and
+    how many cores this process and ``pids`` kept busy meanwhile (CPU seconds / wall)."""
     batch = np.random.default_rng(0).standard_normal((ROWS, 8)).astype(np.float32)
     counts = [0] * threads
     start_line = threading.Barrier(threads + 1)
@@ -77,12 +96,14 @@ def rows_per_s(call: Callable[[Any], Any], seconds: float, threads: int = 2) -> 
     workers = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
     for worker in workers:
         worker.start()
+    cpu = cpu_seconds(pids)
     begin = time.perf_counter()
     stop_at[0] = begin + seconds
     start_line.wait()
     for worker in workers:
         worker.join()
-    return sum(counts) / (time.perf_counter() - begin)
+    wall = time.perf_counter() - begin
+    return sum(counts) / wall, (cpu_seconds(pids) - cpu) / wall
 
 
 def main() -> None:
@@ -106,20 +127,31 @@ def main() -> None:
     model = GilModel(fixed, per_row)
     print(f"model: {FIXED_MS} ms/batch + {ROW_MS} ms/row of pure Python ({fixed} + {per_row}/row)")
     spec = functools.partial(GilModel, fixed, per_row)  # built once in each worker
-    threads, processes = [], []
+    threads, processes, thread_cores, process_cores = [], [], [], []
     with ProcessPool(spec, 2, name="gil") as pool:
-        rows_per_s(pool.call, 0.2)  # warm both workers up
+        pids = [w.pid for w in pool.stats().processes if w.pid is not None]
+        rows_per_s(pool.call, 0.2, pids)  # warm both workers up
         for _ in range(repeats):
-            threads.append(rows_per_s(model, seconds))
-            processes.append(rows_per_s(pool.call, seconds))
-            print(f"  threads {threads[-1]:8.0f} rows/s   processes {processes[-1]:8.0f} rows/s")
+            rate, cores = rows_per_s(model, seconds, [])
+            threads.append(rate)
+            thread_cores.append(cores)
+            rate, cores = rows_per_s(pool.call, seconds, pids)
+            processes.append(rate)
+            process_cores.append(cores)
+            print(
+                f"  threads {threads[-1]:8.0f} rows/s on {thread_cores[-1]:.2f} cores   "
+                f"processes {processes[-1]:8.0f} rows/s on {process_cores[-1]:.2f} cores"
+            )
         stats = pool.stats()
     t, pr = _bench.median(threads), _bench.median(processes)
     print()
     print(
         _bench.table(
-            ["workers", "rows/s (median)"],
-            [("2 threads", _bench.fmt_num(t)), ("2 processes", _bench.fmt_num(pr))],
+            ["workers", "rows/s (median)", "cores busy (median)"],
+            [
+                ("2 threads", _bench.fmt_num(t), f"{_bench.median(thread_cores):.2f}"),
+                ("2 processes", _bench.fmt_num(pr), f"{_bench.median(process_cores):.2f}"),
+            ],
         )
     )
     ratio = pr / t
