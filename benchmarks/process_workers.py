@@ -160,6 +160,13 @@ def main() -> None:
         f"processes/threads = {ratio:.2f}x (goal >= 1.6x: {_bench.verdict(ratio, 1.6)}); "
         f"worker restarts {stats.restarts}, retried {stats.retried}"
     )
+    per_core = _bench.median(r / c for r, c in zip(processes, process_cores, strict=True)) / (
+        _bench.median(r / c for r, c in zip(threads, thread_cores, strict=True))
+    )
+    print(
+        f"rows per busy core-second, processes/threads = {per_core:.2f}x "
+        "(below 1: what the boundary costs; the speedup is this times the cores available)"
+    )
 
 
 if __name__ == "__main__":
