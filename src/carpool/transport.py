@@ -5,7 +5,9 @@ arrays out in one buffer; :meth:`Plan.write` copies them there once; :func:`deco
 the batch on the other side as views of that buffer (or copies, with ``copy=True``).
 Object arrays (BYTES) and anything that is not an array travel pickled in the header,
 which should stay small. :class:`Arena` is a reusable shared-memory segment, recreated
-larger when a batch does not fit, never once per batch. Imports numpy and the stdlib only.
+larger when a batch does not fit, never once per batch; :class:`Attached` is the reader's
+mapping of it. :class:`Channel` carries the headers: framed pickles over two plain pipes.
+Imports numpy and the stdlib only.
 """
 
 from __future__ import annotations
