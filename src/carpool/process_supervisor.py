@@ -1,0 +1,390 @@
+"""The life of a process pool's workers: spawn, hear them load, reap, restart, stop.
+
+One thread, the supervisor, owns every worker process: it spawns them (so that
+``PR_SET_PDEATHSIG`` ties each to a thread that lives exactly as long as the pool), reads
+their ``ready``/``failed`` message, reaps them when they exit, restarts them with backoff,
+and stops them on close. Callers only take an idle :class:`Slot`, talk to its process, and
+give it back; they may kill a process (batch timeout) but never spawn or reap one. All
+shared state is guarded by ``Supervisor.cond``. Imports the transport and worker errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from carpool.transport import Arena, Channel
+from carpool.worker_errors import describe_exit
+
+__all__ = ["Child", "Slot", "Supervisor"]
+
+log = logging.getLogger("carpool.workers")
+
+# Slot states. DOWN: no process, one is spawned at restart_at; DYING: its batch's caller
+# gave up on the process (killed it), the supervisor has not reaped it yet.
+STARTING, IDLE, BUSY, DYING, DOWN, STOPPED = (
+    "starting",
+    "idle",
+    "busy",
+    "dying",
+    "down",
+    "stopped",
+)
+
+
+@dataclass(eq=False)
+class Child:
+    """One worker process: a slot's current generation."""
+
+    process: BaseProcess
+    conn: Channel
+    pid: int
+    start_deadline: float | None
+    busy: bool = False  # a caller is talking to it; that caller closes conn once it is reaped
+    eof: bool = False  # its pipe is closed: stop listening while it starts
+    exitcode: int | None = None  # set once reaped
+    why: str | None = None  # why carpool killed it, if it did
+    failure: str | None = None  # the load error it reported
+
+    def kill(self, why: str) -> None:
+        """SIGKILL it unless it is already reaped; hold ``Supervisor.cond``."""
+        if self.exitcode is None:
+            self.why = self.why or why
+            with contextlib.suppress(OSError, ValueError):
+                self.process.kill()
+
+
+@dataclass(eq=False)
+class Slot:
+    """A worker position: the process in it now, its two shared-memory arenas (inputs,
+    written by the parent; outputs, written by the worker), and its history."""
+
+    index: int
+    name: str
+    inputs: Arena = field(default_factory=Arena)
+    outputs: Arena = field(default_factory=Arena)
+    state: str = DOWN
+    child: Child | None = None
+    restart_at: float = 0.0
+    failures: int = 0  # deaths since its last finished batch: the backoff exponent
+    restarts: int = 0
+    spawned: int = 0
+    freed: int = 0  # when it last became idle: callers take the most recent (warm caches)
+    started: bool = False  # its first process loaded or failed (start() waits for this)
+    load_error: str | None = None  # why its last process failed to load; None once ready
+    last_exit: str | None = None
+
+
+class Supervisor:
+    """The thread that owns a pool's worker processes (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        workers: int,
+        spawn: Callable[[Slot], Child],
+        backoff: tuple[float, float],
+    ) -> None:
+        self.name = name
+        self.cond = threading.Condition()
+        self.slots = [Slot(i, f"{name}#{i}") for i in range(workers)]
+        self.closing = False  # no new batches; set by close(), or when this thread fails
+        self.broken: str | None = None  # why the supervisor thread failed
+        self.died = 0  # processes that exited without being asked to
+        self._spawn = spawn
+        self._backoff = backoff
+        self._freed = itertools.count(1)
+        self._stop_at: float | None = None
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._thread = threading.Thread(
+            target=self._main, name=f"carpool-supervisor {name}", daemon=True
+        )
+
+    # ---- what callers use (under self.cond unless noted) -------------------------------
+
+    def start(self) -> None:
+        """Start the thread; it spawns every worker at once. Not under ``cond``."""
+        self._thread.start()
+
+    def take_idle(self) -> Slot | None:
+        """The most recently freed idle slot, now BUSY, or None."""
+        slot = None
+        for candidate in self.slots:
+            if candidate.state == IDLE and (slot is None or candidate.freed > slot.freed):
+                slot = candidate
+        if slot is None:
+            return None
+        slot.state = BUSY
+        assert slot.child is not None
+        slot.child.busy = True
+        return slot
+
+    def give_back(self, slot: Slot, child: Child, *, healthy: bool) -> None:
+        """Return a slot taken with :meth:`take_idle`: idle again when its process finished
+        the batch, DYING when the caller killed it or saw it die."""
+        child.busy = False
+        if slot.child is child and slot.state == BUSY:
+            if healthy:
+                slot.state = IDLE
+                slot.failures = 0
+                slot.freed = next(self._freed)
+            else:
+                slot.state = DYING
+        if child.exitcode is not None:
+            child.conn.close()
+        self.cond.notify_all()  # callers, close() and await_exit() all wait on cond
+
+    def await_exit(self, child: Child) -> int:
+        """The exit code of a process whose pipe broke, once reaped (killing it if it
+        lingers). Blocks; hold ``cond``."""
+        for _ in range(2):
+            if self.cond.wait_for(lambda: child.exitcode is not None or bool(self.broken), 5.0):
+                break
+            child.kill("its pipe closed but it kept running")
+        return child.exitcode if child.exitcode is not None else -signal.SIGKILL
+
+    def load_failure(self) -> Slot | None:
+        """A slot that failed to load when every slot's last process did; else None."""
+        if all(s.load_error is not None for s in self.slots):
+            return self.slots[0]
+        return None
+
+    @property
+    def alive(self) -> int:
+        return sum(s.state in (IDLE, BUSY) for s in self.slots)
+
+    def stop(self, grace_s: float) -> None:
+        """Ask idle workers to exit, kill the rest after ``grace_s``, wait until none is
+        left, then free the arenas. Not under ``cond``."""
+        with self.cond:
+            self.closing = True
+            self._stop_at = time.monotonic() + grace_s
+            self.cond.notify_all()
+        self._wake()
+        if self._thread.is_alive():
+            self._thread.join(grace_s + 10.0)
+        if self._thread.is_alive():  # never expected: the thread is stuck
+            log.error("the supervisor of %s did not stop; killing its workers", self.name)
+            self._kill_all("the supervisor did not stop")
+        with self.cond:  # callers of killed workers give their slots back at once
+            self.cond.wait_for(lambda: not any(s.child and s.child.busy for s in self.slots), 5.0)
+        for slot in self.slots:
+            slot.inputs.close()
+            slot.outputs.close()
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+
+    # ---- the supervisor thread ---------------------------------------------------------
+
+    def _main(self) -> None:
+        try:
+            while self._step():
+                pass
+        except BaseException as exc:  # the pool must learn it cannot go on
+            log.exception("the supervisor of model workers %s failed", self.name)
+            with self.cond:
+                self.broken = f"{type(exc).__name__}: {exc}"
+                self.closing = True
+                self.cond.notify_all()
+            self._kill_all("the supervisor failed")
+
+    def _step(self) -> bool:
+        """Spawn what is due, then wait for one event and handle it; False when stopped."""
+        self._spawn_due()
+        with self.cond:
+            if self._stop_at is not None and self._stopping():
+                return False
+            waits, timeout = self._watch_list()
+        for ready in wait(list(waits), timeout):
+            slot, child = waits[ready]
+            if slot is None:
+                with contextlib.suppress(OSError):
+                    os.read(self._wake_r, 4096)
+            elif child is not None and ready is child.conn.reader:
+                self._hear(slot, child)
+            elif child is not None:
+                self._reap(slot, child)
+        self._expire_starts()
+        return True
+
+    def _watch_list(self) -> tuple[dict[Any, tuple[Slot | None, Child | None]], float | None]:
+        waits: dict[Any, tuple[Slot | None, Child | None]] = {self._wake_r: (None, None)}
+        times = [] if self._stop_at is None else [self._stop_at]
+        for slot in self.slots:
+            child = slot.child
+            if slot.state == DOWN:
+                times.append(slot.restart_at)
+            if child is None or child.exitcode is not None:
+                continue
+            waits[child.process.sentinel] = (slot, child)
+            if slot.state == STARTING and not child.eof:
+                waits[child.conn.reader] = (slot, child)
+                if child.start_deadline is not None:
+                    times.append(child.start_deadline)
+        timeout = None if not times else max(0.0, min(times) - time.monotonic())
+        return waits, timeout
+
+    def _spawn_due(self) -> None:
+        now = time.monotonic()
+        with self.cond:
+            if self._stop_at is not None:
+                return
+            due = [s for s in self.slots if s.state == DOWN and s.restart_at <= now]
+            for slot in due:
+                slot.state = STARTING
+        for slot in due:
+            try:
+                child = self._spawn(slot)
+            except Exception as exc:  # e.g. out of file descriptors: retry
+                log.exception("could not start model worker %s", slot.name)
+                with self.cond:
+                    slot.load_error = f"{type(exc).__name__}: {exc}"
+                    slot.started = True
+                    self._schedule(slot)
+                continue
+            with self.cond:
+                slot.child = child
+                slot.restarts += slot.spawned > 0
+                slot.spawned += 1
+
+    def _hear(self, slot: Slot, child: Child) -> None:
+        """A starting worker's message: ready, or the reason it failed to load."""
+        try:
+            message = child.conn.receive()
+        except (EOFError, OSError):
+            child.eof = True  # it exited: its sentinel says how
+            return
+        with self.cond:
+            ready = message[0] == "ready" and child.why is None  # not killed meanwhile
+            if ready and slot.child is child and slot.state == STARTING:
+                slot.state = IDLE
+                slot.started = True
+                slot.load_error = None
+                slot.freed = next(self._freed)
+                self.cond.notify_all()
+            elif message[0] == "failed":
+                child.failure = message[1]
+        if message[0] == "ready":
+            log.info("model worker %s (pid %d) is ready", slot.name, child.pid)
+        else:
+            log.error(
+                "model worker %s (pid %d) could not load its model: %s\n%s",
+                slot.name,
+                child.pid,
+                message[1],
+                message[2],
+            )
+
+    def _reap(self, slot: Slot, child: Child) -> None:
+        """A worker exited: record how, then restart it after its backoff (or not, when
+        stopping)."""
+        delay: float | None = None
+        with self.cond:
+            code = child.process.exitcode  # waitpid(WNOHANG)
+        if code is None:  # another thread's waitpid won the race: it sets returncode soon
+            time.sleep(0.01)
+            return
+        with self.cond:
+            child.exitcode = code
+            how = describe_exit(code)
+            was, planned = slot.state, child.why
+            slot.last_exit = how if planned is None else f"{how}, killed: {planned}"
+            if was == STARTING:
+                slot.started = True
+                slot.load_error = child.failure or f"it exited ({how}) before it was ready"
+            if not child.busy:
+                child.conn.close()
+            if self._stop_at is not None:
+                slot.state = STOPPED
+            else:
+                self.died += planned is None
+                delay = self._schedule(slot)
+            self.cond.notify_all()
+        child.process.close()
+        if delay is not None:
+            _log_exit(slot, child, how, was, delay)
+
+    def _schedule(self, slot: Slot) -> float:
+        first, cap = self._backoff
+        delay = min(first * 2.0**slot.failures, cap)
+        slot.failures += 1
+        slot.restart_at = time.monotonic() + delay
+        slot.state = DOWN
+        return delay
+
+    def _expire_starts(self) -> None:
+        now = time.monotonic()
+        with self.cond:
+            for slot in self.slots:
+                child = slot.child
+                deadline = None if child is None else child.start_deadline
+                if slot.state == STARTING and deadline is not None and now >= deadline:
+                    assert child is not None
+                    child.failure = (
+                        child.failure or "it did not become ready within start_timeout_s"
+                    )
+                    child.kill("start timeout")
+
+    def _stopping(self) -> bool:
+        """Stop every worker: ``stop`` to idle ones, SIGKILL to the rest (and to all once
+        the grace period is over). True when none is left."""
+        assert self._stop_at is not None
+        late = time.monotonic() >= self._stop_at
+        for slot in self.slots:
+            child = slot.child
+            if child is None or child.exitcode is not None:
+                slot.state = STOPPED
+            elif slot.state == IDLE:
+                slot.state = DYING
+                try:
+                    child.conn.send(("stop",))
+                except OSError:
+                    child.kill("pool closed")
+            elif slot.state != DYING or late:
+                child.kill("pool closed")
+        return all(s.state == STOPPED for s in self.slots)
+
+    def _kill_all(self, why: str) -> None:
+        with self.cond:
+            for slot in self.slots:
+                if slot.child is not None:
+                    slot.child.kill(why)
+
+
+def _log_exit(slot: Slot, child: Child, how: str, was: str, delay: float) -> None:
+    again = f"; restarting it in {delay:.2g} s"
+    if child.why is not None:
+        log.warning(
+            "model worker %s (pid %d) exited (%s): killed, %s%s",
+            slot.name,
+            child.pid,
+            how,
+            child.why,
+            again,
+        )
+    elif was == STARTING:
+        log.error(
+            "model worker %s (pid %d) failed to start (%s)%s", slot.name, child.pid, how, again
+        )
+    else:
+        doing = "running a batch" if was in (BUSY, DYING) else "idle"
+        log.error(
+            "model worker %s (pid %d) died (%s) while %s%s", slot.name, child.pid, how, doing, again
+        )

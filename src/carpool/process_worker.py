@@ -1,0 +1,195 @@
+"""The model process's main: load the model once, then run batch after batch for its parent.
+
+Started by :class:`carpool.process_pool.ProcessPool` with the ``spawn`` method. It reads the
+pickled model spec (a module-level callable, or a zero-argument factory returning the model
+function or a :class:`carpool.Model`), warms the model up, says ``ready`` (or ``failed``
+with the reason, and exits 1), then answers each ``run`` message with ``ok`` or the model's
+error. It dies with its parent: ``PR_SET_PDEATHSIG`` on Linux, end of file on its pipe
+elsewhere. Imports the transport, the model class and is_async_callable; nothing that queues.
+
+Messages (tuples over the pipe), parent -> worker: ``("run", inputs, out_name)``,
+``("out", out_name)`` after a ``grow``, ``("stop",)``. Worker -> parent: ``("ready", pid)``,
+``("failed", reason, traceback)``, ``("ok", outputs)``, ``("grow", nbytes)``,
+``("error", pickled_exception, traceback)``. ``inputs``/``outputs`` are transport headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import importlib
+import inspect
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+from carpool.model import Model
+from carpool.transport import Attached, Channel, decode, plan
+from carpool.worker import is_async_callable
+
+__all__ = ["OnOwnLoop", "load_model", "run_worker"]
+
+PR_SET_NAME = 15
+PR_SET_PDEATHSIG = 1
+
+
+def run_worker(
+    ends: tuple[Connection, Connection],
+    spec: bytes,
+    warmup: bytes | None,
+    title: str,
+    parent: int,
+) -> None:
+    """The worker process's target: load, warm up, report, serve until told to stop or
+    the parent is gone. ``ends`` are this side's pipes of a :class:`Channel`; ``spec`` and
+    ``warmup`` come pickled so that a spec that cannot be unpickled here is reported as a
+    load failure with its reason."""
+    conn = Channel(*ends)
+    _die_with_parent(parent)
+    _set_title(title)
+    # Ctrl-C reaches the whole process group: the parent drains, then stops its workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        fn = load_model(pickle.loads(spec))
+        if warmup is not None:
+            fn(pickle.loads(warmup))
+    except BaseException as exc:  # any load failure is reported, then exit 1
+        reason = "".join(traceback.format_exception_only(exc)).strip()
+        conn.send(("failed", reason, traceback.format_exc()))
+        sys.exit(1)
+    conn.send(("ready", os.getpid()))
+    _serve(conn, fn)
+
+
+def load_model(spec: Any) -> Callable[[Any], Any]:
+    """The batch function a spec stands for. A callable that takes no arguments (a class
+    whose arguments all have defaults, ``functools.partial(load_target, "demo")``) is a
+    factory: it is called once and gives the function or a :class:`Model`, whose ``fn``
+    is used. Any other callable (``predict(batch)``, a model object) is the function. An
+    ``async def`` function is run to completion on an event loop of this process."""
+    obj = spec() if _is_factory(spec) else spec
+    if isinstance(obj, Model):
+        obj = obj.fn
+    if not callable(obj):
+        raise TypeError(f"the model spec gave {type(obj).__name__}, not a callable")
+    if is_async_callable(obj):
+        return OnOwnLoop(obj)
+    result: Callable[[Any], Any] = obj
+    return result
+
+
+class OnOwnLoop:
+    """An ``async def`` model, run batch by batch on an event loop of this process."""
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+        self.loop = asyncio.new_event_loop()
+
+    def __call__(self, batch: Any) -> Any:
+        return self.loop.run_until_complete(self.fn(batch))
+
+    def close(self) -> None:
+        self.loop.close()
+
+
+def _is_factory(spec: Any) -> bool:
+    try:
+        inspect.signature(spec).bind()
+    except TypeError:  # needs an argument (the batch), or not a callable
+        return False
+    except ValueError:  # no signature (some builtins): a batch function
+        return False
+    return True
+
+
+def _serve(conn: Channel, fn: Callable[[Any], Any]) -> None:
+    inputs, outputs = Attached(), Attached()
+    while True:
+        try:
+            message = conn.receive()
+        except (EOFError, OSError):  # the parent is gone
+            break
+        try:
+            if message[0] != "run" or not _run(conn, fn, message, inputs, outputs):
+                break
+        except (EOFError, OSError):  # the parent went away mid-batch
+            break
+    inputs.close()
+    outputs.close()
+
+
+def _run(
+    conn: Channel, fn: Callable[[Any], Any], message: Any, inputs: Attached, outputs: Attached
+) -> bool:
+    """Run one batch and answer; False when the parent stopped the worker meanwhile. The
+    arrays it viewed in the arenas are dropped on return, before they may be replaced."""
+    _, (in_name, tree), out_name = message
+    try:
+        laid = plan(fn(decode(tree, inputs.buf(in_name))))
+        if laid.nbytes > len(outputs.buf(out_name)):
+            conn.send(("grow", laid.nbytes))
+            reply = conn.receive()
+            if reply[0] != "out":
+                return False
+            out_name = reply[1]
+        laid.write(outputs.buf(out_name))
+        conn.send(("ok", (out_name, laid.tree)))  # pickles first: a bad output raises here
+    except Exception as exc:  # the model's error goes back to its caller
+        conn.send(("error", _pickled(exc), traceback.format_exc()))
+    return True
+
+
+def _pickled(exc: Exception) -> bytes:
+    """The model's exception, pickled; one that does not survive the trip becomes a
+    RuntimeError with its type and message."""
+    try:
+        data = pickle.dumps(exc)
+        pickle.loads(data)
+        return data
+    except Exception:  # any pickling failure falls back the same way
+        name = type(exc).__qualname__
+        return pickle.dumps(RuntimeError(f"{name}: {exc}"))
+
+
+def _die_with_parent(parent: int) -> None:
+    """Exit when the parent dies, even if it is SIGKILLed while the model is busy."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
+            if os.getppid() != parent:  # it died before prctl took effect
+                os._exit(1)
+            return
+    except (OSError, AttributeError):
+        pass
+    watcher = threading.Thread(target=_watch_parent, args=(parent,), daemon=True)
+    watcher.start()
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(1)
+
+
+def _set_title(title: str) -> None:
+    """Name the process for ``ps``: setproctitle when installed (the full title in
+    ``ps aux``), else the kernel's 15-character name (``ps -e``, ``top``)."""
+    try:
+        setproctitle = importlib.import_module("setproctitle")
+        setproctitle.setproctitle(title)
+    except ImportError:
+        pass
+    try:
+        libc = ctypes.CDLL(None)
+        name = title.removeprefix("carpool-worker ")
+        short = f"carpool {name}" if len(name) <= 7 else name  # the kernel keeps 15 bytes
+        libc.prctl(PR_SET_NAME, short.encode()[:15], 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
