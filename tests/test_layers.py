@@ -16,10 +16,20 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "carpool"
 
 # Lowest first. A module may import modules of its own layer or of any layer before it.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "datatypes", "envflags", "cost"),  # stdlib and numpy only
-    ("stats", "collate", "queue", "padding"),  # pure data structures
+    ("errors", "worker_errors", "datatypes", "envflags", "cost"),  # stdlib and numpy only
+    ("stats", "collate", "queue", "padding", "transport"),  # pure data structures
     ("policy",),  # when to dispatch: pure decisions
-    ("worker", "blocking", "batcher", "model", "decorator", "compat"),  # the engine
+    (  # the engine
+        "worker",
+        "blocking",
+        "batcher",
+        "model",
+        "decorator",
+        "compat",
+        "process_worker",
+        "process_supervisor",
+        "process_pool",
+    ),
     ("backends",),  # models: onnxruntime, torch, minilm, the demo
     ("loading",),  # targets, files, repositories, settings -> Models
     ("server",),  # the v2 HTTP server
