@@ -12,17 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from carpool.adaptive import AdaptivePolicy, completion
 from carpool.cost import CostCurve, CostModel
-from carpool.policy import (
-    AdaptivePolicy,
-    Admission,
-    Dispatch,
-    DispatchReason,
-    QueueView,
-    WaitUntil,
-    _completion,
-    make_policy,
-)
+from carpool.options import make_policy
+from carpool.policy import Admission, Dispatch, DispatchReason, QueueView, WaitUntil
 
 GAP_P90 = math.log(10.0)  # the next row's 90th-percentile gap, in mean gaps
 
@@ -309,45 +302,45 @@ def test_decisions_stay_in_range_under_random_arrivals(
 
 
 def test_completion_of_a_lone_row_on_an_idle_worker() -> None:
-    assert _completion(request(), 10.0, cost()) == pytest.approx(10.011, rel=1e-12)
+    assert completion(request(), 10.0, cost()) == pytest.approx(10.011, rel=1e-12)
 
 
 def test_completion_after_the_rows_ahead_in_full_batches() -> None:
     # 10 rows ahead plus its own: 8 (18 ms), then 3 costed full (18 ms)
-    done = _completion(request(rows_ahead=10), 10.0, cost())
+    done = completion(request(rows_ahead=10), 10.0, cost())
     assert done == pytest.approx(10.036, rel=1e-12)
 
 
 def test_completion_of_a_multi_row_request() -> None:
     # 12 rows of its own, nothing ahead: 8 (18 ms), then 4 (14 ms)
-    assert _completion(request(rows=12), 10.0, cost()) == pytest.approx(10.032, rel=1e-12)
+    assert completion(request(rows=12), 10.0, cost()) == pytest.approx(10.032, rel=1e-12)
 
 
 # admission: its own batch, at its size when idle, full when busy
 
 
 def test_with_nothing_ahead_its_own_batch_is_costed_at_its_size() -> None:
-    assert _completion(request(rows=3), 10.0, cost()) == pytest.approx(10.013, rel=1e-12)
+    assert completion(request(rows=3), 10.0, cost()) == pytest.approx(10.013, rel=1e-12)
 
 
 def test_with_rows_ahead_its_own_batch_is_costed_full() -> None:
     # 1 row ahead and its 3 share one batch of 4 rows, costed as 8: 18 ms, not 14
     busy = request(rows=3, rows_ahead=1)
-    assert _completion(busy, 10.0, cost()) == pytest.approx(10.018, rel=1e-12)
+    assert completion(busy, 10.0, cost()) == pytest.approx(10.018, rel=1e-12)
 
 
 def test_with_a_batch_in_flight_its_own_batch_is_costed_full() -> None:
     # 1 row running from 10.0 (frees 10.011), then its 3 rows costed as 8: 18 ms, not 13
     running = request(rows=3, in_flight=((10.0, 1),))
-    assert _completion(running, 10.0, cost()) == pytest.approx(10.029, rel=1e-12)
+    assert completion(running, 10.0, cost()) == pytest.approx(10.029, rel=1e-12)
     staged = request(rows=3, in_flight=((None, 1),))  # staged: it starts now, the same
-    assert _completion(staged, 10.0, cost()) == pytest.approx(10.029, rel=1e-12)
+    assert completion(staged, 10.0, cost()) == pytest.approx(10.029, rel=1e-12)
 
 
 def test_when_busy_the_last_partial_batch_of_a_multi_row_request_is_costed_full() -> None:
     # 1 row running (frees 10.011), then its 12 rows: 8 (18 ms), 4 costed as 8 (18 ms)
     busy = request(rows=12, in_flight=((10.0, 1),))
-    assert _completion(busy, 10.0, cost()) == pytest.approx(10.047, rel=1e-12)
+    assert completion(busy, 10.0, cost()) == pytest.approx(10.047, rel=1e-12)
 
 
 # admission: what is in flight, running batches from their start, staged ones after them
@@ -356,48 +349,48 @@ def test_when_busy_the_last_partial_batch_of_a_multi_row_request_is_costed_full(
 def test_completion_waits_for_the_running_batch() -> None:
     # 4 rows started at 9.995 take 14 ms: the worker frees at 10.009
     running = request(in_flight=((9.995, 4),))
-    assert _completion(running, 10.0, cost()) == pytest.approx(10.027, rel=1e-12)
+    assert completion(running, 10.0, cost()) == pytest.approx(10.027, rel=1e-12)
 
 
 def test_a_running_batch_frees_its_worker_by_its_start_time() -> None:
     earlier = request(in_flight=((9.990, 4),))  # started 5 ms before: frees 10.004
-    assert _completion(earlier, 10.0, cost()) == pytest.approx(10.022, rel=1e-12)
+    assert completion(earlier, 10.0, cost()) == pytest.approx(10.022, rel=1e-12)
 
 
 def test_a_running_batch_past_its_prediction_frees_the_worker_now() -> None:
     overdue = request(in_flight=((9.9, 4),))
-    assert _completion(overdue, 10.0, cost()) == pytest.approx(10.018, rel=1e-12)
+    assert completion(overdue, 10.0, cost()) == pytest.approx(10.018, rel=1e-12)
 
 
 def test_a_staged_batch_runs_in_full_from_when_a_worker_frees() -> None:
     # no start yet: its 14 ms run from now, then its own row
     staged = request(in_flight=((None, 4),))
-    assert _completion(staged, 10.0, cost()) == pytest.approx(10.032, rel=1e-12)
+    assert completion(staged, 10.0, cost()) == pytest.approx(10.032, rel=1e-12)
 
 
 def test_staged_batches_run_after_the_running_one() -> None:
     # one worker: 4 rows running (frees 10.009), 8 staged (18 ms), then its own row
     staged = request(in_flight=((9.995, 4), (None, 8)))
-    assert _completion(staged, 10.0, cost()) == pytest.approx(10.045, rel=1e-12)
+    assert completion(staged, 10.0, cost()) == pytest.approx(10.045, rel=1e-12)
 
 
 def test_running_batches_are_placed_before_staged_ones_whatever_the_order() -> None:
     listed_first = request(in_flight=((None, 8), (9.995, 4)))
-    assert _completion(listed_first, 10.0, cost()) == pytest.approx(10.045, rel=1e-12)
+    assert completion(listed_first, 10.0, cost()) == pytest.approx(10.045, rel=1e-12)
 
 
 def test_a_staged_batch_takes_an_idle_worker_at_once() -> None:
     # two workers: 4 rows running on one (frees 10.009), 8 staged on the other (10.018),
     # then its own row on the first to free (10.009 + 18 ms)
     two = request(workers=2, in_flight=((9.995, 4), (None, 8)))
-    assert _completion(two, 10.0, cost()) == pytest.approx(10.027, rel=1e-12)
+    assert completion(two, 10.0, cost()) == pytest.approx(10.027, rel=1e-12)
 
 
 def test_batches_running_beyond_the_workers_queue_like_staged_ones() -> None:
     # A worker just freed: its next batch started before the finished one left. One worker:
     # the first frees at 10.004, the extra's 18 ms follow from there, then its own row.
     extra = request(in_flight=((9.990, 4), (9.999, 8)))
-    assert _completion(extra, 10.0, cost()) == pytest.approx(10.040, rel=1e-12)
+    assert completion(extra, 10.0, cost()) == pytest.approx(10.040, rel=1e-12)
 
 
 def test_completion_with_two_workers() -> None:
@@ -406,33 +399,33 @@ def test_completion_with_two_workers() -> None:
     # then 8 rows ahead on the other (10.016 + 18 ms = 10.034), then its own row, costed
     # full, on the first again (10.027 + 18 ms = 10.045).
     two = request(workers=2, rows_ahead=8, in_flight=((9.995, 4), (9.998, 8), (None, 8)))
-    assert _completion(two, 10.0, cost()) == pytest.approx(10.045, rel=1e-12)
+    assert completion(two, 10.0, cost()) == pytest.approx(10.045, rel=1e-12)
 
 
 def test_two_idle_workers_share_the_rows_ahead() -> None:
     # 8 rows ahead on one worker (18 ms), its own row, costed full, on the other (18 ms)
     two = request(workers=2, rows_ahead=8)
-    assert _completion(two, 10.0, cost()) == pytest.approx(10.018, rel=1e-12)
+    assert completion(two, 10.0, cost()) == pytest.approx(10.018, rel=1e-12)
     one = request(workers=1, rows_ahead=8)
-    assert _completion(one, 10.0, cost()) == pytest.approx(10.036, rel=1e-12)
+    assert completion(one, 10.0, cost()) == pytest.approx(10.036, rel=1e-12)
 
 
 def test_a_request_split_over_two_workers_is_done_when_its_slower_batch_is() -> None:
     # 9 rows of its own on two idle workers: 8 rows (18 ms) on one and 1 row (11 ms) on the
     # other, at once. Its last row is back at 10.018, not when the 1-row batch ends.
     split = request(workers=2, rows=9)
-    assert _completion(split, 10.0, cost()) == pytest.approx(10.018, rel=1e-12)
+    assert completion(split, 10.0, cost()) == pytest.approx(10.018, rel=1e-12)
 
 
 def test_completion_includes_the_margin() -> None:
-    assert _completion(request(), 10.0, cost(margin=2.0)) == pytest.approx(10.022, rel=1e-12)
+    assert completion(request(), 10.0, cost(margin=2.0)) == pytest.approx(10.022, rel=1e-12)
 
 
 def test_completion_uses_the_curve_of_the_request_key() -> None:
     model = FakeCost(
         {None: CostCurve(0.010, 0.001, 1.0, 100), "long": CostCurve(0.020, 0.004, 1.0, 100)}
     )
-    assert _completion(request(key="long"), 10.0, model) == pytest.approx(10.024, rel=1e-12)
+    assert completion(request(key="long"), 10.0, model) == pytest.approx(10.024, rel=1e-12)
 
 
 # admission: accept or refuse (a 50 ms objective less 2 ms of headroom: done by 10.048)
@@ -463,7 +456,7 @@ def test_admits_what_finishes_by_its_deadline_less_the_headroom() -> None:
     assert p.overloaded == 1
 
 
-def test_refuses_what_would_finish_late_and_returns_the_predicted_completion() -> None:
+def test_refuses_what_would_finish_late_and_returns_the_predictedcompletion() -> None:
     p = policy()
     # 20 rows ahead + 1: 8 (18), 8 (18), 5 costed full (18) = 54 ms, past 48 ms
     late = p.admit(request(rows_ahead=20), now=10.0)
@@ -535,7 +528,7 @@ def test_a_cost_model_that_saw_one_batch_size_admits_a_full_batch() -> None:
     learned = CostModel()
     learned.observe(1, 0.011)
     p = AdaptivePolicy(50, cost=learned)
-    assert _completion(request(rows=8), 10.0, learned) == pytest.approx(10.011, rel=1e-12)
+    assert completion(request(rows=8), 10.0, learned) == pytest.approx(10.011, rel=1e-12)
     assert p.admit(request(rows=8), now=10.0) is None
     assert p.overloaded == 0
 
@@ -551,7 +544,7 @@ def test_admits_exactly_up_to_the_deadline_less_the_headroom(headroom_ms: float)
     p = AdaptivePolicy(50, cost=DYADIC, headroom_ms=headroom_ms)
     assert p.headroom == headroom_ms / 1000.0
     done = 10.0 + 2.0**-7 + 2.0**-10  # one row on an idle worker
-    assert _completion(request(), 10.0, DYADIC) == done
+    assert completion(request(), 10.0, DYADIC) == done
     deadline = done + p.headroom
     assert deadline - p.headroom == done  # the boundary is exact, not rounded
     assert p.admit(request(deadline=deadline), now=10.0) is None

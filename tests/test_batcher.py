@@ -536,3 +536,42 @@ async def test_submit_works_on_an_async_batcher_too() -> None:
     async with Batcher(lambda b: b + 1) as batcher:
         future = batcher.submit(np.array([1]))
         assert (await asyncio.wrap_future(future)).tolist() == [2]
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_a_more_urgent_request_overtakes_a_staged_batch(kind: str) -> None:
+    """Defect 1 of issue 10: while the worker is busy, a full batch is staged; a more
+    urgent request that arrives later must still run before it."""
+    entered, release = threading.Event(), threading.Event()
+    batches: list[list[int]] = []
+
+    def enter(batch: np.ndarray) -> None:
+        batches.append([int(v) for v in batch[:, 0]])
+        entered.set()
+
+    def model(batch: np.ndarray) -> np.ndarray:
+        enter(batch)
+        assert release.wait(10)
+        return batch
+
+    async def async_model(batch: np.ndarray) -> np.ndarray:
+        enter(batch)
+        await asyncio.to_thread(release.wait, 10)
+        return batch
+
+    async with Batcher(model if kind == "sync" else async_model, max_batch_size=1) as batcher:
+        running = asyncio.ensure_future(batcher.infer(np.array([0]), priority=3))
+        assert await asyncio.to_thread(entered.wait, 10)
+        queued = [
+            asyncio.ensure_future(batcher.infer(np.array([i]), priority=3)) for i in (1, 2, 3)
+        ]
+        await settle()
+        assert batcher.stats().running_rows == 2  # one running, one staged behind it
+        urgent = asyncio.ensure_future(batcher.infer(np.array([9]), priority=-2))
+        await settle()
+        release.set()
+        await asyncio.gather(running, *queued, urgent)
+        stats = batcher.stats()
+    assert batches == [[0], [9], [1], [2], [3]]
+    assert (stats.batches, stats.rows, dict(stats.batch_sizes)) == (5, 5, {1: 5})
+    assert (stats.queue_wait_ms.count, stats.completed) == (5, 5)

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from carpool.options import make_policy
 from carpool.policy import (
     Dispatch,
     DispatchReason,
@@ -17,7 +18,6 @@ from carpool.policy import (
     Policy,
     QueueView,
     WaitUntil,
-    make_policy,
 )
 
 

@@ -169,6 +169,18 @@ class StatsRecorder:
         self.batch_sizes[rows] += 1
         self.dispatch_reasons[str(reason)] += 1
 
+    def unbatch(self, rows: int, reason: str) -> None:
+        """Take back :meth:`batch`: that batch went back to the queue before it started."""
+        self.running_rows -= rows
+        self.batches -= 1
+        self.rows -= rows
+        self.batch_sizes[rows] -= 1
+        if not self.batch_sizes[rows]:
+            del self.batch_sizes[rows]
+        self.dispatch_reasons[str(reason)] -= 1
+        if not self.dispatch_reasons[str(reason)]:
+            del self.dispatch_reasons[str(reason)]
+
     def snapshot(
         self, submitted: int, queued_rows: int, cost_curve: CostCurve | None = None
     ) -> BatcherStats:
