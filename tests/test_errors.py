@@ -11,6 +11,7 @@ import carpool
 from carpool.errors import (
     BatcherClosed,
     BatchSizeMismatch,
+    BlockingCallOnLoop,
     CarpoolError,
     CollationError,
     ConfigError,
@@ -29,6 +30,7 @@ def examples() -> list[CarpoolError]:
         BatchSizeMismatch(expected=8, actual=7),
         Overloaded(predicted_ms=80.0, budget_ms=50.0, queued=120, rows=1),
         ConfigError("port must be in 1..65535, got 0"),
+        BlockingCallOnLoop(function="Model.embed"),
     ]
 
 
@@ -41,6 +43,7 @@ def examples() -> list[CarpoolError]:
         (CollationError, TypeError),
         (BatchSizeMismatch, ValueError),
         (ConfigError, ValueError),
+        (BlockingCallOnLoop, RuntimeError),
     ],
 )
 def test_each_error_is_a_carpool_error_and_its_builtin(
@@ -156,6 +159,7 @@ def test_tritons_wording_is_kept() -> None:
         (BatcherClosed("m"), "Use it inside 'async with Batcher(...)'"),
         (BatchSizeMismatch(expected=1, actual=2), "exactly one output row per input row"),
         (Overloaded(predicted_ms=80, budget_ms=50, queued=9, rows=1), "Retry later"),
+        (BlockingCallOnLoop(function="f"), "'await asyncio.to_thread(f, item)'"),
     ],
     ids=lambda v: type(v).__name__ if isinstance(v, Exception) else "",
 )
@@ -174,6 +178,7 @@ def test_module_docstring_draws_the_tree() -> None:
         "CollationError (TypeError)",
         "BatchSizeMismatch (ValueError)",
         "ConfigError (ValueError)",
+        "BlockingCallOnLoop (RuntimeError)",
         "Overloaded",
     ):
         assert line in doc

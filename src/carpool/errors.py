@@ -10,6 +10,7 @@ working in code that does not know carpool::
     ├── BatcherClosed (RuntimeError)      the batcher stopped accepting requests
     ├── CollationError (TypeError)        rows that cannot be stacked, or an unsplittable output
     ├── BatchSizeMismatch (ValueError)    the model returned more or fewer rows than it got
+    ├── BlockingCallOnLoop (RuntimeError) a sync @carpool.batch function called on a loop's thread
     └── ConfigError (ValueError)          a target, flag or config file that cannot be used
 
 Errors raised by the model itself are not wrapped: the caller whose rows failed gets the
@@ -23,6 +24,7 @@ from typing import Any
 __all__ = [
     "BatchSizeMismatch",
     "BatcherClosed",
+    "BlockingCallOnLoop",
     "CarpoolError",
     "CollationError",
     "ConfigError",
@@ -163,6 +165,28 @@ class BatchSizeMismatch(CarpoolError, ValueError):
 
     def _fields(self) -> dict[str, Any]:
         return {"expected": self.expected, "actual": self.actual, "field": self.field}
+
+
+class BlockingCallOnLoop(CarpoolError, RuntimeError):
+    """A synchronous ``@carpool.batch`` function was called on an event loop's thread.
+
+    Waiting there for its result would block the loop until the batch ran: every other
+    caller on that loop would wait behind it, one at a time, never sharing a batch.
+    """
+
+    def __init__(self, *, function: str) -> None:
+        self.function = function
+        name = function.rpartition(".")[2]
+        super().__init__(
+            f"{function}() is a synchronous @carpool.batch function called on the thread of a "
+            "running event loop: it would block the loop until its batch ran, so callers on "
+            "this loop would run one at a time, never sharing a batch. Make the function "
+            "'async def' and await it, or call it from a thread: "
+            f"'await asyncio.to_thread({name}, item)'."
+        )
+
+    def _fields(self) -> dict[str, Any]:
+        return {"function": self.function}
 
 
 class ConfigError(CarpoolError, ValueError):
