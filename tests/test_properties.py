@@ -304,7 +304,7 @@ async def settle(
         for _ in range(8):
             await asyncio.sleep(0)
         stats = batcher.stats()
-        busy = len(batcher._in_flight)  # private: batches dispatched, not finished, staged too
+        busy = len(batcher._scheduler.in_flight)  # private: batches dispatched, not finished
         assert busy <= 2 * workers  # at most one staged batch per worker
         assert model.peak <= workers  # and only `workers` ever reach the model at once
         # private: what the scheduler checks before staging (or, when the policy waits,

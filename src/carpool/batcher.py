@@ -4,8 +4,8 @@ Everything here runs on one event loop (the batcher's): admission, the scheduler
 tasks, deadline timers and resolution. Other threads reach it only through :meth:`submit`,
 whose requests cross into the loop through one inbox, and through the blocking facade in
 ``carpool.blocking``. The pieces it drives live next door: ``options`` (checks at the door),
-``request`` (each request's one outcome), ``inflight`` (batches dispatched), ``policy``
-(when to dispatch), ``worker`` and ``pool`` (running a batch), ``warmup`` (what it learns).
+``scheduler`` (queue in, batches out), ``request`` (each request's one outcome), ``worker``
+and ``pool`` (running a batch), ``warmup`` (what it learns about the model).
 
 Lifecycle: ``async with Batcher(...)`` owns an engine task holding a TaskGroup for the
 scheduler and every batch; leaving the block (or ``aclose()``) stops admission, runs what was
@@ -20,23 +20,22 @@ import asyncio
 import concurrent.futures
 import enum
 import logging
-import math
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from threading import get_ident as _get_ident
 from types import TracebackType
 from typing import Any, Self
 
 from carpool.blocking import Inbox, LoopThread, call_on_loop
 from carpool.collate import Collator
-from carpool.errors import BatcherClosed, CollationError, Overloaded
-from carpool.inflight import Batch, InFlight
+from carpool.errors import BatcherClosed, CollationError
 from carpool.options import check_bool, check_int, check_ms, make_policy
-from carpool.policy import Admission, Dispatch, Policy, PolicyHooks, QueueView, schedule
-from carpool.pool import Handoff, WorkerPool
-from carpool.queue import Entry, RequestQueue
+from carpool.policy import Policy, PolicyHooks
+from carpool.pool import WorkerPool
+from carpool.queue import RequestQueue
 from carpool.request import Request, Resolver
+from carpool.scheduler import Scheduler
 from carpool.stats import BatcherStats, StatsRecorder
 from carpool.warmup import ModelTimes, learned, warm_up
 from carpool.worker import BatchRunner, is_async_callable
@@ -106,10 +105,8 @@ class Batcher:
         self._queue = RequestQueue(max_queue_size)
         self._stats = StatsRecorder()
         self._resolver = Resolver(
-            self._queue, self._stats, self._collator, name=self.name, wake=self._notify
+            self._queue, self._stats, self._collator, name=self.name, wake=self._wake
         )
-        self._in_flight = InFlight()
-        self._rewaited: set[Entry] = set()  # back from a re-formed batch: wait already counted
         self._runner = BatchRunner(
             model_fn,
             is_async=self._is_async,
@@ -120,12 +117,20 @@ class Batcher:
             record_model_time=ModelTimes(self._stats, self._hooks),
             claim=self._resolver.claim,
         )
+        self._scheduler = Scheduler(
+            queue=self._queue,
+            stats=self._stats,
+            resolver=self._resolver,
+            runner=self._runner,
+            policy=self.policy,
+            hooks=self._hooks,
+            workers=self.workers,
+            max_batch_size=self.max_batch_size,
+            max_wait_ms=self.max_wait_ms,
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread_id = 0
         self._engine: asyncio.Task[None] | None = None
-        self._tg: asyncio.TaskGroup | None = None
-        self._pool: WorkerPool | None = None
-        self._waiter: asyncio.Future[None] | None = None  # the parked scheduler's wake-up
         self._inbox = Inbox(self._admit_one, self._resolver.cancel)
         self._portal: LoopThread | None = None
 
@@ -162,7 +167,7 @@ class Batcher:
         self._loop_thread_id = threading.get_ident()
         self._inbox.bind(loop)
         if not self._is_async:
-            self._pool = WorkerPool(self.workers, name=self.name, loop=loop)
+            self._scheduler.pool = WorkerPool(self.workers, name=self.name, loop=loop)
         self._state = _State.RUNNING
         self._engine = loop.create_task(self._run_engine(), name=f"carpool:{self.name}")
 
@@ -189,8 +194,7 @@ class Batcher:
         if self._state is _State.RUNNING:
             # Admit what submit() already handed over: its futures were returned before close.
             self._inbox.take()
-            self._state = _State.CLOSING
-            self._notify()
+            self._close_admission()
         if self._engine is None:
             return
         if timeout is None:
@@ -205,7 +209,7 @@ class Batcher:
     async def _abort(self) -> None:
         """Cancellation of the owner: stop now; whatever was pending gets BatcherClosed."""
         if self._state is _State.RUNNING:
-            self._state = _State.CLOSING
+            self._close_admission()
         if self._engine is not None and not self._engine.done():
             self._engine.cancel()
             try:
@@ -240,18 +244,25 @@ class Batcher:
             )
         self._portal.stop()
 
+    def _close_admission(self) -> None:
+        self._state = _State.CLOSING
+        self._scheduler.closing = True
+        self._scheduler.wake()
+
+    def _wake(self) -> None:
+        self._scheduler.wake()
+
     async def _run_engine(self) -> None:
         error: BaseException | None = None
         try:
             async with asyncio.TaskGroup() as tg:
-                self._tg = tg
-                await self._run_scheduler()
+                await self._scheduler.run(tg)
         except BaseException as exc:
             error = exc
             raise
         finally:
             self._state = _State.CLOSED
-            self._tg = None
+            self._scheduler.closing = True
             reason = (
                 "was cancelled"
                 if isinstance(error, asyncio.CancelledError)
@@ -259,27 +270,16 @@ class Batcher:
             )
             self._resolver.fail(self._queue.drain(), BatcherClosed(self.name, reason))
             self._inbox.reject(BatcherClosed(self.name))
-            if self._pool is not None:
-                self._pool.shutdown()
+            if self._scheduler.pool is not None:
+                self._scheduler.pool.shutdown()
             if error is not None and not isinstance(error, asyncio.CancelledError):
                 log.error("batcher %r stopped after an internal error", self.name, exc_info=error)
 
     async def _warm_up(self, example: Any) -> None:
-        pool, model_fn = self._pool, self.model_fn
-
-        def call(batch: Any) -> Awaitable[Any]:
-            if pool is None:
-                return model_fn(batch)  # type: ignore[no-any-return]  # an async model
-
-            def job(handoff: Handoff) -> Any:
-                handoff()
-                return model_fn(batch)
-
-            return pool.submit(job)
-
+        pool = self._scheduler.pool
         hooks = self._hooks
         await warm_up(
-            call,
+            lambda batch: self._runner.call(batch, pool),
             example,
             collator=self._collator,
             max_batch_size=self.max_batch_size,
@@ -373,7 +373,7 @@ class Batcher:
         curve = cost.curve() if cost is not None else None
         return self._stats.snapshot(self._queue.pushed, self._queue.rows, curve)
 
-    # ----------------------------------------------------------------- admission
+    # ----------------------------------------------------------------- on the loop
 
     @property
     def _closed(self) -> bool:
@@ -414,163 +414,14 @@ class Batcher:
         slo = self._hooks.latency_slo
         if slo is not None:
             request.deadline = now + (slo if timeout_ms is None else min(slo, timeout_ms / 1e3))
-        if self._hooks.admit is not None:
-            self._check_admission(request, now)
-        try:
-            self._queue.push(request)
-        except Exception:
-            self._stats.rejected += 1
-            raise
+        self._scheduler.admit(request)
         if timeout_ms is not None:
             request.timer = self._loop.call_at(  # type: ignore[union-attr]
                 now + timeout_ms / 1000.0, self._resolver.expire, request, timeout_ms
             )
-        if priority < self._in_flight.floor:
-            self._reform(priority)
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            waiter.set_result(None)
         return request
 
     def _admit_one(
         self, value: Any, timeout_ms: float | None, priority: int, future: Any
     ) -> Request:
         return self._admit(value, None, timeout_ms, priority, future)
-
-    def _check_admission(self, request: Request, now: float) -> None:
-        """Ask the policy's ``admit`` hook; raise :class:`Overloaded` if it refuses."""
-        assert self._hooks.admit is not None
-        ahead = self._queue.rows_ahead(request.priority)
-        admission = Admission(
-            rows=request.rows,
-            deadline=request.deadline,
-            rows_ahead=ahead,
-            key=request.key,
-            workers=self.workers,
-            max_batch_size=self.max_batch_size,
-            in_flight=self._in_flight.view(),
-        )
-        late = self._hooks.admit(admission, now)
-        if late is not None:
-            self._stats.rejected += 1
-            self._stats.overloaded += 1
-            raise Overloaded(
-                predicted_ms=(late - now) * 1000.0,
-                budget_ms=(request.deadline - now) * 1000.0,
-                queued=ahead,
-                rows=request.rows,
-            )
-
-    def _reform(self, priority: int) -> None:
-        """A request of ``priority`` arrived: the batches not started that hold less urgent
-        rows go back to the queue, to be formed again with it in its place."""
-        undone = []
-        for batch in self._in_flight.displaced_by(priority):
-            if not self._resolver.void(batch):  # started meanwhile: it and older ones stay
-                break
-            undone.append(batch)
-        for batch in undone:  # newest first: each goes back in front of the later ones
-            live = [s for s in batch.segments if s[0].future is not None]  # type: ignore[attr-defined]
-            self._queue.restore(live)
-            self._rewaited.update(entry for entry, start, _ in live if not start)
-            self._in_flight.remove(batch)
-            self._stats.unbatch(batch.rows, batch.reason)
-
-    # ----------------------------------------------------------------- scheduling
-
-    def _notify(self) -> None:
-        """Wake the scheduler if it is parked; it re-reads everything when it runs."""
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
-
-    async def _run_scheduler(self) -> None:
-        """Until closed and drained: ask :func:`~carpool.policy.schedule` what to do with
-        the queue's head, do it, and park until the time it names or a change."""
-        queue = self._queue
-        loop = asyncio.get_running_loop()
-        while True:
-            wait_until = math.inf
-            head = queue.head() if queue.rows else None
-            if head is not None:
-                now = _monotonic()
-                decision = schedule(self.policy, self._view(head, now), now)
-                if isinstance(decision, Dispatch):
-                    self._dispatch(head, decision, now)
-                    continue
-                wait_until = decision.time
-            else:
-                self._rewaited.clear()  # every entry in it has been dispatched or answered
-                if self._state is not _State.RUNNING and not self._in_flight:
-                    return
-            # Nothing runs between deciding and parking, so no wake-up can be missed.
-            waiter = self._waiter = loop.create_future()
-            if wait_until == math.inf:
-                await waiter
-            else:
-                timer = loop.call_at(wait_until, self._notify)
-                try:
-                    await waiter
-                finally:
-                    timer.cancel()
-
-    def _view(self, head: Entry, now: float) -> QueueView:
-        queue = self._queue
-        most = self.max_batch_size
-        head_rows = queue.rows_like(head)
-        busy = len(self._in_flight)
-        return QueueView(
-            queued_rows=queue.rows,
-            head_rows=head_rows,
-            head_arrival=head.arrival,
-            idle_workers=max(0, self.workers - busy),
-            busy_workers=busy,
-            max_batch_size=most,
-            max_wait=self.max_wait_ms / 1000.0,
-            head_deadline=head.deadline,  # type: ignore[attr-defined]
-            head_key=head.key,
-            workers=self.workers,
-            in_flight=self._in_flight.view(),
-            closing=self._state is _State.CLOSING,
-            full_queued=head_rows >= most or queue.has_full(most),
-        )
-
-    def _dispatch(self, head: Entry, decision: Dispatch, now: float) -> None:
-        queue = self._queue
-        if decision.source == "full":
-            head = queue.head_of_full(self.max_batch_size) or head
-        rows = max(1, min(decision.rows, queue.rows_like(head), self.max_batch_size))
-        segments = queue.pop_batch(head, rows)
-        batch = Batch(segments, rows, decision.reason)
-        stats = self._stats
-        stats.batch(rows, decision.reason)
-        waited = [entry for entry, start, _ in segments if not start]
-        if self._rewaited:
-            waited = [entry for entry in waited if entry not in self._rewaited]
-            self._rewaited.difference_update(entry for entry, _, _ in segments)
-        stats.waited([now - entry.arrival for entry in waited])
-        self._in_flight.add(batch)
-        assert self._tg is not None
-        self._tg.create_task(self._run_batch(batch))
-
-    async def _run_batch(self, batch: Batch) -> None:
-        try:
-            parts = await self._runner.run(batch, self._pool)
-        except BaseException as exc:
-            self._finish(batch)
-            if not batch.void:
-                self._resolver.fail((entry for entry, _, _ in batch.segments), exc)
-            raise
-        self._finish(batch)
-        if not batch.void:
-            self._resolver.deliver(batch.segments, parts)
-        # After the answers: callers that ask again at once join the next batch.
-        self._notify()
-
-    def _finish(self, batch: Batch) -> None:
-        if not batch.void:  # a re-formed batch left the books when it went back
-            self._in_flight.remove(batch)
-            self._stats.running_rows -= batch.rows

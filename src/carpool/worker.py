@@ -121,6 +121,19 @@ class BatchRunner:
         assert pool is not None
         return await pool.submit(partial(self._run_sync, batch))  # type: ignore[no-any-return]
 
+    async def call(self, batch: Any, pool: WorkerPool | None) -> Any:
+        """One model call on a stacked ``batch``, outside any request (warm-up)."""
+        if self._is_async:
+            return await self._model_fn(batch)
+        assert pool is not None
+        model_fn = self._model_fn
+
+        def job(handoff: Handoff) -> Any:
+            handoff()
+            return model_fn(batch)
+
+        return await pool.submit(job)
+
     def _prepare(self, batch: Batch) -> tuple[list[int] | None, Attempt]:
         """The segments still worth computing (None: all), and the values and spans to stack."""
         live = self._claim(batch)
