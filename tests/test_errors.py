@@ -185,6 +185,28 @@ def test_module_docstring_draws_the_tree() -> None:
     assert set(errors.__all__) == {type(e).__name__ for e in examples()} | {"CarpoolError"}
 
 
+def test_module_docstring_draws_every_carpool_error_in_the_package() -> None:
+    import importlib
+    import pkgutil
+
+    import carpool.errors as errors
+
+    for package in ("carpool", "carpool.server", "carpool.bench", "carpool.loading"):
+        module = importlib.import_module(package)
+        for info in pkgutil.iter_modules(module.__path__, prefix=f"{package}."):
+            if not info.ispkg and not info.name.endswith("__main__"):
+                importlib.import_module(info.name)
+
+    def subclasses(cls: type) -> set[type]:
+        direct = set(cls.__subclasses__())
+        return direct.union(*(subclasses(sub) for sub in direct))
+
+    found = {cls for cls in subclasses(CarpoolError) if cls.__module__.startswith("carpool.")}
+    assert {cls.__name__ for cls in found} >= {"ConfigError", "ModelNotFound"}
+    for cls in found:
+        assert f"── {cls.__name__}" in (errors.__doc__ or ""), cls
+
+
 @pytest.mark.parametrize("error", examples(), ids=lambda e: type(e).__name__)
 def test_errors_survive_pickle_and_copy(error: CarpoolError) -> None:
     # Errors cross process boundaries (process pools, multiprocessing workers, test runners)

@@ -76,10 +76,10 @@ class Batcher:
         *,
         max_batch_size: int = 32,  # Triton and TorchServe examples start here; fits most GPUs
         max_wait_ms: float = 5.0,  # TF Serving's and Ray's order of magnitude; eager never waits
-        policy: str | Policy = "eager",
+        policy: str | Policy = "eager",  # never waits: at worst as fast as no batching
         max_queue_size: int | None = None,  # rows; None: bounded only by memory
         workers: int = 1,  # one model replica; more overlap GIL-releasing models
-        isolate_errors: bool = True,
+        isolate_errors: bool = True,  # a failing row fails its own caller, not its batch
         name: str | None = None,
         collator: Collator | None = None,
         latency_slo_ms: float | None = None,
@@ -98,41 +98,48 @@ class Batcher:
         self.model_fn = model_fn
         self.policy = make_policy(policy, latency_slo_ms=latency_slo_ms)
         self._hooks = PolicyHooks.of(self.policy)
-        self._warmup = warmup
+        self._warmup_example = warmup
         self._collator = collator if collator is not None else Collator()
         self._is_async = is_async_callable(model_fn)
         self._state = _State.NEW
-        self._queue = RequestQueue(max_queue_size)
+        self._assemble()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread_id = 0
+        self._engine: asyncio.Task[None] | None = None
+        self._portal: LoopThread | None = None
+
+    def _assemble(self) -> None:
+        """Wire the parts: the queue, the stats, who answers requests, who runs batches, who
+        schedules them, and the inbox other threads submit through."""
+        self._queue = RequestQueue(self.max_queue_size)
         self._stats = StatsRecorder()
         self._resolver = Resolver(
             self._queue, self._stats, self._collator, name=self.name, wake=self._wake
         )
         self._runner = BatchRunner(
-            model_fn,
+            self.model_fn,
             is_async=self._is_async,
             collator=self._collator,
-            isolate_errors=isolate_errors,
+            isolate_errors=self.isolate_errors,
             name=self.name,
             workers=self.workers,
             record_model_time=ModelTimes(self._stats, self._hooks),
             claim=self._resolver.claim,
         )
         self._scheduler = Scheduler(
+            name=self.name,
             queue=self._queue,
             stats=self._stats,
             resolver=self._resolver,
             runner=self._runner,
+            collator=self._collator,
             policy=self.policy,
             hooks=self._hooks,
             workers=self.workers,
             max_batch_size=self.max_batch_size,
             max_wait_ms=self.max_wait_ms,
         )
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread_id = 0
-        self._engine: asyncio.Task[None] | None = None
         self._inbox = Inbox(self._admit_one, self._resolver.cancel)
-        self._portal: LoopThread | None = None
 
     def __repr__(self) -> str:
         return (
@@ -144,16 +151,9 @@ class Batcher:
 
     async def __aenter__(self) -> Self:
         self._open(asyncio.get_running_loop())
-        if self._warmup is not None:
+        if self._warmup_example is not None:
             try:
-                await self._warm_up(self._warmup)
-            except Exception as exc:  # the model's own error on the example
-                log.warning(
-                    "batcher %r: warm-up failed (%s: %s); the first requests warm it instead",
-                    self.name,
-                    type(exc).__name__,
-                    exc,
-                )
+                await self._warm_up(self._warmup_example)
             except BaseException:  # cancelled while warming up: leave nothing running
                 await self._abort()
                 raise
@@ -166,8 +166,8 @@ class Batcher:
         self._loop = loop
         self._loop_thread_id = threading.get_ident()
         self._inbox.bind(loop)
-        if not self._is_async:
-            self._scheduler.pool = WorkerPool(self.workers, name=self.name, loop=loop)
+        pool = None if self._is_async else WorkerPool(self.workers, name=self.name, loop=loop)
+        self._scheduler.open(loop, pool)
         self._state = _State.RUNNING
         self._engine = loop.create_task(self._run_engine(), name=f"carpool:{self.name}")
 
@@ -253,41 +253,23 @@ class Batcher:
         self._scheduler.wake()
 
     async def _run_engine(self) -> None:
-        error: BaseException | None = None
         try:
-            async with asyncio.TaskGroup() as tg:
-                await self._scheduler.run(tg)
-        except BaseException as exc:
-            error = exc
-            raise
+            await self._scheduler.serve()
         finally:
             self._state = _State.CLOSED
-            self._scheduler.closing = True
-            reason = (
-                "was cancelled"
-                if isinstance(error, asyncio.CancelledError)
-                else (f"stopped after an internal error ({error!r})" if error else "is closed")
-            )
-            self._resolver.fail(self._queue.drain(), BatcherClosed(self.name, reason))
             self._inbox.reject(BatcherClosed(self.name))
-            if self._scheduler.pool is not None:
-                self._scheduler.pool.shutdown()
-            if error is not None and not isinstance(error, asyncio.CancelledError):
-                log.error("batcher %r stopped after an internal error", self.name, exc_info=error)
 
     async def _warm_up(self, example: Any) -> None:
         pool = self._scheduler.pool
-        hooks = self._hooks
         await warm_up(
             lambda batch: self._runner.call(batch, pool),
             example,
             collator=self._collator,
             max_batch_size=self.max_batch_size,
-            hooks=hooks,
+            hooks=self._hooks,
             name=self.name,
+            learned=self.learned,
         )
-        if hooks.observe is not None:
-            log.info("batcher %r: %s", self.name, self.learned())
 
     def learned(self) -> str:
         """One line on what the policy learned (its cost curve), or that it learns nothing."""
@@ -305,12 +287,7 @@ class Batcher:
         if loop is None or _get_ident() != self._loop_thread_id:
             loop = self._check_loop()
         fut: asyncio.Future[Any] = _Future(loop=loop)
-        request = self._admit(x, None, timeout_ms, priority, fut)
-        try:
-            return await fut
-        except asyncio.CancelledError:
-            self._resolver.cancel(request)
-            raise
+        return await self._outcome(self._admit(x, None, timeout_ms, priority, fut), fut)
 
     async def infer_many(
         self, xs: Any, *, timeout_ms: float | None = None, priority: int = 0
@@ -325,7 +302,10 @@ class Batcher:
         if rows < 1:
             raise CollationError("infer_many needs at least one row, got 0", field="input")
         fut = loop.create_future()
-        request = self._admit(xs, rows, timeout_ms, priority, fut)
+        return await self._outcome(self._admit(xs, rows, timeout_ms, priority, fut), fut)
+
+    async def _outcome(self, request: Request, fut: asyncio.Future[Any]) -> Any:
+        """What ``request`` gets; cancelling the caller withdraws it."""
         try:
             return await fut
         except asyncio.CancelledError:
@@ -408,18 +388,7 @@ class Batcher:
             check_int("priority", priority, _ANY_PRIORITY)
         if timeout_ms is not None:
             timeout_ms = check_ms("timeout_ms", timeout_ms, positive=True)
-        key = self._collator.key(value, span is not None)
-        now = _monotonic()
-        request = Request(value, span, key, priority, now, future)
-        slo = self._hooks.latency_slo
-        if slo is not None:
-            request.deadline = now + (slo if timeout_ms is None else min(slo, timeout_ms / 1e3))
-        self._scheduler.admit(request)
-        if timeout_ms is not None:
-            request.timer = self._loop.call_at(  # type: ignore[union-attr]
-                now + timeout_ms / 1000.0, self._resolver.expire, request, timeout_ms
-            )
-        return request
+        return self._scheduler.admit(value, span, timeout_ms, priority, future)
 
     def _admit_one(
         self, value: Any, timeout_ms: float | None, priority: int, future: Any

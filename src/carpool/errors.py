@@ -4,6 +4,7 @@ The tree, with the builtin each one also is, so ``except TimeoutError`` and frie
 working in code that does not know carpool::
 
     CarpoolError
+    │   defined here, raised by the library:
     ├── QueueFull (RuntimeError)          refused at the door: max_queue_size rows already wait
     │   └── Overloaded                    refused at the door: it would finish past its deadline
     ├── DeadlineExceeded (TimeoutError)   the request's timeout_ms passed before its result
@@ -11,7 +12,23 @@ working in code that does not know carpool::
     ├── CollationError (TypeError)        rows that cannot be stacked, or an unsplittable output
     ├── BatchSizeMismatch (ValueError)    the model returned more or fewer rows than it got
     ├── BlockingCallOnLoop (RuntimeError) a sync @carpool.batch function called on a loop's thread
-    └── ConfigError (ValueError)          a target, flag or config file that cannot be used
+    ├── ConfigError (ValueError)          a target, flag or config file that cannot be used
+    │
+    │   raised by the server and bench, defined with their code:
+    ├── ProtocolError (ValueError)        carpool.server.messages: a request the v2 protocol
+    │                                     cannot accept, or a response it cannot carry
+    ├── ModelNotFound (LookupError)       carpool.server.registry: no model (or version) by
+    │                                     that name: a 404
+    ├── ModelUnavailable                  carpool.server.registry: the model failed to load at
+    │                                     start: a 400
+    ├── ModelOutputError (RuntimeError)   carpool.server.inference: outputs that do not match
+    │                                     the model's declared signature: a 500
+    ├── HTTPError                         carpool.server.statuses: an answer other than 200,
+    │                                     with its status and headers
+    ├── BenchError (ValueError)           carpool.bench.targets: a bench target, flag or file
+    │                                     that cannot be used
+    └── ReportError (ValueError)          carpool.bench.report: a file that is not a carpool
+                                          bench report
 
 Errors raised by the model itself are not wrapped: the caller whose rows failed gets the
 model's own exception, with a note naming the batch it ran in.

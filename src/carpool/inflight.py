@@ -4,7 +4,8 @@ A :class:`Batch` records its segments and, once a worker claims it, when it star
 then it can still be re-formed. :class:`InFlight` keeps them in dispatch order, says what
 policies and admission see of them, and picks the staged batches a more urgent request
 displaces. Pure bookkeeping: no event loop, no clock, no threads (the start time is set under
-the claim lock of ``carpool.request``, by whichever thread starts the batch).
+the claim lock of ``carpool.request``, by whichever thread starts the batch). Imports only
+``carpool.queue``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ __all__ = ["Batch", "InFlight"]
 class Batch:
     """One dispatched batch: ``rows`` rows in ``segments``, in priority then arrival order."""
 
-    __slots__ = ("lowest", "reason", "rows", "segments", "started", "void")
+    __slots__ = ("least_urgent", "reason", "rows", "segments", "started", "void")
 
     def __init__(self, segments: list[Segment], rows: int, reason: str) -> None:
         self.segments = segments
@@ -27,8 +28,9 @@ class Batch:
         self.reason = reason
         self.started: float | None = None  # set when a worker claims it
         self.void = False  # re-formed before it started: its rows went back to the queue
-        # The least urgent priority in it: segments leave the queue most urgent first.
-        self.lowest = segments[-1][0].priority
+        # The least urgent priority in it (the largest number): segments leave the queue
+        # most urgent first.
+        self.least_urgent = segments[-1][0].priority
 
 
 class InFlight:
@@ -36,22 +38,22 @@ class InFlight:
 
     def __init__(self) -> None:
         self._batches: dict[int, Batch] = {}
-        # An upper bound on the least urgent priority among batches not started; a request
-        # more urgent than this may displace one. -inf: none can be displaced.
-        self.floor = -math.inf
+        # At least the least urgent priority among batches not started: a request more
+        # urgent than this may displace one. -inf: none can be displaced.
+        self.least_urgent = -math.inf
 
     def __len__(self) -> int:
         return len(self._batches)
 
     def add(self, batch: Batch) -> None:
         self._batches[id(batch)] = batch
-        if batch.lowest > self.floor:
-            self.floor = batch.lowest
+        if batch.least_urgent > self.least_urgent:
+            self.least_urgent = batch.least_urgent
 
     def remove(self, batch: Batch) -> None:
         del self._batches[id(batch)]
         if not self._batches:
-            self.floor = -math.inf
+            self.least_urgent = -math.inf
 
     def view(self) -> tuple[tuple[float | None, int], ...]:
         """(start time, or None while staged; rows) of each batch, oldest first."""
@@ -64,12 +66,15 @@ class InFlight:
         split across batches is never put back with its later rows still out)."""
         displaced = []
         for batch in reversed(self._batches.values()):
-            if batch.started is not None or batch.lowest <= priority:
+            if batch.started is not None or batch.least_urgent <= priority:
                 break
             displaced.append(batch)
-        floor = -math.inf
-        for batch in self._batches.values():
-            if batch.started is None and batch not in displaced and batch.lowest > floor:
-                floor = batch.lowest
-        self.floor = floor
+        self.least_urgent = max(
+            (
+                batch.least_urgent
+                for batch in self._batches.values()
+                if batch.started is None and batch not in displaced
+            ),
+            default=-math.inf,
+        )
         return displaced

@@ -1,20 +1,24 @@
 """The batcher's scheduler: requests into the queue, batches out of it, on the event loop.
 
 :meth:`Scheduler.admit` queues a request (asking the policy's ``admit`` hook first); the
-:meth:`Scheduler.run` task asks :func:`~carpool.policy.schedule` what to do with the queue's
+:meth:`Scheduler.serve` task asks :func:`~carpool.policy.schedule` what to do with the queue's
 head, dispatches batches to the runner, and parks until the time the policy names or a
 change (an arrival, a withdrawn request, a finished batch). A more urgent arrival sends the
 staged batches it should run before back to the queue, where they are formed again.
-Everything here runs on the batcher's loop; the batcher owns the lifecycle.
+Everything here runs on the batcher's loop; the batcher owns the lifecycle (it alone
+imports this module).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
+from typing import Any
 
-from carpool.errors import Overloaded
+from carpool.collate import Collator
+from carpool.errors import BatcherClosed, Overloaded
 from carpool.inflight import Batch, InFlight
 from carpool.policy import Admission, Dispatch, Policy, PolicyHooks, QueueView, schedule
 from carpool.pool import WorkerPool
@@ -25,6 +29,8 @@ from carpool.worker import BatchRunner
 
 __all__ = ["Scheduler"]
 
+log = logging.getLogger("carpool")
+
 _monotonic = time.monotonic  # the batcher's clock
 
 
@@ -34,20 +40,24 @@ class Scheduler:
     def __init__(
         self,
         *,
+        name: str,
         queue: RequestQueue,
         stats: StatsRecorder,
         resolver: Resolver,
         runner: BatchRunner,
+        collator: Collator,
         policy: Policy,
         hooks: PolicyHooks,
         workers: int,
         max_batch_size: int,
         max_wait_ms: float,
     ) -> None:
+        self._name = name
         self._queue = queue
         self._stats = stats
         self._resolver = resolver
         self._runner = runner
+        self._collator = collator
         self._policy = policy
         self._hooks = hooks
         self._workers = workers
@@ -56,15 +66,31 @@ class Scheduler:
         self.in_flight = InFlight()
         self.pool: WorkerPool | None = None  # a plain model's threads, once the loop runs
         self.closing = False  # no new requests: drain, then stop
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._waiter: asyncio.Future[None] | None = None  # set while parked
         self._rewaited: set[Entry] = set()  # back from a re-formed batch: wait already counted
 
     # ------------------------------------------------------------ admission
 
-    def admit(self, request: Request) -> None:
-        """Queue ``request`` (arrived at ``request.arrival``), or raise why not: the policy
-        refuses it (:class:`Overloaded`), or the queue is full."""
+    def open(self, loop: asyncio.AbstractEventLoop, pool: WorkerPool | None) -> None:
+        """Serve on ``loop``, a plain model's batches in ``pool``'s threads."""
+        self._loop = loop
+        self.pool = pool
+
+    def admit(
+        self, value: Any, span: int | None, timeout_ms: float | None, priority: int, future: Any
+    ) -> Request:
+        """Queue a request for ``value`` (``span`` rows, or one row without a batch axis),
+        answered through ``future``; or raise why not: rows that cannot be batched
+        (:class:`~carpool.errors.CollationError`), the policy refuses it
+        (:class:`Overloaded`), or the queue is full (:class:`~carpool.errors.QueueFull`)."""
+        key = self._collator.key(value, span is not None)
+        now = _monotonic()
+        request = Request(value, span, key, priority, now, future)
+        slo = self._hooks.latency_slo
+        if slo is not None:
+            request.deadline = now + (slo if timeout_ms is None else min(slo, timeout_ms / 1e3))
         if self._hooks.admit is not None:
             self._check_admission(request)
         try:
@@ -72,9 +98,14 @@ class Scheduler:
         except Exception:
             self._stats.rejected += 1
             raise
-        if request.priority < self.in_flight.floor:
-            self._reform(request.priority)
+        if timeout_ms is not None:
+            request.timer = self._loop.call_at(  # type: ignore[union-attr]
+                now + timeout_ms / 1000.0, self._resolver.expire, request, timeout_ms
+            )
+        if priority < self.in_flight.least_urgent:
+            self._reform(priority)
         self.wake()
+        return request
 
     def _check_admission(self, request: Request) -> None:
         assert self._hooks.admit is not None
@@ -125,7 +156,31 @@ class Scheduler:
             if not waiter.done():
                 waiter.set_result(None)
 
-    async def run(self, tg: asyncio.TaskGroup) -> None:
+    async def serve(self) -> None:
+        """The engine task: the scheduler and every batch in one TaskGroup, until closing and
+        drained (or cancelled). On the way out, whatever is still queued gets
+        :class:`BatcherClosed` and the worker threads are let go."""
+        error: BaseException | None = None
+        try:
+            async with asyncio.TaskGroup() as tg:
+                await self._run(tg)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            self.closing = True
+            reason = (
+                "was cancelled"
+                if isinstance(error, asyncio.CancelledError)
+                else (f"stopped after an internal error ({error!r})" if error else "is closed")
+            )
+            self._resolver.fail(self._queue.drain(), BatcherClosed(self._name, reason))
+            if self.pool is not None:
+                self.pool.shutdown()
+            if error is not None and not isinstance(error, asyncio.CancelledError):
+                log.error("batcher %r stopped after an internal error", self._name, exc_info=error)
+
+    async def _run(self, tg: asyncio.TaskGroup) -> None:
         """Until closing and drained: ask the policy, dispatch into ``tg``, park."""
         self._tg = tg
         queue = self._queue

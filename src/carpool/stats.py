@@ -157,7 +157,7 @@ class StatsRecorder:
         self.queue_waits.extend(seconds)
         self.queue_wait_hist.add_many(seconds)
 
-    def modelled(self, seconds: float) -> None:
+    def model_call(self, seconds: float) -> None:
         """One model call's duration; from any thread."""
         self.model_times.append(seconds)
         self.model_time_hist.add_many([seconds])

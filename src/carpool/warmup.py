@@ -3,7 +3,8 @@
 :func:`warm_up` runs batches of one example row before the first request (the model's own
 warm-up) and times them for a policy that learns a cost model; :class:`ModelTimes` takes
 every model call's duration from the worker that made it, for the stats and the policy;
-:func:`learned` says in one line what the policy fitted. Nothing here schedules anything.
+:func:`learned` says in one line what the policy fitted. Nothing here schedules anything:
+imports the policy contract, collation and stats only.
 """
 
 from __future__ import annotations
@@ -30,13 +31,47 @@ async def warm_up(
     max_batch_size: int,
     hooks: PolicyHooks,
     name: str,
+    learned: Callable[[], str],
 ) -> None:
     """Batches of ``example`` rows at sizes 1 .. max_batch_size through ``call`` (the model,
     in its worker): once for the model's own warm-up (caches, lazy setup, kernels); then,
     for a policy that observes, twice timed. None of it counts in stats.
 
-    Raises whatever the model raised on the example.
+    If the model fails on the example, a warning says so and the first requests warm it
+    instead; ``learned()`` is logged once a cost model is fitted.
     """
+    try:
+        await _run(call, example, collator, max_batch_size, hooks)
+    except Exception as exc:  # the model's own error on the example
+        log.warning(
+            "batcher %r: warm-up failed (%s: %s); the first requests warm it instead",
+            name,
+            type(exc).__name__,
+            exc,
+        )
+        return
+    if hooks.observe is None:
+        return
+    log.info("batcher %r: %s", name, learned())
+    cost, slo, key = hooks.cost, hooks.latency_slo, collator.key(example)
+    one = cost.predict(1, key) if cost is not None else None
+    if slo is not None and one is not None and one > slo:
+        log.warning(
+            "batcher %r: the latency objective (%g ms) is below the time of one batch "
+            "(%.1f ms): every request will be refused as overloaded",
+            name,
+            slo * 1000,
+            one * 1000,
+        )
+
+
+async def _run(
+    call: Callable[[Any], Awaitable[Any]],
+    example: Any,
+    collator: Collator,
+    max_batch_size: int,
+    hooks: PolicyHooks,
+) -> None:
     most = max_batch_size
     sizes = sorted({1, max(1, most // 4), max(1, most // 2), most})
     observe = hooks.observe
@@ -47,18 +82,6 @@ async def warm_up(
         await call(batch)
         if observe is not None and i >= len(sizes):
             observe(rows, time.perf_counter() - started, key)
-    if observe is None:
-        return
-    cost, slo = hooks.cost, hooks.latency_slo
-    one = cost.predict(1, key) if cost is not None else None
-    if slo is not None and one is not None and one > slo:
-        log.warning(
-            "batcher %r: the latency objective (%g ms) is below the time of one batch "
-            "(%.1f ms): every request will be refused as overloaded",
-            name,
-            slo * 1000,
-            one * 1000,
-        )
 
 
 def learned(policy: Policy, hooks: PolicyHooks, refused: int) -> str:
@@ -82,7 +105,7 @@ class ModelTimes:
         self._cost = hooks.cost
 
     def __call__(self, rows: int, seconds: float, key: Any) -> None:
-        self._stats.modelled(seconds)
+        self._stats.model_call(seconds)
         if self._observe is not None:
             predicted = self._cost.predict(rows, key) if self._cost is not None else None
             if predicted:

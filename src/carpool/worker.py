@@ -1,16 +1,18 @@
 """Run one batch: collate -> model -> check rows -> split, and isolate failing rows.
 
-Knows nothing of queues, policies or futures: it takes segments and returns one part per
-segment, where a part is that segment's output, a :class:`Failure`, or ``None`` for a
-segment that ``claim`` declined as the batch started (its request was cancelled or expired
-while the batch was staged), whose rows are then not computed at all.
+Knows nothing of queues, policies or futures: it takes a batch's segments and returns one
+part per segment, where a part is that segment's output, a :class:`Failure`, or ``None`` for
+a segment that ``claim`` declined as the batch started (its request was cancelled or expired
+while the batch was staged), whose rows are then not computed at all; a batch re-formed
+before it started claims none. Imports collation, the errors, the books of batches and the
+worker threads.
 
 A plain ``model_fn`` runs in the batcher's worker threads (``carpool.pool``) together with
 stacking, splitting and bisection, so large copies and GIL-releasing models (numpy, torch,
 onnxruntime) stay off the event loop, and a worker goes from one staged batch to the next
-without the loop.
-Which rows to re-run after an error is decided by :func:`isolate`, a generator that never
-calls the model itself, so the same plan drives threads and coroutines alike.
+without the loop. Which rows to re-run after an error is decided by :func:`isolate`, a
+generator that never calls the model itself, so the same plan drives threads and coroutines
+alike.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -580,6 +581,7 @@ def check(config: Config, run: Run) -> None:
     assert isinstance(run.late_infer_error, BatcherClosed)
 
 
+@pytest.mark.slow
 @settings(
     max_examples=200,
     deadline=None,
@@ -669,6 +671,7 @@ class OneWorker:
                 return
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None, derandomize=True, database=None)
 @given(
     max_batch_size=st.integers(1, 6),
