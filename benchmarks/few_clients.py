@@ -21,7 +21,7 @@ default policy should be the one that serves them best.
 
 Nothing is asserted; exits 0.  The last line names the default policy (stable text):
 
-    taskset -c 0,1 python3 benchmarks/few_clients.py
+    python3 benchmarks/few_clients.py --cpus 0,1
     python3 benchmarks/few_clients.py --quick      # a smoke run, well under 20 s
 """
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import inspect
+import os
 import statistics
 import sys
 import time
@@ -139,7 +140,12 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --quick)")
     parser.add_argument("--seconds", type=float, default=None, help="per run (default 2.0)")
     parser.add_argument("--clients", default="4,8,16", help="comma-separated client counts")
+    parser.add_argument(
+        "--cpus", default="none", help="CPUs to pin to, e.g. '0,1'; 'none' to not pin (default)"
+    )
     args = parser.parse_args()
+    if args.cpus.lower() not in ("none", "all", ""):
+        os.sched_setaffinity(0, {int(cpu) for cpu in args.cpus.split(",")})
     repeats = args.repeats or (1 if args.quick else 3)
     seconds = args.seconds or (0.25 if args.quick else 2.0)
     counts = [int(n) for n in args.clients.split(",")]

@@ -21,7 +21,6 @@ import concurrent.futures
 import enum
 import logging
 import threading
-import time
 from collections.abc import Callable
 from threading import get_ident as _get_ident
 from types import TracebackType
@@ -44,10 +43,8 @@ __all__ = ["Batcher"]
 
 log = logging.getLogger("carpool")
 
-# The batcher's clock; asyncio's loop.time() reads the same one through a method call.
-_monotonic = time.monotonic
 _Future = asyncio.Future  # what loop.create_future() makes, without its Python frame
-_ANY_PRIORITY = -(2**63)
+_ANY_PRIORITY = -(2**63)  # priorities are any int; the check is for the type
 
 
 class _State(enum.Enum):
@@ -76,7 +73,7 @@ class Batcher:
         *,
         max_batch_size: int = 32,  # Triton and TorchServe examples start here; fits most GPUs
         max_wait_ms: float = 5.0,  # TF Serving's and Ray's order of magnitude; eager never waits
-        policy: str | Policy = "eager",  # never waits: at worst as fast as no batching
+        policy: str | Policy = "eager",  # never waits; serves few callers best (few_clients.py)
         max_queue_size: int | None = None,  # rows; None: bounded only by memory
         workers: int = 1,  # one model replica; more overlap GIL-releasing models
         isolate_errors: bool = True,  # a failing row fails its own caller, not its batch
@@ -287,7 +284,12 @@ class Batcher:
         if loop is None or _get_ident() != self._loop_thread_id:
             loop = self._check_loop()
         fut: asyncio.Future[Any] = _Future(loop=loop)
-        return await self._outcome(self._admit(x, None, timeout_ms, priority, fut), fut)
+        request = self._admit(x, None, timeout_ms, priority, fut)
+        try:  # inline, not a helper coroutine: this runs once per request
+            return await fut
+        except asyncio.CancelledError:
+            self._resolver.cancel(request)
+            raise
 
     async def infer_many(
         self, xs: Any, *, timeout_ms: float | None = None, priority: int = 0
@@ -302,10 +304,7 @@ class Batcher:
         if rows < 1:
             raise CollationError("infer_many needs at least one row, got 0", field="input")
         fut = loop.create_future()
-        return await self._outcome(self._admit(xs, rows, timeout_ms, priority, fut), fut)
-
-    async def _outcome(self, request: Request, fut: asyncio.Future[Any]) -> Any:
-        """What ``request`` gets; cancelling the caller withdraws it."""
+        request = self._admit(xs, rows, timeout_ms, priority, fut)
         try:
             return await fut
         except asyncio.CancelledError:

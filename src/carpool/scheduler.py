@@ -60,6 +60,8 @@ class Scheduler:
         self._collator = collator
         self._policy = policy
         self._hooks = hooks
+        self._slo = hooks.latency_slo  # read once: admission runs per request
+        self._admit_hook = hooks.admit
         self._workers = workers
         self._max_batch_size = max_batch_size
         self._max_wait = max_wait_ms / 1000.0
@@ -88,10 +90,10 @@ class Scheduler:
         key = self._collator.key(value, span is not None)
         now = _monotonic()
         request = Request(value, span, key, priority, now, future)
-        slo = self._hooks.latency_slo
+        slo = self._slo
         if slo is not None:
             request.deadline = now + (slo if timeout_ms is None else min(slo, timeout_ms / 1e3))
-        if self._hooks.admit is not None:
+        if self._admit_hook is not None:
             self._check_admission(request)
         try:
             self._queue.push(request)
@@ -104,11 +106,14 @@ class Scheduler:
             )
         if priority < self.in_flight.least_urgent:
             self._reform(priority)
-        self.wake()
+        waiter = self._waiter  # wake() inlined: this runs once per request
+        if waiter is not None:
+            self._waiter = None
+            waiter.set_result(None)
         return request
 
     def _check_admission(self, request: Request) -> None:
-        assert self._hooks.admit is not None
+        assert self._admit_hook is not None
         now = request.arrival
         ahead = self._queue.rows_ahead(request.priority)
         admission = Admission(
@@ -120,7 +125,7 @@ class Scheduler:
             max_batch_size=self._max_batch_size,
             in_flight=self.in_flight.view(),
         )
-        late = self._hooks.admit(admission, now)
+        late = self._admit_hook(admission, now)
         if late is not None:
             self._stats.rejected += 1
             self._stats.overloaded += 1
