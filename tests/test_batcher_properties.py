@@ -295,6 +295,9 @@ async def settle(
       batch queued); with all busy, ``2 * workers`` batches are dispatched or the head of
       the queue has no full batch to stage.
 
+    - the loop has finished every batch whose call left the model (a worker hands a
+      batch's results over as its next batch starts, through another thread).
+
     The same state is then read once more after several loop turns: a batch that a thread
     finished without calling the model (all its requests answered while it was staged)
     reaches the loop a few turns after that thread moved on.
@@ -319,7 +322,11 @@ async def settle(
             quiet = busy == 2 * workers or head is None or queue.rows_like(head) < most
         held = model.held()
         state = (held, busy, stats.batches, stats.queued_rows, len(model.calls))
-        if held == min(busy, workers) and quiet:
+        # A worker hands a batch's results to the loop only as its next batch starts (or,
+        # with none staged, at once): the loop must have seen every call that left the model.
+        left = sum(call.ok is not None for call in model.calls)
+        delivered = stats.batches - busy >= left
+        if held == min(busy, workers) and quiet and delivered:
             if state == last:
                 return
             last = state

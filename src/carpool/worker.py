@@ -178,36 +178,50 @@ class BatchRunner:
         segments = batch.segments
         if live is not None and not live:  # every request was answered while staged
             return [None] * len(segments)
-        plan = isolate(*attempt, bisect=self._bisect, note=self._note)
         key = segments[0][0].key
-        try:
-            attempt = next(plan)
-            while True:
-                try:
-                    outcome: Outcome = (self._execute(*attempt, key, handoff), None)
-                except Exception as exc:
-                    outcome = (None, exc)
-                attempt = plan.send(outcome)
-        except StopIteration as done:
-            return self._place(segments, live, done.value)
+        try:  # the whole batch first: isolate()'s first attempt, without its machinery
+            parts = self._execute(*attempt, key, handoff)
+        except Exception as exc:  # isolate the rows that raised: halves, then quarters...
+            plan = self._plan(attempt)
+            try:
+                attempt = plan.send((None, exc))
+                while True:
+                    try:
+                        outcome: Outcome = (self._execute(*attempt, key, handoff), None)
+                    except Exception as error:
+                        outcome = (None, error)
+                    attempt = plan.send(outcome)
+            except StopIteration as done:
+                parts = done.value
+        return self._place(segments, live, parts)
 
     async def _run_async(self, batch: Batch) -> list[Any]:
         live, attempt = self._prepare(batch)
         segments = batch.segments
         if live is not None and not live:  # every request was answered while staged
             return [None] * len(segments)
-        plan = isolate(*attempt, bisect=self._bisect, note=self._note)
         key = segments[0][0].key
         try:
-            attempt = next(plan)
-            while True:
-                try:
-                    outcome: Outcome = (await self._execute_async(*attempt, key), None)
-                except Exception as exc:
-                    outcome = (None, exc)
-                attempt = plan.send(outcome)
-        except StopIteration as done:
-            return self._place(segments, live, done.value)
+            parts = await self._execute_async(*attempt, key)
+        except Exception as exc:
+            plan = self._plan(attempt)
+            try:
+                attempt = plan.send((None, exc))
+                while True:
+                    try:
+                        outcome: Outcome = (await self._execute_async(*attempt, key), None)
+                    except Exception as error:
+                        outcome = (None, error)
+                    attempt = plan.send(outcome)
+            except StopIteration as done:
+                parts = done.value
+        return self._place(segments, live, parts)
+
+    def _plan(self, attempt: Attempt) -> Generator[Attempt, Outcome, list[Any]]:
+        """:func:`isolate`'s plan for a batch whose first attempt (all of it) just ran."""
+        plan = isolate(*attempt, bisect=self._bisect, note=self._note)
+        next(plan)  # the whole batch: already run
+        return plan
 
     def _execute(
         self, values: list[Any], spans: list[Span] | None, rows: int, key: Any, handoff: Handoff
