@@ -21,8 +21,16 @@ Models (``models.py``):
 
 Why: with enough callers a batcher should keep the model busy with full
 batches, so serving loses almost nothing to the offline peak.  Target:
-served/offline >= 0.95 for ``workers=1``.  The mean batch size (from
+served/offline >= 0.97 for ``workers=1``.  The mean batch size (from
 ``b.stats()``, timed section only) shows whether batches were full.
+
+What makes it possible is *staging*: while the worker runs a batch, the next
+full one is already formed and waiting for it, so the worker goes from one
+model call to the next without the event loop; and it hands the finished
+batch's results to the loop only once the next model call has begun, so the
+loop's work (answering 32-64 callers, admitting their next requests) overlaps
+the model instead of delaying it.  Without staging, every batch would wait for
+a loop round trip: the gap this ratio measures.
 
 Pinning: by default the process is pinned to CPUs 0,1 (both cores of the
 reference box).  The model gets one core (one BLAS thread / one worker
@@ -47,6 +55,7 @@ import models
 import numpy as np
 
 CALLERS = 256
+TARGET = 0.97  # served/offline with one worker (issue 10)
 
 
 async def served_run(
@@ -102,6 +111,11 @@ def main() -> int:
     p = _bench.base_parser(__doc__, default_cpus="0,1")
     p.add_argument("--batch-sizes", default="32,64", help="comma-separated max_batch_size values")
     p.add_argument("--models", default="sleep,mlp", help="comma-separated: sleep,mlp")
+    p.add_argument(
+        "--workers",
+        default="1,2",
+        help="comma-separated worker counts served (2 runs the sleep model only)",
+    )
     args = p.parse_args()
 
     cpus = _bench.parse_cpus(args.cpus)
@@ -115,12 +129,11 @@ def main() -> int:
 
     model_fns = {"sleep": models.sleep_model, "mlp": mlp}
     configs: list[tuple[str, int, int]] = []  # (model, batch, workers); workers 0 = offline
+    served_workers = [int(w) for w in args.workers.split(",")]
     for m in args.models.split(","):
         for bs in batch_sizes:
             configs.append((m, bs, 0))
-            configs.append((m, bs, 1))
-            if m == "sleep":
-                configs.append((m, bs, 2))
+            configs.extend((m, bs, w) for w in served_workers if w == 1 or m == "sleep")
 
     _bench.header(
         "carpool efficiency: served rows/s vs offline peak (batch_inference)",
@@ -179,7 +192,7 @@ def main() -> int:
                 f"{ratio:.3f}",
                 f"{paired:.3f}",
                 _bench.fmt_num(mb, 1),
-                _bench.verdict(ratio, 0.95) if w == 1 else "(info)",
+                _bench.verdict(ratio, TARGET) if w == 1 else "(info)",
             ]
         )
     print(
@@ -193,7 +206,7 @@ def main() -> int:
                 "served/offline",
                 "paired",
                 "mean batch",
-                "target>=0.95",
+                f"target>={TARGET}",
             ],
             rows_out,
         )

@@ -3,44 +3,19 @@ decision out. A fake cost model that already knows its line makes every number e
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Hashable, Mapping
-from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from carpool.adaptive import AdaptivePolicy, completion
 from carpool.cost import CostCurve, CostModel
-from carpool.policy import (
-    AdaptivePolicy,
-    Admission,
-    Dispatch,
-    DispatchReason,
-    QueueView,
-    WaitUntil,
-    _completion,
-    make_policy,
-)
+from carpool.options import make_policy
+from carpool.policy import Dispatch, DispatchReason, WaitUntil
+from conftest import FakeCost, admission, view
 
 GAP_P90 = math.log(10.0)  # the next row's 90th-percentile gap, in mean gaps
-
-
-class FakeCost(CostModel):
-    """A cost model that already knows its curves (by key; ``None`` for every other key) and
-    learns nothing more; what it is told is kept in ``seen``."""
-
-    def __init__(self, curves: Mapping[Hashable, CostCurve]) -> None:
-        super().__init__()
-        self.curves = dict(curves)
-        self.seen: list[tuple[int, float, Hashable]] = []
-
-    def observe(self, rows: int, seconds: float, key: Hashable = None) -> None:
-        self.seen.append((rows, seconds, key))
-
-    def curve(self, key: Hashable = None) -> CostCurve | None:
-        return self.curves.get(key, self.curves.get(None))
 
 
 def cost(fixed: float = 0.010, per_row: float = 0.001, margin: float = 1.0) -> FakeCost:
@@ -55,37 +30,9 @@ def policy(model: CostModel | None = None, slo_ms: float = 50.0) -> AdaptivePoli
     return AdaptivePolicy(slo_ms, cost=model if model is not None else cost())
 
 
-def view(**changes: Any) -> QueueView:
-    """One row queued at t=10.0; batches of up to 8 rows; a 5 ms window; one idle worker."""
-    base = QueueView(
-        queued_rows=1,
-        head_rows=1,
-        head_arrival=10.0,
-        idle_workers=1,
-        busy_workers=0,
-        max_batch_size=8,
-        max_wait=0.005,
-    )
-    return dataclasses.replace(base, **changes)
-
-
-def request(**changes: Any) -> Admission:
-    """One row arriving at t=10.0 with a 50 ms deadline; nothing queued or running."""
-    base = Admission(
-        rows=1,
-        deadline=10.05,
-        rows_ahead=0,
-        key=None,
-        workers=1,
-        max_batch_size=8,
-        in_flight=(),
-    )
-    return dataclasses.replace(base, **changes)
-
-
 def arrive(p: AdaptivePolicy, rows: int, now: float) -> None:
     """Rows arriving at the door (no deadline: always admitted)."""
-    assert p.admit(request(rows=rows, deadline=math.inf), now) is None
+    assert p.admit(admission(rows=rows, deadline=math.inf), now) is None
 
 
 # arrival rate
@@ -116,8 +63,8 @@ def test_arrival_rate_window() -> None:
 
 def test_requests_with_and_without_a_deadline_both_count_as_arrivals() -> None:
     p = policy()
-    assert p.admit(request(rows=2), now=10.0) is None
-    assert p.admit(request(rows=3, deadline=math.inf), now=10.0) is None
+    assert p.admit(admission(rows=2), now=10.0) is None
+    assert p.admit(admission(rows=3, deadline=math.inf), now=10.0) is None
     assert p.arrival_rate(10.0) == 5.0
 
 
@@ -248,6 +195,7 @@ def test_a_real_cost_model_fed_exact_batches_decides_the_same() -> None:
     assert decision.time == pytest.approx(10.0 + GAP_P90 / 1000.0, rel=1e-12)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     arrivals=st.lists(
@@ -309,45 +257,45 @@ def test_decisions_stay_in_range_under_random_arrivals(
 
 
 def test_completion_of_a_lone_row_on_an_idle_worker() -> None:
-    assert _completion(request(), 10.0, cost()) == pytest.approx(10.011, rel=1e-12)
+    assert completion(admission(), 10.0, cost()) == pytest.approx(10.011, rel=1e-12)
 
 
 def test_completion_after_the_rows_ahead_in_full_batches() -> None:
     # 10 rows ahead plus its own: 8 (18 ms), then 3 costed full (18 ms)
-    done = _completion(request(rows_ahead=10), 10.0, cost())
+    done = completion(admission(rows_ahead=10), 10.0, cost())
     assert done == pytest.approx(10.036, rel=1e-12)
 
 
 def test_completion_of_a_multi_row_request() -> None:
     # 12 rows of its own, nothing ahead: 8 (18 ms), then 4 (14 ms)
-    assert _completion(request(rows=12), 10.0, cost()) == pytest.approx(10.032, rel=1e-12)
+    assert completion(admission(rows=12), 10.0, cost()) == pytest.approx(10.032, rel=1e-12)
 
 
 # admission: its own batch, at its size when idle, full when busy
 
 
 def test_with_nothing_ahead_its_own_batch_is_costed_at_its_size() -> None:
-    assert _completion(request(rows=3), 10.0, cost()) == pytest.approx(10.013, rel=1e-12)
+    assert completion(admission(rows=3), 10.0, cost()) == pytest.approx(10.013, rel=1e-12)
 
 
 def test_with_rows_ahead_its_own_batch_is_costed_full() -> None:
     # 1 row ahead and its 3 share one batch of 4 rows, costed as 8: 18 ms, not 14
-    busy = request(rows=3, rows_ahead=1)
-    assert _completion(busy, 10.0, cost()) == pytest.approx(10.018, rel=1e-12)
+    busy = admission(rows=3, rows_ahead=1)
+    assert completion(busy, 10.0, cost()) == pytest.approx(10.018, rel=1e-12)
 
 
 def test_with_a_batch_in_flight_its_own_batch_is_costed_full() -> None:
     # 1 row running from 10.0 (frees 10.011), then its 3 rows costed as 8: 18 ms, not 13
-    running = request(rows=3, in_flight=((10.0, 1),))
-    assert _completion(running, 10.0, cost()) == pytest.approx(10.029, rel=1e-12)
-    staged = request(rows=3, in_flight=((None, 1),))  # staged: it starts now, the same
-    assert _completion(staged, 10.0, cost()) == pytest.approx(10.029, rel=1e-12)
+    running = admission(rows=3, in_flight=((10.0, 1),))
+    assert completion(running, 10.0, cost()) == pytest.approx(10.029, rel=1e-12)
+    staged = admission(rows=3, in_flight=((None, 1),))  # staged: it starts now, the same
+    assert completion(staged, 10.0, cost()) == pytest.approx(10.029, rel=1e-12)
 
 
 def test_when_busy_the_last_partial_batch_of_a_multi_row_request_is_costed_full() -> None:
     # 1 row running (frees 10.011), then its 12 rows: 8 (18 ms), 4 costed as 8 (18 ms)
-    busy = request(rows=12, in_flight=((10.0, 1),))
-    assert _completion(busy, 10.0, cost()) == pytest.approx(10.047, rel=1e-12)
+    busy = admission(rows=12, in_flight=((10.0, 1),))
+    assert completion(busy, 10.0, cost()) == pytest.approx(10.047, rel=1e-12)
 
 
 # admission: what is in flight, running batches from their start, staged ones after them
@@ -355,49 +303,49 @@ def test_when_busy_the_last_partial_batch_of_a_multi_row_request_is_costed_full(
 
 def test_completion_waits_for_the_running_batch() -> None:
     # 4 rows started at 9.995 take 14 ms: the worker frees at 10.009
-    running = request(in_flight=((9.995, 4),))
-    assert _completion(running, 10.0, cost()) == pytest.approx(10.027, rel=1e-12)
+    running = admission(in_flight=((9.995, 4),))
+    assert completion(running, 10.0, cost()) == pytest.approx(10.027, rel=1e-12)
 
 
 def test_a_running_batch_frees_its_worker_by_its_start_time() -> None:
-    earlier = request(in_flight=((9.990, 4),))  # started 5 ms before: frees 10.004
-    assert _completion(earlier, 10.0, cost()) == pytest.approx(10.022, rel=1e-12)
+    earlier = admission(in_flight=((9.990, 4),))  # started 5 ms before: frees 10.004
+    assert completion(earlier, 10.0, cost()) == pytest.approx(10.022, rel=1e-12)
 
 
 def test_a_running_batch_past_its_prediction_frees_the_worker_now() -> None:
-    overdue = request(in_flight=((9.9, 4),))
-    assert _completion(overdue, 10.0, cost()) == pytest.approx(10.018, rel=1e-12)
+    overdue = admission(in_flight=((9.9, 4),))
+    assert completion(overdue, 10.0, cost()) == pytest.approx(10.018, rel=1e-12)
 
 
 def test_a_staged_batch_runs_in_full_from_when_a_worker_frees() -> None:
     # no start yet: its 14 ms run from now, then its own row
-    staged = request(in_flight=((None, 4),))
-    assert _completion(staged, 10.0, cost()) == pytest.approx(10.032, rel=1e-12)
+    staged = admission(in_flight=((None, 4),))
+    assert completion(staged, 10.0, cost()) == pytest.approx(10.032, rel=1e-12)
 
 
 def test_staged_batches_run_after_the_running_one() -> None:
     # one worker: 4 rows running (frees 10.009), 8 staged (18 ms), then its own row
-    staged = request(in_flight=((9.995, 4), (None, 8)))
-    assert _completion(staged, 10.0, cost()) == pytest.approx(10.045, rel=1e-12)
+    staged = admission(in_flight=((9.995, 4), (None, 8)))
+    assert completion(staged, 10.0, cost()) == pytest.approx(10.045, rel=1e-12)
 
 
 def test_running_batches_are_placed_before_staged_ones_whatever_the_order() -> None:
-    listed_first = request(in_flight=((None, 8), (9.995, 4)))
-    assert _completion(listed_first, 10.0, cost()) == pytest.approx(10.045, rel=1e-12)
+    listed_first = admission(in_flight=((None, 8), (9.995, 4)))
+    assert completion(listed_first, 10.0, cost()) == pytest.approx(10.045, rel=1e-12)
 
 
 def test_a_staged_batch_takes_an_idle_worker_at_once() -> None:
     # two workers: 4 rows running on one (frees 10.009), 8 staged on the other (10.018),
     # then its own row on the first to free (10.009 + 18 ms)
-    two = request(workers=2, in_flight=((9.995, 4), (None, 8)))
-    assert _completion(two, 10.0, cost()) == pytest.approx(10.027, rel=1e-12)
+    two = admission(workers=2, in_flight=((9.995, 4), (None, 8)))
+    assert completion(two, 10.0, cost()) == pytest.approx(10.027, rel=1e-12)
 
 
 def test_batches_running_beyond_the_workers_queue_like_staged_ones() -> None:
     # A worker just freed: its next batch started before the finished one left. One worker:
     # the first frees at 10.004, the extra's 18 ms follow from there, then its own row.
-    extra = request(in_flight=((9.990, 4), (9.999, 8)))
-    assert _completion(extra, 10.0, cost()) == pytest.approx(10.040, rel=1e-12)
+    extra = admission(in_flight=((9.990, 4), (9.999, 8)))
+    assert completion(extra, 10.0, cost()) == pytest.approx(10.040, rel=1e-12)
 
 
 def test_completion_with_two_workers() -> None:
@@ -405,34 +353,34 @@ def test_completion_with_two_workers() -> None:
     # staged: 8 rows on the first free worker (10.009 + 18 ms = 10.027);
     # then 8 rows ahead on the other (10.016 + 18 ms = 10.034), then its own row, costed
     # full, on the first again (10.027 + 18 ms = 10.045).
-    two = request(workers=2, rows_ahead=8, in_flight=((9.995, 4), (9.998, 8), (None, 8)))
-    assert _completion(two, 10.0, cost()) == pytest.approx(10.045, rel=1e-12)
+    two = admission(workers=2, rows_ahead=8, in_flight=((9.995, 4), (9.998, 8), (None, 8)))
+    assert completion(two, 10.0, cost()) == pytest.approx(10.045, rel=1e-12)
 
 
 def test_two_idle_workers_share_the_rows_ahead() -> None:
     # 8 rows ahead on one worker (18 ms), its own row, costed full, on the other (18 ms)
-    two = request(workers=2, rows_ahead=8)
-    assert _completion(two, 10.0, cost()) == pytest.approx(10.018, rel=1e-12)
-    one = request(workers=1, rows_ahead=8)
-    assert _completion(one, 10.0, cost()) == pytest.approx(10.036, rel=1e-12)
+    two = admission(workers=2, rows_ahead=8)
+    assert completion(two, 10.0, cost()) == pytest.approx(10.018, rel=1e-12)
+    one = admission(workers=1, rows_ahead=8)
+    assert completion(one, 10.0, cost()) == pytest.approx(10.036, rel=1e-12)
 
 
 def test_a_request_split_over_two_workers_is_done_when_its_slower_batch_is() -> None:
     # 9 rows of its own on two idle workers: 8 rows (18 ms) on one and 1 row (11 ms) on the
     # other, at once. Its last row is back at 10.018, not when the 1-row batch ends.
-    split = request(workers=2, rows=9)
-    assert _completion(split, 10.0, cost()) == pytest.approx(10.018, rel=1e-12)
+    split = admission(workers=2, rows=9)
+    assert completion(split, 10.0, cost()) == pytest.approx(10.018, rel=1e-12)
 
 
 def test_completion_includes_the_margin() -> None:
-    assert _completion(request(), 10.0, cost(margin=2.0)) == pytest.approx(10.022, rel=1e-12)
+    assert completion(admission(), 10.0, cost(margin=2.0)) == pytest.approx(10.022, rel=1e-12)
 
 
 def test_completion_uses_the_curve_of_the_request_key() -> None:
     model = FakeCost(
         {None: CostCurve(0.010, 0.001, 1.0, 100), "long": CostCurve(0.020, 0.004, 1.0, 100)}
     )
-    assert _completion(request(key="long"), 10.0, model) == pytest.approx(10.024, rel=1e-12)
+    assert completion(admission(key="long"), 10.0, model) == pytest.approx(10.024, rel=1e-12)
 
 
 # admission: accept or refuse (a 50 ms objective less 2 ms of headroom: done by 10.048)
@@ -440,50 +388,50 @@ def test_completion_uses_the_curve_of_the_request_key() -> None:
 
 def test_admits_everything_while_cold() -> None:
     p = policy(COLD)
-    hopeless = request(rows_ahead=10_000, deadline=10.000001)
+    hopeless = admission(rows_ahead=10_000, deadline=10.000001)
     assert p.admit(hopeless, now=10.0) is None
     assert p.overloaded == 0
 
 
 def test_admits_everything_without_a_deadline() -> None:
     p = policy()
-    assert p.admit(request(rows_ahead=10_000, deadline=math.inf), now=10.0) is None
+    assert p.admit(admission(rows_ahead=10_000, deadline=math.inf), now=10.0) is None
     assert p.overloaded == 0
 
 
 def test_admits_what_finishes_by_its_deadline_less_the_headroom() -> None:
     p = policy()
-    assert p.admit(request(rows_ahead=10), now=10.0) is None  # 10.036
-    near = request(rows_ahead=8, in_flight=((9.998, 1),))  # 10.009 + 18 + 18 = 10.045
+    assert p.admit(admission(rows_ahead=10), now=10.0) is None  # 10.036
+    near = admission(rows_ahead=8, in_flight=((9.998, 1),))  # 10.009 + 18 + 18 = 10.045
     assert p.admit(near, now=10.0) is None
     assert p.overloaded == 0
     # before the deadline, but inside the headroom: 10.013 + 18 + 18 = 10.049
-    inside = request(rows_ahead=8, in_flight=((9.998, 5),))
+    inside = admission(rows_ahead=8, in_flight=((9.998, 5),))
     assert p.admit(inside, now=10.0) == pytest.approx(10.049, rel=1e-12)
     assert p.overloaded == 1
 
 
-def test_refuses_what_would_finish_late_and_returns_the_predicted_completion() -> None:
+def test_refuses_what_would_finish_late_and_returns_the_predictedcompletion() -> None:
     p = policy()
     # 20 rows ahead + 1: 8 (18), 8 (18), 5 costed full (18) = 54 ms, past 48 ms
-    late = p.admit(request(rows_ahead=20), now=10.0)
+    late = p.admit(admission(rows_ahead=20), now=10.0)
     assert late == pytest.approx(10.054, rel=1e-12)
     assert p.overloaded == 1
     # the running batch pushes a request that fits on an idle worker past its deadline
-    idle = request(rows_ahead=8)  # 18 + 18 = 36 ms: in time
+    idle = admission(rows_ahead=8)  # 18 + 18 = 36 ms: in time
     assert p.admit(idle, now=10.0) is None
-    crowded = request(rows_ahead=8, in_flight=((10.0, 8),))  # 18 + 18 + 18 = 54 ms: late
+    crowded = admission(rows_ahead=8, in_flight=((10.0, 8),))  # 18 + 18 + 18 = 54 ms: late
     assert p.admit(crowded, now=10.0) == pytest.approx(10.054, rel=1e-12)
     assert p.overloaded == 2
 
 
 def test_in_flight_and_rows_ahead_add_up_against_the_deadline() -> None:
     p = policy()
-    ahead_only = request(rows_ahead=15)  # 8 (18) + 8 (18) = 36 ms
+    ahead_only = admission(rows_ahead=15)  # 8 (18) + 8 (18) = 36 ms
     assert p.admit(ahead_only, now=10.0) is None
-    plus_running = request(rows_ahead=15, in_flight=((9.996, 4),))  # frees at 10 ms: 46 ms
+    plus_running = admission(rows_ahead=15, in_flight=((9.996, 4),))  # frees at 10 ms: 46 ms
     assert p.admit(plus_running, now=10.0) is None
-    plus_staged = request(rows_ahead=15, in_flight=((9.996, 4), (None, 1)))  # 10 + 11 + 36
+    plus_staged = admission(rows_ahead=15, in_flight=((9.996, 4), (None, 1)))  # 10 + 11 + 36
     assert p.admit(plus_staged, now=10.0) == pytest.approx(10.057, rel=1e-12)
     assert p.overloaded == 1
 
@@ -492,31 +440,31 @@ def test_a_batch_started_earlier_admits_what_the_same_batch_staged_refuses() -> 
     # 8 rows ahead and its own: 36 ms after the worker frees. 4 rows that started 10 ms ago
     # free it at 10.004 (40 ms: in time); staged, they run from now (50 ms: late).
     p = policy()
-    assert p.admit(request(rows_ahead=8, in_flight=((9.990, 4),)), now=10.0) is None
-    staged = p.admit(request(rows_ahead=8, in_flight=((None, 4),)), now=10.0)
+    assert p.admit(admission(rows_ahead=8, in_flight=((9.990, 4),)), now=10.0) is None
+    staged = p.admit(admission(rows_ahead=8, in_flight=((None, 4),)), now=10.0)
     assert staged == pytest.approx(10.050, rel=1e-12)
     assert p.overloaded == 1
 
 
 def test_a_multi_row_request_needs_room_for_all_its_rows() -> None:
     p = policy()
-    assert p.admit(request(rows=16), now=10.0) is None  # 18 + 18 = 36 ms
-    assert p.admit(request(rows=24), now=10.0) == pytest.approx(10.054, rel=1e-12)  # 3 x 18
+    assert p.admit(admission(rows=16), now=10.0) is None  # 18 + 18 = 36 ms
+    assert p.admit(admission(rows=24), now=10.0) == pytest.approx(10.054, rel=1e-12)  # 3 x 18
 
 
 def test_priority_only_counts_the_rows_served_before_it() -> None:
     # The same queue, seen by a request of its own level (20 rows ahead) and by a more
     # urgent one (nothing ahead): the batcher passes rows_ahead by priority.
     p = policy()
-    assert p.admit(request(rows_ahead=20), now=10.0) is not None
-    assert p.admit(request(rows_ahead=0), now=10.0) is None
+    assert p.admit(admission(rows_ahead=20), now=10.0) is not None
+    assert p.admit(admission(rows_ahead=0), now=10.0) is None
     assert p.overloaded == 1
 
 
 def test_a_tighter_deadline_refuses_what_the_objective_admits() -> None:
     p = policy()
-    assert p.admit(request(rows_ahead=10, deadline=10.05), now=10.0) is None  # 36 ms
-    assert p.admit(request(rows_ahead=10, deadline=10.02), now=10.0) == pytest.approx(
+    assert p.admit(admission(rows_ahead=10, deadline=10.05), now=10.0) is None  # 36 ms
+    assert p.admit(admission(rows_ahead=10, deadline=10.02), now=10.0) == pytest.approx(
         10.036, rel=1e-12
     )
 
@@ -524,8 +472,8 @@ def test_a_tighter_deadline_refuses_what_the_objective_admits() -> None:
 def test_refused_requests_are_counted() -> None:
     p = policy()
     for _ in range(3):
-        assert p.admit(request(rows_ahead=100), now=10.0) is not None
-    assert p.admit(request(), now=10.0) is None
+        assert p.admit(admission(rows_ahead=100), now=10.0) is not None
+    assert p.admit(admission(), now=10.0) is None
     assert p.overloaded == 3
 
 
@@ -535,8 +483,8 @@ def test_a_cost_model_that_saw_one_batch_size_admits_a_full_batch() -> None:
     learned = CostModel()
     learned.observe(1, 0.011)
     p = AdaptivePolicy(50, cost=learned)
-    assert _completion(request(rows=8), 10.0, learned) == pytest.approx(10.011, rel=1e-12)
-    assert p.admit(request(rows=8), now=10.0) is None
+    assert completion(admission(rows=8), 10.0, learned) == pytest.approx(10.011, rel=1e-12)
+    assert p.admit(admission(rows=8), now=10.0) is None
     assert p.overloaded == 0
 
 
@@ -551,12 +499,12 @@ def test_admits_exactly_up_to_the_deadline_less_the_headroom(headroom_ms: float)
     p = AdaptivePolicy(50, cost=DYADIC, headroom_ms=headroom_ms)
     assert p.headroom == headroom_ms / 1000.0
     done = 10.0 + 2.0**-7 + 2.0**-10  # one row on an idle worker
-    assert _completion(request(), 10.0, DYADIC) == done
+    assert completion(admission(), 10.0, DYADIC) == done
     deadline = done + p.headroom
     assert deadline - p.headroom == done  # the boundary is exact, not rounded
-    assert p.admit(request(deadline=deadline), now=10.0) is None
+    assert p.admit(admission(deadline=deadline), now=10.0) is None
     assert p.overloaded == 0
-    just_late = request(deadline=math.nextafter(deadline, 0.0))
+    just_late = admission(deadline=math.nextafter(deadline, 0.0))
     assert p.admit(just_late, now=10.0) == done
     assert p.overloaded == 1
 
@@ -589,11 +537,11 @@ def test_the_clamp_follows_the_objective_not_the_request_deadline() -> None:
     # A lone row takes 11 ms. Under a 20 ms objective, 10 ms of headroom is clamped to 2:
     # done by 18 ms, in time (with 10 ms it would be late).
     tight = AdaptivePolicy(20, cost=cost(), headroom_ms=10.0)
-    assert tight.admit(request(deadline=10.02), now=10.0) is None
+    assert tight.admit(admission(deadline=10.02), now=10.0) is None
     # Under a 200 ms objective the 10 ms stand, even for a request whose own timeout leaves
     # it 20 ms: done by 10 ms, late.
     loose = AdaptivePolicy(200, cost=cost(), headroom_ms=10.0)
-    assert loose.admit(request(deadline=10.02), now=10.0) == pytest.approx(10.011, rel=1e-12)
+    assert loose.admit(admission(deadline=10.02), now=10.0) == pytest.approx(10.011, rel=1e-12)
     assert (tight.overloaded, loose.overloaded) == (0, 1)
 
 

@@ -1,149 +1,25 @@
-"""The engine on a real event loop. Events order what happens; no test depends on timing."""
+"""The engine users hold, on a real event loop: its options at the door, its lifecycle
+(enter, drain on close, cancellation, once only) and its request API (``infer``,
+``infer_many``, ``submit``). Events order what happens; no test depends on timing."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from typing import Any
 
 import numpy as np
 import pytest
 
-import carpool
-from carpool import (
-    Batcher,
-    BatcherClosed,
-    BatchSizeMismatch,
-    CollationError,
-    DeadlineExceeded,
-    QueueFull,
-)
-
-
-class Gate:
-    """An async model that records each batch and blocks until released."""
-
-    def __init__(self, fn: Any = None) -> None:
-        self.batches: list[Any] = []
-        self.entered = asyncio.Event()
-        self.release = asyncio.Event()
-        self.running = 0
-        self.max_running = 0
-        self.fn = fn if fn is not None else (lambda batch: batch)
-
-    async def __call__(self, batch: Any) -> Any:
-        self.batches.append(batch)
-        self.running += 1
-        self.max_running = max(self.max_running, self.running)
-        self.entered.set()
-        try:
-            await self.release.wait()
-        finally:
-            self.running -= 1
-        return self.fn(batch)
-
-    def open(self) -> None:
-        self.release.set()
-
-
-async def settle() -> None:
-    """Let every ready callback run (admission, the scheduler) a few rounds."""
-    for _ in range(5):
-        await asyncio.sleep(0)
-
-
-def rows(batch: Any) -> list[Any]:
-    return [row.tolist() if hasattr(row, "tolist") else row for row in batch]
+from carpool import AdaptivePolicy, Batcher, BatcherClosed, CollationError
+from conftest import Gate, accounted, line, rows, settle
 
 
 async def test_each_caller_gets_its_own_row() -> None:
     async with Batcher(lambda b: b * 2 + 1, max_batch_size=8) as batcher:
         outs = await asyncio.gather(*(batcher.infer(np.full(3, i)) for i in range(20)))
     assert [o.tolist() for o in outs] == [[2 * i + 1] * 3 for i in range(20)]
-
-
-async def test_rows_arriving_while_the_worker_is_busy_form_one_batch() -> None:
-    gate = Gate()
-    async with Batcher(gate, max_batch_size=16) as batcher:
-        first = asyncio.ensure_future(batcher.infer(np.array([0])))
-        await gate.entered.wait()
-        rest = [asyncio.ensure_future(batcher.infer(np.array([i]))) for i in range(1, 11)]
-        await settle()
-        assert len(gate.batches) == 1  # nothing sealed while the only worker is busy
-        assert (batcher.stats().running_rows, batcher.stats().queued_rows) == (1, 10)
-        gate.open()
-        await asyncio.gather(first, *rest)
-        stats = batcher.stats()
-        assert stats.running_rows == 0
-    assert [rows(b) for b in gate.batches] == [[[0]], [[i] for i in range(1, 11)]]
-    assert dict(stats.batch_sizes) == {1: 1, 10: 1}
-    assert dict(stats.dispatch_reasons) == {"worker_idle": 2}
-
-
-async def test_batches_never_exceed_max_batch_size() -> None:
-    gate = Gate()
-    async with Batcher(gate, max_batch_size=4) as batcher:
-        first = asyncio.ensure_future(batcher.infer(np.array([0])))
-        await gate.entered.wait()
-        rest = [asyncio.ensure_future(batcher.infer(np.array([i]))) for i in range(1, 11)]
-        await settle()
-        gate.open()
-        outs = await asyncio.gather(first, *rest)
-        stats = batcher.stats()
-    assert [o.tolist() for o in outs] == [[i] for i in range(11)]
-    assert [len(b) for b in gate.batches] == [1, 4, 4, 2]
-    assert dict(stats.dispatch_reasons) == {"worker_idle": 2, "full": 2}
-
-
-async def test_eager_runs_a_lone_request_at_once() -> None:
-    async with Batcher(lambda b: b, policy="eager", max_wait_ms=60_000) as batcher:
-        assert (await batcher.infer(np.array([7]))).tolist() == [7]
-        assert dict(batcher.stats().dispatch_reasons) == {"worker_idle": 1}
-
-
-async def test_fixed_dispatches_a_full_batch_without_waiting() -> None:
-    seen: list[int] = []
-
-    def model(batch: np.ndarray) -> np.ndarray:
-        seen.append(len(batch))
-        return batch
-
-    async with Batcher(model, policy="fixed", max_batch_size=4, max_wait_ms=60_000) as batcher:
-        await asyncio.gather(*(batcher.infer(np.array([i])) for i in range(8)))
-        assert dict(batcher.stats().dispatch_reasons) == {"full": 2}
-    assert seen == [4, 4]
-
-
-async def test_fixed_with_zero_wait_dispatches_partial_batches() -> None:
-    async with Batcher(lambda b: b, policy="fixed", max_batch_size=8, max_wait_ms=0) as b:
-        await asyncio.gather(*(b.infer(np.array([i])) for i in range(3)))
-        assert dict(b.stats().dispatch_reasons) == {"wait_elapsed": 1}
-
-
-async def test_closing_drains_a_partial_batch_at_once() -> None:
-    batcher = Batcher(lambda b: b, policy="fixed", max_batch_size=8, max_wait_ms=3_600_000)
-    async with batcher:
-        pending = [asyncio.ensure_future(batcher.infer(np.array([i]))) for i in range(3)]
-        await settle()
-        assert not any(p.done() for p in pending)  # fixed holds them for an hour...
-    assert [p.result().tolist() for p in pending] == [[0], [1], [2]]  # ...close does not
-    stats = batcher.stats()
-    assert dict(stats.dispatch_reasons) == {"drain": 1}
-    assert (stats.completed, stats.pending) == (3, 0)
-
-
-async def test_requests_of_different_shapes_are_batched_apart() -> None:
-    gate = Gate()
-    async with Batcher(gate, max_batch_size=16) as batcher:
-        first = asyncio.ensure_future(batcher.infer(np.zeros(2)))
-        await gate.entered.wait()
-        shapes = [2, 3, 2, 3, 4, 2]
-        rest = [asyncio.ensure_future(batcher.infer(np.full(n, i))) for i, n in enumerate(shapes)]
-        await settle()
-        gate.open()
-        outs = await asyncio.gather(first, *rest)
-    assert [o.tolist() for o in outs[1:]] == [[i] * n for i, n in enumerate(shapes)]
-    assert [b.shape for b in gate.batches] == [(1, 2), (3, 2), (2, 3), (1, 4)]
 
 
 async def test_infer_many_rows_join_other_requests_and_large_ones_are_split() -> None:
@@ -185,199 +61,6 @@ async def test_infer_many_needs_a_row() -> None:
     async with Batcher(lambda b: b) as batcher:
         with pytest.raises(CollationError, match="at least one row"):
             await batcher.infer_many(np.zeros((0, 3)))
-
-
-async def test_queue_full_is_immediate_and_queues_nothing() -> None:
-    gate = Gate()
-    async with Batcher(gate, max_batch_size=8, max_queue_size=3) as batcher:
-        first = asyncio.ensure_future(batcher.infer(np.array([0])))
-        await gate.entered.wait()  # the first row left the queue: 3 slots free
-        queued = [asyncio.ensure_future(batcher.infer(np.array([i]))) for i in (1, 2)]
-        await settle()
-        with pytest.raises(QueueFull) as info:
-            await batcher.infer_many(np.zeros((2, 1), int))
-        assert (info.value.max_queue_size, info.value.queued, info.value.rows) == (3, 2, 2)
-        assert "max_queue_size=3" in str(info.value)
-        last = asyncio.ensure_future(batcher.infer(np.array([3])))  # exactly fills the bound
-        await settle()
-        gate.open()
-        outs = await asyncio.gather(first, *queued, last)
-        stats = batcher.stats()
-    assert [o.tolist() for o in outs] == [[0], [1], [2], [3]]
-    assert (stats.submitted, stats.completed, stats.rejected) == (4, 4, 1)
-    assert sum(len(b) for b in gate.batches) == 4
-
-
-async def test_deadline_while_queued_fails_fast_and_never_runs() -> None:
-    gate = Gate()
-    async with Batcher(gate, max_batch_size=8) as batcher:
-        first = asyncio.ensure_future(batcher.infer(np.array([0])))
-        await gate.entered.wait()
-        late = asyncio.ensure_future(batcher.infer(np.array([1]), timeout_ms=1))
-        patient = asyncio.ensure_future(batcher.infer(np.array([2]), timeout_ms=600_000))
-        with pytest.raises(DeadlineExceeded) as info:
-            await late  # fails while the worker is still blocked
-        assert (info.value.stage, info.value.timeout_ms) == ("queued", 1.0)
-        assert "Request timeout expired" in str(info.value)
-        assert isinstance(info.value, TimeoutError)
-        gate.open()
-        assert (await first).tolist() == [0]
-        assert (await patient).tolist() == [2]
-        stats = batcher.stats()
-    assert [rows(b) for b in gate.batches] == [[[0]], [[2]]]
-    assert (stats.submitted, stats.completed, stats.expired, stats.pending) == (3, 2, 1, 0)
-
-
-async def test_deadline_while_running_fails_at_the_deadline() -> None:
-    gate = Gate()
-    async with Batcher(gate) as batcher:
-        doomed = asyncio.ensure_future(batcher.infer(np.array([1]), timeout_ms=1))
-        with pytest.raises(DeadlineExceeded) as info:
-            await doomed
-        assert info.value.stage == "running"
-        assert gate.running == 1  # the batch is still executing
-        gate.open()
-        assert (await batcher.infer(np.array([2]))).tolist() == [2]
-        stats = batcher.stats()
-    assert (stats.completed, stats.expired, stats.failed) == (1, 1, 0)
-
-
-async def test_priority_orders_the_queue_fifo_within_a_level() -> None:
-    gate = Gate()
-    async with Batcher(gate, max_batch_size=3) as batcher:
-        running = asyncio.ensure_future(batcher.infer(np.array([99]), priority=5))
-        await gate.entered.wait()
-        plan = [(10, 5), (11, 0), (12, -1), (13, 0), (14, 5), (15, -1)]
-        futures = [asyncio.ensure_future(batcher.infer(np.array([v]), priority=p)) for v, p in plan]
-        await settle()
-        gate.open()
-        await asyncio.gather(running, *futures)
-    # the running batch is never overtaken; then -1s, 0s, 5s, each level in arrival order
-    assert [rows(b) for b in gate.batches] == [[[99]], [[12], [15], [11]], [[13], [10], [14]]]
-
-
-async def test_cancelling_a_queued_request_withdraws_it() -> None:
-    gate = Gate()
-    async with Batcher(gate, max_batch_size=8) as batcher:
-        first = asyncio.ensure_future(batcher.infer(np.array([0])))
-        await gate.entered.wait()
-        keep = asyncio.ensure_future(batcher.infer(np.array([1])))
-        drop = asyncio.ensure_future(batcher.infer(np.array([2])))
-        await settle()
-        assert batcher.stats().queued_rows == 2
-        drop.cancel()
-        await settle()
-        assert batcher.stats().queued_rows == 1
-        gate.open()
-        await asyncio.gather(first, keep)
-        stats = batcher.stats()
-    assert drop.cancelled()
-    assert [rows(b) for b in gate.batches] == [[[0]], [[1]]]
-    assert (stats.submitted, stats.completed, stats.cancelled, stats.pending) == (3, 2, 1, 0)
-
-
-async def test_cancelling_a_split_request_withdraws_its_remaining_rows() -> None:
-    gate = Gate()
-    async with Batcher(gate, max_batch_size=2) as batcher:
-        big = asyncio.ensure_future(batcher.infer_many(np.arange(6).reshape(6, 1)))
-        await gate.entered.wait()  # rows 0-1 are running, 2-5 queued
-        big.cancel()
-        await settle()
-        assert batcher.stats().queued_rows == 0
-        gate.open()
-    assert [rows(b) for b in gate.batches] == [[[0], [1]]]
-    assert batcher.stats().cancelled == 1
-
-
-async def test_a_model_error_reaches_only_the_failing_rows() -> None:
-    calls: list[int] = []
-
-    def model(batch: np.ndarray) -> np.ndarray:
-        calls.append(len(batch))
-        if (batch < 0).any():
-            raise ValueError("negative input")
-        return batch * 2
-
-    async with Batcher(model, max_batch_size=8) as batcher:
-        results = await asyncio.gather(
-            *(batcher.infer(np.array([v])) for v in [1, 2, -3, 4, 5, 6, 7, 8]),
-            return_exceptions=True,
-        )
-        stats = batcher.stats()
-    error = results[2]
-    assert isinstance(error, ValueError)
-    assert str(error) == "negative input"
-    assert any("on a batch of 1 rows" in note for note in error.__notes__)
-    assert [r.tolist() for i, r in enumerate(results) if i != 2] == [
-        [2], [4], [8], [10], [12], [14], [16]
-    ]  # fmt: skip
-    # halves re-run down to the bad row: 8 -> 4 (bad) -> 2 (ok), 2 (bad) -> 1 (bad), 1 -> 4 (ok)
-    assert calls == [8, 4, 2, 2, 1, 1, 4]
-    assert (stats.completed, stats.failed) == (7, 1)
-
-
-async def test_without_isolation_the_whole_batch_fails() -> None:
-    def model(batch: np.ndarray) -> np.ndarray:
-        if (batch < 0).any():
-            raise ValueError("negative input")
-        return batch
-
-    async with Batcher(model, max_batch_size=4, isolate_errors=False) as batcher:
-        results = await asyncio.gather(
-            *(batcher.infer(np.array([v])) for v in [1, -2, 3, 4]), return_exceptions=True
-        )
-        assert (await batcher.infer(np.array([5]))).tolist() == [5]  # the next batch is fine
-    assert all(isinstance(r, ValueError) for r in results)
-
-
-async def test_wrong_row_count_is_an_error_for_the_whole_batch() -> None:
-    async with Batcher(lambda b: b[:-1], max_batch_size=4) as batcher:
-        results = await asyncio.gather(
-            *(batcher.infer(np.array([v])) for v in range(4)), return_exceptions=True
-        )
-    assert all(isinstance(r, BatchSizeMismatch) for r in results)
-    error = results[0]
-    assert isinstance(error, BatchSizeMismatch)
-    assert (error.expected, error.actual) == (4, 3)
-    assert "returned 3 rows" in str(error)
-    assert "batch of 4 rows" in str(error)
-
-
-async def test_workers_run_batches_concurrently_and_results_route_correctly() -> None:
-    releases = [asyncio.Event(), asyncio.Event()]
-    entered: list[asyncio.Event] = [asyncio.Event(), asyncio.Event()]
-    order: list[int] = []
-
-    async def model(batch: np.ndarray) -> np.ndarray:
-        index = len(order)
-        order.append(index)
-        entered[index].set()
-        await releases[index].wait()
-        return batch + 1000 * index
-
-    async with Batcher(model, max_batch_size=4, workers=2) as batcher:
-        first = asyncio.ensure_future(batcher.infer(np.array([1])))
-        await entered[0].wait()
-        second = asyncio.ensure_future(batcher.infer(np.array([2])))
-        await entered[1].wait()  # both workers busy at once
-        releases[1].set()  # the later batch finishes first
-        assert (await second).tolist() == [1002]
-        assert not first.done()
-        releases[0].set()
-        assert (await first).tolist() == [1]
-
-
-async def test_a_plain_model_runs_in_worker_threads() -> None:
-    threads: set[int] = set()
-
-    def model(batch: np.ndarray) -> np.ndarray:
-        threads.add(threading.get_ident())
-        return batch
-
-    async with Batcher(model) as batcher:
-        await batcher.infer(np.array([1]))
-    assert threads
-    assert threading.get_ident() not in threads
 
 
 async def test_torch_tensors_are_stacked_and_split() -> None:
@@ -508,31 +191,51 @@ async def test_request_options_are_validated(
         assert batcher.stats().submitted == 0
 
 
-async def test_a_custom_policy_decides() -> None:
-    class AtLeastThree:
-        def decide(
-            self, view: carpool.QueueView, now: float
-        ) -> carpool.Dispatch | carpool.WaitUntil:
-            if view.head_rows >= 3:
-                return carpool.Dispatch(3, carpool.DispatchReason.FULL)
-            return carpool.WaitUntil(float("inf"))
-
-    seen: list[int] = []
-
-    def model(batch: np.ndarray) -> np.ndarray:
-        seen.append(len(batch))
-        return batch
-
-    async with Batcher(model, policy=AtLeastThree(), max_batch_size=8) as batcher:
-        first = [asyncio.ensure_future(batcher.infer(np.array([i]))) for i in range(2)]
-        await settle()
-        assert seen == []
-        last = asyncio.ensure_future(batcher.infer(np.array([2])))
-        await asyncio.gather(*first, last)
-    assert seen == [3]
-
-
 async def test_submit_works_on_an_async_batcher_too() -> None:
     async with Batcher(lambda b: b + 1) as batcher:
         future = batcher.submit(np.array([1]))
         assert (await asyncio.wrap_future(future)).tolist() == [2]
+
+
+async def test_adaptive_by_name_serves_requests() -> None:
+    async with Batcher(lambda b: b + 1, policy="adaptive", latency_slo_ms=50) as batcher:
+        assert isinstance(batcher.policy, AdaptivePolicy)
+        assert batcher.policy.latency_slo == 0.05
+        assert batcher.learned() == "nothing yet"
+        outs = await asyncio.gather(*(batcher.infer(np.array([i])) for i in range(20)))
+        stats = batcher.stats()
+    assert [o.tolist() for o in outs] == [[i + 1] for i in range(20)]
+    assert (stats.submitted, stats.completed, stats.rejected, stats.overloaded) == (20, 20, 0, 0)
+    assert stats.rows == 20
+    accounted(stats)
+
+
+def test_adaptive_by_name_needs_a_latency_objective() -> None:
+    with pytest.raises(ValueError, match="needs a latency objective") as info:
+        Batcher(lambda b: b, policy="adaptive")
+    assert str(info.value) == (
+        "policy 'adaptive' needs a latency objective: set latency_slo_ms (e.g. 50 for 50 ms)"
+    )
+
+
+@pytest.mark.parametrize("policy", ["eager", "fixed"])
+def test_latency_slo_belongs_to_the_adaptive_policy_only(policy: str) -> None:
+    with pytest.raises(ValueError, match="objective of policy='adaptive'") as info:
+        Batcher(lambda b: b, policy=policy, latency_slo_ms=50)
+    assert str(info.value) == (
+        "latency_slo_ms is the objective of policy='adaptive'; set that policy, or drop "
+        "latency_slo_ms"
+    )
+
+
+@pytest.mark.parametrize("slo", [0, -1.5, math.nan])
+def test_latency_slo_is_validated(slo: float) -> None:
+    with pytest.raises(ValueError, match="latency_slo_ms") as info:
+        Batcher(lambda b: b, policy="adaptive", latency_slo_ms=slo)
+    assert str(info.value) == f"latency_slo_ms must be finite and > 0, got {slo!r}"
+
+
+def test_an_adaptive_policy_object_brings_its_own_objective() -> None:
+    policy = AdaptivePolicy(20, cost=line())
+    batcher = Batcher(lambda b: b, policy=policy)
+    assert batcher.policy is policy

@@ -128,3 +128,30 @@ def test_options_are_checked_when_decorating() -> None:
         carpool.batch(max_batch_size=0)
     with pytest.raises(TypeError, match="decorates a function"):
         carpool.batch()(3)
+
+
+async def test_a_sync_function_called_on_an_event_loop_refuses_and_says_what_to_do() -> None:
+    """Defect 2 of issue 10: it would block the loop until its batch ran, serialising every
+    caller on that loop. It raises at once instead; from a thread it batches as usual."""
+
+    @carpool.batch
+    def double(items: list[int]) -> list[int]:
+        return [2 * x for x in items]
+
+    try:
+        with pytest.raises(carpool.errors.BlockingCallOnLoop) as info:
+            double(1)
+        assert isinstance(info.value, RuntimeError)
+        assert info.value.function == double.__qualname__
+        assert str(info.value) == (
+            f"{double.__qualname__}() is a synchronous @carpool.batch function called on the "
+            "thread of a running event loop: it would block the loop until its batch ran, so "
+            "callers on this loop would run one at a time, never sharing a batch. Make the "
+            "function 'async def' and await it, or call it from a thread: "
+            f"'await asyncio.to_thread({double.__name__}, item)'."
+        )
+        assert double.batcher_stats() is None  # refused before any batcher started
+        outs = await asyncio.gather(*(asyncio.to_thread(double, i) for i in range(8)))
+        assert outs == [2 * i for i in range(8)]
+    finally:
+        double.close()

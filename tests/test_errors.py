@@ -11,6 +11,7 @@ import carpool
 from carpool.errors import (
     BatcherClosed,
     BatchSizeMismatch,
+    BlockingCallOnLoop,
     CarpoolError,
     CollationError,
     ConfigError,
@@ -29,6 +30,7 @@ def examples() -> list[CarpoolError]:
         BatchSizeMismatch(expected=8, actual=7),
         Overloaded(predicted_ms=80.0, budget_ms=50.0, queued=120, rows=1),
         ConfigError("port must be in 1..65535, got 0"),
+        BlockingCallOnLoop(function="Model.embed"),
     ]
 
 
@@ -41,6 +43,7 @@ def examples() -> list[CarpoolError]:
         (CollationError, TypeError),
         (BatchSizeMismatch, ValueError),
         (ConfigError, ValueError),
+        (BlockingCallOnLoop, RuntimeError),
     ],
 )
 def test_each_error_is_a_carpool_error_and_its_builtin(
@@ -156,6 +159,7 @@ def test_tritons_wording_is_kept() -> None:
         (BatcherClosed("m"), "Use it inside 'async with Batcher(...)'"),
         (BatchSizeMismatch(expected=1, actual=2), "exactly one output row per input row"),
         (Overloaded(predicted_ms=80, budget_ms=50, queued=9, rows=1), "Retry later"),
+        (BlockingCallOnLoop(function="f"), "'await asyncio.to_thread(f, item)'"),
     ],
     ids=lambda v: type(v).__name__ if isinstance(v, Exception) else "",
 )
@@ -174,10 +178,33 @@ def test_module_docstring_draws_the_tree() -> None:
         "CollationError (TypeError)",
         "BatchSizeMismatch (ValueError)",
         "ConfigError (ValueError)",
+        "BlockingCallOnLoop (RuntimeError)",
         "Overloaded",
     ):
         assert line in doc
     assert set(errors.__all__) == {type(e).__name__ for e in examples()} | {"CarpoolError"}
+
+
+def test_module_docstring_draws_every_carpool_error_in_the_package() -> None:
+    import importlib
+    import pkgutil
+
+    import carpool.errors as errors
+
+    for package in ("carpool", "carpool.server", "carpool.bench", "carpool.loading"):
+        module = importlib.import_module(package)
+        for info in pkgutil.iter_modules(module.__path__, prefix=f"{package}."):
+            if not info.ispkg and not info.name.endswith("__main__"):
+                importlib.import_module(info.name)
+
+    def subclasses(cls: type) -> set[type]:
+        direct = set(cls.__subclasses__())
+        return direct.union(*(subclasses(sub) for sub in direct))
+
+    found = {cls for cls in subclasses(CarpoolError) if cls.__module__.startswith("carpool.")}
+    assert {cls.__name__ for cls in found} >= {"ConfigError", "ModelNotFound"}
+    for cls in found:
+        assert f"── {cls.__name__}" in (errors.__doc__ or ""), cls
 
 
 @pytest.mark.parametrize("error", examples(), ids=lambda e: type(e).__name__)

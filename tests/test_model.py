@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
-import threading
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -20,8 +18,9 @@ import pytest
 
 from carpool import Batcher, Batching, Model, Tensor
 from carpool.padding import PaddedBatch, Padding
+from conftest import ThreadGate, settle
 
-WAIT_S = 10.0  # a bound on waits that only a broken engine reaches
+GateKind = type[ThreadGate]  # the gate_kind fixture: ThreadGate or AsyncGate
 
 
 def exactly(message: str) -> str:
@@ -32,62 +31,8 @@ def exactly(message: str) -> str:
 # ----------------------------------------------------------------------- helpers
 
 
-class Gate:
-    """A model function that records every batch and holds the first until opened."""
-
-    def __init__(self, fn: Callable[[Any], Any]) -> None:
-        self.fn = fn
-        self.batches: list[Any] = []
-        self._entered = threading.Event()
-        self._release = threading.Event()
-
-    def _enter(self, batch: Any) -> None:
-        self.batches.append(batch)
-        self._entered.set()
-
-    async def entered(self) -> None:
-        await asyncio.to_thread(self._entered.wait, WAIT_S)
-        assert self._entered.is_set()
-
-    def open(self) -> None:
-        self._release.set()
-
-
-class ThreadGate(Gate):
-    def __call__(self, batch: Any) -> Any:
-        self._enter(batch)
-        assert self._release.wait(WAIT_S)
-        return self.fn(batch)
-
-
-class AsyncGate(Gate):
-    def __init__(self, fn: Callable[[Any], Any]) -> None:
-        super().__init__(fn)
-        self._opened = asyncio.Event()  # set by open(), which runs on the test's loop
-
-    async def __call__(self, batch: Any) -> Any:
-        self._enter(batch)
-        await asyncio.wait_for(self._opened.wait(), WAIT_S)
-        return self.fn(batch)
-
-    def open(self) -> None:
-        super().open()
-        self._opened.set()
-
-
-@pytest.fixture(params=["sync", "async"])
-def gate_kind(request: pytest.FixtureRequest) -> type[Gate]:
-    return ThreadGate if request.param == "sync" else AsyncGate
-
-
-async def settle() -> None:
-    """Let every ready callback run (admission, the scheduler) a few rounds."""
-    for _ in range(5):
-        await asyncio.sleep(0)
-
-
 async def through_gate(
-    batcher: Batcher, gate: Gate, first: Any, rest: list[Any]
+    batcher: Batcher, gate: ThreadGate, first: Any, rest: list[Any]
 ) -> tuple[Any, list[Any]]:
     """``first`` runs alone and holds the model while ``rest`` queue up; then all finish."""
     head = asyncio.ensure_future(batcher.infer_many(first))
@@ -284,7 +229,7 @@ def test_batched_fn_needs_a_dict_for_several_outputs() -> None:
 # ----------------------------------------------------------------------- end to end
 
 
-async def test_batching_off_gives_fn_each_request_exactly_as_sent(gate_kind: type[Gate]) -> None:
+async def test_batching_off_gives_fn_each_request_exactly_as_sent(gate_kind: GateKind) -> None:
     gate = gate_kind(lambda x: x.sum(axis=0))
     model = Model(gate, batching=Batching(max_batch_size=0))
     sent = [np.arange(6).reshape(2, 3) + 10 * i for i in range(4)]
@@ -322,7 +267,7 @@ async def test_batching_off_with_other_shapes_and_several_inputs() -> None:
     assert again["y"].tolist() == [4]
 
 
-async def test_allowed_batch_sizes_are_the_only_sizes_fn_sees(gate_kind: type[Gate]) -> None:
+async def test_allowed_batch_sizes_are_the_only_sizes_fn_sees(gate_kind: GateKind) -> None:
     gate = gate_kind(lambda x: x * 10 + 1)
     model = Model(gate, batching=Batching(max_batch_size=8, allowed_batch_sizes=(4, 8)))
     requests = [
@@ -363,7 +308,7 @@ def echo_tokens(batch: PaddedBatch) -> dict[str, Any]:
 
 
 async def test_padding_pads_to_the_longest_row_and_cuts_ragged_outputs(
-    gate_kind: type[Gate],
+    gate_kind: GateKind,
 ) -> None:
     gate = gate_kind(echo_tokens)
     model = Model(
@@ -400,7 +345,7 @@ def echo_real_tokens(batch: PaddedBatch) -> dict[str, Any]:
     return {"tok": batch["ids"] * 2, "sum": np.where(real, batch["ids"], 0).sum(axis=1)}
 
 
-async def test_padding_with_allowed_batch_sizes(gate_kind: type[Gate]) -> None:
+async def test_padding_with_allowed_batch_sizes(gate_kind: GateKind) -> None:
     gate = gate_kind(echo_real_tokens)
     model = Model(
         gate,
@@ -432,7 +377,7 @@ async def test_padding_with_allowed_batch_sizes(gate_kind: type[Gate]) -> None:
     assert single["sum"].tolist() == [206]
 
 
-async def test_requests_in_different_buckets_never_share_a_batch(gate_kind: type[Gate]) -> None:
+async def test_requests_in_different_buckets_never_share_a_batch(gate_kind: GateKind) -> None:
     gate = gate_kind(echo_tokens)
     model = Model(
         gate,
@@ -451,7 +396,7 @@ async def test_requests_in_different_buckets_never_share_a_batch(gate_kind: type
     assert as_rows(first["tok"]) == (tokens(5) * 2).tolist()
 
 
-async def test_one_input_reaches_fn_as_a_bare_array(gate_kind: type[Gate]) -> None:
+async def test_one_input_reaches_fn_as_a_bare_array(gate_kind: GateKind) -> None:
     gate = gate_kind(double)
     gate.open()
     async with Model(gate, inputs=[Tensor("x", "INT64", (2,))]).batcher() as batcher:
@@ -462,7 +407,7 @@ async def test_one_input_reaches_fn_as_a_bare_array(gate_kind: type[Gate]) -> No
     assert out["OUTPUT0"].tolist() == [[2, 4]]
 
 
-async def test_several_inputs_reach_fn_as_a_dict(gate_kind: type[Gate]) -> None:
+async def test_several_inputs_reach_fn_as_a_dict(gate_kind: GateKind) -> None:
     gate = gate_kind(lambda b: {"y": b["a"] + b["b"]})
     gate.open()
     model = Model(gate, inputs=[Tensor("a"), Tensor("b")], outputs=[Tensor("y")])
@@ -473,7 +418,7 @@ async def test_several_inputs_reach_fn_as_a_dict(gate_kind: type[Gate]) -> None:
     assert out["y"].tolist() == [11.0, 22.0]
 
 
-async def test_preprocess_is_the_server_s_step_not_the_batcher_s(gate_kind: type[Gate]) -> None:
+async def test_preprocess_is_the_server_s_step_not_the_batcher_s(gate_kind: GateKind) -> None:
     def tokenize(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {"ids": inputs["INPUT0"] * 100}
 

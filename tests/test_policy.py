@@ -3,37 +3,25 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from carpool.adaptive import AdaptivePolicy
 from carpool.policy import (
     Dispatch,
     DispatchReason,
     EagerPolicy,
     FixedPolicy,
-    Policy,
+    PolicyHooks,
     QueueView,
     WaitUntil,
-    make_policy,
+    schedule,
 )
-
-
-def view(**changes: Any) -> QueueView:
-    """One row queued at t=10.0; batches of up to 8 rows; a 5 ms window; one idle worker."""
-    base = QueueView(
-        queued_rows=1,
-        head_rows=1,
-        head_arrival=10.0,
-        idle_workers=1,
-        busy_workers=0,
-        max_batch_size=8,
-        max_wait=0.005,
-    )
-    return dataclasses.replace(base, **changes)
-
+from conftest import view
 
 # FixedPolicy
 
@@ -172,60 +160,77 @@ def test_dispatch_reasons_are_plain_string_values() -> None:
     assert str(DispatchReason.DRAIN) == "drain"
 
 
-# make_policy
+# schedule: the rules every policy goes through
 
 
-def test_make_policy_by_name() -> None:
-    assert type(make_policy("eager")) is EagerPolicy
-    assert type(make_policy("fixed")) is FixedPolicy
+class Waits:
+    """A policy that never dispatches: what the rules do around a waiting policy."""
+
+    def __init__(self) -> None:
+        self.asked: list[QueueView] = []
+
+    def decide(self, view: QueueView, now: float) -> WaitUntil:
+        self.asked.append(view)
+        return WaitUntil(12.0)
 
 
-def test_make_policy_gives_a_fresh_object_each_time() -> None:
-    assert make_policy("fixed") is not make_policy("fixed")
+def busy(**changes: Any) -> QueueView:
+    """The one worker busy with one batch; eight rows of the head's shape queued."""
+    fields = {"idle_workers": 0, "busy_workers": 1, "head_rows": 8, "queued_rows": 8}
+    return view(**(fields | changes))
 
 
-def test_make_policy_passes_a_policy_object_through() -> None:
-    policy = FixedPolicy()
-    assert make_policy(policy) is policy
+def test_while_every_worker_is_busy_a_full_head_batch_is_staged_without_asking() -> None:
+    policy = Waits()
+    assert schedule(policy, busy(), now=10.0) == Dispatch(8, DispatchReason.FULL)
+    assert policy.asked == []
 
 
-def test_make_policy_accepts_any_object_with_decide() -> None:
-    class Always:
-        def decide(self, view: QueueView, now: float) -> Dispatch:
-            return Dispatch(1, DispatchReason.WORKER_IDLE)
-
-    custom = Always()
-    assert make_policy(custom) is custom
-    assert isinstance(custom, Policy)
+def test_while_busy_a_partial_head_batch_waits_for_a_worker() -> None:
+    assert schedule(EagerPolicy(), busy(head_rows=7), now=10.0) == WaitUntil(math.inf)
 
 
-@pytest.mark.parametrize("name", ["Eager", "FIXED", "greedy", "", " eager"])
-def test_make_policy_unknown_name_lists_the_known_ones(name: str) -> None:
-    with pytest.raises(ValueError, match="policy must be one of") as info:
-        make_policy(name)
-    message = str(info.value)
-    assert message == (
-        f"policy must be one of 'eager', 'fixed', 'adaptive' or a Policy object, got {name!r}"
+def test_while_busy_another_shape_s_full_batch_does_not_overtake_the_head() -> None:
+    decision = schedule(EagerPolicy(), busy(head_rows=1, full_queued=True), now=10.0)
+    assert decision == WaitUntil(math.inf)
+
+
+def test_at_most_one_batch_per_worker_is_staged() -> None:
+    assert schedule(EagerPolicy(), busy(busy_workers=2), now=10.0) == WaitUntil(math.inf)
+    two = busy(workers=2, busy_workers=3)
+    assert schedule(EagerPolicy(), two, now=10.0) == Dispatch(8, DispatchReason.FULL)
+    assert schedule(EagerPolicy(), busy(workers=2, busy_workers=4), now=10.0) == WaitUntil(math.inf)
+
+
+def test_with_a_worker_idle_the_policy_decides() -> None:
+    policy = Waits()
+    assert schedule(policy, view(), now=10.0) == WaitUntil(12.0)
+    assert policy.asked == [view()]
+    assert schedule(EagerPolicy(), view(head_rows=3), now=10.0) == Dispatch(
+        3, DispatchReason.WORKER_IDLE
     )
-    assert info.value.__cause__ is None
-    assert info.value.__suppress_context__
 
 
-@pytest.mark.parametrize(
-    ("value", "kind"),
-    [(None, "NoneType"), (3, "int"), (object(), "object"), (["eager"], "list")],
-)
-def test_make_policy_rejects_objects_without_decide(value: object, kind: str) -> None:
-    with pytest.raises(TypeError) as info:
-        make_policy(value)  # type: ignore[arg-type]
-    assert str(info.value) == (
-        f"policy must be a name or an object with decide(view, now), got {kind}"
+def test_while_closing_a_wait_becomes_a_drain() -> None:
+    decision = schedule(Waits(), view(head_rows=3, closing=True), now=10.0)
+    assert decision == Dispatch(3, DispatchReason.DRAIN)
+    # a dispatch of the policy's own stands
+    assert schedule(EagerPolicy(), view(closing=True), now=10.0) == Dispatch(
+        1, DispatchReason.WORKER_IDLE
     )
 
 
-@pytest.mark.parametrize("cls", [EagerPolicy, FixedPolicy])
-def test_make_policy_rejects_a_policy_class_instead_of_an_instance(cls: type) -> None:
-    # A class has a `decide` attribute, but calling it as cls.decide(view, now) fails later,
-    # far from the mistake; it must be refused at the door like any other non-policy.
-    with pytest.raises(TypeError, match="policy must be a name or an object with decide"):
-        make_policy(cls)  # type: ignore[arg-type]
+def test_a_full_batch_never_waits_behind_the_head_s_partial_one() -> None:
+    decision = schedule(Waits(), view(full_queued=True), now=10.0)
+    assert decision == Dispatch(8, DispatchReason.FULL, source="full")
+    assert schedule(Waits(), view(), now=10.0) == WaitUntil(12.0)
+
+
+def test_hooks_are_read_once_with_defaults_for_a_policy_without_them() -> None:
+    assert PolicyHooks.of(EagerPolicy()) == PolicyHooks()
+    adaptive = AdaptivePolicy(50)
+    hooks = PolicyHooks.of(adaptive)
+    assert hooks.latency_slo == 0.05
+    assert hooks.cost is adaptive.cost
+    assert hooks.admit == adaptive.admit
+    assert hooks.observe == adaptive.observe

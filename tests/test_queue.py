@@ -487,3 +487,73 @@ def test_rows_ahead_matches_a_reference(ops: list[tuple[Any, ...]], bound: int |
             # an entry's rows still queued: all but those taken, unless withdrawn or done
             expected = sum(e.rows - e.taken for e in pushed if e.queued and e.priority <= level)
             assert queue.rows_ahead(level) == expected
+
+
+# restore: a batch that goes back before it started
+
+
+def snapshot(queue: RequestQueue) -> tuple[Any, ...]:
+    """What the queue would hand out, in order, and its counts; leaves ``queue`` as it was
+    (by restoring what it popped)."""
+    popped = []
+    order = []
+    while (head := queue.head()) is not None:
+        segments = queue.pop_batch(head, 1)
+        popped.append(segments)
+        order.append(names(segments)[0])
+    counts = (queue.rows, queue.rows_ahead(0), queue.rows_ahead(9))
+    for segments in reversed(popped):
+        queue.restore(segments)
+    return tuple(order), counts
+
+
+def test_restore_puts_a_batch_back_as_if_never_popped() -> None:
+    queue = RequestQueue()
+    for value, priority, key in [("a", 1, "k"), ("b", 0, "k"), ("c", 1, "j"), ("d", 1, "k")]:
+        queue.push(entry(value, priority=priority, key=key))
+    before = snapshot(queue)
+    head = queue.head()
+    assert head is not None
+    batch = queue.pop_batch(head, 2)
+    assert names(batch) == [("b", 0, 1), ("a", 0, 1)]
+    queue.restore(batch)
+    assert snapshot(queue) == before
+    assert (queue.rows, queue.rows_like(head), queue.pushed) == (4, 3, 4)
+
+
+def test_restore_gives_a_split_request_its_rows_back_in_front_of_its_rest() -> None:
+    queue = RequestQueue()
+    queue.push(entry("xs", span=5))
+    queue.push(entry("y"))
+    first = pop_segments(queue, 2)
+    second = pop_segments(queue, 2)
+    assert (names(first), names(second)) == ([("xs", 0, 2)], [("xs", 2, 4)])
+    queue.restore(second)
+    queue.restore(first)
+    assert pop(queue, 8) == [("xs", 0, 5), ("y", 0, 1)]
+
+
+def test_restore_after_the_whole_request_left() -> None:
+    queue = RequestQueue()
+    queue.push(entry("xs", span=3))
+    queue.push(entry("y"))
+    batch = pop_segments(queue, 4)
+    assert names(batch) == [("xs", 0, 3), ("y", 0, 1)]
+    assert queue.head() is None  # the emptied lanes are gone
+    queue.restore(batch)
+    assert pop(queue, 2) == [("xs", 0, 2)]
+    assert pop(queue, 8) == [("xs", 2, 3), ("y", 0, 1)]
+
+
+def test_has_full_looks_at_every_key() -> None:
+    queue = RequestQueue()
+    queue.push(entry("a", key="k"))
+    for value in "bcd":
+        queue.push(entry(value, key="j", priority=5))
+    assert (queue.has_full(3), queue.has_full(4)) == (True, False)
+
+
+def pop_segments(queue: RequestQueue, max_rows: int) -> list[Segment]:
+    head = queue.head()
+    assert head is not None
+    return queue.pop_batch(head, max_rows)

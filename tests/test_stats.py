@@ -128,6 +128,20 @@ def test_batches_rows_sizes_and_mean() -> None:
     assert list(stats.batch_sizes) == [2, 4, 8]  # sorted by size
 
 
+def test_unbatch_takes_back_a_batch_that_never_started() -> None:
+    recorder = StatsRecorder()
+    recorder.batch(8, DispatchReason.FULL)
+    recorder.batch(2, DispatchReason.WORKER_IDLE)
+    before = recorder.snapshot(submitted=0, queued_rows=0)
+    recorder.batch(8, DispatchReason.FULL)
+    recorder.batch(3, DispatchReason.DEADLINE)
+    recorder.unbatch(3, DispatchReason.DEADLINE)
+    recorder.unbatch(8, DispatchReason.FULL)
+    assert recorder.snapshot(submitted=0, queued_rows=0) == before
+    assert dict(before.dispatch_reasons) == {"full": 1, "worker_idle": 1}  # no zero counts
+    assert recorder.running_rows == 10
+
+
 def test_dispatch_reasons_are_keyed_by_plain_strings() -> None:
     recorder = StatsRecorder()
     recorder.batch(1, DispatchReason.WORKER_IDLE)
@@ -202,7 +216,7 @@ def test_histogram_counts_are_cumulative_and_bounds_inclusive() -> None:
 def test_recorder_feeds_percentiles_and_histograms() -> None:
     recorder = StatsRecorder()
     recorder.waited([0.002, 0.004])
-    recorder.modelled(0.003)
+    recorder.model_call(0.003)
     stats = recorder.snapshot(submitted=2, queued_rows=0)
     assert (stats.queue_wait_ms.count, stats.queue_wait_seconds.count) == (2, 2)
     assert (stats.model_ms.p50, stats.model_seconds.count) == (3.0, 1)

@@ -14,9 +14,11 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["FUTURE_DONE", "Inbox", "LoopThread", "SubmitFuture", "settle"]
+__all__ = ["FUTURE_DONE", "Inbox", "LoopThread", "SubmitFuture", "call_on_loop", "settle"]
+
+T = TypeVar("T")
 
 
 class LoopThread:
@@ -165,6 +167,28 @@ class Inbox:
     def _withdraw(self, fut: SubmitFuture) -> None:
         if fut.request is not None:
             self._cancel(fut.request)
+
+
+def call_on_loop(
+    loop: asyncio.AbstractEventLoop, fn: Callable[[], T], *, gone: Callable[[], bool]
+) -> T | None:
+    """From another thread: ``fn()`` run on ``loop``, or None if the loop stopped first
+    (``gone()`` says so, polled while waiting, in case the loop ended before running it)."""
+    answer: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def run() -> None:
+        answer.set_result(fn())
+
+    try:
+        loop.call_soon_threadsafe(run)
+        while not gone():
+            try:
+                return answer.result(timeout=0.05)
+            except concurrent.futures.TimeoutError:
+                continue  # the loop may have stopped before running it
+    except RuntimeError:  # the loop is gone
+        pass
+    return None
 
 
 # Setting a future the caller already cancelled raises one of these; it is not an error.

@@ -6,7 +6,12 @@ and on methods (one batcher per instance), without Ray:
 
 - ``async def``: callers ``await f(item)``; one batcher per event loop, started on first use.
 - ``def``: callers in any number of threads call ``f(item)`` and block; the batcher runs on
-  its own loop in a background thread, and the function runs in its worker threads.
+  its own loop in a background thread, and the function runs in its worker threads. Called on
+  an event loop's thread, it raises :class:`~carpool.errors.BlockingCallOnLoop` at once:
+  blocking there would stall the loop and serialise its callers (one batch each). Such code
+  awaits ``asyncio.to_thread(f, item)``, or the function is made ``async def``. (Returning an
+  awaitable there instead would make one function return a value or a coroutine depending
+  on where it is called, and a caller that forgets to await gets a coroutine, not an error.)
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 
 from carpool.batcher import Batcher
 from carpool.collate import Collator, Handler
+from carpool.errors import BlockingCallOnLoop
 from carpool.policy import Policy
 from carpool.worker import is_async_callable
 
@@ -70,6 +76,8 @@ class BatchedFunction:
     def __call__(self, item: Any) -> Any:
         if self._is_async:
             return self._batcher_for_loop().infer(item)
+        if asyncio._get_running_loop() is not None:  # the fast check: None, not an exception
+            raise BlockingCallOnLoop(function=getattr(self._fn, "__qualname__", repr(self._fn)))
         return self._threaded_batcher().submit(item).result()
 
     def _new_batcher(self) -> Batcher:
@@ -154,6 +162,10 @@ def batch(
     """Decorate a list -> list function so callers pass one item and get one result.
 
     Options are those of :class:`carpool.Batcher`. Usable bare (``@batch``) or with options.
+    An ``async def`` function is awaited: ``await f(item)``. A plain one is called from
+    threads, ``f(item)``, and blocks its caller; on an event loop's thread it raises
+    :class:`~carpool.errors.BlockingCallOnLoop` rather than block the loop (await
+    ``asyncio.to_thread(f, item)`` there, or make the function ``async def``).
     """
     options: dict[str, Any] = {
         "max_batch_size": max_batch_size,

@@ -4,13 +4,31 @@ The tree, with the builtin each one also is, so ``except TimeoutError`` and frie
 working in code that does not know carpool::
 
     CarpoolError
+    │   defined here, raised by the library:
     ├── QueueFull (RuntimeError)          refused at the door: max_queue_size rows already wait
     │   └── Overloaded                    refused at the door: it would finish past its deadline
     ├── DeadlineExceeded (TimeoutError)   the request's timeout_ms passed before its result
     ├── BatcherClosed (RuntimeError)      the batcher stopped accepting requests
     ├── CollationError (TypeError)        rows that cannot be stacked, or an unsplittable output
     ├── BatchSizeMismatch (ValueError)    the model returned more or fewer rows than it got
-    └── ConfigError (ValueError)          a target, flag or config file that cannot be used
+    ├── BlockingCallOnLoop (RuntimeError) a sync @carpool.batch function called on a loop's thread
+    ├── ConfigError (ValueError)          a target, flag or config file that cannot be used
+    │
+    │   raised by the server and bench, defined with their code:
+    ├── ProtocolError (ValueError)        carpool.server.messages: a request the v2 protocol
+    │                                     cannot accept, or a response it cannot carry
+    ├── ModelNotFound (LookupError)       carpool.server.registry: no model (or version) by
+    │                                     that name: a 404
+    ├── ModelUnavailable                  carpool.server.registry: the model failed to load at
+    │                                     start: a 400
+    ├── ModelOutputError (RuntimeError)   carpool.server.inference: outputs that do not match
+    │                                     the model's declared signature: a 500
+    ├── HTTPError                         carpool.server.statuses: an answer other than 200,
+    │                                     with its status and headers
+    ├── BenchError (ValueError)           carpool.bench.targets: a bench target, flag or file
+    │                                     that cannot be used
+    └── ReportError (ValueError)          carpool.bench.report: a file that is not a carpool
+                                          bench report
 
 Errors raised by the model itself are not wrapped: the caller whose rows failed gets the
 model's own exception, with a note naming the batch it ran in.
@@ -23,6 +41,7 @@ from typing import Any
 __all__ = [
     "BatchSizeMismatch",
     "BatcherClosed",
+    "BlockingCallOnLoop",
     "CarpoolError",
     "CollationError",
     "ConfigError",
@@ -163,6 +182,28 @@ class BatchSizeMismatch(CarpoolError, ValueError):
 
     def _fields(self) -> dict[str, Any]:
         return {"expected": self.expected, "actual": self.actual, "field": self.field}
+
+
+class BlockingCallOnLoop(CarpoolError, RuntimeError):
+    """A synchronous ``@carpool.batch`` function was called on an event loop's thread.
+
+    Waiting there for its result would block the loop until the batch ran: every other
+    caller on that loop would wait behind it, one at a time, never sharing a batch.
+    """
+
+    def __init__(self, *, function: str) -> None:
+        self.function = function
+        name = function.rpartition(".")[2]
+        super().__init__(
+            f"{function}() is a synchronous @carpool.batch function called on the thread of a "
+            "running event loop: it would block the loop until its batch ran, so callers on "
+            "this loop would run one at a time, never sharing a batch. Make the function "
+            "'async def' and await it, or call it from a thread: "
+            f"'await asyncio.to_thread({name}, item)'."
+        )
+
+    def _fields(self) -> dict[str, Any]:
+        return {"function": self.function}
 
 
 class ConfigError(CarpoolError, ValueError):

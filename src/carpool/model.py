@@ -241,66 +241,83 @@ class Model:
         Around the call: strip the batch axis when batching is off, pad to an allowed batch
         size and drop the filler rows' outputs, cut ragged outputs back to each row's length.
         """
-        fn = self.fn
-        first = self.input_specs[0].name
-        takes_dict = self.takes_dict
-        outputs = self.output_specs
-        batching = self.batching
-        padding = self.padding
-        allowed = batching.allowed_batch_sizes
-
-        def as_dict(result: Any) -> dict[str, Any]:
-            if isinstance(result, Mapping):
-                return dict(result)
-            if isinstance(result, tuple) and len(outputs) > 1:
-                if len(result) != len(outputs):
-                    raise TypeError(
-                        f"model {self.name!r} returned {len(result)} outputs; it declares "
-                        f"{[t.name for t in outputs]}"
-                    )
-                return {t.name: value for t, value in zip(outputs, result, strict=True)}
-            if len(outputs) != 1:
-                names = [t.name for t in outputs]
-                raise TypeError(
-                    f"model {self.name!r} declares outputs {names}; return a dict of arrays "
-                    "(or a tuple, in that order)"
-                )
-            return {outputs[0].name: np.asarray(result) if isinstance(result, list) else result}
-
-        names = [t.name for t in self.input_specs]
-        in_order = takes_dict and padding is None and self.preprocess is None and len(names) > 1
-
-        def before(batch: dict[str, Any]) -> tuple[Any, int]:
-            rows = len(next(iter(batch.values())))
-            if in_order:  # requests name inputs in any order; fn gets the declared one
-                batch = {name: batch[name] for name in names}
-            if not batching.batched:
-                return {k: v[0] for k, v in batch.items()}, rows
-            if allowed:
-                batch = pad_rows(batch, allowed_size(rows, allowed))
-            return batch, rows
-
-        def after(result: Any, batch: Any, rows: int) -> dict[str, Any]:
-            out = as_dict(result)
-            if not batching.batched:
-                return {k: np.asarray(v)[np.newaxis] for k, v in out.items()}
-            if allowed:
-                out = take_rows(out, rows)
-            if padding is not None and isinstance(batch, PaddedBatch):
-                out = padding.unpad(out, batch.lengths[:rows])
-            return out
-
+        fn, adapt = self.fn, _Adapter(self)
         if is_async_callable(fn):
 
             async def call_async(batch: dict[str, Any]) -> dict[str, Any]:
-                arg, rows = before(batch)
-                result = await fn(arg if takes_dict else arg[first])
-                return after(result, arg, rows)
+                arg, rows = adapt.before(batch)
+                return adapt.after(await fn(adapt.argument(arg)), arg, rows)
 
             return call_async
 
         def call(batch: dict[str, Any]) -> dict[str, Any]:
-            arg, rows = before(batch)
-            return after(fn(arg if takes_dict else arg[first]), arg, rows)
+            arg, rows = adapt.before(batch)
+            return adapt.after(fn(adapt.argument(arg)), arg, rows)
 
         return call
+
+
+class _Adapter:
+    """What :meth:`Model.batched_fn` does before and after each call of ``fn``."""
+
+    def __init__(self, model: Model) -> None:
+        self.name = model.name
+        self.outputs = model.output_specs
+        self.names = [t.name for t in model.input_specs]
+        self.takes_dict = model.takes_dict
+        # Requests name inputs in any order; fn gets the declared one.
+        self.in_order = (
+            self.takes_dict
+            and model.padding is None
+            and model.preprocess is None
+            and len(self.names) > 1
+        )
+        self.batched = model.batching.batched
+        self.allowed = model.batching.allowed_batch_sizes
+        self.padding = model.padding
+
+    def before(self, batch: dict[str, Any]) -> tuple[Any, int]:
+        """The batch as ``fn`` gets it (reordered, unbatched or padded), and its real rows."""
+        rows = len(next(iter(batch.values())))
+        if self.in_order:
+            batch = {name: batch[name] for name in self.names}
+        if not self.batched:
+            return {k: v[0] for k, v in batch.items()}, rows
+        if self.allowed:
+            batch = pad_rows(batch, allowed_size(rows, self.allowed))
+        return batch, rows
+
+    def argument(self, batch: Any) -> Any:
+        """A dict for ``fn`` that takes one; else its single input's array."""
+        return batch if self.takes_dict else batch[self.names[0]]
+
+    def after(self, result: Any, batch: Any, rows: int) -> dict[str, Any]:
+        """``fn``'s result as a dict of outputs, one row per real input row."""
+        out = self.as_dict(result)
+        if not self.batched:
+            return {k: np.asarray(v)[np.newaxis] for k, v in out.items()}
+        if self.allowed:
+            out = take_rows(out, rows)
+        if self.padding is not None and isinstance(batch, PaddedBatch):
+            out = self.padding.unpad(out, batch.lengths[:rows])
+        return out
+
+    def as_dict(self, result: Any) -> dict[str, Any]:
+        """Raises TypeError when ``result`` does not match the declared outputs."""
+        outputs = self.outputs
+        if isinstance(result, Mapping):
+            return dict(result)
+        if isinstance(result, tuple) and len(outputs) > 1:
+            if len(result) != len(outputs):
+                raise TypeError(
+                    f"model {self.name!r} returned {len(result)} outputs; it declares "
+                    f"{[t.name for t in outputs]}"
+                )
+            return {t.name: value for t, value in zip(outputs, result, strict=True)}
+        if len(outputs) != 1:
+            names = [t.name for t in outputs]
+            raise TypeError(
+                f"model {self.name!r} declares outputs {names}; return a dict of arrays "
+                "(or a tuple, in that order)"
+            )
+        return {outputs[0].name: np.asarray(result) if isinstance(result, list) else result}

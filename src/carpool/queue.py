@@ -157,6 +157,10 @@ class RequestQueue:
                 return best
         return None
 
+    def has_full(self, max_rows: int) -> bool:
+        """Whether some key has ``max_rows`` rows queued."""
+        return any(rows >= max_rows for rows in self._key_rows.values())
+
     def rows_like(self, entry: Entry) -> int:
         """Rows queued that can share a batch with ``entry`` (its own included)."""
         return self._key_rows.get(entry.key, 0)
@@ -202,6 +206,30 @@ class RequestQueue:
         self.rows -= taken
         self._release(key, taken)
         return segments
+
+    def restore(self, segments: list[Segment]) -> None:
+        """Put back the rows of a batch just popped, where they were, as if never popped.
+
+        ``segments`` must be what :meth:`pop_batch` returned, less those of entries removed
+        since; batches are restored newest first. Nothing else of their keys was popped after
+        them, so each entry goes back to the head of its lane (a split request's rest, still
+        there, only gets its rows back).
+        """
+        level_rows = self._level_rows
+        key_rows = self._key_rows
+        for entry, start, stop in reversed(segments):
+            if not entry.queued:
+                entry.queued = True
+                try:
+                    lane = self._levels[entry.priority][entry.key]
+                except KeyError:
+                    lane = self._new_lane(entry.priority, entry.key)
+                lane.appendleft(entry)
+            entry.taken = start
+            rows = stop - start
+            self.rows += rows
+            key_rows[entry.key] = key_rows.get(entry.key, 0) + rows
+            level_rows[entry.priority] = level_rows.get(entry.priority, 0) + rows
 
     def drain(self) -> list[Entry]:
         """Remove and return every entry that still has rows queued."""

@@ -150,6 +150,9 @@ class StatsRecorder:
         self.model_times: deque[float] = deque(maxlen=SAMPLE_WINDOW)
         self.queue_wait_hist = Histogram()
         self.model_time_hist = Histogram()
+        # Model times not yet in their histogram: a worker only appends (between two model
+        # calls, where every microsecond idles the model); snapshots bin them.
+        self._unbinned: deque[float] = deque()
         self.prediction_ratios: deque[float] = deque(maxlen=SAMPLE_WINDOW)
 
     def waited(self, seconds: list[float]) -> None:
@@ -157,10 +160,22 @@ class StatsRecorder:
         self.queue_waits.extend(seconds)
         self.queue_wait_hist.add_many(seconds)
 
-    def modelled(self, seconds: float) -> None:
+    def model_call(self, seconds: float) -> None:
         """One model call's duration; from any thread."""
         self.model_times.append(seconds)
-        self.model_time_hist.add_many([seconds])
+        self._unbinned.append(seconds)
+        if len(self._unbinned) >= SAMPLE_WINDOW:  # nobody takes snapshots: bin them now
+            self._bin_model_times()
+
+    def _bin_model_times(self) -> None:
+        unbinned, taken = self._unbinned, []
+        try:
+            while True:  # popleft is atomic: a worker may append meanwhile
+                taken.append(unbinned.popleft())
+        except IndexError:
+            pass
+        if taken:
+            self.model_time_hist.add_many(taken)
 
     def batch(self, rows: int, reason: str) -> None:
         self.running_rows += rows
@@ -169,11 +184,24 @@ class StatsRecorder:
         self.batch_sizes[rows] += 1
         self.dispatch_reasons[str(reason)] += 1
 
+    def unbatch(self, rows: int, reason: str) -> None:
+        """Take back :meth:`batch`: that batch went back to the queue before it started."""
+        self.running_rows -= rows
+        self.batches -= 1
+        self.rows -= rows
+        self.batch_sizes[rows] -= 1
+        if not self.batch_sizes[rows]:
+            del self.batch_sizes[rows]
+        self.dispatch_reasons[str(reason)] -= 1
+        if not self.dispatch_reasons[str(reason)]:
+            del self.dispatch_reasons[str(reason)]
+
     def snapshot(
         self, submitted: int, queued_rows: int, cost_curve: CostCurve | None = None
     ) -> BatcherStats:
         """``submitted``: requests ever admitted, as the queue counts them."""
         done = self.completed + self.failed + self.expired + self.cancelled
+        self._bin_model_times()
         return BatcherStats(
             submitted=submitted,
             completed=self.completed,

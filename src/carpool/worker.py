@@ -1,15 +1,18 @@
 """Run one batch: collate -> model -> check rows -> split, and isolate failing rows.
 
-Knows nothing of queues, policies or futures: it takes segments and returns one part per
-segment, where a part is that segment's output, a :class:`Failure`, or ``None`` for a
-segment that ``claim`` declined as the batch started (its request was cancelled or expired
-while the batch was staged), whose rows are then not computed at all.
+Knows nothing of queues, policies or futures: it takes a batch's segments and returns one
+part per segment, where a part is that segment's output, a :class:`Failure`, or ``None`` for
+a segment that ``claim`` declined as the batch started (its request was cancelled or expired
+while the batch was staged), whose rows are then not computed at all; a batch re-formed
+before it started claims none. Imports collation, the errors, the books of batches and the
+worker threads.
 
-A plain ``model_fn`` runs in the batcher's worker threads together with stacking, splitting
-and bisection, so large copies and GIL-releasing models (numpy, torch, onnxruntime) stay off
-the event loop, and a worker goes from one staged batch to the next without the loop.
-Which rows to re-run after an error is decided by :func:`isolate`, a generator that never
-calls the model itself, so the same plan drives threads and coroutines alike.
+A plain ``model_fn`` runs in the batcher's worker threads (``carpool.pool``) together with
+stacking, splitting and bisection, so large copies and GIL-releasing models (numpy, torch,
+onnxruntime) stay off the event loop, and a worker goes from one staged batch to the next
+without the loop. Which rows to re-run after an error is decided by :func:`isolate`, a
+generator that never calls the model itself, so the same plan drives threads and coroutines
+alike.
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ import asyncio
 import inspect
 import time
 from collections.abc import Callable, Generator
-from concurrent.futures import Executor
+from functools import partial
 from typing import Any
 
 from carpool.collate import Collator, Span
 from carpool.errors import BatchSizeMismatch
+from carpool.inflight import Batch
+from carpool.pool import Handoff, WorkerPool
 from carpool.queue import Segment
 
 __all__ = ["BatchRunner", "Failure", "is_async_callable", "isolate"]
@@ -85,7 +90,7 @@ def isolate(
 
 class BatchRunner:
     """Executes batches of one model. ``record_model_time`` gets each call's rows, seconds
-    and collation key."""
+    and collation key; ``claim`` is :meth:`carpool.request.Resolver.claim`."""
 
     def __init__(
         self,
@@ -97,7 +102,7 @@ class BatchRunner:
         name: str,
         workers: int,
         record_model_time: Callable[[int, float, Any], None],
-        claim: Callable[[list[Segment]], list[int] | None],
+        claim: Callable[[Batch], list[int] | None],
     ) -> None:
         self._model_fn = model_fn
         self._is_async = is_async
@@ -106,21 +111,35 @@ class BatchRunner:
         self._note = f"carpool: raised by model_fn of batcher {name!r} on a batch of {{rows}} rows"
         self._record_model_time = record_model_time
         self._claim = claim
-        # A plain model runs in an executor of `workers` threads, which queues staged batches;
+        # A plain model runs in a pool of `workers` threads, which queues staged batches;
         # an async one needs this gate to run at most `workers` batches at once.
         self._slots = asyncio.Semaphore(workers)
 
-    async def run(self, segments: list[Segment], executor: Executor | None) -> list[Any]:
-        """One part per segment, in order."""
+    async def run(self, batch: Batch, pool: WorkerPool | None) -> list[Any]:
+        """One part per segment, in order (for a plain model, in one of ``pool``'s threads)."""
         if self._is_async:
             async with self._slots:
-                return await self._run_async(segments)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(executor, self._run_sync, segments)
+                return await self._run_async(batch)
+        assert pool is not None
+        return await pool.submit(partial(self._run_sync, batch))  # type: ignore[no-any-return]
 
-    def _prepare(self, segments: list[Segment]) -> tuple[list[int] | None, Attempt]:
+    async def call(self, batch: Any, pool: WorkerPool | None) -> Any:
+        """One model call on a stacked ``batch``, outside any request (warm-up)."""
+        if self._is_async:
+            return await self._model_fn(batch)
+        assert pool is not None
+        model_fn = self._model_fn
+
+        def job(handoff: Handoff) -> Any:
+            handoff()
+            return model_fn(batch)
+
+        return await pool.submit(job)
+
+    def _prepare(self, batch: Batch) -> tuple[list[int] | None, Attempt]:
         """The segments still worth computing (None: all), and the values and spans to stack."""
-        live = self._claim(segments)
+        live = self._claim(batch)
+        segments = batch.segments
         if live is None:
             spans_now = [entry.span for entry, _, _ in segments]
             if spans_now.count(None) == len(spans_now):  # all single rows: the common case
@@ -154,45 +173,62 @@ class BatchRunner:
             placed[i] = part
         return placed
 
-    def _run_sync(self, segments: list[Segment]) -> list[Any]:
-        live, attempt = self._prepare(segments)
+    def _run_sync(self, batch: Batch, handoff: Handoff) -> list[Any]:
+        live, attempt = self._prepare(batch)
+        segments = batch.segments
         if live is not None and not live:  # every request was answered while staged
             return [None] * len(segments)
-        plan = isolate(*attempt, bisect=self._bisect, note=self._note)
         key = segments[0][0].key
-        try:
-            attempt = next(plan)
-            while True:
-                try:
-                    outcome: Outcome = (self._execute(*attempt, key), None)
-                except Exception as exc:
-                    outcome = (None, exc)
-                attempt = plan.send(outcome)
-        except StopIteration as done:
-            return self._place(segments, live, done.value)
+        try:  # the whole batch first: isolate()'s first attempt, without its machinery
+            parts = self._execute(*attempt, key, handoff)
+        except Exception as exc:  # isolate the rows that raised: halves, then quarters...
+            plan = self._plan(attempt)
+            try:
+                attempt = plan.send((None, exc))
+                while True:
+                    try:
+                        outcome: Outcome = (self._execute(*attempt, key, handoff), None)
+                    except Exception as error:
+                        outcome = (None, error)
+                    attempt = plan.send(outcome)
+            except StopIteration as done:
+                parts = done.value
+        return self._place(segments, live, parts)
 
-    async def _run_async(self, segments: list[Segment]) -> list[Any]:
-        live, attempt = self._prepare(segments)
+    async def _run_async(self, batch: Batch) -> list[Any]:
+        live, attempt = self._prepare(batch)
+        segments = batch.segments
         if live is not None and not live:  # every request was answered while staged
             return [None] * len(segments)
-        plan = isolate(*attempt, bisect=self._bisect, note=self._note)
         key = segments[0][0].key
         try:
-            attempt = next(plan)
-            while True:
-                try:
-                    outcome: Outcome = (await self._execute_async(*attempt, key), None)
-                except Exception as exc:
-                    outcome = (None, exc)
-                attempt = plan.send(outcome)
-        except StopIteration as done:
-            return self._place(segments, live, done.value)
+            parts = await self._execute_async(*attempt, key)
+        except Exception as exc:
+            plan = self._plan(attempt)
+            try:
+                attempt = plan.send((None, exc))
+                while True:
+                    try:
+                        outcome: Outcome = (await self._execute_async(*attempt, key), None)
+                    except Exception as error:
+                        outcome = (None, error)
+                    attempt = plan.send(outcome)
+            except StopIteration as done:
+                parts = done.value
+        return self._place(segments, live, parts)
+
+    def _plan(self, attempt: Attempt) -> Generator[Attempt, Outcome, list[Any]]:
+        """:func:`isolate`'s plan for a batch whose first attempt (all of it) just ran."""
+        plan = isolate(*attempt, bisect=self._bisect, note=self._note)
+        next(plan)  # the whole batch: already run
+        return plan
 
     def _execute(
-        self, values: list[Any], spans: list[Span] | None, rows: int, key: Any
+        self, values: list[Any], spans: list[Span] | None, rows: int, key: Any, handoff: Handoff
     ) -> list[Any]:
         collator = self._collator
         batch = collator.stack(values, spans)
+        handoff()  # the previous batch's results go to the loop as this model call begins
         started = time.perf_counter()
         output = self._model_fn(batch)
         self._record_model_time(rows, time.perf_counter() - started, key)

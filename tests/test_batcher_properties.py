@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -242,16 +243,20 @@ def segment_codes(entry: Any, start: int, stop: int) -> tuple[int, ...]:
 def spy_on_claims(batcher: Batcher) -> list[Claimed]:
     """Record every batch as it starts, and which of its segments the engine kept.
 
-    Wraps the engine's private claim hook (``BatchRunner._claim``, i.e. ``Batcher._claim``),
+    Wraps the engine's private claim hook (``BatchRunner._claim``, i.e. ``Resolver.claim``),
     the one place that sees skipped segments: their rows count in ``stats().rows`` but never
-    reach the model. The wrapper only observes: it returns what the engine decided.
+    reach the model. The wrapper only observes: it returns what the engine decided. A batch
+    re-formed before it started (its rows went back to the queue) is not recorded.
     """
     runner = batcher._runner
     claim = runner._claim
     claimed: list[Claimed] = []
 
-    def spy(segments: list[Any]) -> Any:
-        live = claim(segments)
+    def spy(batch: Any) -> Any:
+        live = claim(batch)
+        if batch.void:
+            return live
+        segments = batch.segments
         kept = range(len(segments)) if live is None else set(live)  # None: all kept
         claimed.append([(segment_codes(*segment), i in kept) for i, segment in enumerate(segments)])
         return live
@@ -287,8 +292,11 @@ async def settle(
       (staged ones included);
     - the scheduler has nothing to do: with a worker idle, nothing is queued (or, when the
       policy ``holds_partial`` batches for longer than the test runs, no key has a full
-      batch queued); with all busy, ``2 * workers`` batches are dispatched or no key has a
-      full batch queued to stage.
+      batch queued); with all busy, ``2 * workers`` batches are dispatched or the head of
+      the queue has no full batch to stage.
+
+    - the loop has finished every batch whose call left the model (a worker hands a
+      batch's results over as its next batch starts, through another thread).
 
     The same state is then read once more after several loop turns: a batch that a thread
     finished without calling the model (all its requests answered while it was staged)
@@ -300,19 +308,25 @@ async def settle(
         for _ in range(8):
             await asyncio.sleep(0)
         stats = batcher.stats()
-        busy = batcher._busy  # private: batches dispatched and not finished, staged included
+        busy = len(batcher._scheduler.in_flight)  # private: batches dispatched, not finished
         assert busy <= 2 * workers  # at most one staged batch per worker
         assert model.peak <= workers  # and only `workers` ever reach the model at once
         # private: what the scheduler checks before staging (or, when the policy waits,
         # dispatching) a full batch
-        full = batcher._queue.head_of_full(batcher.max_batch_size)
+        queue, most = batcher._queue, batcher.max_batch_size
+        full = queue.head_of_full(most)
+        head = queue.head()
         if busy < workers:
             quiet = stats.queued_rows == 0 or (holds_partial and full is None)
         else:
-            quiet = busy == 2 * workers or full is None
+            quiet = busy == 2 * workers or head is None or queue.rows_like(head) < most
         held = model.held()
         state = (held, busy, stats.batches, stats.queued_rows, len(model.calls))
-        if held == min(busy, workers) and quiet:
+        # A worker hands a batch's results to the loop only as its next batch starts (or,
+        # with none staged, at once): the loop must have seen every call that left the model.
+        left = sum(call.ok is not None for call in model.calls)
+        delivered = stats.batches - busy >= left
+        if held == min(busy, workers) and quiet and delivered:
             if state == last:
                 return
             last = state
@@ -574,6 +588,7 @@ def check(config: Config, run: Run) -> None:
     assert isinstance(run.late_infer_error, BatcherClosed)
 
 
+@pytest.mark.slow
 @settings(
     max_examples=200,
     deadline=None,
@@ -600,8 +615,9 @@ class OneWorker:
     ``"patient"`` policy (``"fixed"`` with a wait longer than the test) it takes that batch
     only when full, else the first full batch of another kind, else nothing until the
     batcher closes and drains. While the worker is busy and fewer than two batches are
-    dispatched, a kind with a full batch queued has one staged: its first ``max_batch_size``
-    rows, from the most urgent level that holds it. Staged batches start in dispatch order.
+    dispatched, the head's kind has a batch staged if it has a full one queued: the batch a
+    free worker would take. A staged batch that a more urgent row overtakes (one admitted
+    before the batch started) goes back to the queue, and is formed again.
     """
 
     def __init__(self, max_batch_size: int, policy: str) -> None:
@@ -616,6 +632,12 @@ class OneWorker:
 
     def admit(self, rows: list[Row]) -> None:
         """Rows admitted in one loop tick; the scheduler then wakes once."""
+        if self.busy == 2 and min(rows)[0] < self.batches[-1][-1][0]:
+            staged = self.batches.pop()  # overtaken before it started: back to the queue
+            self.reasons["full"] -= 1
+            self.reasons += Counter()  # drop the zero
+            self.busy -= 1
+            rows = rows + staged
         self.queue = sorted(self.queue + rows)
         self.wake()
 
@@ -641,9 +663,9 @@ class OneWorker:
             full = [row for row in self.queue if counts[row[3]] >= self.max_batch_size]
             head = self.queue[0][3]
             if self.busy >= 1:
-                if self.busy >= 2 or not full:
+                if self.busy >= 2 or counts[head] < self.max_batch_size:
                     return
-                self.take(full[0][3], "full")  # staged
+                self.take(head, "full")  # staged
             elif counts[head] >= self.max_batch_size:
                 self.take(head, "full")
             elif not self.waits:
@@ -656,6 +678,7 @@ class OneWorker:
                 return
 
 
+@pytest.mark.slow
 @settings(max_examples=100, deadline=None, derandomize=True, database=None)
 @given(
     max_batch_size=st.integers(1, 6),
@@ -703,9 +726,10 @@ def test_queued_rows_leave_by_priority_then_arrival(
 
     Every batch a free worker takes starts at the most urgent, earliest row left (or is the
     first full one, if the policy holds the head's partial batch) and takes that kind's next
-    rows in the same order, and while the worker is busy a full batch is staged as soon as a
-    kind has one queued. After every tick and every batch, the engine has dispatched and
-    queued exactly what :class:`OneWorker` says, and the model sees the batches in order."""
+    rows in the same order, and while the worker is busy the head's full batch is staged,
+    until a more urgent row overtakes it. After every tick and every batch, the engine has
+    dispatched and queued exactly what :class:`OneWorker` says, and the model sees the batches
+    in order."""
     reqs = [
         Req(kind, many, False, "none", prio, "no", 0)
         for tick, _ in ticks

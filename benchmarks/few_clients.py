@@ -1,0 +1,195 @@
+"""A few closed-loop clients, fewer than max_batch_size: what each policy makes of them.
+
+What: N clients (N = 4, 8, 16) each send their next request the moment the answer arrives
+(a closed loop), against one ``carpool.Batcher`` (``max_batch_size`` 32, one worker) over a
+GPU-like model: ``time.sleep(2 ms + 0.05 ms/row)``, which releases the GIL.  Two kinds of
+callers: ``threads`` blocking on ``b.submit(row).result()`` (how a server's handlers or
+other processes reach a batcher: an answer's round trip away), and ``tasks``, asyncio tasks
+awaiting ``b.infer(row)`` on the batcher's own loop.  Each policy runs side by side in one
+process, interleaved, repeated (default 3); the table shows medians over repeats of the
+requests/s, and the p50 and p99 latency (as the client sees it) and the mean batch size over
+all repeats.
+
+Why: with fewer clients than a batch holds, a work-conserving policy answers half the
+clients, dispatches the other half at once, and the answered half comes back while that
+batch runs: the callers split into two alternating half batches (8 clients -> batches of 4),
+and each waits a whole extra batch.  Serving them in one batch halves their latency and
+doubles throughput.  The batcher answers a batch's callers before it schedules the next
+batch, so callers on its own loop, which ask again at once, join it: ``tasks`` batches hold
+every client.  ``threads`` come back a round trip later, when the next batch has left.  The
+default policy should be the one that serves them best.
+
+Nothing is asserted; exits 0.  The last line names the default policy (stable text):
+
+    python3 benchmarks/few_clients.py --cpus 0,1
+    python3 benchmarks/few_clients.py --quick      # a smoke run, well under 20 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+import carpool
+
+MAX_BATCH = 32
+SLO_MS = 25.0  # about 7 full batches of the sleep model: room to batch, tight enough to matter
+FIXED_S, PER_ROW_S = 0.002, 0.00005  # the sleep model: 2 ms + 0.05 ms per row
+ROW = np.zeros(4, np.float32)
+STAGGER_S = 0.004  # the clients' first requests spread over about one batch time
+WARM_S = 0.2  # threads started, batches settled into their pattern
+
+
+def sleep_model(batch: Any) -> Any:
+    """A GPU-like cost that releases the GIL: 2 ms + 0.05 ms per row."""
+    time.sleep(FIXED_S + PER_ROW_S * len(batch))
+    return batch
+
+
+def policies() -> dict[str, dict[str, Any]]:
+    """The Batcher options of each policy compared."""
+    return {
+        "eager": {"policy": "eager"},
+        "adaptive": {"policy": "adaptive", "latency_slo_ms": SLO_MS, "warmup": ROW},
+    }
+
+
+async def closed_loop(
+    options: dict[str, Any], clients: int, seconds: float, kind: str
+) -> dict[str, Any]:
+    """``clients`` closed-loop callers: requests/s, every latency (seconds) and the mean
+    batch size of ``seconds`` measured after a warm-up. ``kind="tasks"``: asyncio tasks
+    awaiting ``infer`` on the batcher's loop; ``kind="threads"``: threads blocking on
+    ``submit(row).result()``, as separate callers (a server's handlers, other processes)
+    reach a batcher, an answer's round trip away. The clients join one by one, spread over
+    about one batch time as in life, and run on without a pause into the measured part."""
+    latencies: list[float] = []
+    async with carpool.Batcher(sleep_model, max_batch_size=MAX_BATCH, **options) as b:
+        loop = asyncio.get_running_loop()
+        measured = time.perf_counter() + WARM_S
+        until = measured + seconds
+        delays = [i * STAGGER_S / clients for i in range(clients)]
+
+        def done(start: float) -> None:
+            if start >= measured:
+                latencies.append(time.perf_counter() - start)
+
+        async def task(delay: float) -> None:
+            await asyncio.sleep(delay)
+            while (start := time.perf_counter()) < until:
+                await b.infer(ROW)
+                done(start)
+
+        def thread(delay: float) -> None:
+            time.sleep(delay)
+            while (start := time.perf_counter()) < until:
+                b.submit(ROW).result()
+                done(start)
+
+        before: list[carpool.BatcherStats] = []
+        loop.call_later(WARM_S, lambda: before.append(b.stats()))
+        if kind == "tasks":
+            await asyncio.gather(*(task(delay) for delay in delays))
+        else:
+            with ThreadPoolExecutor(clients) as pool:
+                await asyncio.gather(*(loop.run_in_executor(pool, thread, d) for d in delays))
+        after = b.stats()
+    batches = after.batches - before[0].batches
+    rows = after.rows - before[0].rows
+    return {
+        "rps": len(latencies) / seconds,
+        "latencies": latencies,
+        "mean_batch": rows / batches if batches else float("nan"),
+    }
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else 0.0
+
+
+def table(headers: list[str], rows: list[list[str]], left: int = 1) -> str:
+    """Aligned columns; the first ``left`` of them are text, the rest numbers."""
+    cells = [headers, *rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = [
+        "  ".join(
+            c.ljust(w) if i < left else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in cells
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="a smoke run: one short repeat")
+    parser.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --quick)")
+    parser.add_argument("--seconds", type=float, default=None, help="per run (default 2.0)")
+    parser.add_argument("--clients", default="4,8,16", help="comma-separated client counts")
+    parser.add_argument(
+        "--cpus", default="none", help="CPUs to pin to, e.g. '0,1'; 'none' to not pin (default)"
+    )
+    args = parser.parse_args()
+    if args.cpus.lower() not in ("none", "all", ""):
+        os.sched_setaffinity(0, {int(cpu) for cpu in args.cpus.split(",")})
+    repeats = args.repeats or (1 if args.quick else 3)
+    seconds = args.seconds or (0.25 if args.quick else 2.0)
+    counts = [int(n) for n in args.clients.split(",")]
+    default = inspect.signature(carpool.Batcher).parameters["policy"].default
+    print(
+        f"== few closed-loop clients: sleep model 2 ms + 0.05 ms/row, max_batch_size "
+        f"{MAX_BATCH}, 1 worker, adaptive latency_slo_ms={SLO_MS:g}; {repeats} x {seconds:g} s =="
+    )
+    kinds = ["threads", "tasks"]
+    runs: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for repeat in range(repeats):
+        for kind in kinds:
+            for clients in counts:
+                for name, options in policies().items():
+                    result = asyncio.run(closed_loop(options, clients, seconds, kind))
+                    runs.setdefault((kind, name, clients), []).append(result)
+                    print(
+                        f"  repeat {repeat + 1}/{repeats}  {kind:7s} {clients:3d} clients  "
+                        f"{name:9s}{result['rps']:>9,.0f} req/s  "
+                        f"mean batch {result['mean_batch']:5.1f}"
+                    )
+    rows = []
+    for kind in kinds:
+        for clients in counts:
+            for name in policies():
+                results = runs[(kind, name, clients)]
+                latencies = [x for r in results for x in r["latencies"]]
+                rows.append(
+                    [
+                        kind,
+                        str(clients),
+                        f"{name}{' (default)' if name == default else ''}",
+                        f"{statistics.median(r['rps'] for r in results):,.0f}",
+                        f"{percentile(latencies, 0.50) * 1000:.2f}",
+                        f"{percentile(latencies, 0.99) * 1000:.2f}",
+                        f"{sum(r['mean_batch'] for r in results) / len(results):.1f}",
+                    ]
+                )
+    print()
+    headers = ["callers", "clients", "policy", "req/s", "p50 ms", "p99 ms", "mean batch"]
+    print(table(headers, rows, left=3))
+    print(f"\n  few clients: the default policy is {default!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""The worker threads of a plain (synchronous) model, and how their results reach the loop.
+
+Each of ``count`` threads runs one job at a time, in submission order; a job's result (or
+exception) becomes the outcome of the asyncio future :meth:`WorkerPool.submit` returned.
+
+Handing a result to the event loop wakes the loop, which then holds the GIL for as long as it
+takes to answer that batch's callers and admit their next requests. A thread that still had
+Python to run before its next model call (stacking rows, entering the model) would wait for
+all of that, and the model would idle; and the hand-over itself (a write to the loop's
+wake-up socket) releases the GIL, which the woken loop usually takes first. So when a thread
+finishes a job while the next one is already waiting for it (a batch staged behind this
+one), it keeps the result until that job calls ``handoff()``, just before its model call,
+which passes it to a *courier* thread without releasing the GIL; the courier runs once the
+model call releases the GIL (as numpy, torch, onnxruntime and any accelerator wait do) and
+wakes the loop, whose work then overlaps the model call instead of delaying it. With nothing
+waiting, the thread hands its result to the loop at once itself.
+
+Imports nothing from carpool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Handoff", "WorkerPool"]
+
+# A job runs as job(handoff); it calls handoff() right before each model call.
+Handoff = Callable[[], None]
+_Outcome = tuple["asyncio.Future[Any]", Any, BaseException | None]
+
+
+class WorkerPool:
+    """``count`` threads named after ``name``, serving the event loop ``loop``."""
+
+    def __init__(self, count: int, *, name: str, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._jobs: queue.SimpleQueue[tuple[asyncio.Future[Any], Callable[[Handoff], Any]] | None]
+        self._jobs = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[list[_Outcome] | None] = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True)
+            for i in range(count)
+        ]
+        courier = threading.Thread(target=self._carry, name=f"{name}_courier", daemon=True)
+        for thread in [*self._threads, courier]:
+            thread.start()
+
+    def submit(self, job: Callable[[Handoff], Any]) -> asyncio.Future[Any]:
+        """On the loop: run ``job(handoff)`` in a worker thread; a future of what it returns."""
+        future = self._loop.create_future()
+        self._jobs.put((future, job))
+        return future
+
+    def shutdown(self) -> None:
+        """Let each thread finish its job and exit; does not wait for them."""
+        for _ in self._threads:
+            self._jobs.put(None)
+        self._outbox.put(None)
+
+    def _work(self) -> None:
+        jobs = self._jobs
+        done: list[_Outcome] = []  # results this thread holds back for the loop
+
+        def handoff() -> None:
+            if done:
+                self._outbox.put(done[:])  # releases no GIL: the courier runs once it is free
+                done.clear()
+
+        while True:
+            if done:
+                try:
+                    item = jobs.get_nowait()
+                except queue.Empty:  # nothing follows: the loop gets the results now
+                    self._deliver(done[:])
+                    done.clear()
+                    item = jobs.get()
+            else:
+                item = jobs.get()
+            if item is None:
+                self._deliver(done)
+                return
+            future, job = item
+            try:
+                done.append((future, job(handoff), None))
+            except BaseException as exc:  # delivered to the awaiting task, like an executor
+                done.append((future, None, exc))
+
+    def _carry(self) -> None:
+        outbox = self._outbox
+        while (outcomes := outbox.get()) is not None:
+            self._deliver(outcomes)
+
+    def _deliver(self, outcomes: list[_Outcome]) -> None:
+        if not outcomes:
+            return
+        try:
+            self._loop.call_soon_threadsafe(_settle_all, outcomes)
+        except RuntimeError:  # the loop has ended; nobody awaits these any more
+            pass
+
+
+def _settle_all(outcomes: list[_Outcome]) -> None:
+    for future, result, error in outcomes:
+        if future.done():  # its task was cancelled meanwhile
+            continue
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)

@@ -1,0 +1,245 @@
+"""Helpers shared by the engine's tests: models that hold their batches behind a gate, a way
+to let the event loop settle, a cost model that already knows its line, and builders of the
+values a policy sees. Import them: ``from conftest import Gate, settle``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any
+
+import numpy as np
+import pytest
+
+from carpool.adaptive import AdaptivePolicy
+from carpool.cost import CostCurve, CostModel
+from carpool.policy import Admission, Decision, QueueView
+from carpool.stats import BatcherStats
+
+WAIT_S = 10.0  # a bound on waits that only a broken engine reaches
+
+
+async def settle() -> None:
+    """Let every ready callback run (admission, the scheduler) a few rounds."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def rows(batch: Any) -> list[Any]:
+    """A batch's rows as plain lists (or the rows themselves, when not arrays)."""
+    return [row.tolist() if hasattr(row, "tolist") else row for row in batch]
+
+
+def firsts(batch: Any) -> list[int]:
+    """The first element of each row: how tests with ``np.array([i])`` rows name them."""
+    return [int(v) for v in np.asarray(batch).reshape(len(batch), -1)[:, 0]]
+
+
+def column(start: int, stop: int) -> np.ndarray:
+    """Rows ``start .. stop - 1``, one element each: ``infer_many``'s input."""
+    return np.arange(start, stop).reshape(-1, 1)
+
+
+def times_ten(batch: Any) -> Any:
+    return batch * 10
+
+
+class Gate:
+    """An async model that records each batch and blocks until released, then returns
+    ``fn(batch)``; counts the batches inside it at once."""
+
+    def __init__(self, fn: Callable[[Any], Any] | None = None) -> None:
+        self.batches: list[Any] = []
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+        self.running = 0
+        self.max_running = 0
+        self.fn = fn if fn is not None else (lambda batch: batch)
+
+    async def __call__(self, batch: Any) -> Any:
+        self.batches.append(batch)
+        self.running += 1
+        self.max_running = max(self.max_running, self.running)
+        self.entered.set()
+        try:
+            await self.release.wait()
+        finally:
+            self.running -= 1
+        return self.fn(batch)
+
+    def open(self) -> None:
+        self.release.set()
+
+    def columns(self) -> list[list[int]]:
+        """Each batch as the first elements of its rows."""
+        return [firsts(batch) for batch in self.batches]
+
+    def values(self) -> list[int]:
+        """Every row it saw, by its first element, sorted."""
+        return sorted(v for batch in self.batches for v in firsts(batch))
+
+
+class Turnstile:
+    """An async model that holds each batch behind a gate of its own, opened by its index."""
+
+    def __init__(self, fn: Callable[[Any], Any] | None = None) -> None:
+        self.batches: list[list[int]] = []
+        self.fn = fn if fn is not None else (lambda batch: batch)
+        self._entered: list[asyncio.Event] = []
+        self._release: list[asyncio.Event] = []
+
+    @staticmethod
+    def _event(events: list[asyncio.Event], index: int) -> asyncio.Event:
+        while len(events) <= index:
+            events.append(asyncio.Event())
+        return events[index]
+
+    async def __call__(self, batch: np.ndarray) -> Any:
+        index = len(self.batches)
+        self.batches.append(firsts(batch))
+        self._event(self._entered, index).set()
+        await self._event(self._release, index).wait()
+        return self.fn(batch)
+
+    async def entered(self, index: int) -> None:
+        await self._event(self._entered, index).wait()
+
+    def open(self, index: int) -> None:
+        self._event(self._release, index).set()
+
+
+class ThreadGate:
+    """A plain model (run in the batcher's threads) that records every batch and holds each
+    until :meth:`open`."""
+
+    def __init__(self, fn: Callable[[Any], Any] | None = None) -> None:
+        self.fn = fn if fn is not None else (lambda batch: batch)
+        self.batches: list[Any] = []
+        self._entered = threading.Event()
+        self._release = threading.Event()
+
+    def _enter(self, batch: Any) -> None:
+        self.batches.append(batch)
+        self._entered.set()
+
+    async def entered(self) -> None:
+        await asyncio.to_thread(self._entered.wait, WAIT_S)
+        assert self._entered.is_set()
+
+    def open(self) -> None:
+        self._release.set()
+
+    def __call__(self, batch: Any) -> Any:
+        self._enter(batch)
+        assert self._release.wait(WAIT_S)
+        return self.fn(batch)
+
+
+class AsyncGate(ThreadGate):
+    """The same as an ``async def`` model, run on the loop; open it from the loop."""
+
+    def __init__(self, fn: Callable[[Any], Any] | None = None) -> None:
+        super().__init__(fn)
+        self._opened = asyncio.Event()
+
+    async def __call__(self, batch: Any) -> Any:  # type: ignore[override]
+        self._enter(batch)
+        await asyncio.wait_for(self._opened.wait(), WAIT_S)
+        return self.fn(batch)
+
+    def open(self) -> None:
+        super().open()
+        self._opened.set()
+
+
+@pytest.fixture(params=["sync", "async"])
+def gate_kind(request: pytest.FixtureRequest) -> type[ThreadGate]:
+    """Both kinds of held model: a plain one in threads, an async one on the loop."""
+    return ThreadGate if request.param == "sync" else AsyncGate
+
+
+class FakeCost(CostModel):
+    """A cost model that already knows its curves (by key; ``None`` for every other key) and
+    learns nothing more; what it is told is kept in ``seen``."""
+
+    def __init__(self, curves: Mapping[Hashable, CostCurve]) -> None:
+        super().__init__()
+        self.curves = dict(curves)
+        self.seen: list[tuple[int, float, Hashable]] = []
+
+    def observe(self, rows: int, seconds: float, key: Hashable = None) -> None:
+        self.seen.append((rows, seconds, key))
+
+    def curve(self, key: Hashable = None) -> CostCurve | None:
+        return self.curves.get(key, self.curves.get(None))
+
+
+LINE = CostCurve(0.010, 0.001, 1.0, samples=100)  # 10 ms a batch plus 1 ms a row
+KEY = (np.ndarray, (1,), np.dtype(np.int64))  # the collation key of np.array([i])
+
+
+def line() -> FakeCost:
+    """A cost model that knows :data:`LINE` for every key."""
+    return FakeCost({None: LINE})
+
+
+def t(rows: int) -> float:
+    """The fake's seconds for a batch of ``rows``, computed as the policy computes them."""
+    return LINE.predict(rows)
+
+
+class Spy(AdaptivePolicy):
+    """The adaptive policy, recording what it was asked and what it answered."""
+
+    def __init__(self, latency_slo_ms: float, *, cost: CostModel) -> None:
+        super().__init__(latency_slo_ms, cost=cost)
+        self.admitted: list[tuple[Admission, float, float | None]] = []
+        self.views: list[tuple[QueueView, float, Decision]] = []
+
+    def admit(self, request: Admission, now: float) -> float | None:
+        late = super().admit(request, now)
+        self.admitted.append((request, now, late))
+        return late
+
+    def decide(self, view: QueueView, now: float) -> Decision:
+        decision = super().decide(view, now)
+        self.views.append((view, now, decision))
+        return decision
+
+
+def accounted(stats: BatcherStats) -> None:
+    """Every accepted request has exactly one outcome, and none is left pending."""
+    done = stats.completed + stats.failed + stats.expired + stats.cancelled
+    assert stats.submitted == done + stats.pending
+    assert stats.pending == 0
+
+
+def view(**changes: Any) -> QueueView:
+    """One row queued at t=10.0; batches of up to 8 rows; a 5 ms window; one idle worker."""
+    base = QueueView(
+        queued_rows=1,
+        head_rows=1,
+        head_arrival=10.0,
+        idle_workers=1,
+        busy_workers=0,
+        max_batch_size=8,
+        max_wait=0.005,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def admission(**changes: Any) -> Admission:
+    """One row arriving at t=10.0 with a 50 ms deadline; nothing queued or running."""
+    base = Admission(
+        rows=1,
+        deadline=10.05,
+        rows_ahead=0,
+        key=None,
+        workers=1,
+        max_batch_size=8,
+        in_flight=(),
+    )
+    return dataclasses.replace(base, **changes)
