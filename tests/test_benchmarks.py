@@ -35,6 +35,7 @@ def quick_run(script: str, *args: str, timeout: float = 120) -> str:
         ("overhead.py", ["[async] 1000 asyncio tasks, await infer(x)", "carpool/floor = "]),
         ("efficiency.py", ["served/offline", "workers=1 served/offline"]),
         ("low_load.py", ["eager overhead", "fixed"]),
+        ("few_clients.py", ["few clients: the default policy is 'eager'", "mean batch"]),
         (
             "http_bench.py",
             [

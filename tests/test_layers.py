@@ -16,12 +16,16 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "carpool"
 
 # Lowest first. A module may import modules of its own layer or of any layer before it.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "worker_errors", "datatypes", "envflags", "cost"),  # stdlib and numpy only
-    ("stats", "collate", "queue", "padding", "transport"),  # pure data structures
-    ("policy",),  # when to dispatch: pure decisions
+    # stdlib and numpy only
+    ("errors", "datatypes", "envflags", "cost", "blocking", "pool", "transport"),
+    ("stats", "collate", "queue", "padding"),  # pure data structures
+    ("policy", "adaptive", "options"),  # when to dispatch: pure decisions
     (  # the engine
+        "inflight",
         "worker",
-        "blocking",
+        "request",
+        "warmup",
+        "scheduler",
         "batcher",
         "model",
         "decorator",

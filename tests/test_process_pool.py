@@ -32,11 +32,17 @@ from threadpoolctl import threadpool_limits
 
 import process_models as pm
 from carpool.backends.demo import DemoMLP
-from carpool.errors import BatcherClosed, CarpoolError
+from carpool.errors import (
+    BatcherClosed,
+    BatchTimeout,
+    CarpoolError,
+    WorkerDied,
+    WorkerPoolClosed,
+    WorkerStartError,
+)
 from carpool.loading import load_target
 from carpool.process_pool import ProcessPool
 from carpool.process_worker import OnOwnLoop, load_model
-from carpool.worker_errors import BatchTimeout, WorkerDied, WorkerPoolClosed, WorkerStartError
 
 TESTS = Path(__file__).resolve().parent
 SRC = TESTS.parent / "src"

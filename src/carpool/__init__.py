@@ -6,6 +6,7 @@ full, runs the model once on the stacked batch, and hands each caller exactly it
 
 from importlib.metadata import version as _version
 
+from carpool.adaptive import AdaptivePolicy
 from carpool.batcher import Batcher
 from carpool.collate import Collator, Handler
 from carpool.compat import InferenceBatcher, batch_inference
@@ -14,23 +15,28 @@ from carpool.decorator import BatchedFunction, batch
 from carpool.errors import (
     BatcherClosed,
     BatchSizeMismatch,
+    BatchTimeout,
+    BlockingCallOnLoop,
     CarpoolError,
     CollationError,
     ConfigError,
     DeadlineExceeded,
     Overloaded,
     QueueFull,
+    WorkerDied,
+    WorkerPoolClosed,
+    WorkerStartError,
 )
 from carpool.model import Batching, Model, Tensor
 from carpool.padding import Padding
 from carpool.policy import (
-    AdaptivePolicy,
     Admission,
     Dispatch,
     DispatchReason,
     EagerPolicy,
     FixedPolicy,
     Policy,
+    PolicyHooks,
     QueueView,
     WaitUntil,
 )
@@ -54,6 +60,7 @@ __all__ = [
     "Padding",
     # policies: write your own with decide(view, now)
     "Policy",
+    "PolicyHooks",
     "QueueView",
     "Dispatch",
     "WaitUntil",
@@ -74,6 +81,11 @@ __all__ = [
     "CollationError",
     "BatchSizeMismatch",
     "ConfigError",
+    "BlockingCallOnLoop",
+    "WorkerDied",
+    "BatchTimeout",
+    "WorkerStartError",
+    "WorkerPoolClosed",
     # the classic manual API
     "InferenceBatcher",
     "batch_inference",

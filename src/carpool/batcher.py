@@ -59,7 +59,7 @@ class Batcher:
 
     ``model_fn`` takes one stacked batch and returns outputs indexable along axis 0, one row
     per input row. A plain function runs in ``workers`` threads; an ``async def`` runs on the
-    loop. See the README for the policies and the admission rules.
+    loop. See docs/library.md for the policies and the admission rules.
 
     ``policy="adaptive"`` with ``latency_slo_ms`` batches for a latency objective and refuses
     at once what cannot make it (:class:`~carpool.errors.Overloaded`). ``warmup``, one example

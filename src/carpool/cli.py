@@ -67,7 +67,7 @@ _SETTING_FLAGS: tuple[Flag, ...] = (
     ),
     ("--max-body-bytes", int, "largest request body; then 413 [67108864]"),
     ("--drain-timeout", float, "seconds to finish requests on SIGTERM [30]"),
-    ("--log-level", str, "debug, info, warning or error [info]"),
+    ("--log-level", str, "debug, info, warning, error or critical [info]"),
     ("--log-format", str, "text, or json for one object per line [text]"),
     ("--access-log", parse_bool, "log every request (true/false) [true]"),
 )

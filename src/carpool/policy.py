@@ -213,14 +213,3 @@ class EagerPolicy:
         if view.head_rows >= view.max_batch_size:
             return Dispatch(view.max_batch_size, DispatchReason.FULL)
         return Dispatch(view.head_rows, DispatchReason.WORKER_IDLE)
-
-
-def __getattr__(name: str) -> object:
-    # AdaptivePolicy lives in carpool.adaptive, which imports this module; the old import
-    # path (carpool/__init__.py uses it) resolves on first use. TODO(lead): import it from
-    # carpool.adaptive in carpool/__init__.py, then delete this function.
-    if name == "AdaptivePolicy":
-        from carpool.adaptive import AdaptivePolicy
-
-        return AdaptivePolicy
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -29,10 +29,10 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from carpool.errors import BatchTimeout, WorkerDied, WorkerPoolClosed, WorkerStartError
 from carpool.process_supervisor import BUSY, IDLE, STARTING, STOPPED, Child, Slot, Supervisor
 from carpool.process_worker import run_worker
 from carpool.transport import Channel, Plan, decode, dumps, plan
-from carpool.worker_errors import BatchTimeout, WorkerDied, WorkerPoolClosed, WorkerStartError
 
 __all__ = ["PoolStats", "ProcessPool", "WorkerState"]
 

@@ -23,8 +23,8 @@ from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from carpool.errors import describe_exit
 from carpool.transport import Arena, Channel
-from carpool.worker_errors import describe_exit
 
 __all__ = ["Child", "Slot", "Supervisor"]
 
