@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
         "inflight",
         "worker",
         "request",
+        "runners",
         "warmup",
         "scheduler",
         "batcher",

@@ -22,6 +22,8 @@ import enum
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import replace
+from functools import partial
 from threading import get_ident as _get_ident
 from types import TracebackType
 from typing import Any, Self
@@ -34,6 +36,7 @@ from carpool.policy import Policy, PolicyHooks
 from carpool.pool import WorkerPool
 from carpool.queue import RequestQueue
 from carpool.request import Request, Resolver
+from carpool.runners import Workers, check_runner, make_workers
 from carpool.scheduler import Scheduler
 from carpool.stats import BatcherStats, StatsRecorder
 from carpool.warmup import ModelTimes, learned, warm_up
@@ -81,6 +84,9 @@ class Batcher:
         collator: Collator | None = None,
         latency_slo_ms: float | None = None,
         warmup: Any = None,
+        runner: str = "thread",  # or "process": each worker a child process (runners.py)
+        batch_timeout_ms: float | None = None,  # process runner: kill and replace past this
+        retry: bool = True,  # process runner: a batch whose worker died runs once more
     ) -> None:
         if not callable(model_fn):
             raise TypeError(f"model_fn must be callable, got {type(model_fn).__name__}")
@@ -91,19 +97,40 @@ class Batcher:
         self.max_queue_size = max_queue_size
         self.workers = check_int("workers", workers, 1)
         self.isolate_errors = check_bool("isolate_errors", isolate_errors)
+        if batch_timeout_ms is not None:
+            batch_timeout_ms = check_ms("batch_timeout_ms", batch_timeout_ms, positive=True)
+        self.runner = check_runner(runner, batch_timeout_ms)
+        self.batch_timeout_ms = batch_timeout_ms
+        self.retry = check_bool("retry", retry)
         self.name = name if name is not None else getattr(model_fn, "__name__", "model")
         self.model_fn = model_fn
         self.policy = make_policy(policy, latency_slo_ms=latency_slo_ms)
         self._hooks = PolicyHooks.of(self.policy)
         self._warmup_example = warmup
         self._collator = collator if collator is not None else Collator()
-        self._is_async = is_async_callable(model_fn)
+        self._workers = self._make_workers(model_fn, warmup)
+        self._is_async = self._workers is None and is_async_callable(model_fn)
         self._state = _State.NEW
         self._assemble()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread_id = 0
         self._engine: asyncio.Task[None] | None = None
         self._portal: LoopThread | None = None
+
+    def _make_workers(self, spec: Any, warmup: Any) -> Workers | None:
+        """The model's replicas outside this process's threads, for a runner that has them;
+        each runs the warm-up row, stacked, before it counts as ready."""
+        if self.runner == "thread":
+            return None
+        return make_workers(
+            self.runner,
+            spec,
+            workers=self.workers,
+            name=self.name,
+            batch_timeout_ms=self.batch_timeout_ms,
+            retry=self.retry,
+            warmup=None if warmup is None else self._collator.stack([warmup], None),
+        )
 
     def _assemble(self) -> None:
         """Wire the parts: the queue, the stats, who answers requests, who runs batches, who
@@ -113,8 +140,10 @@ class Batcher:
         self._resolver = Resolver(
             self._queue, self._stats, self._collator, name=self.name, wake=self._wake
         )
+        workers = self._workers
         self._runner = BatchRunner(
-            self.model_fn,
+            self.model_fn if workers is None else workers.call,
+            retry_fn=None if workers is None else partial(workers.call, retry=False),
             is_async=self._is_async,
             collator=self._collator,
             isolate_errors=self.isolate_errors,
@@ -147,6 +176,8 @@ class Batcher:
     # ----------------------------------------------------------------- lifecycle
 
     async def __aenter__(self) -> Self:
+        if self._workers is not None and self._state is _State.NEW:
+            await self._start_workers(self._workers)
         self._open(asyncio.get_running_loop())
         if self._warmup_example is not None:
             try:
@@ -155,6 +186,16 @@ class Batcher:
                 await self._abort()
                 raise
         return self
+
+    async def _start_workers(self, workers: Workers) -> None:
+        """Load the model in every replica (in a thread: it takes seconds); a batcher whose
+        replicas all failed to load is closed, with the reason raised."""
+        try:
+            await asyncio.to_thread(workers.start)
+        except BaseException:
+            self._state = _State.CLOSED
+            await asyncio.shield(asyncio.to_thread(workers.close))
+            raise
 
     def _open(self, loop: asyncio.AbstractEventLoop) -> None:
         """Start the engine on ``loop``, the running loop of the calling thread."""
@@ -255,6 +296,8 @@ class Batcher:
         finally:
             self._state = _State.CLOSED
             self._inbox.reject(BatcherClosed(self.name))
+            if self._workers is not None:  # drained (or aborted): stop the replicas
+                await asyncio.shield(asyncio.to_thread(self._workers.close))
 
     async def _warm_up(self, example: Any) -> None:
         pool = self._scheduler.pool
@@ -350,7 +393,23 @@ class Batcher:
             self._inbox.take()
         cost = self._hooks.cost
         curve = cost.curve() if cost is not None else None
-        return self._stats.snapshot(self._queue.pushed, self._queue.rows, curve)
+        snapshot = self._stats.snapshot(self._queue.pushed, self._queue.rows, curve)
+        if self._workers is None:
+            return replace(snapshot, workers_alive=self.workers)
+        pool = self._workers.stats()
+        return replace(
+            snapshot,
+            workers_alive=pool.alive,
+            worker_restarts=pool.restarts,
+            retried_batches=pool.retried,
+            timed_out_batches=pool.timed_out,
+        )
+
+    @property
+    def workers_alive(self) -> int:
+        """Workers ready to run a batch now: ``workers`` for threads; for processes, those
+        not dead or restarting (0 means no request can be served until one is back)."""
+        return self.workers if self._workers is None else self._workers.alive
 
     # ----------------------------------------------------------------- on the loop
 

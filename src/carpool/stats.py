@@ -125,6 +125,13 @@ class BatcherStats:
     cost_curve: CostCurve | None = None  # what a learning policy fitted (adaptive)
     # measured / predicted model time of recent batches (adaptive): ~1 when well fitted
     prediction_ratio: Percentiles | None = None
+    # where the model runs (runners.py): replicas ready now; for process workers, also
+    # restarts after a death, batches retried once after their worker died, and batches
+    # that ran past batch_timeout_ms
+    workers_alive: int = 0
+    worker_restarts: int = 0
+    retried_batches: int = 0
+    timed_out_batches: int = 0
 
     @property
     def mean_batch_size(self) -> float:

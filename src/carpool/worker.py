@@ -25,7 +25,7 @@ from functools import partial
 from typing import Any
 
 from carpool.collate import Collator, Span
-from carpool.errors import BatchSizeMismatch
+from carpool.errors import BatcherClosed, BatchSizeMismatch, BatchTimeout, WorkerDied
 from carpool.inflight import Batch
 from carpool.pool import Handoff, WorkerPool
 from carpool.queue import Segment
@@ -55,6 +55,12 @@ Attempt = tuple[list[Any], list[Span] | None, int]
 Outcome = tuple[list[Any] | None, Exception | None]
 
 
+# Errors that fail the whole batch, unbisected (see isolate).
+_WHOLE_BATCH = (BatchSizeMismatch, BatchTimeout, BatcherClosed)
+# Errors not raised by the model function: no note says it raised them.
+_NOT_THE_MODELS = (*_WHOLE_BATCH, WorkerDied)
+
+
 def _rows(spans: list[Span]) -> int:
     return sum(1 if span is None else span for span in spans)
 
@@ -66,14 +72,17 @@ def isolate(
 
     Recursing down to single segments finds every failing request in about
     ``2 * failures * log2(segments)`` extra calls; the rest get their results. A wrong row
-    count is the model's contract broken, not a bad row: every segment gets it, unbisected.
+    count is the model's contract broken, not a bad row: every segment gets it, unbisected;
+    so do a batch past its time limit (halves would each wait as long) and a closed pool. A
+    worker process that died on the batch is bisected like an exception: a poisoned row
+    fails alone.
     """
     parts, error = yield values, spans, rows
     if error is None:
         assert parts is not None
         return parts
-    if isinstance(error, BatchSizeMismatch) or not bisect or len(values) == 1:
-        if not isinstance(error, BatchSizeMismatch):
+    if isinstance(error, _WHOLE_BATCH) or not bisect or len(values) == 1:
+        if not isinstance(error, _NOT_THE_MODELS):
             error.add_note(note.format(rows=rows))
         return [Failure(error)] * len(values)
     mid = len(values) // 2
@@ -96,6 +105,7 @@ class BatchRunner:
         self,
         model_fn: Callable[[Any], Any],
         *,
+        retry_fn: Callable[[Any], Any] | None = None,
         is_async: bool,
         collator: Collator,
         isolate_errors: bool,
@@ -105,6 +115,9 @@ class BatchRunner:
         claim: Callable[[Batch], list[int] | None],
     ) -> None:
         self._model_fn = model_fn
+        # Bisection's calls: for replicas that retry a batch whose worker died, without
+        # that retry (a poisoned row would take down two workers per half otherwise).
+        self._retry_fn = retry_fn if retry_fn is not None else model_fn
         self._is_async = is_async
         self._collator = collator
         self._bisect = isolate_errors
@@ -187,7 +200,10 @@ class BatchRunner:
                 attempt = plan.send((None, exc))
                 while True:
                     try:
-                        outcome: Outcome = (self._execute(*attempt, key, handoff), None)
+                        outcome: Outcome = (
+                            self._execute(*attempt, key, handoff, self._retry_fn),
+                            None,
+                        )
                     except Exception as error:
                         outcome = (None, error)
                     attempt = plan.send(outcome)
@@ -224,13 +240,19 @@ class BatchRunner:
         return plan
 
     def _execute(
-        self, values: list[Any], spans: list[Span] | None, rows: int, key: Any, handoff: Handoff
+        self,
+        values: list[Any],
+        spans: list[Span] | None,
+        rows: int,
+        key: Any,
+        handoff: Handoff,
+        model_fn: Callable[[Any], Any] | None = None,
     ) -> list[Any]:
         collator = self._collator
         batch = collator.stack(values, spans)
         handoff()  # the previous batch's results go to the loop as this model call begins
         started = time.perf_counter()
-        output = self._model_fn(batch)
+        output = (model_fn or self._model_fn)(batch)
         self._record_model_time(rows, time.perf_counter() - started, key)
         return collator.split(output, spans, rows)
 

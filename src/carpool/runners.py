@@ -1,0 +1,92 @@
+"""Where a batcher's model runs: the seam between forming batches and running them.
+
+``runner="thread"`` (the default) calls the model in the batcher's own worker threads. Any
+other runner is a set of :class:`Workers` outside the process's threads, one model replica
+each: ``"process"`` is child processes (:class:`carpool.process_pool.ProcessPool`). The
+batcher's worker threads then hand each stacked batch to :meth:`Workers.call` and wait for
+its outputs, so a batch is still formed only when a worker is free, and batches stay full
+however many workers run. A new kind of worker implements :class:`Workers` and gets a name
+in :data:`RUNNERS`.
+
+Runners are imported when chosen, so ``import carpool`` loads none of them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from carpool.errors import ConfigError
+
+if TYPE_CHECKING:
+    from carpool.process_pool import PoolStats
+
+__all__ = ["RUNNERS", "Workers", "check_runner", "make_workers"]
+
+RUNNERS = ("thread", "process")
+
+
+class Workers(Protocol):
+    """Model replicas the batcher's threads call into, ``workers`` of them.
+
+    ``start()`` blocks until every replica has loaded (and warmed up) its model, raising
+    :class:`~carpool.errors.WorkerStartError` when none could. ``call(batch)`` is
+    thread-safe and blocking: it runs one stacked batch on a free replica and returns its
+    outputs; a replica lost mid-batch costs one retry on another (unless ``retry=False``),
+    then :class:`~carpool.errors.WorkerDied`; a batch past its time limit raises
+    :class:`~carpool.errors.BatchTimeout`. ``alive`` counts the replicas ready now.
+    """
+
+    workers: int
+
+    def start(self) -> object: ...
+
+    def call(self, batch: Any, *, retry: bool | None = None) -> Any: ...
+
+    def close(self, timeout: float = 10.0) -> None: ...
+
+    @property
+    def alive(self) -> int: ...
+
+    def stats(self) -> PoolStats: ...
+
+
+def check_runner(runner: object, batch_timeout_ms: float | None) -> str:
+    """``runner`` if it names a runner, and ``batch_timeout_ms`` only where it can act."""
+    if runner not in RUNNERS:
+        raise ConfigError(f"runner must be one of {', '.join(RUNNERS)}; got {runner!r}")
+    if batch_timeout_ms is not None and runner == "thread":
+        raise ConfigError(
+            "batch_timeout_ms needs runner='process': a model call in a thread cannot be "
+            "stopped, a process can be killed and replaced"
+        )
+    return str(runner)
+
+
+def make_workers(
+    runner: str,
+    spec: Any,
+    *,
+    workers: int,
+    name: str,
+    batch_timeout_ms: float | None,
+    retry: bool,
+    warmup: Any,
+) -> Workers:
+    """The replicas of ``runner`` (not ``"thread"``) for the model ``spec``, not started.
+
+    ``spec`` is what each replica loads once: a picklable batch function, or a
+    zero-argument factory returning one (or a :class:`carpool.Model`). ``warmup`` is a
+    stacked batch each replica runs before it counts as ready.
+    """
+    if runner == "process":
+        from carpool.process_pool import ProcessPool
+
+        return ProcessPool(
+            spec,
+            workers,
+            name=name,
+            batch_timeout_ms=batch_timeout_ms,
+            retry=retry,
+            warmup=warmup,
+        )
+    raise ConfigError(f"runner {runner!r} has no workers of its own")
