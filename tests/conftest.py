@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
+import time
 from collections.abc import Callable, Hashable, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -243,3 +245,22 @@ def admission(**changes: Any) -> Admission:
         in_flight=(),
     )
     return dataclasses.replace(base, **changes)
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Poll ``condition`` (for what other processes do) until it holds; fail after
+    ``timeout`` seconds, a bound only a broken engine reaches."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.01)
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie waiting to be reaped is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"

@@ -20,7 +20,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -43,28 +42,12 @@ from carpool.errors import (
 from carpool.loading import load_target
 from carpool.process_pool import ProcessPool
 from carpool.process_worker import OnOwnLoop, load_model
+from conftest import running, wait_until
 
 TESTS = Path(__file__).resolve().parent
 SRC = TESTS.parent / "src"
 
 MakePool = Callable[..., ProcessPool]
-
-
-def running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie waiting to be reaped is not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.01)
 
 
 def pids(pool: ProcessPool) -> list[int]:

@@ -7,8 +7,6 @@ import asyncio
 import functools
 import os
 import signal
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,7 @@ import carpool
 import process_models as pm
 from carpool.loading import load_target
 from carpool.runners import RUNNERS, check_runner
+from conftest import wait_until
 
 
 def children() -> set[int]:
@@ -36,14 +35,6 @@ def children() -> set[int]:
         if ppid == os.getpid() and state != "Z" and b"spawn_main" in cmdline:
             found.add(int(proc.name))
     return found
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.01)
 
 
 def row(first: float, n: int = 3) -> np.ndarray[Any, Any]:

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from carpool.datatypes import FIXED_DTYPES
 from carpool.server.tensors import (
     array_from_json,
     array_from_wire,
@@ -21,20 +22,8 @@ from carpool.server.tensors import (
     serialize_bytes_tensor,
 )
 
-NUMERIC = {
-    "BOOL": np.bool_,
-    "UINT8": np.uint8,
-    "UINT16": np.uint16,
-    "UINT32": np.uint32,
-    "UINT64": np.uint64,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "FP16": np.float16,
-    "FP32": np.float32,
-    "FP64": np.float64,
-}
+# Every fixed-size datatype (their numpy types are pinned in tests/test_datatypes.py).
+NUMERIC = FIXED_DTYPES
 
 
 def bits_of(value: float) -> int:
