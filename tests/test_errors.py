@@ -264,12 +264,12 @@ def test_exit_codes_and_signals_are_told_apart() -> None:
 
 def test_worker_error_messages() -> None:
     assert str(WorkerDied(worker="demo#1", exitcode=-9)) == (
-        "model worker demo#1 died (signal 9) while running the batch; the worker is being "
+        "model worker died (signal 9) while running the batch (worker demo#1); it is being "
         "restarted. Check the server log for why."
     )
     assert str(WorkerDied(worker="demo#0", exitcode=1, retried=True)) == (
-        "model worker demo#0 died (exit code 1) while running the batch after one retry on "
-        "another worker; the worker is being restarted. Check the server log for why."
+        "model worker died (exit code 1) while running the batch after one retry on another "
+        "worker (worker demo#0); it is being restarted. Check the server log for why."
     )
     assert str(BatchTimeout(timeout_ms=2000, worker="demo#1")) == (
         "model batch ran past batch_timeout_ms=2000 on worker demo#1; the worker was killed "

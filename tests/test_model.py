@@ -69,6 +69,9 @@ def test_batching_defaults() -> None:
         "max_queue_size": None,
         "isolate_errors": True,
         "latency_slo_ms": None,
+        "runner": "thread",
+        "batch_timeout_ms": None,
+        "retry": True,
     }
 
 

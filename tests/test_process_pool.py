@@ -211,7 +211,9 @@ def test_a_poisoned_row_that_kills_its_worker_fails_after_one_retry(pools: MakeP
     assert isinstance(error, CarpoolError)
     assert (error.exitcode, error.retried) == (1, True)
     assert re.match(
-        r"model worker demo#[01] died \(exit code 1\) while running the batch", str(error)
+        r"model worker died \(exit code 1\) while running the batch after one retry on "
+        r"another worker \(worker demo#[01]\)",
+        str(error),
     )
     assert (pool.stats().retried, pool.stats().died) == (1, 2)
 

@@ -72,7 +72,7 @@ class Batcher:
 
     def __init__(
         self,
-        model_fn: Callable[[Any], Any],
+        model_fn: Callable[..., Any],
         *,
         max_batch_size: int = 32,  # Triton and TorchServe examples start here; fits most GPUs
         max_wait_ms: float = 5.0,  # TF Serving's and Ray's order of magnitude; eager never waits

@@ -58,7 +58,23 @@ _SETTING_FLAGS: tuple[Flag, ...] = (
         "latency objective of --policy adaptive: it batches for it, and answers 503 at "
         "once to requests predicted to miss it",
     ),
-    ("--workers", int, "batches run at once per model [1]"),
+    (
+        "--workers",
+        int,
+        "batches run at once per model: threads, or processes with --runner process [1]",
+    ),
+    (
+        "--runner",
+        str,
+        "where each model runs: thread (in this process), or process (each worker a child "
+        "process, restarted if it crashes; a GIL-bound model gets a core each) [thread]",
+    ),
+    (
+        "--batch-timeout-ms",
+        float,
+        "with --runner process: a batch running longer fails with 504, and its worker "
+        "process is killed and replaced [none]",
+    ),
     ("--max-queue-size", int, "rows allowed to wait; then 503 [no limit]"),
     (
         "--default-timeout-ms",
@@ -96,6 +112,8 @@ _BATCHING_KEYS = (
     "max_queue_size",
     "default_timeout_ms",
     "latency_slo_ms",
+    "runner",
+    "batch_timeout_ms",
 )
 
 

@@ -245,8 +245,8 @@ class WorkerDied(CarpoolError, RuntimeError):
         self.retried = retried
         again = " after one retry on another worker" if retried else ""
         super().__init__(
-            f"model worker {worker} died ({describe_exit(exitcode)}) while running the "
-            f"batch{again}; the worker is being restarted. Check the server log for why."
+            f"model worker died ({describe_exit(exitcode)}) while running the batch{again} "
+            f"(worker {worker}); it is being restarted. Check the server log for why."
         )
 
     def _fields(self) -> dict[str, Any]:

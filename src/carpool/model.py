@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ import numpy as np
 from carpool.batcher import Batcher
 from carpool.collate import Collator
 from carpool.datatypes import DATATYPES
+from carpool.errors import ConfigError
 from carpool.padding import PaddedBatch, Padding, allowed_size, pad_rows, take_rows
 from carpool.policy import Policy
 from carpool.worker import is_async_callable
@@ -77,6 +79,9 @@ class Batching:
     default_priority_level: int = 1
     allowed_batch_sizes: tuple[int, ...] = ()
     latency_slo_ms: float | None = None  # the objective of policy="adaptive"
+    runner: str = "thread"  # or "process": workers are child processes (carpool.runners)
+    batch_timeout_ms: float | None = None  # runner="process": kill and replace past this
+    retry: bool = True  # runner="process": a batch whose worker died runs once more
 
     def __post_init__(self) -> None:
         size = self.max_batch_size
@@ -137,6 +142,9 @@ class Batching:
             "max_queue_size": self.max_queue_size,
             "isolate_errors": self.isolate_errors,
             "latency_slo_ms": self.latency_slo_ms,
+            "runner": self.runner,
+            "batch_timeout_ms": self.batch_timeout_ms,
+            "retry": self.retry,
         }
 
 
@@ -168,6 +176,9 @@ class Model:
     platform: str = "python"
     preprocess: Preprocess | None = None
     padding: Padding | None = None
+    # How to build this model again in another process (process workers): a picklable
+    # zero-argument function returning the Model as loaded, before settings are applied.
+    recipe: Callable[[], Model] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not callable(self.fn):
@@ -221,7 +232,27 @@ class Model:
         settings = {"name": name, **self.batching.batcher_options(), **options}
         if settings.get("policy") == "adaptive" and "warmup" not in settings:
             settings["warmup"] = self.example()
-        return Batcher(self.batched_fn(), collator=self.collator(), **settings)
+        fn = self.batched_fn() if settings["runner"] == "thread" else self.worker_spec()
+        return Batcher(fn, collator=self.collator(), **settings)
+
+    def worker_spec(self) -> Callable[[], Callable[[dict[str, Any]], Any]]:
+        """What each worker process loads once: this model rebuilt from its :attr:`recipe`,
+        with this model's signature and settings, as :meth:`batched_fn` (the exact function
+        the thread runner calls). Preprocessing stays where requests arrive."""
+        if self.recipe is None:
+            raise ConfigError(
+                f"model {self.name!r} cannot be loaded in a worker process: serve it from a "
+                "target (module:attr, a model file, a repository folder or a built-in), or "
+                "give Model(recipe=...) a picklable zero-argument function that builds it"
+            )
+        shell = replace(
+            self,
+            fn=_in_worker,
+            preprocess=None if self.preprocess is None else _in_worker,
+            recipe=None,
+            batching=replace(self.batching, policy="eager"),  # a policy need not cross
+        )
+        return partial(_rebuilt_batched_fn, self.recipe, shell)
 
     def example(self) -> dict[str, np.ndarray[Any, Any]] | None:
         """One row of zeros in the batcher's form, for warming a cost model up; None when
@@ -255,6 +286,16 @@ class Model:
             return adapt.after(fn(adapt.argument(arg)), arg, rows)
 
         return call
+
+
+def _in_worker(value: Any) -> Any:
+    """Stands in for what a worker process loads itself (see :meth:`Model.worker_spec`)."""
+    raise RuntimeError("the model function is loaded in the worker process")
+
+
+def _rebuilt_batched_fn(recipe: Callable[[], Model], shell: Model) -> Callable[[Any], Any]:
+    """In a worker process: load the model, then call it as ``shell`` declares it."""
+    return replace(shell, fn=recipe().fn).batched_fn()
 
 
 class _Adapter:

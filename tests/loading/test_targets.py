@@ -41,7 +41,11 @@ def test_a_function_becomes_an_undeclared_model_named_after_it() -> None:
 def test_a_model_object_is_served_as_declared() -> None:
     import models
 
-    assert load_target("models:pair") is models.pair
+    model = load_target("models:pair")
+    assert model == models.pair  # as declared; only the recipe (not compared) is added
+    assert model.fn is models.pair.fn
+    assert model.recipe is not None
+    assert model.recipe().fn is models.pair.fn  # how a worker process loads it again
 
 
 @pytest.mark.usefixtures("test_models")

@@ -28,6 +28,8 @@ FLAGS = {
     "--policy": "CARPOOL_POLICY",
     "--latency-slo-ms": "CARPOOL_LATENCY_SLO_MS",
     "--workers": "CARPOOL_WORKERS",
+    "--runner": "CARPOOL_RUNNER",
+    "--batch-timeout-ms": "CARPOOL_BATCH_TIMEOUT_MS",
     "--max-queue-size": "CARPOOL_MAX_QUEUE_SIZE",
     "--default-timeout-ms": "CARPOOL_DEFAULT_TIMEOUT_MS",
     "--max-body-bytes": "CARPOOL_MAX_BODY_BYTES",

@@ -138,6 +138,13 @@ def test_statistics_before_any_request() -> None:
         "dispatch_reasons": {},
         "pending": 0,
         "queued_rows": 0,
+        "workers": {
+            "runner": "thread",
+            "alive": 1,
+            "restarts": 0,
+            "retried_batches": 0,
+            "timed_out_batches": 0,
+        },
     }
 
 

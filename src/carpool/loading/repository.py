@@ -17,6 +17,7 @@ import sys
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -149,10 +150,15 @@ def load_folder(folder: Path, settings: Mapping[str, Any]) -> tuple[Model, dict[
             )
         path = candidates[0]
     model = load_file(path, name=folder.name, options=options)
-    model = replace(model, name=folder.name)
+    recipe = partial(_folder_model, folder, dict(settings))  # how a worker process loads it
+    model = replace(model, name=folder.name, recipe=recipe)
     if version is not None:
         model = replace(model, version=version)
     return model, own
+
+
+def _folder_model(folder: Path, settings: dict[str, Any]) -> Model:
+    return load_folder(folder, settings)[0]
 
 
 def model_folders(repository: Path) -> list[Path]:

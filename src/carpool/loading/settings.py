@@ -138,7 +138,12 @@ def check_batching(batching: Batching) -> None:
     """Refuse settings the batcher would refuse, before the server binds its port."""
     from carpool.batcher import Batcher
 
-    try:
-        Batcher(lambda rows: rows, **batching.batcher_options())
+    try:  # constructed, not started: process workers are not spawned here
+        Batcher(_rows_back, **batching.batcher_options())
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _rows_back(rows: Any) -> Any:
+    """A stand-in model for checking settings (module-level: process workers pickle it)."""
+    return rows

@@ -13,6 +13,7 @@ import sys
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -57,35 +58,43 @@ def load_target(
         except (ValueError, TypeError, ImportError, OSError) as exc:
             raise ConfigError(f"model file {target!r}: {exc}") from None
     else:
-        module_name, sep, attr = target.partition(":")
-        if not sep or not module_name or not attr:
-            raise ConfigError(
-                f"target {target!r} must look like 'module:attr' (as with uvicorn), "
-                f"e.g. 'mypkg.models:predict', a model file (.onnx, .pt), a model repository "
-                f"folder, or one of {sorted(BUILTINS)}"
-            )
-        if "" not in sys.path and "." not in sys.path:
-            sys.path.insert(0, "")  # like `python -m`, find modules in the current folder
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise ConfigError(
-                f"cannot import module {module_name!r} of target {target!r}: {exc}"
-            ) from exc
-        obj: Any = module
-        for part in attr.split("."):
-            try:
-                obj = getattr(obj, part)
-            except AttributeError:
-                raise ConfigError(
-                    f"module {module_name!r} has no attribute {attr!r} (target {target!r})"
-                ) from None
-        model = as_model(obj, name=attr.rsplit(".", 1)[-1], where=f"target {target!r}")
+        model = _load_attr(target)
     if name is not None:
         model = replace(model, name=name)
     elif model.name is None:
         model = replace(model, name=target.rpartition(":")[2])
+    if model.recipe is None:  # how a worker process loads it again
+        recipe = partial(load_target, target, name=name, options=dict(options or {}))
+        model = replace(model, recipe=recipe)
     return model
+
+
+def _load_attr(target: str) -> Model:
+    """The model ``module:attr`` names, imported as uvicorn imports its app."""
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(
+            f"target {target!r} must look like 'module:attr' (as with uvicorn), "
+            f"e.g. 'mypkg.models:predict', a model file (.onnx, .pt), a model repository "
+            f"folder, or one of {sorted(BUILTINS)}"
+        )
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")  # like `python -m`, find modules in the current folder
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(
+            f"cannot import module {module_name!r} of target {target!r}: {exc}"
+        ) from exc
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ConfigError(
+                f"module {module_name!r} has no attribute {attr!r} (target {target!r})"
+            ) from None
+    return as_model(obj, name=attr.rsplit(".", 1)[-1], where=f"target {target!r}")
 
 
 def _demo(options: Mapping[str, Any]) -> Model:

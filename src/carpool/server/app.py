@@ -17,7 +17,7 @@ import time
 from importlib.metadata import version as _version
 from typing import Any
 
-from carpool.errors import BatcherClosed
+from carpool.errors import BatcherClosed, ConfigError, WorkerStartError
 from carpool.model import Model
 from carpool.server.asgi import (
     JSON,
@@ -92,10 +92,20 @@ class App:
                 return
 
     async def startup(self) -> None:
-        """Start every model's batcher on this loop."""
-        for served in self.registry:
-            await served.batcher.__aenter__()
+        """Start every model's batcher on this loop. A model whose worker processes all
+        failed to load is unavailable, with the reason, like a broken repository folder;
+        the others serve (and if none is left, startup fails)."""
+        for served in list(self.registry):
+            try:
+                await served.batcher.__aenter__()
+            except WorkerStartError as exc:
+                self.registry.fail(served.name, exc.reason)
+                continue
             self._started.append(served)
+        if not self._started:
+            failures = self.registry.load_failures.values()
+            problems = "; ".join(f"{f.name}: {f.reason}" for f in failures)
+            raise ConfigError(f"no model could start ({problems})")
         self.ready = True
         for served in self.registry:
             log.info("serving model %r: %s", served.name, served.describe())
@@ -155,7 +165,7 @@ class App:
             _allow(method, "GET")
             if rest[1] == "live":
                 return await send_json(send, 200, {"live": True})
-            if self.ready:
+            if self.ready and all(m.batcher.workers_alive for m in self.registry):
                 return await send_json(send, 200, {"ready": True})
             return await send_json(send, 503, {"ready": False, "error": "Server is not ready"})
         if rest[0] == "models":
@@ -194,7 +204,7 @@ class App:
         if action == "":
             return await send_json(send, 200, served.metadata())
         if action == "ready":
-            if self.ready:
+            if self.ready and served.batcher.workers_alive:
                 return await send_json(send, 200, {"name": served.name, "ready": True})
             return await send_json(
                 send, 503, {"name": served.name, "ready": False, "error": "Model not ready"}

@@ -37,6 +37,7 @@ _OUTCOMES = {
     499: "client_closed",
     500: "error",
     503: "unavailable",
+    504: "timeout",
 }
 
 
@@ -89,12 +90,22 @@ class _Families:
             "Measured / predicted model time of recent batches (adaptive)",
             "quantile",
         )
+        self.alive = _gauge("carpool_workers_alive", "Workers ready to run a batch now")
+        self.restarts = _counter(
+            "carpool_worker_restarts", "Worker processes restarted after they died or hung"
+        )
+        self.retried = _counter(
+            "carpool_batches_retried", "Batches run again after their worker process died"
+        )
+        self.timed_out = _counter(
+            "carpool_batches_timed_out", "Batches that ran past batch_timeout_ms"
+        )
 
     def __iter__(self) -> Iterator[Metric]:
         yield from (
             self.requests, self.batches, self.waits, self.model_time, self.queued,
             self.running, self.pending, self.outcomes, self.reasons, self.overloaded,
-            self.cost, self.accuracy,
+            self.cost, self.accuracy, self.alive, self.restarts, self.retried, self.timed_out,
         )  # fmt: skip
 
     def add(self, served: ServedModel) -> None:
@@ -122,6 +133,10 @@ class _Families:
             self.outcomes.add_metric([name, outcome], getattr(s, outcome))
         for reason, count in s.dispatch_reasons.items():
             self.reasons.add_metric([name, reason], count)
+        self.alive.add_metric([name], s.workers_alive)
+        self.restarts.add_metric([name], s.worker_restarts)
+        self.retried.add_metric([name], s.retried_batches)
+        self.timed_out.add_metric([name], s.timed_out_batches)
 
     def _add_learned(self, name: str, s: BatcherStats) -> None:
         # What an adaptive policy fitted: its cost curve and how well it predicts.

@@ -88,6 +88,10 @@ class ServedModel:
         )
         if b.latency_slo_ms is not None:
             text += f", latency_slo_ms={b.latency_slo_ms:g}"
+        if b.runner != "thread":
+            text += f", runner={b.runner}"
+        if b.batch_timeout_ms is not None:
+            text += f", batch_timeout_ms={b.batch_timeout_ms:g}"
         if b.allowed_batch_sizes:
             text += f", allowed_batch_sizes={list(b.allowed_batch_sizes)}"
         if model.padding is not None:
@@ -165,6 +169,13 @@ class ServedModel:
             "dispatch_reasons": dict(s.dispatch_reasons),
             "pending": s.pending,
             "queued_rows": s.queued_rows,
+            "workers": {
+                "runner": self.model.batching.runner,
+                "alive": s.workers_alive,
+                "restarts": s.worker_restarts,
+                "retried_batches": s.retried_batches,
+                "timed_out_batches": s.timed_out_batches,
+            },
             **self._adaptive(s),
         }
 
@@ -214,6 +225,11 @@ class Registry:
 
     def __iter__(self) -> Iterator[ServedModel]:
         return iter(self._models.values())
+
+    def fail(self, name: str, reason: str) -> None:
+        """``name`` could not start (no worker process loaded it): unavailable from now on."""
+        served = self._models.pop(name)
+        self.load_failures[name] = LoadFailure(name, served.version, reason)
 
     def __len__(self) -> int:
         return len(self._models)

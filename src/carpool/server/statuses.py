@@ -13,9 +13,11 @@ from typing import Any
 from carpool.errors import (
     BatcherClosed,
     BatchSizeMismatch,
+    BatchTimeout,
     CarpoolError,
     DeadlineExceeded,
     QueueFull,
+    WorkerDied,
 )
 from carpool.server.inference import ModelOutputError
 from carpool.server.messages import ProtocolError
@@ -66,6 +68,10 @@ def error_status(exc: BaseException) -> HTTPError:
         return HTTPError(503, str(exc), _RETRY)
     if isinstance(exc, BatcherClosed):
         return HTTPError(503, STOPPING)
+    if isinstance(exc, BatchTimeout):  # the model ran too long: a gateway timeout's kind
+        return HTTPError(504, str(exc))
+    if isinstance(exc, WorkerDied):
+        return HTTPError(500, str(exc))
     if isinstance(exc, BatchSizeMismatch | ModelOutputError):
         return HTTPError(500, f"model error: {exc}")
     if isinstance(exc, Exception):  # the model's own exception, isolated to its rows
