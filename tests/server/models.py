@@ -24,10 +24,12 @@ from carpool import Batching, Model, Tensor
 __all__ = [
     "add_one",
     "deliberate",
+    "fails_in_worker",
     "flaky",
     "gated",
     "identity",
     "pair",
+    "troublemaker",
     "upper",
     "wrong_rows",
     "wrong_shape",
@@ -132,3 +134,42 @@ deliberate = Model(
     outputs=[Tensor("OUTPUT0", "FP32", (2,))],
     batching=Batching(max_batch_size=4, policy="adaptive", latency_slo_ms=100.0),
 )  # adaptive, warmed up at start (its inputs are declared in full)
+
+
+# -- for process workers (--runner process) -------------------------------------------------
+
+POISON = -1.0  # a row whose first value is this exits its worker process (os._exit(1))
+HANG = -2.0  # a row whose first value is this hangs its worker process
+SLOW = -3.0  # a batch holding a row whose first value is this sleeps SLOW_S first
+SLOW_S = 0.3
+
+
+def _troublemaker(batch: Array) -> Array:
+    first = batch[:, 0]
+    if (first == POISON).any():
+        os._exit(1)
+    if (first == HANG).any():
+        time.sleep(3600)
+    time.sleep(SLOW_S if (first == SLOW).any() else 0.002)  # a model call takes a while
+    return batch * 2
+
+
+troublemaker = Model(
+    _troublemaker,
+    inputs=(Tensor("INPUT0", "FP32", (4,)),),
+    outputs=(Tensor("OUTPUT0", "FP32", (4,)),),
+    batching=Batching(max_batch_size=8),
+)
+
+
+def _broken_recipe() -> Model:
+    raise RuntimeError("weights file /nowhere/model.bin is missing")
+
+
+# Loads here, but a worker process cannot load it: its recipe fails.
+fails_in_worker = Model(
+    add_one,
+    inputs=(Tensor("INPUT0", "FP32", (4,)),),
+    outputs=(Tensor("OUTPUT0", "FP32", (4,)),),
+    recipe=_broken_recipe,
+)

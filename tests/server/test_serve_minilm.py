@@ -110,3 +110,17 @@ def test_invalid_utf8_is_a_400_naming_the_input(server: Server) -> None:
     message = response.json()["error"]
     assert message.startswith("model 'minilm' cannot use this request's inputs: input 'TEXT' row 0")
     assert server.is_live()
+
+
+def test_a_worker_process_answers_bit_for_bit_as_threads(server: Server, serve_module: Any) -> None:
+    # The same flags, the model in a worker process: its own load of the weights, the
+    # padded batches crossing through shared memory.
+    processes = serve_module(
+        "minilm", "--policy", "fixed", "--max-wait-ms", "300", "--max-batch-size", "16",
+        "--runner", "process",
+    )  # fmt: skip
+    for texts in (TEXTS[:1], TEXTS[1:4], TEXTS):
+        got, want = embed(processes, texts), embed(server, texts)
+        assert (got.dtype, got.shape) == (want.dtype, want.shape)
+        assert got.tobytes() == want.tobytes()
+    assert processes.stats("minilm")["workers"]["alive"] == 1
