@@ -1,11 +1,13 @@
 """A GIL-bound model: 2 process workers vs 2 thread workers, rows/s side by side.
 
 What: a pure-Python model (about 2 ms per batch plus a per-row cost, all of it holding the
-GIL: tokenizer-like loops) called on 32-row batches by 2 threads for a fixed time:
+GIL: tokenizer-like loops) served by ``carpool.Batcher(max_batch_size=32, workers=2)`` under
+128 closed-loop callers on the event loop (each awaits ``infer(row)`` and asks again), so
+that a full batch always waits for each worker:
 
-``threads``    each thread calls the model itself, as a batcher's 2 worker threads do today
-``processes``  each thread calls ``ProcessPool(model, 2).call``, so the model runs in 2
-               child processes (shared-memory transfer included)
+``threads``    ``runner="thread"``: the batcher's 2 worker threads call the model
+``processes``  ``runner="process"``: the model runs in 2 child processes (shared-memory
+               transfer included), what ``carpool serve --runner process`` does
 
 Each repeat runs both, one after the other; the medians over repeats are compared.
 Goal: processes/threads >= 1.6x rows/s on a 2-core machine (threads cannot beat 1x: the
@@ -16,9 +18,9 @@ whose other users leave less than 2 cores, processes cannot reach 2x, and this s
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,11 +31,12 @@ import numpy as np
 
 _bench.import_carpool()
 
-from carpool.process_pool import ProcessPool  # noqa: E402
+import carpool  # noqa: E402
 
 ROWS = 32
 FIXED_MS = 2.0  # per batch
 ROW_MS = 0.05  # per row: 32 rows add 1.6 ms
+CLIENTS = 128  # two batches running and two staged behind them: no worker waits
 
 
 class GilModel:
@@ -77,33 +80,68 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def rows_per_s(
-    call: Callable[[Any], Any], seconds: float, pids: list[int], threads: int = 2
+def worker_pids() -> list[int]:
+    """This process's model worker processes (children running multiprocessing's spawn)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if ppid == os.getpid() and b"spawn_main" in cmdline:
+            found.append(int(proc.name))
+    return found
+
+
+async def rows_per_s(
+    batcher: carpool.Batcher, seconds: float, pids: list[int]
 ) -> tuple[float, float]:
-    """Rows/s that ``threads`` threads calling ``call`` in a loop get in ``seconds``, and
-    how many cores this process and ``pids`` kept busy meanwhile (CPU seconds / wall)."""
-    batch = np.random.default_rng(0).standard_normal((ROWS, 8)).astype(np.float32)
-    counts = [0] * threads
-    start_line = threading.Barrier(threads + 1)
-    stop_at = [0.0]
+    """Rows/s that CLIENTS closed-loop callers get through ``batcher`` in ``seconds`` (every
+    answer that arrives in the window counts), and how many cores this process and ``pids``
+    kept busy meanwhile (CPU seconds / wall)."""
+    row = np.zeros(8, np.float32)
+    answered = [0]
+    running = [True]
 
-    def loop(index: int) -> None:
-        start_line.wait()
-        while time.perf_counter() < stop_at[0]:
-            call(batch)
-            counts[index] += ROWS
+    async def caller() -> None:
+        while running[0]:
+            await batcher.infer(row)
+            answered[0] += 1
 
-    workers = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
-    for worker in workers:
-        worker.start()
-    cpu = cpu_seconds(pids)
-    begin = time.perf_counter()
-    stop_at[0] = begin + seconds
-    start_line.wait()
-    for worker in workers:
-        worker.join()
+    callers = [asyncio.ensure_future(caller()) for _ in range(CLIENTS)]
+    await asyncio.sleep(0.2)  # every caller has a request in the queue
+    cpu, before, begin = cpu_seconds(pids), answered[0], time.perf_counter()
+    await asyncio.sleep(seconds)
     wall = time.perf_counter() - begin
-    return sum(counts) / wall, (cpu_seconds(pids) - cpu) / wall
+    rows, cores = answered[0] - before, (cpu_seconds(pids) - cpu) / wall
+    running[0] = False
+    await asyncio.gather(*callers)
+    return rows / wall, cores
+
+
+async def measure(fixed: int, per_row: int, repeats: int, seconds: float) -> dict[str, Any]:
+    options: dict[str, Any] = {"max_batch_size": ROWS, "workers": 2, "name": "gil"}
+    spec = functools.partial(GilModel, fixed, per_row)  # built once in each worker process
+    runs: dict[str, list[tuple[float, float]]] = {"threads": [], "processes": []}
+    async with (
+        carpool.Batcher(GilModel(fixed, per_row), **options) as threads,
+        carpool.Batcher(spec, runner="process", **options) as processes,
+    ):
+        pids = worker_pids()
+        await rows_per_s(processes, 0.2, pids)  # warm both workers up
+        for _ in range(repeats):
+            runs["threads"].append(await rows_per_s(threads, seconds, []))
+            runs["processes"].append(await rows_per_s(processes, seconds, pids))
+            (t, tc), (p, pc) = runs["threads"][-1], runs["processes"][-1]
+            print(
+                f"  threads {t:8.0f} rows/s on {tc:.2f} cores   "
+                f"processes {p:8.0f} rows/s on {pc:.2f} cores"
+            )
+        stats = processes.stats()
+    return {"runs": runs, "stats": stats, "mean_batch": stats.mean_batch_size}
 
 
 def main() -> None:
@@ -115,54 +153,43 @@ def main() -> None:
     speed = iterations_per_ms()
     fixed, per_row = int(FIXED_MS * speed), int(ROW_MS * speed)
     _bench.header(
-        "GIL-bound model: 2 process workers vs 2 thread workers",
+        "GIL-bound model: 2 process workers vs 2 thread workers, through carpool.Batcher",
         {
             "cpus": pinned,
             "load": f"{os.getloadavg()[0]:.1f}",
-            "rows/batch": ROWS,
+            "max_batch_size": ROWS,
+            "callers": CLIENTS,
             "seconds": seconds,
             "repeats": repeats,
         },
     )
-    model = GilModel(fixed, per_row)
     print(f"model: {FIXED_MS} ms/batch + {ROW_MS} ms/row of pure Python ({fixed} + {per_row}/row)")
-    spec = functools.partial(GilModel, fixed, per_row)  # built once in each worker
-    threads, processes, thread_cores, process_cores = [], [], [], []
-    with ProcessPool(spec, 2, name="gil") as pool:
-        pids = [w.pid for w in pool.stats().processes if w.pid is not None]
-        rows_per_s(pool.call, 0.2, pids)  # warm both workers up
-        for _ in range(repeats):
-            rate, cores = rows_per_s(model, seconds, [])
-            threads.append(rate)
-            thread_cores.append(cores)
-            rate, cores = rows_per_s(pool.call, seconds, pids)
-            processes.append(rate)
-            process_cores.append(cores)
-            print(
-                f"  threads {threads[-1]:8.0f} rows/s on {thread_cores[-1]:.2f} cores   "
-                f"processes {processes[-1]:8.0f} rows/s on {process_cores[-1]:.2f} cores"
-            )
-        stats = pool.stats()
-    t, pr = _bench.median(threads), _bench.median(processes)
+    result = asyncio.run(measure(fixed, per_row, repeats, seconds))
+    threads, processes = result["runs"]["threads"], result["runs"]["processes"]
+    t, pr = _bench.median(r for r, _ in threads), _bench.median(r for r, _ in processes)
     print()
     print(
         _bench.table(
             ["workers", "rows/s (median)", "cores busy (median)"],
             [
-                ("2 threads", _bench.fmt_num(t), f"{_bench.median(thread_cores):.2f}"),
-                ("2 processes", _bench.fmt_num(pr), f"{_bench.median(process_cores):.2f}"),
+                ("2 threads", _bench.fmt_num(t), f"{_bench.median(c for _, c in threads):.2f}"),
+                (
+                    "2 processes",
+                    _bench.fmt_num(pr),
+                    f"{_bench.median(c for _, c in processes):.2f}",
+                ),
             ],
         )
     )
     ratio = pr / t
+    stats = result["stats"]
     print()
     print(
         f"processes/threads = {ratio:.2f}x (goal >= 1.6x: {_bench.verdict(ratio, 1.6)}); "
-        f"worker restarts {stats.restarts}, retried {stats.retried}"
+        f"mean batch {result['mean_batch']:.1f}; worker restarts {stats.worker_restarts}, "
+        f"retried {stats.retried_batches}"
     )
-    per_core = _bench.median(r / c for r, c in zip(processes, process_cores, strict=True)) / (
-        _bench.median(r / c for r, c in zip(threads, thread_cores, strict=True))
-    )
+    per_core = _bench.median(r / c for r, c in processes) / _bench.median(r / c for r, c in threads)
     print(
         f"rows per busy core-second, processes/threads = {per_core:.2f}x "
         "(below 1: what the boundary costs; the speedup is this times the cores available)"

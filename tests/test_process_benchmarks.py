@@ -18,6 +18,8 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
     [
         ("transport.py", ["pipe floor", "32x512 FP32 round trip = ", "minilm round trip = "]),
         ("process_workers.py", ["2 threads", "2 processes", "processes/threads = "]),
+        ("worker_faults.py", ["fault-free", "goodput faulty/fault-free = ", "lost requests: 0"]),
+        ("process_http.py", ["thread ", "process ", "process/thread throughput = "]),
     ],
 )
 def test_benchmark_quick_run(script: str, expected: list[str]) -> None:
@@ -30,4 +32,5 @@ def test_benchmark_quick_run(script: str, expected: list[str]) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     for text in expected:
         assert text in done.stdout, done.stdout[-2000:]
-    assert "worker restarts 0, retried 0" in done.stdout or script == "transport.py"
+    assert "worker restarts 0, retried 0" in done.stdout or script != "process_workers.py"
+    assert "process_http: " not in done.stdout  # how process_http.py reports a failure

@@ -239,3 +239,17 @@ def test_a_model_no_worker_can_load_fails_the_start_with_its_reason() -> None:
     before = children()
     asyncio.run(main())
     assert children() == before
+
+
+@pytest.mark.slow
+def test_a_sigterm_to_the_process_group_leaves_the_workers_to_their_batcher() -> None:
+    async def main() -> None:
+        async with carpool.Batcher(pm.double, runner="process", workers=1) as batcher:
+            (worker,) = children()
+            os.kill(worker, signal.SIGTERM)  # as `kill -- -PGID` would send it
+            os.kill(worker, signal.SIGINT)  # as Ctrl-C in a terminal would
+            assert await batcher.infer(row(2.0)) == pytest.approx(row(2.0) * 2)
+            assert children() == {worker}
+        assert worker not in children()  # stopped by the batcher's close
+
+    asyncio.run(main())

@@ -54,8 +54,10 @@ def run_worker(
     conn = Channel(*ends)
     _die_with_parent(parent)
     _set_title(title)
-    # Ctrl-C reaches the whole process group: the parent drains, then stops its workers.
+    # Ctrl-C, and a SIGTERM sent to the whole process group (``kill -- -PGID``, an init
+    # system), reach the workers too: the parent drains, then stops them itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         fn = load_model(pickle.loads(spec))
         if warmup is not None:
