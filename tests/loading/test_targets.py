@@ -156,6 +156,18 @@ def test_no_target_serves_the_demo() -> None:
     assert (model.name, model.batching.workers) == ("demo", 2)
 
 
+def test_runner_settings_come_from_flags_and_config_tables() -> None:
+    (model,), _ = resolve_models(
+        ["demo"],
+        name=None,
+        flags={"runner": "process"},
+        file_models={"demo": {"batch_timeout_ms": 2000, "retry": False}},
+    )
+    batching = model.batching
+    assert (batching.runner, batching.batch_timeout_ms, batching.retry) == ("process", 2000, False)
+    assert model.batcher().runner == "process"  # constructed: no process starts until entered
+
+
 def test_name_needs_a_single_target() -> None:
     with pytest.raises(ConfigError) as info:
         resolve_models(["demo", "demo"], name="x", flags={}, file_models={})

@@ -213,12 +213,17 @@ def test_a_model_no_worker_can_load_is_unavailable_and_the_others_serve(
     assert len(children(server.process.pid)) == 1
 
 
-@pytest.mark.parametrize("model", ["demo", "onnx"])
+@pytest.mark.parametrize("model", ["demo", "onnx", "repository"])
 def test_process_workers_answer_bit_for_bit_as_threads(
     serve: Launcher, tmp_path: Path, model: str
 ) -> None:
-    if model == "onnx":
-        target = str(onnx_graphs.mixed(tmp_path / "mixed.onnx"))
+    if model in ("onnx", "repository"):
+        # a model file, or a repository folder that each worker loads from its own folder
+        path = tmp_path / "repo" / "mixed" / "model.onnx" if model == "repository" else None
+        path = path or tmp_path / "mixed.onnx"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        onnx_graphs.mixed(path)
+        target = str(tmp_path / "repo") if model == "repository" else str(path)
         rng = np.random.default_rng(7)
         bodies = [
             {
