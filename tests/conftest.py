@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping
@@ -17,6 +18,10 @@ import numpy as np
 import pytest
 
 from carpool.adaptive import AdaptivePolicy
+
+# Ray must stay on loopback (tests/test_ray_workers.py): with this set before ray is first
+# imported, every node of a local cluster binds and advertises 127.0.0.1.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 from carpool.cost import CostCurve, CostModel
 from carpool.policy import Admission, Decision, QueueView
 from carpool.stats import BatcherStats

@@ -101,3 +101,11 @@ class Unpicklable(Exception):
 
     def __init__(self, a: int, b: int) -> None:
         super().__init__(f"unpicklable {a} {b}")
+
+
+def node_and_double(batch: np.ndarray[Any, Any]) -> dict[str, np.ndarray[Any, Any]]:
+    """``2x``, and the Ray node each row ran on (for runner="ray" placement)."""
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()
+    return {"y": batch * 2, "node": np.array([node] * len(batch), dtype=object)}

@@ -34,6 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
         "process_worker",
         "process_supervisor",
         "process_pool",
+        "ray_workers",
     ),
     ("backends",),  # models: onnxruntime, torch, minilm, the demo
     ("loading",),  # targets, files, repositories, settings -> Models

@@ -47,14 +47,14 @@ def row(first: float, n: int = 3) -> np.ndarray[Any, Any]:
 
 
 def test_runners_are_thread_and_process() -> None:
-    assert RUNNERS == ("thread", "process")
+    assert RUNNERS == ("thread", "process", "ray")
     assert check_runner("process", 100.0) == "process"
     assert check_runner("thread", None) == "thread"
 
 
 def test_an_unknown_runner_names_the_choices() -> None:
     with pytest.raises(
-        carpool.ConfigError, match="runner must be one of thread, process; got 'gpu'"
+        carpool.ConfigError, match="runner must be one of thread, process, ray; got 'gpu'"
     ):
         carpool.Batcher(pm.double, runner="gpu")
 

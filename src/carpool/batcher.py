@@ -21,7 +21,7 @@ import concurrent.futures
 import enum
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
 from threading import get_ident as _get_ident
@@ -36,7 +36,7 @@ from carpool.policy import Policy, PolicyHooks
 from carpool.pool import WorkerPool
 from carpool.queue import RequestQueue
 from carpool.request import Request, Resolver
-from carpool.runners import Workers, check_runner, make_workers
+from carpool.runners import Workers, check_runner, check_runner_options, make_workers
 from carpool.scheduler import Scheduler
 from carpool.stats import BatcherStats, StatsRecorder
 from carpool.warmup import ModelTimes, learned, warm_up
@@ -87,6 +87,7 @@ class Batcher:
         runner: str = "thread",  # or "process": each worker a child process (runners.py)
         batch_timeout_ms: float | None = None,  # process runner: kill and replace past this
         retry: bool = True,  # process runner: a batch whose worker died runs once more
+        runner_options: Mapping[str, Any] | None = None,  # ray: address, num_cpus, ...
     ) -> None:
         if not callable(model_fn):
             raise TypeError(f"model_fn must be callable, got {type(model_fn).__name__}")
@@ -102,6 +103,7 @@ class Batcher:
         self.runner = check_runner(runner, batch_timeout_ms)
         self.batch_timeout_ms = batch_timeout_ms
         self.retry = check_bool("retry", retry)
+        self.runner_options = check_runner_options(self.runner, runner_options)
         self.name = name if name is not None else getattr(model_fn, "__name__", "model")
         self.model_fn = model_fn
         self.policy = make_policy(policy, latency_slo_ms=latency_slo_ms)
@@ -130,6 +132,7 @@ class Batcher:
             batch_timeout_ms=self.batch_timeout_ms,
             retry=self.retry,
             warmup=None if warmup is None else self._collator.stack([warmup], None),
+            options=self.runner_options,
         )
 
     def _assemble(self) -> None:

@@ -14,7 +14,7 @@ working in code that does not know carpool::
     ├── BatchSizeMismatch (ValueError)    the model returned more or fewer rows than it got
     ├── BlockingCallOnLoop (RuntimeError) a sync @carpool.batch function called on a loop's thread
     ├── ConfigError (ValueError)          a target, flag or config file that cannot be used
-    ├── WorkerDied (RuntimeError)         a model process died running the batch (twice)
+    ├── WorkerDied (RuntimeError)         a model worker died running the batch (twice)
     ├── BatchTimeout (TimeoutError)       the batch ran past batch_timeout_ms
     ├── WorkerStartError (RuntimeError)   no model process could load the model
     │
@@ -234,23 +234,33 @@ def describe_exit(exitcode: int) -> str:
 class WorkerDied(CarpoolError, RuntimeError):
     """The model process running the batch died (killed, segfault, ``os._exit``).
 
-    ``worker`` is the process's name (``demo#1``), ``exitcode`` its exit code (negative: the
-    signal that killed it), ``retried`` whether the batch had already been retried once on
-    another process (so two processes died on it).
+    ``worker`` is the worker's name (``demo#1``), ``exitcode`` its process's exit code
+    (negative: the signal that killed it), ``retried`` whether the batch had already been
+    retried once on another worker (so two died on it), ``cause`` what happened when no
+    exit code says it (a Ray actor whose node was lost).
     """
 
-    def __init__(self, *, worker: str, exitcode: int, retried: bool = False) -> None:
+    def __init__(
+        self, *, worker: str, exitcode: int, retried: bool = False, cause: str | None = None
+    ) -> None:
         self.worker = worker
         self.exitcode = exitcode
         self.retried = retried
+        self.cause = cause
         again = " after one retry on another worker" if retried else ""
+        how = cause if cause is not None else describe_exit(exitcode)
         super().__init__(
-            f"model worker died ({describe_exit(exitcode)}) while running the batch{again} "
+            f"model worker died ({how}) while running the batch{again} "
             f"(worker {worker}); it is being restarted. Check the server log for why."
         )
 
     def _fields(self) -> dict[str, Any]:
-        return {"worker": self.worker, "exitcode": self.exitcode, "retried": self.retried}
+        return {
+            "worker": self.worker,
+            "exitcode": self.exitcode,
+            "retried": self.retried,
+            "cause": self.cause,
+        }
 
 
 class BatchTimeout(CarpoolError, TimeoutError):

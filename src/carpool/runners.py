@@ -2,7 +2,8 @@
 
 ``runner="thread"`` (the default) calls the model in the batcher's own worker threads. Any
 other runner is a set of :class:`Workers` outside the process's threads, one model replica
-each: ``"process"`` is child processes (:class:`carpool.process_pool.ProcessPool`). The
+each: ``"process"`` is child processes (:class:`carpool.process_pool.ProcessPool`),
+``"ray"`` is Ray actors anywhere in a cluster (:class:`carpool.ray_workers.RayWorkers`). The
 batcher's worker threads then hand each stacked batch to :meth:`Workers.call` and wait for
 its outputs, so a batch is still formed only when a worker is free, and batches stay full
 however many workers run. A new kind of worker implements :class:`Workers` and gets a name
@@ -13,6 +14,7 @@ Runners are imported when chosen, so ``import carpool`` loads none of them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from carpool.errors import ConfigError
@@ -20,9 +22,16 @@ from carpool.errors import ConfigError
 if TYPE_CHECKING:
     from carpool.process_pool import PoolStats
 
-__all__ = ["RUNNERS", "Workers", "check_runner", "make_workers"]
+__all__ = [
+    "RUNNERS",
+    "RUNNER_OPTIONS",
+    "Workers",
+    "check_runner",
+    "check_runner_options",
+    "make_workers",
+]
 
-RUNNERS = ("thread", "process")
+RUNNERS = ("thread", "process", "ray")
 
 
 class Workers(Protocol):
@@ -56,10 +65,28 @@ def check_runner(runner: object, batch_timeout_ms: float | None) -> str:
         raise ConfigError(f"runner must be one of {', '.join(RUNNERS)}; got {runner!r}")
     if batch_timeout_ms is not None and runner == "thread":
         raise ConfigError(
-            "batch_timeout_ms needs runner='process': a model call in a thread cannot be "
-            "stopped, a process can be killed and replaced"
+            "batch_timeout_ms needs runner='process' (or 'ray'): a model call in a thread "
+            "cannot be stopped, a process can be killed and replaced"
         )
     return str(runner)
+
+
+# What runner_options each runner takes.
+RUNNER_OPTIONS = {
+    "thread": frozenset(),
+    "process": frozenset(),
+    "ray": frozenset({"address", "num_cpus", "num_gpus", "resources", "max_restarts"}),
+}
+
+
+def check_runner_options(runner: str, options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``options`` as a dict, if ``runner`` takes each of them."""
+    given = dict(options or {})
+    unknown = set(given) - RUNNER_OPTIONS[runner]
+    if unknown:
+        takes = ", ".join(sorted(RUNNER_OPTIONS[runner])) or "none"
+        raise ConfigError(f"runner {runner!r} takes no option {sorted(unknown)}; it takes: {takes}")
+    return given
 
 
 def make_workers(
@@ -71,6 +98,7 @@ def make_workers(
     batch_timeout_ms: float | None,
     retry: bool,
     warmup: Any,
+    options: Mapping[str, Any] | None = None,
 ) -> Workers:
     """The replicas of ``runner`` (not ``"thread"``) for the model ``spec``, not started.
 
@@ -88,5 +116,19 @@ def make_workers(
             batch_timeout_ms=batch_timeout_ms,
             retry=retry,
             warmup=warmup,
+        )
+    if runner == "ray":
+        from carpool.ray_workers import RayWorkers
+
+        given = dict(options or {})
+        return RayWorkers(
+            spec,
+            workers,
+            name=name,
+            batch_timeout_ms=batch_timeout_ms,
+            retry=retry,
+            warmup=warmup,
+            address=given.pop("address", None),
+            actor_options=given,
         )
     raise ConfigError(f"runner {runner!r} has no workers of its own")

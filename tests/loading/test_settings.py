@@ -42,7 +42,7 @@ def test_parse_tensor_refuses_with_a_remedy(text: str, message: str) -> None:
         ({"workers": 0}, "workers must be >= 1, got 0"),
         ({"policy": "bogus"}, "policy must be one of"),
         ({"max_queue_size": 0}, "max_queue_size must be >= 1, got 0"),
-        ({"runner": "gpu"}, "runner must be one of thread, process; got 'gpu'"),
+        ({"runner": "gpu"}, "runner must be one of thread, process, ray; got 'gpu'"),
         ({"batch_timeout_ms": 500}, "batch_timeout_ms needs runner='process'"),
         ({"runner": "process", "batch_timeout_ms": -1}, "batch_timeout_ms must be finite"),
         ({"runner": "process", "retry": "yes"}, "retry must be a bool, got str"),

@@ -1,0 +1,218 @@
+"""carpool.ray_workers: ``Batcher(runner="ray")`` on a real 3-node Ray cluster on loopback.
+
+One cluster for the module (``ray.cluster_utils.Cluster``; every node binds 127.0.0.1, as
+``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` makes it), each node offering a resource of its own
+(``node_0``..``node_2``) so that a test can place actors on named nodes. Torn down at the end,
+and nothing of it may be left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import carpool
+import process_models as pm
+from carpool.loading import load_target
+from conftest import running, wait_until
+
+pytestmark = pytest.mark.slow
+
+TESTS = Path(__file__).resolve().parent
+NODES = 3
+
+
+def _ray_processes() -> set[int]:
+    """PIDs of Ray's daemons started from this test process tree (raylet, gcs_server)."""
+    found = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"raylet" in cmdline.split(b"\0")[0] or b"gcs_server" in cmdline.split(b"\0")[0]:
+            found.add(int(proc.name))
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    before = _ray_processes()
+    assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"  # conftest: on 127.0.0.1
+    paths = [str(TESTS), os.environ.get("PYTHONPATH", "")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)  # actors import tests/
+    nodes = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "resources": {"node_0": 4}, "include_dashboard": False},
+    )
+    for i in range(1, NODES):
+        nodes.add_node(num_cpus=2, resources={f"node_{i}": 4})
+    ray.init(address=nodes.address, log_to_driver=False)
+    yield nodes
+    ray.shutdown()
+    nodes.shutdown()
+    wait_until(lambda: not (_ray_processes() - before), "Ray's daemons to exit", 60)
+
+
+def run(batcher: carpool.Batcher, xs: list[Any]) -> list[Any]:
+    async def main() -> list[Any]:
+        async with batcher:
+            return list(await asyncio.gather(*(batcher.infer(x) for x in xs)))
+
+    return asyncio.run(main())
+
+
+def row(first: float, n: int = 3) -> np.ndarray[Any, Any]:
+    value = np.arange(n, dtype=np.float64) + 1
+    value[0] = first
+    return value
+
+
+def test_every_node_is_on_loopback(cluster: Any) -> None:
+    import ray
+
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    assert len(nodes) == NODES
+    assert {n["NodeManagerAddress"] for n in nodes} == {"127.0.0.1"}
+
+
+def test_actors_land_on_the_node_their_resources_name(cluster: Any) -> None:
+    import ray
+
+    node_1 = next(n["NodeID"] for n in ray.nodes() if "node_1" in n["Resources"])
+    batcher = carpool.Batcher(
+        pm.node_and_double,
+        runner="ray",
+        workers=2,
+        max_batch_size=4,
+        runner_options={"num_cpus": 0.5, "resources": {"node_1": 1}},
+    )
+    outs = run(batcher, [row(float(i)) for i in range(12)])
+    assert {str(o["node"]) for o in outs} == {node_1}
+    assert [float(o["y"][0]) for o in outs] == [2.0 * i for i in range(12)]
+
+
+def test_ray_results_equal_thread_results_bit_for_bit(cluster: Any) -> None:
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal(256).astype(np.float32) for _ in range(40)]
+    threads = run(carpool.Batcher(load_target("demo").fn, max_batch_size=8), xs)
+    spec = functools.partial(load_target, "demo")
+    actors = run(
+        carpool.Batcher(
+            spec, runner="ray", workers=3, max_batch_size=8, runner_options={"num_cpus": 0.5}
+        ),
+        xs,
+    )
+    for got, want in zip(actors, threads, strict=True):
+        assert (got.dtype, got.shape) == (want.dtype, want.shape)
+        assert got.tobytes() == want.tobytes()
+
+
+def test_a_killed_actor_loses_no_request(cluster: Any) -> None:
+    async def main() -> None:
+        batcher = carpool.Batcher(
+            pm.pid_and_double,
+            runner="ray",
+            workers=2,
+            max_batch_size=8,
+            runner_options={"num_cpus": 0.5},
+        )
+        async with batcher:
+            first = await batcher.infer(row(1.0))
+            victim = int(first["pid"])
+            xs = [row(float(i)) for i in range(200)]
+            xs[0] = row(pm.SLOW)  # a batch that is running when the kill comes
+            pending = [asyncio.ensure_future(batcher.infer(x)) for x in xs]
+            await asyncio.sleep(0.1)
+            os.kill(victim, signal.SIGKILL)
+            outs = await asyncio.gather(*pending)
+            for x, out in zip(xs, outs, strict=True):
+                assert out["y"].tolist() == (x * 2).tolist()
+            await asyncio.to_thread(wait_until, lambda: batcher.workers_alive == 2, "restart")
+            stats = batcher.stats()
+            assert (stats.completed, stats.failed) == (201, 0)
+            assert stats.worker_restarts == 1
+            assert not running(victim)
+
+    asyncio.run(main())
+
+
+def test_a_hung_batch_times_out_and_later_batches_are_served(cluster: Any) -> None:
+    async def main() -> None:
+        batcher = carpool.Batcher(
+            pm.troublemaker,
+            runner="ray",
+            workers=1,
+            batch_timeout_ms=1000,
+            runner_options={"num_cpus": 0.5},
+        )
+        async with batcher:
+            with pytest.raises(carpool.BatchTimeout, match="ran past batch_timeout_ms=1000"):
+                await batcher.infer(row(pm.HANG))
+            await asyncio.to_thread(wait_until, lambda: batcher.workers_alive == 1, "restart")
+            assert await batcher.infer(row(3.0)) == pytest.approx(row(3.0) * 2)
+            assert batcher.stats().timed_out_batches == 1
+
+    asyncio.run(main())
+
+
+def test_the_models_own_error_reaches_its_rows_only(cluster: Any) -> None:
+    batcher = carpool.Batcher(
+        pm.troublemaker, runner="ray", workers=1, max_batch_size=8, runner_options={"num_cpus": 0.5}
+    )
+
+    async def main() -> list[Any]:
+        async with batcher:
+            xs = [row(float(i)) for i in range(6)] + [row(float("nan"))]
+            return list(
+                await asyncio.gather(*(batcher.infer(x) for x in xs), return_exceptions=True)
+            )
+
+    outs = asyncio.run(main())
+    assert [type(o).__name__ for o in outs] == ["ndarray"] * 6 + ["ValueError"]
+    assert str(outs[-1]) == "NaN in the batch"
+
+
+def test_a_model_no_actor_can_load_fails_the_start(cluster: Any) -> None:
+    batcher = carpool.Batcher(
+        pm.broken_factory, runner="ray", workers=2, runner_options={"num_cpus": 0.5}
+    )
+    with pytest.raises(carpool.WorkerStartError, match=r"weights file /nowhere/model\.bin"):
+        run(batcher, [row(1.0)])
+
+
+def test_an_unreachable_cluster_is_named_and_carpool_alone_never_imports_ray() -> None:
+    script = textwrap.dedent(
+        """
+        import asyncio, sys
+        import carpool
+        assert "ray" not in sys.modules
+        b = carpool.Batcher(abs, runner="ray", runner_options={"address": "127.0.0.1:9"})
+        assert "ray" not in sys.modules
+        try:
+            asyncio.run(b.__aenter__())
+        except carpool.WorkerStartError as exc:
+            print(exc)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "cannot reach the Ray cluster at '127.0.0.1:9'" in done.stdout
