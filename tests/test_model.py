@@ -72,6 +72,7 @@ def test_batching_defaults() -> None:
         "runner": "thread",
         "batch_timeout_ms": None,
         "retry": True,
+        "runner_options": None,
     }
 
 

@@ -30,6 +30,7 @@ from conftest import running, wait_until
 pytestmark = pytest.mark.slow
 
 TESTS = Path(__file__).resolve().parent
+SERVE = [sys.executable, "-m", "carpool", "serve", "demo"]
 NODES = 3
 
 
@@ -216,3 +217,66 @@ def test_an_unreachable_cluster_is_named_and_carpool_alone_never_imports_ray() -
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "cannot reach the Ray cluster at '127.0.0.1:9'" in done.stdout
+
+
+def test_carpool_serve_runs_its_model_in_ray_actors(cluster: Any, tmp_path: Path) -> None:
+    import tritonclient.http as triton
+
+    port = free_port()
+    log = tmp_path / "serve.log"
+    command = [sys.executable, "-m", "carpool", "serve", "demo", "--port", str(port),
+               "--runner", "ray", "--ray-address", cluster.address, "--workers", "2"]  # fmt: skip
+    with open(log, "wb") as out:
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        client = triton.InferenceServerClient(f"127.0.0.1:{port}")
+        wait_until(lambda: _ready(client, server), "carpool serve --runner ray", 120)
+        rng = np.random.default_rng(9)
+        batch = rng.standard_normal((5, 256)).astype(np.float32)
+        tensor = triton.InferInput("INPUT0", [5, 256], "FP32")
+        tensor.set_data_from_numpy(batch, binary_data=True)
+        got = client.infer("demo", [tensor]).as_numpy("OUTPUT0")
+        want = load_target("demo").fn(batch)
+        assert got is not None
+        assert got.tobytes() == want.tobytes()
+        stats = client.get_inference_statistics("demo")["model_stats"][0]
+        assert stats["workers"] == {
+            "runner": "ray",
+            "alive": 2,
+            "restarts": 0,
+            "retried_batches": 0,
+            "timed_out_batches": 0,
+        }
+        client.close()
+    finally:
+        server.send_signal(signal.SIGTERM)
+        code = server.wait(timeout=60)
+    assert code == 0, log.read_text()[-3000:]
+
+
+def test_carpool_serve_exits_2_naming_an_unreachable_ray_cluster(tmp_path: Path) -> None:
+    port = free_port()
+    done = subprocess.run(
+        [*SERVE, "--port", str(port), "--runner", "ray", "--ray-address", "127.0.0.1:9"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "cannot reach the Ray cluster at '127.0.0.1:9'" in done.stderr
+
+
+def _ready(client: Any, server: subprocess.Popen[bytes]) -> bool:
+    assert server.poll() is None, "carpool serve exited before it was ready"
+    try:
+        return bool(client.is_server_ready())
+    except Exception:  # not listening yet
+        return False
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

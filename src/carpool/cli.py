@@ -66,8 +66,15 @@ _SETTING_FLAGS: tuple[Flag, ...] = (
     (
         "--runner",
         str,
-        "where each model runs: thread (in this process), or process (each worker a child "
-        "process, restarted if it crashes; a GIL-bound model gets a core each) [thread]",
+        "where each model runs: thread (in this process), process (each worker a child "
+        "process, restarted if it crashes; a GIL-bound model gets a core each), or ray "
+        "(each worker a Ray actor, anywhere in a cluster) [thread]",
+    ),
+    (
+        "--ray-address",
+        str,
+        "with --runner ray: the Ray cluster, e.g. 10.0.0.5:6379 or ray://head:10001 "
+        "[the running cluster ray.init() finds]",
     ),
     (
         "--batch-timeout-ms",
@@ -113,6 +120,7 @@ _BATCHING_KEYS = (
     "default_timeout_ms",
     "latency_slo_ms",
     "runner",
+    "ray_address",
     "batch_timeout_ms",
 )
 

@@ -82,6 +82,8 @@ class Batching:
     runner: str = "thread"  # or "process": workers are child processes (carpool.runners)
     batch_timeout_ms: float | None = None  # runner="process": kill and replace past this
     retry: bool = True  # runner="process": a batch whose worker died runs once more
+    ray_address: str | None = None  # runner="ray": the cluster (None: as ray.init finds it)
+    ray: Mapping[str, Any] | None = None  # runner="ray": num_cpus, num_gpus, resources, ...
 
     def __post_init__(self) -> None:
         size = self.max_batch_size
@@ -145,7 +147,16 @@ class Batching:
             "runner": self.runner,
             "batch_timeout_ms": self.batch_timeout_ms,
             "retry": self.retry,
+            "runner_options": self._runner_options(),
         }
+
+    def _runner_options(self) -> dict[str, Any] | None:
+        if self.runner != "ray":
+            return None
+        options = dict(self.ray or {})
+        if self.ray_address is not None:
+            options["address"] = self.ray_address
+        return options
 
 
 @dataclass

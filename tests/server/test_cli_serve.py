@@ -29,6 +29,7 @@ FLAGS = {
     "--latency-slo-ms": "CARPOOL_LATENCY_SLO_MS",
     "--workers": "CARPOOL_WORKERS",
     "--runner": "CARPOOL_RUNNER",
+    "--ray-address": "CARPOOL_RAY_ADDRESS",
     "--batch-timeout-ms": "CARPOOL_BATCH_TIMEOUT_MS",
     "--max-queue-size": "CARPOOL_MAX_QUEUE_SIZE",
     "--default-timeout-ms": "CARPOOL_DEFAULT_TIMEOUT_MS",

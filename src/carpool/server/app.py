@@ -64,6 +64,7 @@ class App:
         self.drain_timeout_s = drain_timeout_s
         self.metrics = metrics if metrics is not None else Metrics(registry)
         self.ready = False  # true between startup and the start of shutdown
+        self.startup_error: Exception | None = None  # why startup failed, if it did
         self._started: list[ServedModel] = []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -82,7 +83,11 @@ class App:
                 try:
                     await self.startup()
                 except Exception as exc:
-                    log.exception("startup failed")
+                    self.startup_error = exc
+                    if isinstance(exc, ConfigError):  # says what to do; no traceback
+                        log.error("startup failed: %s", exc)
+                    else:
+                        log.exception("startup failed")
                     await send({"type": "lifespan.startup.failed", "message": str(exc)})
                     return
                 await send({"type": "lifespan.startup.complete"})

@@ -9,6 +9,7 @@ module that imports uvicorn; nothing in the server imports it.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging
@@ -21,6 +22,7 @@ from types import FrameType
 
 import uvicorn
 
+from carpool.errors import ConfigError
 from carpool.server.app import App
 from carpool.server.config import ServerConfig
 from carpool.server.registry import Registry
@@ -132,8 +134,11 @@ def serve(config: ServerConfig) -> int:
         server_header=False,
     )
     server = _Server(uv_config, app)
-    server.run()
-    code = 0 if server.started else 1
+    with contextlib.suppress(SystemExit):  # uvicorn exits 3 when startup fails; we say why
+        server.run()
+    # A start that failed on settings (no model could start: Ray unreachable, say) is a
+    # usage error, like a bad flag: 2.
+    code = 0 if server.started else 2 if isinstance(app.startup_error, ConfigError) else 1
     stuck = _stuck_threads(within_s=1.0)
     if stuck:
         # A model call that never returned: its worker thread would keep the interpreter
