@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import pickle
 import threading
 from typing import Any
 
@@ -155,3 +156,19 @@ async def test_a_sync_function_called_on_an_event_loop_refuses_and_says_what_to_
         assert outs == [2 * i for i in range(8)]
     finally:
         double.close()
+
+
+def _tens(items: list[int]) -> list[int]:
+    return [10 * i for i in items]
+
+
+def test_a_batched_function_pickles_as_its_function_and_options_not_its_batchers() -> None:
+    f = carpool.batch(max_batch_size=4, max_wait_ms=1.0)(_tens)
+    assert f(2) == 20  # its batcher runs now, on its own thread
+    g = pickle.loads(pickle.dumps(f))  # how Ray ships a decorated class to its replicas
+    assert g is not f
+    assert g.batcher_stats() is None  # no batcher came along
+    assert g(3) == 30
+    assert g.batcher_stats().completed == 1
+    f.close()
+    g.close()

@@ -56,7 +56,7 @@ def cluster() -> Iterator[Any]:
 
     before = _ray_processes()
     assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"  # conftest: on 127.0.0.1
-    paths = [str(TESTS), os.environ.get("PYTHONPATH", "")]
+    paths = [str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")]
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)  # actors import tests/
     nodes = Cluster(
         initialize_head=True,
@@ -280,3 +280,25 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+# Ray Serve 2.60's own models use pydantic features pydantic 2 deprecates.
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_the_ray_serve_example_batches_inside_each_replica(cluster: Any) -> None:
+    from ray import serve
+
+    sys.path.insert(0, str(TESTS.parent))
+    from examples.ray_serve import app as example
+
+    handle = serve.run(example.app, name="carpool-example", route_prefix=None)
+    try:
+        rows = [[float(i) / 10] * 16 for i in range(96)]
+        responses = [handle.remote(r) for r in rows]  # concurrent: they meet in batches
+        for r, response in zip(rows, responses, strict=True):
+            want = np.asarray(r, dtype=np.float32) @ example.WEIGHTS
+            assert response.result(timeout_s=60) == pytest.approx(want.tolist(), rel=1e-6)
+        seen = [handle.batching.remote().result(timeout_s=60) for _ in range(6)]
+        assert max(s["requests"] for s in seen) > 0
+        assert any(s["batches"] < s["requests"] for s in seen)  # requests shared model calls
+    finally:
+        serve.shutdown()

@@ -59,6 +59,11 @@ class BatchedFunction:
         self._threaded: Batcher | None = None
         self._bound: weakref.WeakKeyDictionary[Any, BatchedFunction] | None = None
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as the function and its options, without the batchers it runs: a class
+        shipped by value to other processes (Ray Serve replicas) gets fresh ones there."""
+        return (BatchedFunction, (self._fn, self._options, self._is_async))
+
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         if instance is None:
             return self
