@@ -61,7 +61,8 @@ _SETTING_FLAGS: tuple[Flag, ...] = (
     (
         "--workers",
         int,
-        "batches run at once per model: threads, or processes with --runner process [1]",
+        "batches run at once per model: threads, processes (--runner process) or Ray actors "
+        "(--runner ray) [1]",
     ),
     (
         "--runner",
@@ -79,8 +80,8 @@ _SETTING_FLAGS: tuple[Flag, ...] = (
     (
         "--batch-timeout-ms",
         float,
-        "with --runner process: a batch running longer fails with 504, and its worker "
-        "process is killed and replaced [none]",
+        "with --runner process or ray: a batch running longer fails with 504, and its "
+        "worker is killed and replaced [none]",
     ),
     ("--max-queue-size", int, "rows allowed to wait; then 503 [no limit]"),
     (
