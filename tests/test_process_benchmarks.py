@@ -34,3 +34,25 @@ def test_benchmark_quick_run(script: str, expected: list[str]) -> None:
         assert text in done.stdout, done.stdout[-2000:]
     assert "worker restarts 0, retried 0" in done.stdout or script != "process_workers.py"
     assert "process_http: " not in done.stdout  # how process_http.py reports a failure
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)  # a 4-node Ray cluster and Serve start and stop: ~50 s on 2 cores
+def test_ray_scale_quick_run() -> None:
+    pytest.importorskip("ray.serve")
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "ray_scale.py"), "--quick", "--cpus", "none"],
+        capture_output=True,
+        text=True,
+        timeout=190,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    for text in [
+        "cluster: 4 nodes on 127.0.0.1",
+        "carpool/Serve",
+        "carpool scale-out efficiency at 4 actors = ",
+        "goodput after kill / fault-free = ",
+        "lost 0 (goal 0: met)",
+        "processes left: 0",
+    ]:
+        assert text in done.stdout, done.stdout[-3000:]

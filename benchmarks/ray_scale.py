@@ -1,0 +1,520 @@
+"""Scale-out on a loopback Ray cluster: carpool's ``runner="ray"`` beside Ray Serve's
+``@serve.batch``, with 1, 2 and 4 replicas, and one actor killed under load.
+
+What: a GIL-releasing model (it sleeps 20 ms a batch of up to 32 rows, as a small GPU
+model would, and returns the batch * 2) served two ways on the same 4-node Ray cluster
+(``ray.cluster_utils.Cluster``, every node on 127.0.0.1), loaded by closed-loop callers on
+this process's event loop (each awaits one single-row request and asks again; 128 per
+replica: 4 full batches each, so no replica ever waits for work):
+
+``carpool``  ``Batcher(model, runner="ray", workers=N, max_batch_size=32)``: one queue in
+             this process; a batch goes whole to whichever of the N actors is free
+``serve``    a Serve deployment, ``num_replicas=N``, ``max_ongoing_requests=128`` (it
+             admits all its callers), its method under ``@serve.batch(max_batch_size=32,
+             batch_wait_timeout_s=0.01)`` running the model in a thread, called through a
+             ``DeploymentHandle``: Serve's router spreads requests, each replica batches
+
+For N = 1, 2, 4 both run side by side, their repeats interleaved; medians are compared.
+Reported: rows/s, scale-out efficiency (rows/s / (N x one replica's rows/s)) and the mean
+batch size (carpool: its stats; Serve: each replica answers with the size of the batch it
+ran). Then a fresh 4-actor batcher under the same load: a fault-free window, SIGKILL of one
+actor's process, and a window as long after it; every request must get exactly one answer
+(a result or a typed carpool error, none hung).
+
+Goals: carpool efficiency >= 0.9 at 2 and 4 actors; its mean batch at 4 actors >= 0.9 x at
+one; goodput after the kill >= 0.7 x fault-free, 0 lost. Serve has no goal: it is the
+baseline, shown beside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import _bench  # before numpy: sets single-thread BLAS env vars
+import numpy as np
+
+_bench.import_carpool()
+
+import carpool  # noqa: E402
+
+# Set before Ray is first imported (it is imported in functions below), and inherited by
+# every node and worker: each node binds and advertises 127.0.0.1, and nothing reports
+# usage statistics anywhere.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+
+BATCH_S = 0.020  # the model's time per batch, whatever its size (a GPU-like call)
+MAX_BATCH = 32
+CALLERS_PER_REPLICA = 4 * MAX_BATCH  # 4 full batches queued per replica: none waits
+REPLICAS = (1, 2, 4)
+NODES = 4  # head + 3; each offers one carpool actor slot and one Serve replica slot
+ACTOR_CPUS = 0.25  # the actors sleep; 2 real cores are shared by everything anyway
+# Serve: a replica admits every caller it is sent; with less, callers wait in Serve's router
+# and its probes, which cost Serve throughput here (try --serve-max-ongoing 64)
+MAX_ONGOING = CALLERS_PER_REPLICA
+DRAIN_S = 60.0  # after the load stops, every outstanding request must be answered by then
+
+
+def sleepy(batch: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """20 ms a batch, the GIL released: the replica waits like a GPU call would."""
+    time.sleep(BATCH_S)
+    return batch * 2
+
+
+# ------------------------------------------------------------------------------ cluster
+
+
+def descendants() -> set[int]:
+    """Live processes under this one (Ray's nodes, their agents and workers)."""
+    children: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(proc.name))
+    found, todo = set(), [os.getpid()]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def cluster_cpu_seconds() -> float:
+    """CPU seconds used so far by this process and every process under it: the client,
+    carpool, Serve's router, and the whole cluster (nodes, agents, actors, replicas)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = time.process_time()
+    for pid in descendants():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+    return total
+
+
+def start_cluster(nodes: int) -> Any:
+    """``nodes`` Ray nodes on loopback, this process connected as the driver. Each node
+    offers ``carpool_slot`` and ``serve_slot``: at 4 replicas, one of each per node."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    slots = {"carpool_slot": 1, "serve_slot": 1}
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "resources": slots, "include_dashboard": False},
+    )
+    for _ in range(nodes - 1):
+        cluster.add_node(num_cpus=1, resources=slots)
+    ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.WARNING)
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    where = {n["NodeManagerAddress"] for n in alive}
+    if len(alive) != nodes or where != {"127.0.0.1"}:
+        raise RuntimeError(f"expected {nodes} nodes on 127.0.0.1, got {len(alive)} on {where}")
+    return cluster
+
+
+def stop_cluster(cluster: Any) -> int:
+    """Serve, the driver's connection and every node down; the processes left after 60 s."""
+    import ray
+    from ray import serve
+
+    if ray.is_initialized():
+        try:
+            serve.shutdown()
+        except Exception as exc:  # Serve never started, or already gone
+            print(f"  (serve.shutdown: {type(exc).__name__}: {exc})")
+        ray.shutdown()
+    cluster.shutdown()
+    deadline = time.monotonic() + 60
+    while descendants() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return len(descendants())
+
+
+# ------------------------------------------------------------------------------ Serve
+
+
+def loopback_grpc() -> None:
+    """Rebind a Serve replica's inter-deployment gRPC server to 127.0.0.1 (Ray 2.60 binds
+    it to ``[::]:0``, every interface). Runs in the replica's constructor, which Serve calls
+    before it starts that server."""
+    import importlib
+
+    replica: Any = importlib.import_module("ray.serve._private.replica")
+    bind = replica.add_port_to_grpc_server
+
+    def on_loopback(server: Any, address: str) -> Any:
+        return bind(server, address.replace("[::]", "127.0.0.1"))
+
+    replica.add_port_to_grpc_server = on_loopback
+
+
+def deploy_serve(replicas: int, wait_s: float, max_ongoing: int) -> Any:
+    """The model as a Serve application of ``replicas`` replicas; its handle. Each answer is
+    (row * 2, size of the batch it ran in), so the client can count batches."""
+    from ray import serve
+
+    @serve.deployment(
+        max_ongoing_requests=max_ongoing,
+        ray_actor_options={"num_cpus": ACTOR_CPUS, "resources": {"serve_slot": 1}},
+        logging_config={"enable_access_log": False},  # a log line per request costs Serve
+    )
+    class Sleepy:
+        def __init__(self) -> None:
+            loopback_grpc()
+
+        @serve.batch(max_batch_size=MAX_BATCH, batch_wait_timeout_s=wait_s)
+        async def __call__(self, rows: list[Any]) -> list[tuple[Any, int]]:
+            out = await asyncio.to_thread(sleepy, np.stack(rows))  # off the replica's loop
+            return [(o, len(rows)) for o in out]
+
+    app = Sleepy.options(num_replicas=replicas).bind()  # type: ignore[attr-defined]
+    return serve.run(app, name="ray_scale", route_prefix=None)
+
+
+class QuietServe(logging.Filter):
+    """On Serve's driver-side logger: counts its router's queue-length probes that timed out
+    and keeps everything below ERROR off the report."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.late_probes = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.late_probes += record.getMessage().startswith("Failed to get queue length")
+        return record.levelno >= logging.ERROR
+
+
+class ServeClient:
+    """Calls the deployment; counts answered rows and batches (sum of 1 / batch size)."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self.rows = 0
+        self.batches = 0.0
+
+    async def __call__(self, row: np.ndarray[Any, Any]) -> Any:
+        out, size = await self.handle.remote(row)
+        self.rows += 1
+        self.batches += 1 / size
+        return out
+
+    def counts(self) -> tuple[float, float]:
+        return self.rows, self.batches
+
+
+# ------------------------------------------------------------------------------ load
+
+
+async def closed_loop(
+    call: Callable[[np.ndarray[Any, Any]], Awaitable[Any]],
+    counts: Callable[[], tuple[float, float]],
+    callers: int,
+    warmup_s: float,
+    seconds: float,
+) -> tuple[float, float, float]:
+    """Rows/s that ``callers`` closed-loop callers get through ``call`` (every answer that
+    arrives in the window counts), the mean batch over the window from ``counts()``
+    (cumulative rows, batches), and the cores the cluster and this process kept busy."""
+    row = np.ones(4, np.float32)
+    running = True
+    answered = 0
+
+    async def caller() -> None:
+        nonlocal answered
+        while running:
+            await call(row)
+            answered += 1
+
+    async with asyncio.TaskGroup() as tg:
+        for _ in range(callers):
+            tg.create_task(caller())
+        await asyncio.sleep(warmup_s)
+        cpu, (rows0, batches0), before = cluster_cpu_seconds(), counts(), answered
+        begin = time.perf_counter()
+        await asyncio.sleep(seconds)
+        (rows1, batches1), after, wall = counts(), answered, time.perf_counter() - begin
+        cores = (cluster_cpu_seconds() - cpu) / wall
+        running = False
+    mean = (rows1 - rows0) / (batches1 - batches0) if batches1 > batches0 else float("nan")
+    return (after - before) / wall, mean, cores
+
+
+def ray_batcher(replicas: int) -> carpool.Batcher:
+    return carpool.Batcher(
+        sleepy,
+        runner="ray",
+        workers=replicas,
+        max_batch_size=MAX_BATCH,
+        name="sleepy",
+        runner_options={"num_cpus": ACTOR_CPUS, "resources": {"carpool_slot": 1}},
+    )
+
+
+async def side_by_side(
+    replicas: int, handle: Any, repeats: int, warmup_s: float, seconds: float
+) -> dict[str, list[tuple[float, float, float]]]:
+    """``repeats`` windows each of carpool (N actors) and Serve (N replicas), interleaved,
+    the first of each pair alternating."""
+    callers = CALLERS_PER_REPLICA * replicas
+    serve_client = ServeClient(handle)
+    check = np.full(4, 3.0, np.float32)
+    runs: dict[str, list[tuple[float, float, float]]] = {"carpool": [], "serve": []}
+    async with ray_batcher(replicas) as batcher:
+        for out in (await batcher.infer(check), await serve_client(check)):
+            if not np.array_equal(out, check * 2):
+                raise RuntimeError(f"wrong answer {out!r} to {check!r}")
+
+        def carpool_counts() -> tuple[float, float]:
+            stats = batcher.stats()
+            return stats.rows, stats.batches
+
+        contenders: dict[str, tuple[Callable[..., Awaitable[Any]], Callable[[], Any]]] = {
+            "carpool": (batcher.infer, carpool_counts),
+            "serve": (serve_client, serve_client.counts),
+        }
+        for r in range(repeats):
+            order = ("carpool", "serve") if r % 2 == 0 else ("serve", "carpool")
+            for name in order:
+                call, counts = contenders[name]
+                runs[name].append(await closed_loop(call, counts, callers, warmup_s, seconds))
+            (c, cb, cc), (s, sb, sc) = runs["carpool"][-1], runs["serve"][-1]
+            print(
+                f"  N={replicas}  carpool {c:6.0f} rows/s (batch {cb:4.1f}, {cc:.2f} cores)   "
+                f"serve {s:6.0f} rows/s (batch {sb:4.1f}, {sc:.2f} cores)"
+            )
+    return runs
+
+
+# ------------------------------------------------------------------------------ faults
+
+
+async def fault_run(replicas: int, warmup_s: float, seconds: float) -> dict[str, Any]:
+    """A fresh batcher of ``replicas`` actors under the same load: a fault-free window of
+    ``seconds``, then SIGKILL of one actor's process and a window as long. Every request is
+    accounted for: a result, a typed error, or (a defect) lost."""
+    outcomes: Counter[str] = Counter()
+    sent = 0
+    running = True
+    back_after = float("nan")
+    batcher = ray_batcher(replicas)
+
+    async def caller(index: int) -> None:
+        nonlocal sent
+        row = np.full(4, float(index), np.float32)
+        while running:
+            sent += 1
+            try:
+                out = await batcher.infer(row)
+            except carpool.CarpoolError as exc:
+                outcomes[type(exc).__name__] += 1
+            except Exception as exc:  # not a typed carpool error: a defect, counted apart
+                outcomes[f"untyped {type(exc).__name__}"] += 1
+            else:
+                outcomes["answered" if np.array_equal(out, row * 2) else "wrong"] += 1
+
+    async def watch_restart(killed_at: float, restarts: int) -> None:
+        nonlocal back_after
+        while running:
+            stats = batcher.stats()
+            if stats.worker_restarts > restarts and stats.workers_alive == replicas:
+                back_after = time.perf_counter() - killed_at
+                return
+            await asyncio.sleep(0.05)  # the workers' state is a thread's: polled, no event
+
+    hung = False
+    async with batcher:
+        pool = batcher._workers  # the RayWorkers behind the batcher: its actors' pids
+        assert pool is not None
+        try:
+            async with asyncio.timeout(None) as drain, asyncio.TaskGroup() as tg:
+                for i in range(CALLERS_PER_REPLICA * replicas):
+                    tg.create_task(caller(i))
+                await asyncio.sleep(warmup_s)
+                a0, t0 = outcomes["answered"], time.perf_counter()
+                await asyncio.sleep(seconds)
+                a1, t1 = outcomes["answered"], time.perf_counter()
+                victim = pool.stats().processes[-1].pid
+                assert victim is not None
+                restarts = batcher.stats().worker_restarts
+                os.kill(victim, signal.SIGKILL)
+                tg.create_task(watch_restart(time.perf_counter(), restarts))
+                await asyncio.sleep(seconds)
+                a2, t2 = outcomes["answered"], time.perf_counter()
+                running = False
+                drain.reschedule(asyncio.get_running_loop().time() + DRAIN_S)
+        except TimeoutError:  # some request never came back: counted as lost below
+            hung = True
+        stats = batcher.stats()
+    return {
+        "fault_free": (a1 - a0) / (t1 - t0),
+        "after_kill": (a2 - a1) / (t2 - t1),
+        "sent": sent,
+        "outcomes": dict(outcomes),
+        "lost": sent - sum(outcomes.values()),
+        "hung": hung,
+        "back_after": back_after,
+        "restarts": stats.worker_restarts,
+        "retried": stats.retried_batches,
+        "pending": stats.pending,
+    }
+
+
+# ------------------------------------------------------------------------------ report
+
+
+Runs = dict[int, dict[str, list[tuple[float, float, float]]]]  # N -> name -> windows
+
+
+def report_scale(runs: Runs) -> float:
+    """The side-by-side table and carpool's verdicts; returns carpool's rows/s at N=4."""
+    med = {
+        (n, name): tuple(_bench.median(w[i] for w in windows) for i in range(3))
+        for n, by_name in runs.items()
+        for name, windows in by_name.items()
+    }
+    rows = []
+    for n in runs:
+        (c, cb, cc), (s, sb, sc) = med[(n, "carpool")], med[(n, "serve")]
+        c1, s1 = med[(1, "carpool")][0], med[(1, "serve")][0]
+        rows.append(
+            (n, _bench.fmt_num(c), f"{c / (n * c1):.2f}", f"{cb:.1f}", f"{cc:.2f}",
+             _bench.fmt_num(s), f"{s / (n * s1):.2f}", f"{sb:.1f}", f"{sc:.2f}", f"{c / s:.2f}x")
+        )  # fmt: skip
+    headers = ["replicas", "carpool rows/s", "eff", "batch", "cores",
+               "Serve rows/s", "eff", "batch", "cores", "carpool/Serve"]  # fmt: skip
+    print(_bench.table(headers, rows))
+    print(
+        "  eff = rows/s / (N x rows/s at N=1); batch = mean rows per model call; "
+        "cores = CPU of this process and the whole cluster / wall"
+    )
+    print()
+    for n in runs:
+        if n > 1:
+            eff = med[(n, "carpool")][0] / (n * med[(1, "carpool")][0])
+            print(
+                f"carpool scale-out efficiency at {n} actors = {eff:.2f} "
+                f"(goal >= 0.9: {_bench.verdict(eff, 0.9)})"
+            )
+    top = max(runs)
+    batch_ratio = med[(top, "carpool")][1] / med[(1, "carpool")][1]
+    print(
+        f"carpool mean batch at {top} actors / at 1 = {batch_ratio:.2f} "
+        f"(goal >= 0.9: {_bench.verdict(batch_ratio, 0.9)})"
+    )
+    return med[(top, "carpool")][0]
+
+
+def report_faults(fault: dict[str, Any], replicas: int, scale_rows_per_s: float) -> None:
+    errors = {k: n for k, n in fault["outcomes"].items() if k != "answered"}
+    print(
+        _bench.table(
+            ["window", "goodput rows/s", "vs fault-free"],
+            [
+                ("fault-free", _bench.fmt_num(fault["fault_free"]), "1.00"),
+                (
+                    "after kill -9",
+                    _bench.fmt_num(fault["after_kill"]),
+                    f"{fault['after_kill'] / fault['fault_free']:.2f}",
+                ),
+            ],
+        )
+    )
+    print(
+        f"  (scale-out median at {replicas} actors: {_bench.fmt_num(scale_rows_per_s)} rows/s; "
+        f"the killed actor was back after {fault['back_after']:.1f} s; "
+        f"restarts {fault['restarts']}, batches retried {fault['retried']})"
+    )
+    print()
+    ratio = fault["after_kill"] / fault["fault_free"]
+    answered = fault["outcomes"].get("answered", 0)
+    print(
+        f"goodput after kill / fault-free = {ratio:.2f} (goal >= 0.7: {_bench.verdict(ratio, 0.7)})"
+    )
+    lost = fault["lost"]
+    print(
+        f"requests: answered {answered:,} of {fault['sent']:,} sent, errors {errors or 'none'}, "
+        f"lost {lost} (goal 0: {'met' if lost == 0 and not fault['hung'] else 'MISSED'})"
+    )
+
+
+def main() -> None:
+    p = _bench.base_parser(__doc__, default_cpus="none", default_repeats=3)
+    p.add_argument(
+        "--serve-wait-s",
+        type=float,
+        default=0.01,  # Ray's own default; under this load batches fill before it expires
+        help="Serve's batch_wait_timeout_s (default 0.01)",
+    )
+    p.add_argument(
+        "--serve-max-ongoing",
+        type=int,
+        default=MAX_ONGOING,
+        help=f"Serve's max_ongoing_requests per replica (default {MAX_ONGOING})",
+    )
+    args = p.parse_args()
+    repeats = args.repeats or (1 if args.quick else 3)
+    warmup_s, seconds = (0.5, 1.0) if args.quick else (1.0, 3.0)
+    fault_s = 3.0 if args.quick else 30.0
+    pinned = _bench.pin(_bench.parse_cpus(args.cpus))
+    _bench.header(
+        "scale-out on a loopback Ray cluster: carpool runner='ray' vs Ray Serve @serve.batch",
+        {
+            "cpus": pinned,
+            "load": f"{os.getloadavg()[0]:.1f}",
+            "ray": _bench.ray_version(),
+            "nodes": NODES,
+            "model": f"{BATCH_S * 1000:g} ms/batch",
+            "max_batch_size": MAX_BATCH,
+            "callers": f"{CALLERS_PER_REPLICA}/replica",
+            "serve": f"max_ongoing={args.serve_max_ongoing},wait={args.serve_wait_s:g}s",
+            "seconds": seconds,
+            "repeats": repeats,
+        },
+    )
+    if not _bench.ray_available():
+        print("ray_scale: needs Ray Serve (pip install 'carpool[ray]' 'ray[serve]'); skipped")
+        return
+    from ray import serve
+
+    begin = time.perf_counter()
+    cluster = start_cluster(NODES)
+    try:
+        print(f"cluster: {NODES} nodes on 127.0.0.1 up in {time.perf_counter() - begin:.0f} s")
+        quiet = QuietServe()
+        logging.getLogger("ray.serve").addFilter(quiet)
+        serve.start(proxy_location="Disabled", http_options={"host": "127.0.0.1"})
+        runs = {}
+        for n in REPLICAS:
+            handle = deploy_serve(n, args.serve_wait_s, args.serve_max_ongoing)
+            runs[n] = asyncio.run(side_by_side(n, handle, repeats, warmup_s, seconds))
+        serve.delete("ray_scale")
+        print()
+        scale = report_scale(runs)
+        print(f"Serve's router: {quiet.late_probes} queue-length probes past their deadline")
+        print()
+        print(f"kill -9 one of {max(REPLICAS)} actors under load ({fault_s:g} s windows):")
+        fault = asyncio.run(fault_run(max(REPLICAS), warmup_s, fault_s))
+        report_faults(fault, max(REPLICAS), scale)
+    finally:
+        left = stop_cluster(cluster)
+    took = time.perf_counter() - begin
+    print(f"Ray and Serve shut down, processes left: {left}; took {took:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
