@@ -9,6 +9,7 @@ and nothing of it may be left running.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import signal
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
@@ -219,39 +221,94 @@ def test_an_unreachable_cluster_is_named_and_carpool_alone_never_imports_ray() -
     assert "cannot reach the Ray cluster at '127.0.0.1:9'" in done.stdout
 
 
-def test_carpool_serve_runs_its_model_in_ray_actors(cluster: Any, tmp_path: Path) -> None:
+@contextlib.contextmanager
+def serving(cluster: Any, tmp_path: Path, *flags: str) -> Iterator[tuple[Any, str]]:
+    """``carpool serve demo`` with 2 Ray actors on ``cluster``, ready: a Triton client for
+    it and its URL (its log in ``tmp_path/serve.log``). Stopped with SIGTERM: exit 0."""
     import tritonclient.http as triton
 
     port = free_port()
     log = tmp_path / "serve.log"
-    command = [sys.executable, "-m", "carpool", "serve", "demo", "--port", str(port),
-               "--runner", "ray", "--ray-address", cluster.address, "--workers", "2"]  # fmt: skip
+    command = [*SERVE, "--port", str(port), "--runner", "ray",
+               "--ray-address", cluster.address, "--workers", "2", *flags]  # fmt: skip
     with open(log, "wb") as out:
         server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    client = triton.InferenceServerClient(f"127.0.0.1:{port}")
     try:
-        client = triton.InferenceServerClient(f"127.0.0.1:{port}")
         wait_until(lambda: _ready(client, server), "carpool serve --runner ray", 120)
-        rng = np.random.default_rng(9)
-        batch = rng.standard_normal((5, 256)).astype(np.float32)
-        tensor = triton.InferInput("INPUT0", [5, 256], "FP32")
-        tensor.set_data_from_numpy(batch, binary_data=True)
-        got = client.infer("demo", [tensor]).as_numpy("OUTPUT0")
-        want = load_target("demo").fn(batch)
-        assert got is not None
-        assert got.tobytes() == want.tobytes()
-        stats = client.get_inference_statistics("demo")["model_stats"][0]
-        assert stats["workers"] == {
+        yield client, f"http://127.0.0.1:{port}"
+    finally:
+        client.close()
+        server.send_signal(signal.SIGTERM)
+        code = server.wait(timeout=60)
+    assert code == 0, log.read_text()[-3000:]
+
+
+def infers_as_the_demo(client: Any) -> bool:
+    """Whether a batch of 5 rows sent to ``demo`` comes back as the demo computes it here."""
+    import tritonclient.http as triton
+
+    batch = np.random.default_rng(9).standard_normal((5, 256)).astype(np.float32)
+    tensor = triton.InferInput("INPUT0", [5, 256], "FP32")
+    tensor.set_data_from_numpy(batch, binary_data=True)
+    got = client.infer("demo", [tensor]).as_numpy("OUTPUT0")
+    return got is not None and got.tobytes() == load_target("demo").fn(batch).tobytes()
+
+
+def workers(client: Any) -> Any:
+    return client.get_inference_statistics("demo")["model_stats"][0]["workers"]
+
+
+def test_carpool_serve_runs_its_model_in_ray_actors(cluster: Any, tmp_path: Path) -> None:
+    with serving(cluster, tmp_path) as (client, _):
+        assert infers_as_the_demo(client)
+        assert workers(client) == {
             "runner": "ray",
             "alive": 2,
             "restarts": 0,
             "retried_batches": 0,
             "timed_out_batches": 0,
         }
-        client.close()
+
+
+def readiness(url: str) -> tuple[int, int]:
+    """The statuses of /v2/health/ready and /v2/models/demo/ready."""
+    server = httpx.get(f"{url}/v2/health/ready", timeout=10)
+    model = httpx.get(f"{url}/v2/models/demo/ready", timeout=10)
+    return server.status_code, model.status_code
+
+
+def test_a_lost_node_makes_the_server_unready_until_its_actors_are_back(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """The actors live on a node of their own (resource ``lossy``), idle: losing the node
+    turns readiness 503 with no batch to notice it; a new node offering ``lossy`` gets
+    them restarted there, and readiness 200 again. The cluster is left as it was."""
+    config = tmp_path / "carpool.toml"
+    config.write_text("[models.demo]\nray = { num_cpus = 0.5, resources = { lossy = 1 } }\n")
+    lossy = cluster.add_node(num_cpus=1, resources={"lossy": 2})
+    cluster.wait_for_nodes()
+    try:
+        with serving(cluster, tmp_path, "--config", str(config)) as (client, url):
+            assert infers_as_the_demo(client)
+            assert readiness(url) == (200, 200)
+            cluster.remove_node(lossy)
+            lossy = None
+            wait_until(lambda: readiness(url) == (503, 503), "readiness 503, node lost", 30)
+            assert workers(client)["alive"] == 0
+            lossy = cluster.add_node(num_cpus=1, resources={"lossy": 2})
+            wait_until(lambda: readiness(url) == (200, 200), "readiness 200, actors back", 60)
+            assert infers_as_the_demo(client)
+            assert (workers(client)["alive"], workers(client)["restarts"]) == (2, 2)
+            metrics = httpx.get(f"{url}/metrics", timeout=10).text
+            assert 'carpool_worker_restarts_total{model="demo"} 2.0' in metrics
+        lines = (tmp_path / "serve.log").read_text().splitlines()
+        for actor in ("demo#0", "demo#1"):  # each loss and return said once
+            assert sum(f"model worker {actor} (Ray actor" in x and "died" in x for x in lines) == 1
+            assert sum(f"model worker {actor} is back" in x for x in lines) == 1
     finally:
-        server.send_signal(signal.SIGTERM)
-        code = server.wait(timeout=60)
-    assert code == 0, log.read_text()[-3000:]
+        if lossy is not None:
+            cluster.remove_node(lossy)
 
 
 def test_carpool_serve_exits_2_naming_an_unreachable_ray_cluster(tmp_path: Path) -> None:

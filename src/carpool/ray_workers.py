@@ -6,15 +6,23 @@ time, so the batcher still forms a batch only when some actor is free), sends th
 batch through Ray's object store (numpy arrays travel out of band, never row by row) and
 returns the outputs. Each actor loads the model spec once (the same specs as process
 workers: :func:`carpool.process_worker.load_model`) and runs the warm-up batch before it
-counts as ready. Faults, each with one outcome:
+counts as ready. A health watch (one thread, see :meth:`RayWorkers._watch`) pings idle and
+restarting actors twice a second, so ``alive`` (the server's readiness) follows the cluster
+even while no batch runs. Faults, each with one outcome:
 
 - an actor dies mid-batch (its process killed, its node lost): Ray restarts it
   (``max_restarts``); the batch runs once more on another actor (``retry=True``), then
   :class:`WorkerDied`;
+- an idle actor dies, or answers no ping for ``_PING_TIMEOUT_S`` (its node lost): it is
+  not ready until it answers again (with no actor ready, the server's readiness is 503),
+  and counts as restarted if Ray started it anew (on a replacement node, say);
+- the Ray connection fails (``ray.shutdown()``, a lost Ray Client session): ``alive`` is 0
+  until the watch reaches Ray again;
 - a batch runs past ``batch_timeout_ms``: :class:`BatchTimeout`, and the actor is killed
   and restarted by Ray;
 - no actor can load the model, or Ray cannot be reached: :class:`WorkerStartError` with
-  the reason (and the address);
+  the reason (and the address); an actor whose model does not load after a restart is
+  stopped, its reason logged;
 - the model raises: its own exception, unwrapped from Ray's.
 
 Ray is imported when these workers start, so ``import carpool`` never imports it.
@@ -40,7 +48,10 @@ __all__ = ["RayWorkers"]
 log = logging.getLogger("carpool.workers")
 
 STARTING, IDLE, BUSY, RESTARTING, STOPPED = "starting", "idle", "busy", "restarting", "stopped"
-_PING_S = 0.5  # how often a restarting actor is asked whether it is back
+_WATCH_S = 0.5  # how often the watch pings: readiness lags what Ray knows by at most this
+# An idle actor answers a ping in about a millisecond; five seconds unanswered is a lost
+# process or node (or a driver too starved to serve anyway), not a slow answer.
+_PING_TIMEOUT_S = 5.0
 _CONNECT_S = 5.0  # how long a Ray address may take to accept a connection
 
 
@@ -48,9 +59,10 @@ class _Replica:
     """The actor: one model replica. Its class is wrapped by ``ray.remote`` at start."""
 
     def __init__(self, spec: Any, warmup: Any) -> None:
-        # A load failure is reported by ready(), with the reason as a process worker gives
+        # A load failure is reported by ping(), with the reason as a process worker gives
         # it, rather than by the creation task (Ray would restart the actor to fail again).
         self.failure: str | None = None
+        self.incarnation = os.urandom(8).hex()  # new with each restart Ray makes
         try:
             self.fn = load_model(spec)
             if warmup is not None:
@@ -58,12 +70,10 @@ class _Replica:
         except Exception as exc:
             self.failure = "".join(traceback.format_exception_only(exc)).strip()
 
-    def ready(self) -> tuple[int, str | None]:
-        """This process's pid, and why the model did not load (None: it did)."""
-        return os.getpid(), self.failure
-
-    def pid(self) -> int:
-        return os.getpid()
+    def ping(self) -> tuple[int, str, str | None]:
+        """This process's pid, this incarnation's token, and why the model did not load
+        (None: it did)."""
+        return os.getpid(), self.incarnation, self.failure
 
     def run(self, batch: Any) -> Any:
         return self.fn(batch)
@@ -79,6 +89,18 @@ class _Actor:
         self.pid: int | None = None
         self.restarts = 0
         self.last_exit: str | None = None
+        self.incarnation: str | None = None  # the token of the process that last answered
+        self.taken = 0  # batches handed to it: a ping sent before the latest one is stale
+        self.ping: _Ping | None = None  # the watch's ping in flight (the watch's alone)
+
+
+class _Ping:
+    """A ping in flight: its object ref, when it was sent, and ``_Actor.taken`` then."""
+
+    __slots__ = ("ref", "sent", "taken")
+
+    def __init__(self, ref: Any, sent: float, taken: int) -> None:
+        self.ref, self.sent, self.taken = ref, sent, taken
 
 
 class RayWorkers:
@@ -119,6 +141,9 @@ class RayWorkers:
         self._timed_out = 0
         self._died = 0
         self._ray: Any = None
+        self._lost_connection: str | None = None  # why the watch gets no answers (None: it does)
+        self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     def __repr__(self) -> str:
         return f"<RayWorkers {self.name!r} workers={self.workers} alive={self.alive}>"
@@ -138,14 +163,15 @@ class RayWorkers:
         failures = []
         for actor in self._actors:
             try:
-                pid, failure = ray.get(actor.handle.ready.remote(), timeout=self.start_timeout_s)
+                answer = ray.get(actor.handle.ping.remote(), timeout=self.start_timeout_s)
             except Exception as exc:  # the actor could not be placed, or died starting
                 failures.append((actor, _reason(exc)))
                 continue
+            actor.pid, actor.incarnation, failure = answer
             if failure is not None:
                 failures.append((actor, failure))
             else:
-                actor.pid, actor.state = pid, IDLE
+                actor.state = IDLE
         for actor, reason in failures:
             log.error("model worker %s could not load its model: %s", actor.name, reason)
             actor.state = STOPPED
@@ -157,18 +183,26 @@ class RayWorkers:
         for actor in self._actors:
             if actor.state == IDLE:
                 log.info("model worker %s (Ray actor, pid %s) is ready", actor.name, actor.pid)
+        self._watcher = threading.Thread(
+            target=self._watch, name=f"carpool-ray-watch {self.name}", daemon=True
+        )
+        self._watcher.start()
         return self
 
     def close(self, timeout: float = 10.0) -> None:
         """Take no new batches, let running ones finish (up to ``timeout`` seconds), then
         kill the actors. Idempotent; the Ray connection stays as it was."""
+        deadline = time.monotonic() + timeout
         with self._cond:
             if self._closed:
                 return
             self._closed = True
+            self._stopping.set()
             self._cond.notify_all()
             self._cond.wait_for(lambda: all(a.state != BUSY for a in self._actors), timeout)
             actors, self._actors = self._actors, []
+        if self._watcher is not None:  # its Ray calls never block: it ends within a round
+            self._watcher.join(max(deadline - time.monotonic(), 1.0))
         for actor in actors:
             actor.state = STOPPED
             if self._ray is not None:
@@ -177,11 +211,14 @@ class RayWorkers:
     @property
     def alive(self) -> int:
         """Actors ready now (idle or running a batch); 0 while Ray is unreachable."""
-        ray = self._ray
-        if ray is None or not ray.is_initialized():
-            return 0
         with self._cond:
-            return sum(a.state in (IDLE, BUSY) for a in self._actors)
+            return self._alive()
+
+    def _alive(self) -> int:
+        ray = self._ray
+        if ray is None or self._lost_connection is not None or not ray.is_initialized():
+            return 0
+        return sum(a.state in (IDLE, BUSY) for a in self._actors)
 
     def stats(self) -> PoolStats:
         with self._cond:
@@ -191,7 +228,7 @@ class RayWorkers:
             return PoolStats(
                 name=self.name,
                 workers=self.workers,
-                alive=sum(a.state in (IDLE, BUSY) for a in self._actors),
+                alive=self._alive(),
                 restarts=sum(a.restarts for a in self._actors),
                 retried=self._retried,
                 timed_out=self._timed_out,
@@ -231,6 +268,7 @@ class RayWorkers:
                 actor = next((a for a in self._actors if a.state == IDLE), None)
                 if actor is not None:
                     actor.state = BUSY
+                    actor.taken += 1  # a ping already sent to it waits behind this batch
                     return actor
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
@@ -273,33 +311,113 @@ class RayWorkers:
                 actor.state = IDLE
             self._cond.notify_all()
 
-    def _lost(self, actor: _Actor, reason: str, *, kill: bool = False) -> None:
-        """``actor`` died (or is killed now): Ray restarts it; a thread watches for it."""
-        log.error("model worker %s (Ray actor, pid %s) died: %s", actor.name, actor.pid, reason)
+    def _lost(
+        self, actor: _Actor, reason: str, *, kill: bool = False, idle_since: int | None = None
+    ) -> None:
+        """``actor`` died (or is killed now): not ready until it answers the watch's ping
+        again (Ray restarts it). With ``idle_since`` (the watch's ``taken`` when it sent the
+        ping that failed), only if no batch has taken the actor since: that batch tells."""
         with self._cond:
+            if idle_since is not None and (actor.state != IDLE or actor.taken != idle_since):
+                return
             actor.state = RESTARTING
             actor.last_exit = reason
             self._died += not kill
+        log.error("model worker %s (Ray actor, pid %s) died: %s", actor.name, actor.pid, reason)
         if kill:
             self._ray.kill(actor.handle, no_restart=False)
-        threading.Thread(
-            target=self._await_restart, args=(actor,), name=f"carpool-ray-{actor.name}", daemon=True
-        ).start()
 
-    def _await_restart(self, actor: _Actor) -> None:
-        while not self._closed:
+    # ------------------------------------------------------------- the health watch
+
+    def _watch(self) -> None:
+        """The watch's thread, until :meth:`close`: each round collects the answers to the
+        pings in flight, then pings every idle or restarting actor that has none.
+
+        Only idle actors are pinged, never busy ones: an actor runs one method at a time, so
+        a ping to a busy actor would wait behind its batch, and a long batch would look like
+        a death. (A concurrency group for the ping would answer beside the batch, but makes
+        every actor threaded, running the model off its main thread, and a model holding the
+        GIL would starve the ping just the same.) A running batch is its own health check
+        (``RayActorError``, ``batch_timeout_ms``), and a ping overtaken by a batch (``taken``
+        moved on) is judged by nobody. Every Ray call here returns at once (``ray.wait``
+        with ``timeout=0``, ``ray.get`` of ready refs, sending a ping), so :meth:`call` pays no
+        round trip for the watch, and close() never waits for it more than a round."""
+        while not self._stopping.wait(_WATCH_S):
             try:
-                pid = self._ray.get(actor.handle.pid.remote(), timeout=self.start_timeout_s)
-            except Exception:  # still restarting (or gone for good: Ray says so in the log)
-                time.sleep(_PING_S)
-                continue
+                self._watch_once()
+            except Exception as exc:  # not an actor's answer: the connection itself
+                self._connection(_reason(exc))
+            else:
+                self._connection(None)
+
+    def _watch_once(self) -> None:
+        ray = self._ray
+        if not ray.is_initialized():
+            raise ConnectionError("ray.shutdown() was called in this process")
+        pinged = [(a, p) for a in self._actors if (p := a.ping) is not None]
+        refs = [ping.ref for _, ping in pinged]
+        ready = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) if refs else set()
+        now = time.monotonic()
+        for actor, ping in pinged:
             with self._cond:
-                if actor.state == RESTARTING:
-                    actor.state, actor.pid = IDLE, pid
-                    actor.restarts += 1
-                    self._cond.notify_all()
-            log.info("model worker %s is back (Ray actor, pid %s)", actor.name, pid)
+                overtaken = actor.taken != ping.taken
+            if overtaken:  # it waits behind a batch, which tells whether the actor lives
+                actor.ping = None
+            elif ping.ref in ready:
+                actor.ping = None
+                self._answered(actor, ping)
+            elif now - ping.sent > _PING_TIMEOUT_S:  # lost if idle; if restarting, keep waiting
+                silent = f"no answer to a ping for {_PING_TIMEOUT_S:g} s (its node lost?)"
+                self._lost(actor, silent, idle_since=ping.taken)
+        with self._cond:
+            due = [
+                (a, a.taken)
+                for a in self._actors
+                if a.ping is None and a.state in (IDLE, RESTARTING)
+            ]
+        for actor, taken in due:
+            actor.ping = _Ping(actor.handle.ping.remote(), time.monotonic(), taken)
+
+    def _answered(self, actor: _Actor, ping: _Ping) -> None:
+        """Act on the answer to ``ping``: an error marks an idle actor lost; a pid and
+        token make a restarting one ready (a restart if the token is new)."""
+        ray = self._ray
+        try:
+            # Ready, so at once; a zero timeout could read as this actor's death.
+            pid, incarnation, failure = ray.get(ping.ref, timeout=_PING_TIMEOUT_S)
+        except ray.exceptions.RayError as exc:  # dead, or still restarting: ask again
+            self._lost(actor, _reason(exc), idle_since=ping.taken)
             return
+        with self._cond:
+            if actor.taken != ping.taken or actor.state not in (IDLE, RESTARTING):
+                return  # a batch took it since, or it was stopped
+            restarted = incarnation != actor.incarnation
+            if not restarted and actor.state == IDLE:
+                return  # the usual answer
+            if restarted and actor.state == IDLE:  # it died and came back between two pings
+                self._died += 1
+                actor.last_exit = "restarted by Ray between two pings"
+            actor.pid, actor.incarnation = pid, incarnation
+            actor.restarts += restarted
+            actor.state = IDLE if failure is None else STOPPED
+            if failure is not None:
+                actor.last_exit = failure
+            self._cond.notify_all()
+        if failure is not None:
+            log.error("model worker %s could not load its model again: %s", actor.name, failure)
+            ray.kill(actor.handle, no_restart=True)
+        elif restarted:
+            log.info("model worker %s is back (Ray actor, pid %s)", actor.name, pid)
+        else:
+            log.info("model worker %s answers again (Ray actor, pid %s)", actor.name, pid)
+
+    def _connection(self, lost: str | None) -> None:
+        """Record whether the watch reaches Ray (``lost``: why not), logging changes."""
+        was, self._lost_connection = self._lost_connection, lost
+        if lost is not None and was is None:
+            log.error("model %s lost its Ray connection, not ready: %s", self.name, lost)
+        elif lost is None and was is not None:
+            log.info("model %s reaches Ray again", self.name)
 
 
 class _ActorLost(Exception):
