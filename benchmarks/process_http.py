@@ -27,6 +27,7 @@ RUNNERS = ("thread", "process")
 def parse_args() -> Any:
     p = _bench.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
     p.add_argument("--duration", type=float, default=None, help="measured s per run (3)")
+    p.add_argument("--workers", type=int, default=2, help="model workers per server (2)")
     return p.parse_args()
 
 
@@ -37,11 +38,23 @@ def run(args: Any) -> None:
     warmup = 0.5 if args.quick else 1.0
     _bench.header(
         "demo MLP over HTTP: process workers vs thread workers",
-        {"cores": cores, "clients": CLIENTS, "duration": duration, "repeats": repeats},
+        {
+            "cores": cores,
+            "workers": args.workers,
+            "clients": CLIENTS,
+            "duration": duration,
+            "repeats": repeats,
+        },
     )
     servers = {
         runner: _process.carpool_serve(
-            "demo", "--workers", "2", "--runner", runner, cpus=cores.server, name=runner
+            "demo",
+            "--workers",
+            str(args.workers),
+            "--runner",
+            runner,
+            cpus=cores.server,
+            name=runner,
         )
         for runner in RUNNERS
     }

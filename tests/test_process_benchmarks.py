@@ -39,7 +39,6 @@ def test_benchmark_quick_run(script: str, expected: list[str]) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(200)  # a 4-node Ray cluster and Serve start and stop: ~50 s on 2 cores
 def test_ray_scale_quick_run() -> None:
-    pytest.importorskip("ray.serve")
     done = subprocess.run(
         [sys.executable, str(BENCHMARKS / "ray_scale.py"), "--quick", "--cpus", "none"],
         capture_output=True,
