@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -78,6 +79,7 @@ def test_requests_past_the_drain_timeout_get_503_error_json(
         assert list(response.json()) == ["error"]
         assert "stopping" in response.json()["error"]
     assert server.wait_exit() == 0
+    assert "Exception in ASGI application" not in server.stderr()  # an expected end
 
 
 @pytest.mark.slow
@@ -94,6 +96,26 @@ def test_a_hung_model_does_not_keep_the_process_past_the_drain_timeout(
             future.result()
         # the gate stays closed (for up to a minute): the process must exit regardless
         assert server.wait_exit(within=5.0) == 0
+
+
+@pytest.mark.slow
+def test_the_drain_timeout_bounds_the_whole_drain_not_each_step(
+    serve: Launcher, threads: ThreadPoolExecutor
+) -> None:
+    """The HTTP server's wait for requests and the batchers' close share one drain timeout:
+    a hung model once made the process take both in turn (2 x 3 s, then the 1 s it gives
+    threads to end), past a grace period sized as preStop + drain timeout (deploy/)."""
+    server = serve("models:gated", "--drain-timeout", "3")
+    with server.gate_closed("gated"):
+        futures = hold_requests(server, threads)
+        signalled = time.monotonic()
+        server.terminate()
+        for future in futures:
+            assert future.result().status_code == 503
+        assert server.wait_exit(within=30.0) == 0
+        took = time.monotonic() - signalled
+    assert took < 3 + 0.1 + 1 + 1.5, server.stderr()  # uvicorn's 0.1 s poll, 1 s for threads
+    assert "drain timed out after 0s" in server.stderr()  # nothing was left for a 2nd wait
 
 
 def test_idle_server_exits_0_on_sigterm(serve: Launcher) -> None:

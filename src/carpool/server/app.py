@@ -11,7 +11,6 @@ read by :mod:`carpool.server.bodies`; the wire format is :mod:`carpool.server.re
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from importlib.metadata import version as _version
@@ -66,6 +65,7 @@ class App:
         self.ready = False  # true between startup and the start of shutdown
         self.startup_error: Exception | None = None  # why startup failed, if it did
         self._started: list[ServedModel] = []
+        self._drain_deadline: float | None = None  # monotonic; set when draining begins
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -117,14 +117,23 @@ class App:
         for failure in self.registry.load_failures.values():
             log.error("model %r is unavailable: %s", failure.name, failure.reason)
 
-    async def shutdown(self) -> None:
-        """Not ready any more; every batcher finishes what it accepted, within the drain
-        timeout, after which what is left gets 503 (a hung model call is abandoned)."""
+    def begin_drain(self) -> None:
+        """Not ready any more, and the drain timeout starts now: it bounds the whole drain
+        (the HTTP server's wait for requests in flight, then the batchers' close), not
+        each step of it."""
         self.ready = False
+        if self._drain_deadline is None:
+            self._drain_deadline = time.monotonic() + self.drain_timeout_s
+
+    async def shutdown(self) -> None:
+        """Not ready any more; every batcher finishes what it accepted, within what is left
+        of the drain timeout, after which what is left gets 503 (a hung model call is
+        abandoned)."""
+        self.begin_drain()
+        assert self._drain_deadline is not None
+        left = max(0.0, self._drain_deadline - time.monotonic())
         started, self._started = self._started, []
-        await asyncio.gather(
-            *(served.batcher.aclose(timeout=self.drain_timeout_s) for served in started)
-        )
+        await asyncio.gather(*(served.batcher.aclose(timeout=left) for served in started))
         for served in started:
             if served.model.batching.latency_slo_ms is not None:
                 log.info("model %r learned: %s", served.name, served.batcher.learned())
@@ -138,11 +147,13 @@ class App:
         try:
             status = await self._route(method, parts, scope, receive, send)
         except asyncio.CancelledError:
-            # The server gave up on this request (drain timeout): answer if the client is
-            # still there, rather than leave it to the server's plain-text 500.
-            with contextlib.suppress(Exception):
+            # The server gave up on this request (drain timeout): answer it with a 503, not
+            # the server's plain-text 500 and an error traceback for an expected end.
+            try:
                 await send_response(send, 503, encode_error(STOPPING), JSON)
-            raise
+            except Exception:  # the client is gone too: nothing left to answer
+                raise asyncio.CancelledError from None
+            status = 503
         except Exception as exc:
             error = error_status(exc)
             status = error.status

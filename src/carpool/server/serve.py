@@ -52,7 +52,7 @@ class _Server(uvicorn.Server):
         self._app = app
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        self._app.ready = False
+        self._app.begin_drain()
         if self.should_exit and sig == signal.SIGINT:
             self.force_exit = True  # a second Ctrl-C: stop waiting for connections
         else:
