@@ -48,6 +48,7 @@ def quick_run(script: str, *args: str, timeout: float = 120) -> str:
             ],
         ),
         ("bench_ceiling.py", ["carpool bench ceiling", "2/1 req/s", "ceiling: "]),
+        ("preprocess_cost.py", ["preprocess us/request", "preprocess share = "]),
     ],
 )
 def test_benchmark_quick_run(script: str, expected: list[str]) -> None:

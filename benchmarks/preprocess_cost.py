@@ -1,0 +1,72 @@
+"""What moving minilm's tokenizer into the process workers could buy: its cost per request
+against the model's per row.
+
+What: minilm's ``Model.preprocess`` (the fast tokenizer, per request, on the server's event
+loop) timed for one text of 12, 64 and 200 tokens, beside the model's batched function at
+batch 32 per row, in this process, on one thread, interleaved and repeated (medians).
+
+Why: ``--runner process`` keeps preprocessing in the server, so the event loop pays for
+tokenizing while the workers run the model. Moving it into the workers would free at most
+that share of a request's CPU: the ratio printed. Nothing is asserted; exits 0.
+
+    python3 benchmarks/preprocess_cost.py [--quick]
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import _backends
+import _bench
+import numpy as np
+
+BATCH = 32
+TOKENS = (12, 64, 200)
+
+
+def per_call_us(fn: Callable[[], Any], calls: int) -> float:
+    fn()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def main() -> int:
+    args = _bench.base_parser(__doc__, default_cpus="0", default_repeats=5).parse_args()
+    _bench.pin(_bench.parse_cpus(args.cpus))
+    import torch
+
+    from carpool.backends.minilm import minilm_model
+
+    torch.set_num_threads(1)
+    model = minilm_model()
+    repeats = args.repeats or (1 if args.quick else 5)
+    calls = 20 if args.quick else 200
+    _bench.header("minilm: tokenizing per request vs the model per row", {"repeats": repeats})
+    rows = []
+    for tokens in TOKENS:
+        text = _backends.sentence(random.Random(tokens), tokens)
+        request = {"TEXT": np.array([[text.encode()]], object)}
+        batch = model.preprocess({"TEXT": np.array([[text.encode()]] * BATCH, object)})
+        pre, run = [], []
+        for _ in range(repeats):
+            pre.append(per_call_us(lambda r=request: model.preprocess(r), calls))
+            run.append(per_call_us(lambda b=batch: model.fn(b), max(calls // 20, 2)) / BATCH)
+        p, m = _bench.median(pre), _bench.median(run)
+        rows.append((tokens, f"{p:,.0f}", f"{m:,.0f}", f"{p / (p + m):.3f}"))
+    print(
+        _bench.table(
+            ["tokens", "preprocess us/request", "model us/row (batch 32)", "preprocess share"],
+            rows,
+        )
+    )
+    print("\npreprocess share = the most of a request's CPU that tokenizing in the workers frees")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
