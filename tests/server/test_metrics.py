@@ -3,6 +3,7 @@ model learns."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
@@ -60,3 +61,20 @@ async def test_each_model_has_its_samples_and_only_adaptive_ones_learn() -> None
             "plain": 0.0,
             "learning": 0.0,
         }
+
+
+async def test_event_loop_tasks_counts_the_tasks_on_the_rendering_loop() -> None:
+    registry = Registry([Model(_double, name="plain")])
+    release = asyncio.Event()
+    held = [asyncio.ensure_future(release.wait()) for _ in range(3)]
+    await asyncio.sleep(0)
+    (holding,) = families(registry)["carpool_event_loop_tasks"].samples
+    assert holding.value == len(asyncio.all_tasks())  # this test's own and the 3 held
+    release.set()
+    await asyncio.gather(*held)
+    (released,) = families(registry)["carpool_event_loop_tasks"].samples
+    assert (holding.value - released.value, released.value) == (3.0, len(asyncio.all_tasks()))
+
+
+def test_event_loop_tasks_is_left_out_outside_a_loop() -> None:
+    assert "carpool_event_loop_tasks" not in families(Registry([Model(_double, name="plain")]))

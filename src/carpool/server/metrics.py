@@ -8,6 +8,7 @@ app.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -158,6 +159,19 @@ class _Collector:
         for served in self._registry:
             families.add(served)
         yield from families
+        yield from _event_loop_tasks()
+
+
+def _event_loop_tasks() -> Iterator[Metric]:
+    """Tasks alive on the loop that renders (the server's): requests in flight plus the
+    server's own. Flat under steady load, else something holds tasks (a soak watches it)."""
+    try:
+        tasks = len(asyncio.all_tasks())
+    except RuntimeError:  # rendered outside a running loop: no loop to count
+        return
+    yield GaugeMetricFamily(
+        "carpool_event_loop_tasks", "Tasks alive on the server's event loop", value=tasks
+    )
 
 
 class Metrics:
