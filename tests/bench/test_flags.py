@@ -24,6 +24,7 @@ FLAGS = {
     "--rows": "CARPOOL_BENCH_ROWS",
     "--distinct": "CARPOOL_BENCH_DISTINCT",
     "--encoding": "CARPOOL_BENCH_ENCODING",
+    "--model": "CARPOOL_BENCH_MODEL",
     "--client-processes": "CARPOOL_BENCH_CLIENT_PROCESSES",
     "--connections": "CARPOOL_BENCH_CONNECTIONS",
     "--timeout": "CARPOOL_BENCH_TIMEOUT",

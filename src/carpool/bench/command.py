@@ -17,12 +17,12 @@ import importlib.util
 import os
 import platform
 import sys
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -141,7 +141,12 @@ def _client_info(options: Options) -> dict[str, Any]:
         "python": platform.python_version(),
         "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
     }
-    if is_url(options.target):
+    if options.kind == "grpc":
+        from importlib.metadata import version
+
+        info["grpc"] = f"grpcio {version('grpcio')}"
+        info["connections"] = "one HTTP/2 channel per client process"
+    elif is_url(options.target):
         import aiohttp
 
         info["http"] = f"aiohttp {aiohttp.__version__}"
@@ -178,19 +183,63 @@ async def _steps(
     return report
 
 
-async def _run_http(options: Options, display: Display) -> Report:
-    from carpool.bench import payload
+def _texts(options: Options) -> Sequence[str]:
+    """An embeddings endpoint's texts: the ``--strings`` file's, or the built-in sentences."""
+    from carpool.bench import requests_file
+    from carpool.bench.sentences import SENTENCES
 
-    _plans(options)  # a bad trace file is a usage error before the server is asked anything
-    async with HttpTarget.connect(options.target) as target:
+    if not options.strings:
+        return SENTENCES
+    try:
+        return requests_file.read_strings(options.strings)
+    except (OSError, ValueError) as exc:
+        raise BenchError(f"--strings: {exc}") from None
+
+
+def _client(target: Any, options: Options) -> Client:
+    """The target's client, its requests built (and encoded once) from the options."""
+    from carpool.bench import payload
+    from carpool.bench.openai_target import embedding_bodies
+
+    try:
+        if options.kind == "openai":
+            bodies = embedding_bodies(
+                _texts(options),
+                model=target.name,
+                count=options.distinct,
+                rows=options.rows,
+                encoding=options.encoding,
+            )
+            return cast(Client, target.client(bodies, options.timeout_s))
         spec, requests = _payload(target.metadata, options, batched=None)
+        if options.kind == "grpc":
+            return cast(Client, target.client(requests, spec, options.timeout_s))
         binary = options.encoding == "binary"
-        try:
-            bodies = [payload.encode(r, spec, binary=binary) for r in requests]
-        except ValueError as exc:
-            raise BenchError(f"cannot encode requests: {exc}") from None
+        encoded = [payload.encode(r, spec, binary=binary) for r in requests]
+        return cast(Client, target.client(encoded, options.timeout_s))
+    except ValueError as exc:
+        raise BenchError(f"cannot encode requests: {exc}") from None
+
+
+def _connect(options: Options) -> AbstractAsyncContextManager[Any]:
+    if options.kind == "grpc":
+        from carpool.bench.grpc_target import GrpcTarget
+
+        return GrpcTarget.connect(options.target, options.model)
+    if options.kind == "openai":
+        from carpool.bench.openai_target import OpenAITarget
+
+        return OpenAITarget.connect(options.target, options.model)
+    return HttpTarget.connect(options.target)
+
+
+async def _run_remote(options: Options, display: Display) -> Report:
+    """A model behind a server: v2 over HTTP or gRPC, or an embeddings endpoint."""
+    _plans(options)  # a bad trace file is a usage error before the server is asked anything
+    async with _connect(options) as target:
+        client = _client(target, options)
         report = _report(options, str(target), target.kind, target.name)
-        with _generator(target.client(bodies, options.timeout_s), options.processes) as generator:
+        with _generator(client, options.processes) as generator:
             return await _steps(report, generator, target, display, options)
 
 
@@ -291,7 +340,7 @@ def main(args: argparse.Namespace) -> int:
             model = load_model(options.target, options.batching)
         with asyncio.Runner(loop_factory=event_loop()) as runner:
             if model is None:
-                report = runner.run(_run_http(options, display))
+                report = runner.run(_run_remote(options, display))
             elif options.sweep:
                 report = runner.run(_run_sweep(options, model, display))
             else:

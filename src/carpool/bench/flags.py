@@ -69,9 +69,11 @@ Measure a model under load: throughput, latency percentiles, errors by kind and,
 target is carpool, what the batcher did (mean batch size, batch sizes, queue-wait share).
 
 TARGET is a model on any KServe v2 server (carpool, Triton, MLServer, KServe):
-http://HOST:PORT/v2/models/NAME; or a model run in this process through its own batcher,
-to measure batching without HTTP: anything `carpool serve` takes (module:attr, a model
-file, demo, minilm).
+http://HOST:PORT/v2/models/NAME, or over gRPC grpc://HOST:PORT with --model NAME; an
+OpenAI-compatible embeddings endpoint, http://HOST:PORT/v1/embeddings (one text per
+request: --strings, or built-in sentences); or a model run in this process through its
+own batcher, to measure batching without HTTP: anything `carpool serve` takes
+(module:attr, a model file, demo, minilm).
 
 Load modes, each a list of steps run one after another:
   --concurrency N,...  closed loop: N callers, each sends its next request when answered
@@ -86,13 +88,16 @@ _EPILOG = """\
 examples:
   carpool bench http://127.0.0.1:8000/v2/models/demo --concurrency 1,8,64,256
   carpool bench http://127.0.0.1:8000/v2/models/demo --rate 500,1000 --slo-ms 20 --json a.json
+  carpool bench grpc://127.0.0.1:8001 --model demo --concurrency 1,64
+  carpool bench http://127.0.0.1:8000/v1/embeddings --concurrency 64 --strings texts.txt
   carpool bench demo --concurrency 16 --requests 2000          # the batcher alone, no HTTP
   carpool bench demo --sweep-batching --max-batch-size 8,16,32 --max-wait-ms 0,2,5 \\
       --policy fixed --concurrency 64 --p99-budget-ms 20
   carpool bench URL --trace arrivals.csv --client-processes 2 --plot run.png
   carpool bench --compare a.json b.json --plot compare.png
 
-Errors never stop a run: they are counted by kind (HTTP status, or the exception's type).
+Errors never stop a run: they are counted by kind (HTTP status, gRPC status code, or the
+exception's type).
 Exit status: 0 when the run completed (even with counted errors), 2 on a usage error.
 Every option also reads an environment variable, CARPOOL_BENCH_ + its name."""
 
@@ -111,10 +116,28 @@ _GROUPS: dict[str, list[tuple[str, Callable[[str], Any], str, str]]] = {
     ],
     "requests": [
         ("--input-data", str, "FILE", "JSONL file of requests to send, cycled"),
-        ("--strings", str, "FILE", "text file: one string per line for BYTES inputs"),
-        ("--rows", int, "N", "rows (batch dimension) per request [1]"),
+        (
+            "--strings",
+            str,
+            "FILE",
+            "text file: one string per line, for BYTES inputs or /v1/embeddings",
+        ),
+        ("--rows", int, "N", "rows (batch axis) per request; /v1/embeddings: texts [1]"),
         ("--distinct", int, "N", "distinct requests generated and cycled through [64]"),
-        ("--encoding", str, "json|binary", "HTTP bodies: json, or v2 binary tensors [json]"),
+        (
+            "--encoding",
+            str,
+            "NAME",
+            "v2 HTTP: json|binary tensors [json]; /v1/embeddings: "
+            "the answers' encoding_format, float|base64 [float]",
+        ),
+        (
+            "--model",
+            str,
+            "NAME",
+            "grpc://HOST:PORT: the model; /v1/embeddings: the requests' "
+            "model [the only one /v1/models lists]",
+        ),
     ],
     "client": [
         ("--client-processes", int, "N", "load generator processes sharing the load [1]"),

@@ -23,7 +23,7 @@ from carpool.bench.targets import BenchError, Client, Send
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["HttpClient", "HttpTarget", "ModelURL", "parse_url"]
+__all__ = ["HttpClient", "HttpTarget", "ModelURL", "get", "parse_url", "scrape"]
 
 KEEPALIVE_S = 60.0  # idle pooled connections live across a step's pauses (aiohttp's is 15)
 CONTROL_TIMEOUT_S = 10.0  # metadata and /metrics: a server that cannot answer these is down
@@ -85,7 +85,9 @@ def _unreachable(url: str, exc: BaseException) -> BenchError:
     return BenchError(f"cannot reach {url}: {reason}{hint}")
 
 
-async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, bytes]:
+async def get(session: aiohttp.ClientSession, url: str) -> tuple[int, bytes]:
+    """``GET url``: its status and body; :class:`BenchError` when the server cannot be
+    reached."""
     import aiohttp
 
     try:
@@ -93,6 +95,22 @@ async def _get(session: aiohttp.ClientSession, url: str) -> tuple[int, bytes]:
             return response.status, await response.read()
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         raise _unreachable(url, exc) from None
+
+
+async def scrape(
+    session: aiohttp.ClientSession, url: str, model: str
+) -> tuple[Snapshot | None, bool]:
+    """``model``'s counters in the ``/metrics`` at ``url``, and whether to read it again:
+    not when it has none (not carpool, or prometheus-client is not installed here)."""
+    try:
+        status, body = await get(session, url)
+        text = body.decode(errors="replace")
+        snap = parse_metrics(text, model) if status == 200 else None
+    except BenchError:
+        return None, True  # the server went away: the step's errors say so
+    except ImportError:  # prometheus-client, to read the text, is not installed
+        snap = None
+    return snap, snap is not None
 
 
 class HttpTarget:
@@ -122,7 +140,7 @@ class HttpTarget:
         url = parse_url(text)
         timeout = aiohttp.ClientTimeout(total=CONTROL_TIMEOUT_S)
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            status, body = await _get(session, url.metadata)
+            status, body = await get(session, url.metadata)
             if status != 200:
                 message = body.decode(errors="replace")[:300].strip()
                 raise BenchError(f"{url.metadata} answered HTTP {status}: {message}")
@@ -141,15 +159,7 @@ class HttpTarget:
         """The model's counters in ``/metrics``; ``None`` when it has none (not carpool)."""
         if not self._scrape:
             return None
-        try:
-            status, body = await _get(self._session, self.url.metrics)
-            text = body.decode(errors="replace")
-            snap = parse_metrics(text, self.name) if status == 200 else None
-        except BenchError:
-            return None  # the server went away: the step's errors say so
-        except ImportError:  # prometheus-client, to read the text, is not installed
-            snap = None
-        self._scrape = snap is not None
+        snap, self._scrape = await scrape(self._session, self.url.metrics, self.name)
         return snap
 
     def server_side(

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from carpool.bench.targets import BenchError, is_url
+from carpool.bench.targets import BenchError, is_url, target_kind
 
 __all__ = ["Options", "options_from"]
 
@@ -29,7 +29,7 @@ TIMEOUT_S = 30.0  # a request this late is a failure (TimeoutError), not a laten
 # Where a run was written, how the client ran (Report.client) and the sweep grid (its own
 # setting): recorded elsewhere or not at all.
 _NOT_SETTINGS = frozenset(
-    {"target", "json", "plot", "label", "processes", "connections", "batching", "sweep",
+    {"target", "kind", "json", "plot", "label", "processes", "connections", "batching", "sweep",
      "sizes", "waits", "p99_budget_ms"}
 )  # fmt: skip
 
@@ -40,6 +40,7 @@ class Options:
 
     target: str
     mode: str  # "concurrency", "rate" or "trace"
+    kind: str = "http"  # what TARGET is: one of carpool.bench.targets.KINDS
     values: tuple[float, ...] = ()  # callers or rates per step; () for a trace
     trace: str | None = None
     duration_s: float | None = None  # as given; None: DURATION_S, or the whole trace
@@ -51,7 +52,8 @@ class Options:
     input_data: str | None = None
     strings: str | None = None
     distinct: int = DISTINCT
-    encoding: str = "json"
+    encoding: str = "json"  # v2 HTTP: json|binary; grpc: raw; openai: float|base64
+    model: str | None = None  # grpc and openai targets: the model asked for
     processes: int = 1
     connections: int = CONNECTIONS
     timeout_s: float = TIMEOUT_S
@@ -92,12 +94,12 @@ def options_from(
     _check(args)
     check_paths(args)
     batching, sizes, waits = _batching_flags(args, mode)
-    encoding = (args.encoding or "json").lower()
-    if encoding not in ("json", "binary"):
-        raise BenchError(f"--encoding must be json or binary, got {args.encoding!r}")
+    kind = target_kind(args.target)
+    encoding = _target_flags(args, kind)
     return Options(
         target=args.target,
         mode=mode,
+        kind=kind,
         values=values,
         trace=args.trace,
         duration_s=args.duration,
@@ -110,6 +112,7 @@ def options_from(
         strings=args.strings,
         distinct=args.distinct or DISTINCT,
         encoding=encoding,
+        model=args.model,
         processes=args.client_processes or 1,
         connections=args.connections or CONNECTIONS,
         timeout_s=args.timeout or TIMEOUT_S,
@@ -123,6 +126,37 @@ def options_from(
         plot=args.plot,
         label=args.label or "",
     )
+
+
+# --encoding per kind of target: the values it takes, the first the default.
+_ENCODINGS = {
+    "http": ("json", "binary"),  # v2 JSON, or the binary tensor extension
+    "in-process": ("json", "binary"),  # nothing is encoded: recorded, never used
+    "grpc": ("raw",),  # raw_input_contents: there is no other way to send
+    "openai": ("float", "base64"),  # the answers' encoding_format (requests are JSON)
+}
+
+
+def _target_flags(args: argparse.Namespace, kind: str) -> str:
+    """The flags that depend on what TARGET is: --encoding (returned, checked), --model,
+    and the request flags an embeddings endpoint has no use for."""
+    if args.model is not None and kind not in ("grpc", "openai"):
+        where = "the URL names the model" if kind == "http" else "TARGET is the model"
+        raise BenchError(f"--model applies to grpc:// and /v1/embeddings targets; {where}")
+    if kind == "openai":
+        for flag, given in (("--input-data", args.input_data), ("--shape", args.shape)):
+            if given:
+                raise BenchError(f"{flag} describes v2 tensors; /v1/embeddings takes texts: "
+                                 "give them with --strings FILE")  # fmt: skip
+    allowed = _ENCODINGS[kind]
+    encoding = (args.encoding or allowed[0]).lower()
+    if encoding not in allowed:
+        if kind == "grpc":
+            raise BenchError("--encoding applies to HTTP targets; gRPC sends raw tensors")
+        raise BenchError(
+            f"--encoding for a {kind} target must be {' or '.join(allowed)}, got {args.encoding!r}"
+        )
+    return encoding
 
 
 def _shape(text: str) -> tuple[str, tuple[int, ...]]:

@@ -31,6 +31,7 @@ __all__ = [
     "HEADER_LENGTH",
     "InputSpec",
     "RequestSpec",
+    "check_array",
     "described_inputs",
     "encode",
     "generate",
@@ -161,7 +162,7 @@ def encode(
         if name not in request:
             raise ValueError(f"the request has no input {name!r} (it has {', '.join(request)})")
         array = np.asarray(request[name])
-        _check_array(array, datatype, name)
+        check_array(array, datatype, name)
         entry: dict[str, Any] = {"name": name, "shape": list(array.shape), "datatype": datatype}
         if binary:
             blobs.append(array_to_wire(array, datatype=datatype, name=name))
@@ -258,8 +259,9 @@ def _words(rng: np.random.Generator) -> bytes:
     )
 
 
-def _check_array(array: Array, datatype: str, name: str) -> None:
-    # Refuse what the codec would refuse, worded for an input rather than an output.
+def check_array(array: Array, datatype: str, name: str) -> None:
+    """Refuse (``ValueError``) what the codec would refuse, worded for an input rather than
+    an output; shared with :mod:`carpool.bench.grpc_target`."""
     kind = array.dtype.kind
     if datatype == "BYTES":
         ok = kind in "OSU"
