@@ -701,3 +701,17 @@ def test_bad_compressed_bodies(
         "/v2/models/pair/infer", content=content, headers={"Content-Encoding": encoding}
     )
     assert_error(server, response, status, message)
+
+
+def test_nan_and_infinity_travel_as_json_tokens_both_ways(server: Server) -> None:
+    """Triton's JSON takes and gives bare NaN/Infinity (perf_analyzer's JSON mode sends them);
+    an ordinary body still goes through orjson, and the answer writes them the same way."""
+    body = (
+        b'{"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], '
+        b'"data": [NaN, Infinity, -Infinity, 2.5]}]}'
+    )
+    response = server.http.post("/v2/models/identity/infer", content=body)
+    assert response.status_code == 200, response.text
+    assert b'"data":[NaN,Infinity,-Infinity,2.5]' in response.content.replace(b" ", b"")
+    (output,) = json.loads(response.content)["outputs"]
+    assert str(output["data"]) == "[nan, inf, -inf, 2.5]"

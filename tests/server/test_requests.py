@@ -383,12 +383,45 @@ def test_duplicate_input_names_are_refused() -> None:
 
 
 @pytest.mark.parametrize(
-    "body", [b"{", b"", b"\xff\xfe", b'{"inputs": [NaN]}', b'{"inputs": []} x']
+    "body",
+    [
+        b"{",
+        b"",
+        b"\xff\xfe",
+        b'{"inputs": []} x',
+        b'{"inputs": [nan]}',
+        b'{"inputs": [NaN] x',
+        b'{"a": Infinityx}',
+        b"[" * 100_000 + b"NaN" + b"]" * 100_000,  # a nesting bomb on the stdlib's path
+    ],
 )
 def test_malformed_json_is_refused(body: bytes) -> None:
     with pytest.raises(ProtocolError, match="failed to parse the request JSON buffer") as info:
         parse_infer_request(body, None, max_elements=LIMIT)
     assert info.value.field == "body"
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "FP32", "FP64"])
+def test_json_takes_nan_and_infinity_as_triton_does(datatype: str) -> None:
+    """perf_analyzer sends random FP32 bit patterns as JSON: bare NaN and Infinity tokens."""
+    body = (
+        b'{"inputs": [{"name": "X", "datatype": "%s", "shape": [4], '
+        b'"data": [NaN, Infinity, -Infinity, 1.5]}]}' % datatype.encode()
+    )
+    (tensor,) = parse_infer_request(body, None, max_elements=LIMIT).inputs
+    assert np.isnan(tensor.data[0])
+    assert tensor.data[1:].tolist() == [np.inf, -np.inf, 1.5]
+    assert tensor.data.dtype == np.dtype(datatype.replace("FP", "float"))
+
+
+def test_json_with_nan_still_refuses_a_finite_value_too_large_for_its_datatype() -> None:
+    body = b'{"inputs": [{"name": "X", "datatype": "FP32", "shape": [2], "data": [NaN, 1e39]}]}'
+    with pytest.raises(ProtocolError, match="a value is out of range for FP32") as info:
+        parse_infer_request(body, None, max_elements=LIMIT)
+    assert info.value.field == "X"
+    huge = b'{"inputs": [{"name": "X", "datatype": "FP32", "shape": [2], "data": [NaN, 1%s]}]}'
+    with pytest.raises(ProtocolError, match="a value is out of range for FP32"):
+        parse_infer_request(huge % (b"0" * 400), None, max_elements=LIMIT)
 
 
 @pytest.mark.parametrize("body", [b"[]", b'"inputs"', b"3", b"null"])

@@ -10,6 +10,7 @@ anything that touches a socket.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -35,7 +36,12 @@ from carpool.server.tensors import (
     raw_shape,
 )
 
-__all__ = ["parse_header_length", "parse_infer_request", "parse_raw_request"]
+__all__ = [
+    "parse_header_length",
+    "parse_infer_request",
+    "parse_raw_request",
+    "parse_index_request",
+]
 
 _NO_SHM = "shared memory is not supported by this server ({} '{}'); send the data in the body"
 
@@ -128,16 +134,40 @@ def parse_raw_request(
     )
 
 
+def parse_index_request(body: bytes) -> bool:
+    """A repository index request's ``ready`` flag: true asks for the ready models only.
+
+    The body is empty or ``{"ready": bool}`` (Triton's model repository extension); raises
+    ``ProtocolError`` (400) for anything else.
+    """
+    if not body.strip():
+        return False
+    doc = _json_object(memoryview(body))
+    ready = doc.get("ready", False)
+    return _expect_bool(ready, "ready")
+
+
 def _json_object(header: memoryview) -> dict[str, Any]:
     try:
         doc = orjson.loads(header)
     except orjson.JSONDecodeError as exc:
-        raise ProtocolError(
-            f"failed to parse the request JSON buffer: {exc}", field="body"
-        ) from None
+        doc = _json_with_non_finite(header, exc)
     if type(doc) is not dict:
         raise ProtocolError("the request body must be a JSON object", field="body")
     return doc
+
+
+def _json_with_non_finite(header: memoryview, error: orjson.JSONDecodeError) -> Any:
+    """A body orjson refused, read again by the stdlib if it holds ``NaN``, ``Infinity`` or
+    ``-Infinity``: Triton's JSON accepts those bare tokens, and perf_analyzer sends random
+    FP32 bit patterns as JSON numbers. Ordinary bodies never leave the fast parser."""
+    raw = bytes(header)
+    if b"NaN" in raw or b"Infinity" in raw:
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError):  # a nesting bomb: the stdlib recurses
+            pass
+    raise ProtocolError(f"failed to parse the request JSON buffer: {error}", field="body")
 
 
 def _inputs(

@@ -247,10 +247,17 @@ def _floats_from_json(flat: list[Any], types: set[type], datatype: str, where: s
     # Numbers, rounded to the nearest value of the datatype; one too large for it is refused.
     if not types <= {int, float}:
         raise ValueError(f"{where}: {datatype} needs numbers; {_first_not(flat, (int, float))}")
-    with np.errstate(over="ignore"):
-        out = np.array(flat, dtype=FIXED_DTYPES[datatype])
-    if not np.isfinite(out).all():  # JSON has no NaN or Infinity: this is an overflow
-        raise ValueError(f"{where}: a value is out of range for {datatype}")
+    try:
+        with np.errstate(over="ignore"):
+            out = np.array(flat, dtype=FIXED_DTYPES[datatype])
+    except OverflowError:  # an integer past float64's range (the stdlib reads any size)
+        raise ValueError(f"{where}: a value is out of range for {datatype}") from None
+    if not np.isfinite(out).all():
+        # NaN and +-Infinity sent as such (bare tokens, as Triton's JSON takes them) stay;
+        # a finite number that does not fit the datatype is refused.
+        sent = np.array(flat, dtype=np.float64)
+        if (np.isfinite(sent) & ~np.isfinite(out)).any():
+            raise ValueError(f"{where}: a value is out of range for {datatype}")
     return out
 
 
