@@ -1,5 +1,5 @@
 """The texts ``carpool bench`` sends to an embeddings endpoint when no ``--strings`` file
-is given: 64 sentences of varied length, topic and script (1 to ~60 words, English and
+is given: 64 sentences of varied length, topic and script (1 to 43 words, English and
 others, punctuation, numbers, emoji), so tokenized lengths spread as real traffic's do.
 Data only.
 """
