@@ -439,3 +439,56 @@ async def test_preprocess_is_the_server_s_step_not_the_batcher_s(gate_kind: Gate
     assert gate.batches[1]["ids"].tolist() == [100, 200]
     assert untouched["OUTPUT0"].tolist() == [2, 3]
     assert processed["OUTPUT0"].tolist() == [101, 201]
+
+
+# ----------------------------------------------------------------- openai and count_tokens
+
+
+def _text_lengths(batch: Any) -> Any:
+    return np.array([[len(bytes(t))] for t in batch.reshape(-1)], dtype=np.float32)
+
+
+TEXT = Tensor("TEXT", "BYTES", (1,))
+VECTOR = Tensor("VECTOR", "FP32", (4,))
+
+
+@pytest.mark.parametrize("text_shape", [(), (1,), (-1,)])
+def test_openai_takes_a_model_of_text_to_one_vector(text_shape: tuple[int, ...]) -> None:
+    model = Model(
+        _text_lengths, inputs=[Tensor("T", "BYTES", text_shape)], outputs=[VECTOR], openai=True
+    )
+    assert model.openai
+
+
+@pytest.mark.parametrize(
+    ("changes", "declared"),
+    [
+        ({"inputs": None}, "['VECTOR:FP32:[4]']"),
+        ({"outputs": None}, "['TEXT:BYTES:[1]']"),
+        ({"inputs": [Tensor("X", "FP32", (1,))]}, "['X:FP32:[1]', 'VECTOR:FP32:[4]']"),
+        ({"inputs": [TEXT, Tensor("B", "BYTES", (1,))]}, "['TEXT:BYTES:[1]', 'B:BYTES:[1]', "),
+        ({"inputs": [Tensor("T", "BYTES", (2,))]}, "['T:BYTES:[2]', 'VECTOR:FP32:[4]']"),
+        ({"outputs": [Tensor("U", "BYTES", (1,))]}, "['TEXT:BYTES:[1]', 'U:BYTES:[1]']"),
+        ({"outputs": [Tensor("M", "FP32", (2, 2))]}, "['TEXT:BYTES:[1]', 'M:FP32:[2, 2]']"),
+        ({"batching": Batching(max_batch_size=0)}, "with max_batch_size=0"),
+    ],
+)
+def test_openai_refuses_a_model_that_is_not_text_to_one_vector(
+    changes: dict[str, Any], declared: str
+) -> None:
+    settings: dict[str, Any] = {"inputs": [TEXT], "outputs": [VECTOR], **changes}
+    with pytest.raises(
+        ValueError, match=r"^openai = true \(serving OpenAI's /v1/embeddings\) "
+    ) as info:
+        Model(_text_lengths, openai=True, **settings)
+    assert declared in str(info.value)
+    assert str(info.value).endswith("declare inputs and outputs that fit, or leave openai off")
+
+
+def test_openai_is_off_unless_asked_and_hooks_are_checked() -> None:
+    assert Model(_text_lengths).openai is False
+    assert Model(_text_lengths).count_tokens is None
+    with pytest.raises(TypeError, match=exactly("Model openai must be True or False, got 'yes'")):
+        Model(_text_lengths, inputs=[TEXT], outputs=[VECTOR], openai="yes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=exactly("Model count_tokens must be callable, got int")):
+        Model(_text_lengths, count_tokens=3)  # type: ignore[arg-type]

@@ -89,6 +89,12 @@ _SETTING_FLAGS: tuple[Flag, ...] = (
         float,
         "queue timeout for requests that send none; then 503 [none]",
     ),
+    (
+        "--openai",
+        parse_bool,
+        "also serve the models over OpenAI's /v1/embeddings and /v1/models (true/false); "
+        "each must take text (one BYTES input) to one FP32 vector [true for minilm, else false]",
+    ),
     ("--max-body-bytes", int, "largest request body; then 413 [67108864]"),
     ("--drain-timeout", float, "seconds to finish requests on SIGTERM [30]"),
     ("--log-level", str, "debug, info, warning, error or critical [info]"),
@@ -123,6 +129,7 @@ _BATCHING_KEYS = (
     "runner",
     "ray_address",
     "batch_timeout_ms",
+    "openai",  # not batching's, but a model's setting all the same (carpool.loading.settings)
 )
 
 

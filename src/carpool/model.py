@@ -27,6 +27,7 @@ from carpool.worker import is_async_callable
 __all__ = ["Batching", "Model", "Tensor"]
 
 Preprocess = Callable[[dict[str, np.ndarray[Any, Any]]], Mapping[str, np.ndarray[Any, Any]]]
+TokenCount = Callable[[Mapping[str, np.ndarray[Any, Any]]], int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +177,12 @@ class Model:
     ``padding``, ``fn`` always receives a dict of arrays by name; with several declared
     inputs, in their declared order. Several outputs come back as a dict by name, or a tuple
     in declared order.
+
+    ``openai``: also serve the model over OpenAI's ``/v1/embeddings`` (the server's
+    ``carpool.server.openai``); it needs one declared BYTES input (a string per row), one
+    declared FP32 output (a vector per row) and batching on. ``count_tokens``: the tokens one
+    request holds as the model sees them, from the inputs ``fn`` gets (after ``preprocess``),
+    which OpenAI's ``usage`` reports; None counts 0.
     """
 
     fn: Callable[[Any], Any]
@@ -187,6 +194,8 @@ class Model:
     platform: str = "python"
     preprocess: Preprocess | None = None
     padding: Padding | None = None
+    openai: bool = False  # off: a model is served over the v2 routes unless it opts in
+    count_tokens: TokenCount | None = None
     # How to build this model again in another process (process workers): a picklable
     # zero-argument function returning the Model as loaded, before settings are applied.
     recipe: Callable[[], Model] | None = field(default=None, compare=False)
@@ -194,10 +203,10 @@ class Model:
     def __post_init__(self) -> None:
         if not callable(self.fn):
             raise TypeError(f"Model fn must be callable, got {type(self.fn).__name__}")
-        if self.preprocess is not None and not callable(self.preprocess):
-            raise TypeError(
-                f"Model preprocess must be callable, got {type(self.preprocess).__name__}"
-            )
+        for hook in ("preprocess", "count_tokens"):
+            value = getattr(self, hook)
+            if value is not None and not callable(value):
+                raise TypeError(f"Model {hook} must be callable, got {type(value).__name__}")
         if self.padding is not None and not self.batching.batched:
             raise ValueError("padding needs batching on (max_batch_size >= 1)")
         for kind in ("inputs", "outputs"):
@@ -210,6 +219,10 @@ class Model:
                 if len(set(names)) != len(names):
                     raise ValueError(f"{kind} has duplicate names: {names}")
                 setattr(self, kind, tensors)
+        if not isinstance(self.openai, bool):
+            raise TypeError(f"Model openai must be True or False, got {self.openai!r}")
+        if self.openai:
+            _check_text_to_vector(self)
 
     @property
     def declared(self) -> bool:
@@ -297,6 +310,30 @@ class Model:
             return adapt.after(fn(adapt.argument(arg)), arg, rows)
 
         return call
+
+
+def _check_text_to_vector(model: Model) -> None:
+    """What OpenAI's embeddings route needs: text in, one vector out, per row, batched.
+    Raises ValueError naming what the model has instead."""
+    ins, outs = model.inputs or (), model.outputs or ()
+    fits = (
+        len(ins) == 1
+        and ins[0].datatype == "BYTES"
+        and ins[0].shape in ((), (1,), (-1,))
+        and len(outs) == 1
+        and outs[0].datatype == "FP32"
+        and len(outs[0].shape) == 1
+        and model.batching.batched
+    )
+    if not fits:
+        shown = [f"{t.name}:{t.datatype}:{list(t.shape)}" for t in (*ins, *outs)]
+        raise ValueError(
+            "openai = true (serving OpenAI's /v1/embeddings) needs one declared BYTES input "
+            "of one string per row (shape [1]), one declared FP32 output of one vector per "
+            f"row (shape [N]) and batching on; the model declares {shown or 'nothing'} with "
+            f"max_batch_size={model.batching.max_batch_size}: declare inputs and outputs "
+            "that fit, or leave openai off"
+        )
 
 
 def _in_worker(value: Any) -> Any:

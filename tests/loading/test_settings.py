@@ -93,3 +93,23 @@ def test_batching_flags_leave_a_model_that_cannot_batch_unbatched(tmp_path: Path
     )
     assert (model.name, model.batching.max_batch_size, model.batching.workers) == ("fixed", 0, 2)
     assert model.input_specs[0].shape == (2, 3)
+
+
+def test_openai_from_a_table_or_the_flag_which_wins() -> None:
+    from carpool import Model
+    from carpool.loading import apply_settings
+
+    model = Model(
+        lambda batch: batch,
+        name="texts",
+        inputs=[Tensor("TEXT", "BYTES", (1,))],
+        outputs=[Tensor("VECTOR", "FP32", (8,))],
+    )
+    assert apply_settings(model, [{"openai": True}]).openai is True
+    assert apply_settings(model, [{"openai": True}], flags={"openai": False}).openai is False
+    on = apply_settings(model, [], flags={"openai": True, "max_batch_size": 4})
+    assert (on.openai, on.batching) == (True, Batching(max_batch_size=4))  # not batching's
+    with pytest.raises(ConfigError, match=r"^Model openai must be True or False, got 'yes'$"):
+        apply_settings(model, [{"openai": "yes"}])
+    with pytest.raises(ConfigError, match=r"^openai = true \(serving OpenAI's /v1/embeddings\)"):
+        apply_settings(model, [{"openai": True, "outputs": ["V:BYTES:1"]}])

@@ -28,6 +28,7 @@ __all__ = [
     "flaky",
     "gated",
     "identity",
+    "lengths",
     "pair",
     "troublemaker",
     "upper",
@@ -120,6 +121,20 @@ upper = Model(
     inputs=[Tensor("TEXT", "BYTES", (-1,))],
     outputs=[Tensor("UPPER", "BYTES", (-1,))],
 )
+
+
+def _lengths(batch: Array) -> Array:
+    # Per text: its UTF-8 bytes and its words (split on spaces), as floats.
+    texts = [bytes(item) for item in batch.reshape(-1)]
+    return np.array([[len(t), len(t.split())] for t in texts], dtype=np.float32)
+
+
+lengths = Model(
+    _lengths,
+    name="lengths",
+    inputs=[Tensor("TEXT", "BYTES", (1,))],
+    outputs=[Tensor("COUNTS", "FP32", (2,))],
+)  # text in, one vector out, no tokenizer: may opt in to OpenAI's embeddings route
 
 
 def _deliberate(batch: Array) -> Array:

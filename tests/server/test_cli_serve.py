@@ -33,6 +33,7 @@ FLAGS = {
     "--batch-timeout-ms": "CARPOOL_BATCH_TIMEOUT_MS",
     "--max-queue-size": "CARPOOL_MAX_QUEUE_SIZE",
     "--default-timeout-ms": "CARPOOL_DEFAULT_TIMEOUT_MS",
+    "--openai": "CARPOOL_OPENAI",
     "--max-body-bytes": "CARPOOL_MAX_BODY_BYTES",
     "--drain-timeout": "CARPOOL_DRAIN_TIMEOUT",
     "--log-level": "CARPOOL_LOG_LEVEL",

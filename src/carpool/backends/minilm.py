@@ -20,7 +20,7 @@ import numpy as np
 from carpool.model import Batching, Model, Preprocess, Tensor
 from carpool.padding import Padding
 
-__all__ = ["minilm_model"]
+__all__ = ["count_tokens", "minilm_model"]
 
 log = logging.getLogger("carpool.backends.minilm")
 
@@ -80,6 +80,8 @@ def minilm_model(
         platform="pytorch",
         preprocess=_tokenize(tokenizer),
         padding=Padding(inputs={"input_ids": PAD_ID, "attention_mask": 0}, buckets=tuple(buckets)),
+        openai=True,  # text in, one vector out: what OpenAI's /v1/embeddings serves
+        count_tokens=count_tokens,
     )
 
 
@@ -133,6 +135,12 @@ def _tokenize(tokenizer: Any) -> Preprocess:
         }
 
     return preprocess
+
+
+def count_tokens(inputs: Mapping[str, np.ndarray[Any, Any]]) -> int:
+    """The tokens the model sees in one request's rows, as preprocess made them: [CLS] and
+    [SEP] included, past 256 truncated, padding not counted (OpenAI's ``prompt_tokens``)."""
+    return int(np.asarray(inputs["attention_mask"]).sum())
 
 
 def _embedder(

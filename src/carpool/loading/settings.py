@@ -2,7 +2,8 @@
 
 The same table shape serves the server config's ``[models.NAME]`` and a model folder's own
 ``carpool.toml``: batching keys (``max_batch_size``, ``max_wait_ms``, ``allowed_batch_sizes``,
-...), ``version``, ``inputs``/``outputs``, a ``[padding]`` table, and how to load the model
+...), ``version``, ``inputs``/``outputs``, a ``[padding]`` table, ``openai`` (serve it over
+OpenAI's embeddings route too), and how to load the model
 (``backend``, ``file``, ``target``, ``[onnx]``, ``[torch]``).
 """
 
@@ -95,6 +96,8 @@ def apply_settings(
     command line's batching ``flags`` and declared ``inputs``/``outputs``, strongest."""
     batching, changes = _read_layers(layers)
     batching.update(flags or {})
+    if "openai" in batching:  # the Model's own field (a table's key or --openai), not batching's
+        changes["openai"] = batching.pop("openai")
     if not model.batching.batched:
         # The model itself cannot batch (an ONNX graph without a batch axis): settings
         # meant for batching models (a flag applies to every model) leave it as it is.

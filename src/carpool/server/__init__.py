@@ -8,6 +8,7 @@ Its modules, each importing only from those above it:
 - ``inference``: a request checked against its model, the model's outputs shaped; pure.
 - ``registry``: the served models, their batchers, metadata, config and statistics.
 - ``statuses``: the one table from exceptions to HTTP statuses; ``HTTPError``.
+- ``openai``: OpenAI's embeddings and models bodies to and from those records; pure.
 - ``asgi`` / ``bodies``: ASGI plumbing; request bodies within the size limit.
 - ``buckets`` / ``metrics``: ``/metrics`` histogram buckets (pure); Prometheus exposition.
 - ``app``: the ASGI application: lifespan, routes, the inference endpoint.
