@@ -1,0 +1,482 @@
+"""Soak: ``carpool serve`` for 10 minutes at about 70 % of its capacity, with everything mixed.
+
+What: ``carpool serve demo`` (the numpy MLP; 3 priority levels, a bounded queue) on the
+server core; its capacity for the mix measured first (closed loop, 64 callers), then an
+open-loop Poisson arrival at 70 % of it from this process on the client core (aiohttp):
+1..8 rows a request, JSON or binary, random priorities, 10 % with a short queue ``timeout``
+(some expire), 2 % bad requests (wrong shape, wrong datatype, unknown model, malformed JSON:
+4xx), 2 % cancelled (the client closes its connection before the answer; see ``_soak.py``).
+Every ``--interval`` s a row: requests, outcomes, p50/p99 of the answers, and the server's
+RSS and open fds (``/proc``), event-loop tasks (``carpool_event_loop_tasks``), threads, CPU.
+Latency runs from each request's scheduled send time, so a lagging client hides nothing.
+
+Goals: RSS growth after the first minute < 5 %; fds and tasks flat (the last minute's mean
+within 10 % (+2) of the first's, and as many when idle after the load as before it); p99 of
+the last minute within 20 % of the first. Shorter runs (``--duration``) use a quarter of
+the run for "minute". Accounting, from ``/metrics`` at the end: the server counted every
+request sent to the model once; what the batcher received equals completed + failed +
+expired + cancelled + rejected + in flight; every request got one answer or ended in a
+close the client made itself; 0 lost, 0 unexpected statuses. Exits 0 whatever it finds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import sys
+import tempfile
+import time
+from array import array
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import _bench
+import _process
+import _soak
+import aiohttp
+
+LOAD = 0.70  # of the measured capacity
+CLIENTS = 64  # closed-loop callers of the capacity step: enough to keep batches full
+POOL = 256  # the soak client's connections at most
+KEEPALIVE_S = 2.0  # the client drops idle connections before uvicorn's 5 s keep-alive does
+CONFIG = """\
+[models.demo]
+max_batch_size = 32
+priority_levels = 3
+default_priority_level = 2
+max_queue_size = 2048  # rows: ~20x what waits at 70 % load; a burst is refused, not queued
+"""
+
+
+def parse_args() -> Any:
+    p = _bench.base_parser(__doc__, default_cpus="0,1")
+    p.add_argument("--duration", type=float, default=None, help="seconds of soak (600)")
+    p.add_argument("--interval", type=float, default=None, help="seconds between rows")
+    p.add_argument("--load", type=float, default=LOAD, help="share of capacity (0.70)")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args()
+
+
+# ------------------------------------------------------------------------------ server
+
+
+@dataclass(frozen=True)
+class Proc:
+    """The server process as /proc and /metrics see it."""
+
+    rss_mb: float
+    fds: int
+    threads: int
+    tasks: float
+    cpu_s: float
+
+
+async def observe(scrape: aiohttp.ClientSession, server: _process.Server) -> Proc:
+    async with scrape.get(server.base + "/metrics") as r:
+        text = await r.text()
+    gauge = "carpool_event_loop_tasks "
+    tasks = [float(line.split()[1]) for line in text.splitlines() if line.startswith(gauge)]
+    rss_mb, fds, threads = _from_proc(server.pid)
+    cpu_s = _process.cpu_seconds(server.pid)
+    return Proc(rss_mb, fds, threads, tasks[0] if tasks else float("nan"), cpu_s)
+
+
+def _from_proc(pid: int) -> tuple[float, int, int]:
+    """RSS in MB, open fds and threads of ``pid``."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    rss_mb = int(fields["VmRSS"].split()[0]) / 1024
+    return rss_mb, len(os.listdir(f"/proc/{pid}/fd")), int(fields["Threads"])
+
+
+async def settle(scrape: aiohttp.ClientSession, server: _process.Server, fds: int) -> Proc:
+    """The server idle: once its fds are back to ``fds`` (connections closed), or 10 s."""
+    deadline = time.monotonic() + 10.0
+    while True:
+        proc = await observe(scrape, server)
+        if proc.fds <= fds or time.monotonic() > deadline:
+            return proc
+        await asyncio.sleep(0.2)
+
+
+# ------------------------------------------------------------------------------ load
+
+
+async def capacity(
+    server: _process.Server, warmup: float, window: float, tally: _soak.Tally, bodies: _soak.Bodies
+) -> float:
+    """Answers per second of good requests from CLIENTS closed-loop callers."""
+    loop = asyncio.get_running_loop()
+    opens = loop.time() + warmup
+    closes = opens + window
+    counted = [0]
+
+    async def caller(i: int, session: aiohttp.ClientSession) -> None:
+        rng = random.Random(1000 + i)
+        n = 0
+        while loop.time() < closes:
+            n += 1
+            a = _soak.draw(rng, -(i * 1_000_000 + n), good_only=True)
+            if await _soak.send(session, server.base, a, bodies, tally) == _soak.OK:
+                counted[0] += opens <= loop.time() < closes
+
+    async with _session(CLIENTS) as session, asyncio.TaskGroup() as tg:
+        for i in range(CLIENTS):
+            tg.create_task(caller(i, session))
+    return counted[0] / window
+
+
+@dataclass(frozen=True)
+class Row:
+    """One sample: the time into the soak, the server, and the requests that ended since
+    the last row."""
+
+    t: float
+    proc: Proc
+    cpu: float  # the server's CPU over the interval, as a share of one core
+    outcomes: Counter[str]
+    ok_latencies: list[float]
+
+
+@dataclass
+class Soak:
+    """What the open-loop run recorded."""
+
+    start: float = 0.0
+    scheduled: array[float] = field(default_factory=lambda: array("d"))  # s in, of each OK
+    latency: array[float] = field(default_factory=lambda: array("d"))  # from scheduled send
+    lag: array[float] = field(default_factory=lambda: array("d"))  # launch - scheduled, all
+    outcomes: Counter[str] = field(default_factory=Counter)  # since the last row
+    ok_latencies: list[float] = field(default_factory=list)  # since the last row
+    rows: list[Row] = field(default_factory=list)
+
+
+async def soak(
+    server: _process.Server,
+    scrape: aiohttp.ClientSession,
+    rate: float,
+    duration: float,
+    every: float,
+    seed: int,
+    tally: _soak.Tally,
+    bodies: _soak.Bodies,
+) -> Soak:
+    """Poisson arrivals of the mix at ``rate`` for ``duration`` s; a row every ``every``."""
+    loop = asyncio.get_running_loop()
+    rng = random.Random(seed)
+    run = Soak()
+    host, port = server.base.removeprefix("http://").split(":")
+
+    async def one(a: _soak.Arrival, at: float, session: aiohttp.ClientSession) -> None:
+        run.lag.append(loop.time() - at)
+        if a.cancel_after_s is not None:
+            outcome = await _soak.cancel(host, int(port), a, bodies, tally)
+        else:
+            outcome = await _soak.send(session, server.base, a, bodies, tally)
+        run.outcomes[outcome] += 1
+        if outcome == _soak.OK:
+            latency = loop.time() - at
+            run.scheduled.append(at - run.start)
+            run.latency.append(latency)
+            run.ok_latencies.append(latency)
+
+    async def sampler(before: Proc) -> None:
+        print(_line(COLUMNS))
+        k = 1
+        while k * every <= duration + 1e-6:
+            await asyncio.sleep(max(0.0, run.start + k * every - loop.time()))
+            proc = await observe(scrape, server)
+            row = Row(
+                k * every, proc, (proc.cpu_s - before.cpu_s) / every, run.outcomes, run.ok_latencies
+            )
+            run.outcomes, run.ok_latencies, before = Counter(), [], proc
+            print(_line(_cells(row)))
+            run.rows.append(row)
+            k += 1
+
+    async with _session(POOL) as session, asyncio.TaskGroup() as tg:
+        first = await observe(scrape, server)
+        run.start = at = loop.time()
+        tg.create_task(sampler(first))
+        n = 0
+        while True:
+            at += rng.expovariate(rate)
+            if at - run.start >= duration:
+                break
+            await asyncio.sleep(max(0.0, at - loop.time()))
+            n += 1
+            tg.create_task(one(_soak.draw(rng, n), at, session))
+    return run
+
+
+def _session(connections: int) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=connections, keepalive_timeout=KEEPALIVE_S),
+        timeout=aiohttp.ClientTimeout(total=_soak.ANSWER_WITHIN_S),
+    )
+
+
+# ------------------------------------------------------------------------------ report
+
+COLUMNS = (
+    "t s",
+    "sent",
+    "ok",
+    "expired",
+    "full",
+    "4xx",
+    "cancel",
+    "bad",
+    "p50 ms",
+    "p99 ms",
+    "RSS MB",
+    "fds",
+    "tasks",
+    "threads",
+    "cpu",
+)
+WIDTHS = (6, 6, 6, 7, 5, 4, 6, 4, 7, 7, 7, 5, 6, 7, 5)
+
+
+def _line(cells: Any) -> str:
+    return "  ".join(str(c).rjust(w) for c, w in zip(cells, WIDTHS, strict=True))
+
+
+def _cells(row: Row) -> list[Any]:
+    o, p = row.outcomes, row.proc
+    bad = o[_soak.WRONG] + o[_soak.UNEXPECTED] + o[_soak.LOST]
+    return [
+        f"{row.t:g}",
+        sum(o.values()),
+        o[_soak.OK],
+        o[_soak.EXPIRED],
+        o[_soak.QUEUE_FULL],
+        o[_soak.REFUSED],
+        o[_soak.CANCELLED],
+        bad,
+        f"{_ms(row.ok_latencies, 50):.2f}",
+        f"{_ms(row.ok_latencies, 99):.2f}",
+        f"{p.rss_mb:.1f}",
+        p.fds,
+        _bench.fmt_num(p.tasks),
+        p.threads,
+        f"{row.cpu:.0%}",
+    ]
+
+
+def _ms(latencies: Any, q: float) -> float:
+    return _bench.percentile(list(latencies), q) * 1000.0
+
+
+def report(run: Soak, window: float, duration: float, idle: tuple[Proc, Proc]) -> None:
+    """The figures over time, and a verdict per goal."""
+    first = [r for r in run.rows if r.t <= window + 1e-6]
+    last = [r for r in run.rows if r.t > duration - window + 1e-6]
+    w = f"{window:g} s"
+    rss_1, rss_end = first[-1].proc.rss_mb, run.rows[-1].proc.rss_mb
+    growth = (rss_end - rss_1) / rss_1
+    print()
+    print(
+        f"RSS at {w}: {rss_1:.1f} MB, at the end ({duration:g} s): {rss_end:.1f} MB: growth "
+        f"{growth:+.1%} (goal < 5 %: {_bench.verdict(growth, 0.05, higher_is_better=False)})"
+    )
+    for name, get in (("fds", lambda p: p.fds), ("tasks", lambda p: p.tasks)):
+        early = _bench.median(get(r.proc) for r in first)
+        late = _bench.median(get(r.proc) for r in last)
+        top = max(get(r.proc) for r in run.rows)
+        before, after = get(idle[0]), get(idle[1])
+        flat = late <= 1.1 * early + 2 and after <= before
+        print(
+            f"{name}: first {w} median {early:g}, last {w} median {late:g}, max {top:g}; "
+            f"idle before the load {before:g}, after it {after:g} "
+            f"(goal flat: {'met' if flat else 'MISSED'})"
+        )
+    p99_first = _p99(run, 0.0, window)
+    p99_last = _p99(run, duration - window, duration)
+    ratio = p99_last / p99_first
+    print(
+        f"p99 first {w}: {p99_first:.2f} ms, last {w}: {p99_last:.2f} ms: last/first "
+        f"{ratio:.2f} (goal <= 1.20: {_bench.verdict(ratio, 1.2, higher_is_better=False)})"
+    )
+    lag = _bench.percentile(list(run.lag), 99) * 1000.0
+    print(f"client send lag p99 {lag:.2f} ms (latency counts from the scheduled send)")
+
+
+def _p99(run: Soak, start: float, end: float) -> float:
+    picked = [lat for at, lat in zip(run.scheduled, run.latency, strict=True) if start <= at < end]
+    return _bench.percentile(picked, 99) * 1000.0
+
+
+# Outcome labels of carpool_requests_total by status (docs/server.md, Metrics).
+_LABELS = {
+    200: "success",
+    400: "invalid",
+    404: "not_found",
+    413: "too_large",
+    415: "unsupported_encoding",
+    499: "client_closed",
+    500: "error",
+    503: "unavailable",
+    504: "timeout",
+}
+_BEFORE_BATCHER = ("invalid", "not_found", "too_large", "unsupported_encoding")
+
+
+def accounting(metrics: str, tallies: list[_soak.Tally]) -> bool:
+    """The server's books against the client's, exactly; prints each check."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    http: Counter[str] = Counter()
+    batcher: Counter[str] = Counter()
+    gauges: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics):
+        for s in family.samples:
+            if s.labels.get("model") != _soak.MODEL:
+                continue
+            if s.name == "carpool_requests_total":
+                http[s.labels["outcome"]] += int(s.value)
+            elif s.name == "carpool_batcher_requests_total":
+                batcher[s.labels["outcome"]] += int(s.value)
+            elif s.name in ("carpool_requests_in_flight", "carpool_queue_rows"):
+                gauges[s.name] = s.value
+    sent = sum(t.sent[_soak.MODEL] for t in tallies)
+    answered: Counter[str] = Counter()
+    for t in tallies:
+        for status, count in t.model_statuses.items():
+            answered[_LABELS.get(status, str(status))] += count
+    outcomes = sum((t.outcomes for t in tallies), Counter[str]())
+    cancelled = outcomes[_soak.CANCELLED]
+    received = sum(http.values()) - sum(http[o] for o in _BEFORE_BATCHER)
+    ended = sum(batcher[o] for o in ("completed", "failed", "expired", "cancelled", "rejected"))
+    pending = int(gauges.get("carpool_requests_in_flight", -1))
+    server_5xx = sum(v for k, v in http.items() if k in ("error", "timeout"))
+    checks = [
+        (
+            f"server counted every request sent to {_soak.MODEL!r}: {sum(http.values())} == {sent}",
+            sum(http.values()) == sent,
+        ),
+        (
+            f"answers under their status, cancellations under one each: {dict(http)} - "
+            f"{dict(answered)} = {cancelled} cancelled",
+            all(http[k] >= v for k, v in answered.items())
+            and sum(http.values()) - sum(answered.values()) == cancelled,
+        ),
+        (
+            f"batcher received {received} == completed + failed + expired + cancelled + "
+            f"rejected + in flight = {ended} + {pending}",
+            received == ended + pending,
+        ),
+        (
+            f"503s {http['unavailable']} == expired + rejected = "
+            f"{batcher['expired'] + batcher['rejected']}",
+            http["unavailable"] == batcher["expired"] + batcher["rejected"],
+        ),
+        (
+            f"nothing left: in flight {pending}, queued rows "
+            f"{gauges.get('carpool_queue_rows', -1):g}",
+            pending == 0 and gauges.get("carpool_queue_rows") == 0,
+        ),
+    ]
+    print()
+    print(f"client outcomes: {dict(outcomes)}")
+    print(f"batcher outcomes: {dict(batcher)}")
+    for text, ok in checks:
+        print(f"  [{'ok' if ok else 'FAILED'}] {text}")
+    lost = outcomes[_soak.LOST]
+    unexpected = outcomes[_soak.WRONG] + outcomes[_soak.UNEXPECTED]
+    print(f"lost requests: {lost}")
+    print(f"unexpected answers: {unexpected}; server 5xx other than 503: {server_5xx}")
+    for surprise in (s for t in tallies for s in t.surprises):
+        print(f"  {surprise}")
+    good = all(ok for _, ok in checks) and lost == 0 and unexpected == 0 and server_5xx == 0
+    print(f"accounting: {'ok' if good else 'FAILED'}")
+    return good
+
+
+# ------------------------------------------------------------------------------ main
+
+
+async def run(args: Any) -> None:
+    cores = _process.split_cpus(args.cpus)
+    _process.pin_self(cores.client)  # this process is the client
+    duration = args.duration or (6.0 if args.quick else 600.0)
+    every = args.interval or max(1.0, min(10.0, duration / 12))
+    window = min(60.0, duration / 4)
+    cap_warmup, cap_window = (1.0, 2.0) if args.quick else (2.0, min(10.0, duration / 12))
+    _bench.header(
+        "soak: carpool serve demo under a mixed open-loop load",
+        {
+            "cores": cores,
+            "duration": duration,
+            "interval": every,
+            "load": args.load,
+            "window": window,
+            "seed": args.seed,
+        },
+    )
+    with tempfile.TemporaryDirectory(prefix="carpool-soak-") as folder:
+        config = Path(folder) / "carpool.toml"
+        config.write_text(CONFIG)
+        server = _process.carpool_serve("demo", "--config", str(config), cpus=cores.server)
+        try:
+            server.wait_ready()
+            await soak_server(server, args, duration, every, window, (cap_warmup, cap_window))
+        finally:
+            server.stop()
+    print(f"server exit code: {server.proc.returncode}")
+
+
+async def soak_server(
+    server: _process.Server,
+    args: Any,
+    duration: float,
+    every: float,
+    window: float,
+    cap: tuple[float, float],
+) -> None:
+    bodies = _soak.Bodies(args.seed)
+    warm, soaked = _soak.Tally(), _soak.Tally()
+    async with aiohttp.ClientSession() as scrape:  # one connection, open throughout
+        start = await observe(scrape, server)
+        cpu0, t0 = start.cpu_s, time.monotonic()
+        rps = await capacity(server, *cap, warm, bodies)
+        share = (_process.cpu_seconds(server.pid) - cpu0) / (time.monotonic() - t0)
+        rate = args.load * rps
+        print(
+            f"capacity: {rps:,.0f} req/s of the mix's good requests ({CLIENTS} closed-loop "
+            f"callers, server CPU {share:.0%}); soak at {args.load:.0%}: {rate:,.0f} req/s"
+        )
+        idle_before = await settle(scrape, server, start.fds)
+        print(
+            f"idle: fds {idle_before.fds}, tasks {idle_before.tasks:g}, "
+            f"RSS {idle_before.rss_mb:.1f} MB"
+        )
+        print()
+        result = await soak(server, scrape, rate, duration, every, args.seed, soaked, bodies)
+        idle_after = await settle(scrape, server, idle_before.fds)
+        async with scrape.get(server.base + "/metrics") as r:
+            metrics = await r.text()
+    report(result, window, duration, (idle_before, idle_after))
+    accounting(metrics, [warm, soaked])
+
+
+def main() -> int:
+    args = parse_args()
+    signal.signal(signal.SIGTERM, _terminate)  # the server is stopped on the way out
+    try:
+        asyncio.run(run(args))
+    except (Exception, KeyboardInterrupt) as exc:  # report, never fail the caller
+        print(f"\nsoak: {type(exc).__name__}: {exc}", flush=True)
+    return 0
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
