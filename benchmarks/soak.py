@@ -284,11 +284,11 @@ def report(run: Soak, window: float, duration: float, idle: tuple[Proc, Proc]) -
         f"RSS at {w}: {rss_1:.1f} MB, at the end ({duration:g} s): {rss_end:.1f} MB: growth "
         f"{growth:+.1%} (goal < 5 %: {_bench.verdict(growth, 0.05, higher_is_better=False)})"
     )
-    for name, get in (("fds", lambda p: p.fds), ("tasks", lambda p: p.tasks)):
-        early = _bench.median(get(r.proc) for r in first)
-        late = _bench.median(get(r.proc) for r in last)
-        top = max(get(r.proc) for r in run.rows)
-        before, after = get(idle[0]), get(idle[1])
+    for name in ("fds", "tasks"):
+        early = _bench.median(getattr(r.proc, name) for r in first)
+        late = _bench.median(getattr(r.proc, name) for r in last)
+        top = max(getattr(r.proc, name) for r in run.rows)
+        before, after = getattr(idle[0], name), getattr(idle[1], name)
         flat = late <= 1.1 * early + 2 and after <= before
         print(
             f"{name}: first {w} median {early:g}, last {w} median {late:g}, max {top:g}; "
