@@ -106,3 +106,19 @@ def test_adaptive_bench_quick_run(tmp_path: Path) -> None:
     ]:
         assert text in out, out[-3000:]
     assert plot.stat().st_size > 0
+
+
+@pytest.mark.timeout(150)  # two servers import torch, one of them sentence-transformers
+def test_protocols_bench_quick_run() -> None:
+    out = quick_run("protocols_bench.py", timeout=140)
+    for text in [
+        "gRPC (raw tensors)",
+        "REST binary",
+        "REST JSON",
+        "target: gRPC req/s at 64 clients >= REST binary's",
+        "[minilm] check: ok",
+        "target: carpool/FastAPI req/s >= 3x",
+    ]:
+        assert text in out, out[-3000:]
+    assert "failed:" not in out, out[-3000:]
+    assert "\nprotocols_bench: " not in out, out[-3000:]
