@@ -6,17 +6,21 @@ open-loop Poisson arrival at 70 % of it from this process on the client core (ai
 1..8 rows a request, JSON or binary, random priorities, 10 % with a short queue ``timeout``
 (some expire), 2 % bad requests (wrong shape, wrong datatype, unknown model, malformed JSON:
 4xx), 2 % cancelled (the client closes its connection before the answer; see ``_soak.py``).
-Every ``--interval`` s a row: requests, outcomes, p50/p99 of the answers, and the server's
-RSS and open fds (``/proc``), event-loop tasks (``carpool_event_loop_tasks``), threads, CPU.
-Latency runs from each request's scheduled send time, so a lagging client hides nothing.
+The server is sampled every second: RSS, open fds and the sockets among them (``/proc``),
+event-loop tasks (``carpool_event_loop_tasks``), threads, CPU; every ``--interval`` s a row
+shows the requests that ended, p50/p99 of the answers and the samples' means. Latency runs
+from each request's scheduled send time, so a lagging client hides nothing.
 
-Goals: RSS growth after the first minute < 5 %; fds and tasks flat (the last minute's mean
-within 10 % (+2) of the first's, and as many when idle after the load as before it); p99 of
-the last minute within 20 % of the first. Shorter runs (``--duration``) use a quarter of
-the run for "minute". Accounting, from ``/metrics`` at the end: the server counted every
-request sent to the model once; what the batcher received equals completed + failed +
-expired + cancelled + rejected + in flight; every request got one answer or ended in a
-close the client made itself; 0 lost, 0 unexpected statuses. Exits 0 whatever it finds.
+Goals: RSS growth after the first minute < 5 %; fds flat (the fds other than sockets peak no
+higher in the last minute than in the first; sockets follow the client's connection pool;
+as many fds idle after the load as before it); tasks flat (the last minute's mean within
+10 % (+2) of the first's, as many idle after as before); p99 of the last minute within 20 %
+of the first. Shorter runs (``--duration``) use a quarter of the run for "minute".
+
+Accounting, from ``/metrics`` at the end: the server counted every request sent to the model
+once; what the batcher received equals completed + failed + expired + cancelled + rejected
++ in flight; every request got one answer or ended in a close the client made itself; 0
+lost, 0 unexpected statuses. Exits 0 whatever it finds.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import asyncio
 import os
 import random
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -42,6 +47,8 @@ import aiohttp
 LOAD = 0.70  # of the measured capacity
 CLIENTS = 64  # closed-loop callers of the capacity step: enough to keep batches full
 POOL = 256  # the soak client's connections at most
+SAMPLE_S = 1.0  # the server's figures every second; a row every --interval shows their means
+_SAMPLED = ("fds", "sockets", "tasks")  # a row's means of these
 KEEPALIVE_S = 2.0  # the client drops idle connections before uvicorn's 5 s keep-alive does
 CONFIG = """\
 [models.demo]
@@ -70,9 +77,15 @@ class Proc:
 
     rss_mb: float
     fds: int
+    sockets: int  # of the fds: the listening socket and one per client connection
     threads: int
     tasks: float
     cpu_s: float
+
+    @property
+    def files(self) -> int:
+        """The fds that are not sockets: under load, flat exactly unless something leaks."""
+        return self.fds - self.sockets
 
 
 async def observe(scrape: aiohttp.ClientSession, server: _process.Server) -> Proc:
@@ -80,17 +93,24 @@ async def observe(scrape: aiohttp.ClientSession, server: _process.Server) -> Pro
         text = await r.text()
     gauge = "carpool_event_loop_tasks "
     tasks = [float(line.split()[1]) for line in text.splitlines() if line.startswith(gauge)]
-    rss_mb, fds, threads = _from_proc(server.pid)
+    rss_mb, fds, sockets, threads = _from_proc(server.pid)
     cpu_s = _process.cpu_seconds(server.pid)
-    return Proc(rss_mb, fds, threads, tasks[0] if tasks else float("nan"), cpu_s)
+    return Proc(rss_mb, fds, sockets, threads, tasks[0] if tasks else float("nan"), cpu_s)
 
 
-def _from_proc(pid: int) -> tuple[float, int, int]:
-    """RSS in MB, open fds and threads of ``pid``."""
+def _from_proc(pid: int) -> tuple[float, int, int, int]:
+    """RSS in MB, open fds, the sockets among them, and threads of ``pid``."""
     status = Path(f"/proc/{pid}/status").read_text()
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     rss_mb = int(fields["VmRSS"].split()[0]) / 1024
-    return rss_mb, len(os.listdir(f"/proc/{pid}/fd")), int(fields["Threads"])
+    fds = sockets = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        fds += 1
+        try:
+            sockets += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+        except OSError:  # closed meanwhile
+            pass
+    return rss_mb, fds, sockets, int(fields["Threads"])
 
 
 async def settle(scrape: aiohttp.ClientSession, server: _process.Server, fds: int) -> Proc:
@@ -139,7 +159,11 @@ class Row:
     proc: Proc
     cpu: float  # the server's CPU over the interval, as a share of one core
     outcomes: Counter[str]
-    ok_latencies: list[float]
+    p50_ms: float  # of the answers that came back in the interval
+    p99_ms: float
+    fds: float  # means over the interval's samples (one a second)
+    sockets: float
+    tasks: float
 
 
 @dataclass
@@ -152,6 +176,7 @@ class Soak:
     lag: array[float] = field(default_factory=lambda: array("d"))  # launch - scheduled, all
     outcomes: Counter[str] = field(default_factory=Counter)  # since the last row
     ok_latencies: list[float] = field(default_factory=list)  # since the last row
+    samples: list[tuple[float, Proc]] = field(default_factory=list)  # (s in, the server)
     rows: list[Row] = field(default_factory=list)
 
 
@@ -186,17 +211,23 @@ async def soak(
 
     async def sampler(before: Proc) -> None:
         print(_line(COLUMNS))
-        k = 1
-        while k * every <= duration + 1e-6:
-            await asyncio.sleep(max(0.0, run.start + k * every - loop.time()))
-            proc = await observe(scrape, server)
-            row = Row(
-                k * every, proc, (proc.cpu_s - before.cpu_s) / every, run.outcomes, run.ok_latencies
-            )
+        k, since = 1, 0
+        while k * SAMPLE_S <= duration + 1e-6:
+            await asyncio.sleep(max(0.0, run.start + k * SAMPLE_S - loop.time()))
+            t, proc = k * SAMPLE_S, await observe(scrape, server)
+            run.samples.append((t, proc))
+            k += 1
+            if t < (len(run.rows) + 1) * every - 1e-6:
+                continue
+            these = [p for _, p in run.samples[since:]]
+            since = len(run.samples)
+            ok = run.ok_latencies
+            cpu = (proc.cpu_s - before.cpu_s) / (t - (run.rows[-1].t if run.rows else 0.0))
+            means = [statistics.fmean(getattr(p, name) for p in these) for name in _SAMPLED]
+            row = Row(t, proc, cpu, run.outcomes, _ms(ok, 50), _ms(ok, 99), *means)
             run.outcomes, run.ok_latencies, before = Counter(), [], proc
             print(_line(_cells(row)))
             run.rows.append(row)
-            k += 1
 
     async with _session(POOL) as session, asyncio.TaskGroup() as tg:
         first = await observe(scrape, server)
@@ -222,24 +253,9 @@ def _session(connections: int) -> aiohttp.ClientSession:
 
 # ------------------------------------------------------------------------------ report
 
-COLUMNS = (
-    "t s",
-    "sent",
-    "ok",
-    "expired",
-    "full",
-    "4xx",
-    "cancel",
-    "bad",
-    "p50 ms",
-    "p99 ms",
-    "RSS MB",
-    "fds",
-    "tasks",
-    "threads",
-    "cpu",
-)
-WIDTHS = (6, 6, 6, 7, 5, 4, 6, 4, 7, 7, 7, 5, 6, 7, 5)
+COLUMNS = ("t s", "sent", "ok", "expired", "full", "4xx", "cancel", "bad", "p50 ms", "p99 ms",
+           "RSS MB", "fds", "sockets", "tasks", "threads", "cpu")  # fmt: skip
+WIDTHS = (6, 6, 6, 7, 5, 4, 6, 4, 7, 7, 7, 5, 7, 6, 7, 5)
 
 
 def _line(cells: Any) -> str:
@@ -258,11 +274,12 @@ def _cells(row: Row) -> list[Any]:
         o[_soak.REFUSED],
         o[_soak.CANCELLED],
         bad,
-        f"{_ms(row.ok_latencies, 50):.2f}",
-        f"{_ms(row.ok_latencies, 99):.2f}",
+        f"{row.p50_ms:.2f}",
+        f"{row.p99_ms:.2f}",
         f"{p.rss_mb:.1f}",
-        p.fds,
-        _bench.fmt_num(p.tasks),
+        f"{row.fds:.0f}",
+        f"{row.sockets:.0f}",
+        _bench.fmt_num(row.tasks),
         p.threads,
         f"{row.cpu:.0%}",
     ]
@@ -274,27 +291,35 @@ def _ms(latencies: Any, q: float) -> float:
 
 def report(run: Soak, window: float, duration: float, idle: tuple[Proc, Proc]) -> None:
     """The figures over time, and a verdict per goal."""
-    first = [r for r in run.rows if r.t <= window + 1e-6]
-    last = [r for r in run.rows if r.t > duration - window + 1e-6]
+    first = [p for t, p in run.samples if t <= window + 1e-6]
+    last = [p for t, p in run.samples if t > duration - window + 1e-6]
     w = f"{window:g} s"
-    rss_1, rss_end = first[-1].proc.rss_mb, run.rows[-1].proc.rss_mb
+    rss_1, rss_end = first[-1].rss_mb, last[-1].rss_mb
     growth = (rss_end - rss_1) / rss_1
     print()
     print(
         f"RSS at {w}: {rss_1:.1f} MB, at the end ({duration:g} s): {rss_end:.1f} MB: growth "
         f"{growth:+.1%} (goal < 5 %: {_bench.verdict(growth, 0.05, higher_is_better=False)})"
     )
-    for name in ("fds", "tasks"):
-        early = _bench.median(getattr(r.proc, name) for r in first)
-        late = _bench.median(getattr(r.proc, name) for r in last)
-        top = max(getattr(r.proc, name) for r in run.rows)
-        before, after = getattr(idle[0], name), getattr(idle[1], name)
-        flat = late <= 1.1 * early + 2 and after <= before
-        print(
-            f"{name}: first {w} median {early:g}, last {w} median {late:g}, max {top:g}; "
-            f"idle before the load {before:g}, after it {after:g} "
-            f"(goal flat: {'met' if flat else 'MISSED'})"
-        )
+    before, after = idle
+    # Sockets follow the client's connection pool; any other fd that grows is a leak, and
+    # a socket left open shows once the client has closed its connections.
+    files_early, files_late = max(p.files for p in first), max(p.files for p in last)
+    flat = files_late <= files_early and after.fds <= before.fds
+    print(
+        f"fds: first {w} mean {_mean(first, 'fds'):.1f}, last {w} mean "
+        f"{_mean(last, 'fds'):.1f}, max {max(p.fds for _, p in run.samples)} (sockets: "
+        f"{_mean(first, 'sockets'):.1f}, {_mean(last, 'sockets'):.1f}; others: max "
+        f"{files_early}, {files_late}); idle before the load {before.fds}, after it "
+        f"{after.fds} (goal flat: {'met' if flat else 'MISSED'})"
+    )
+    early, late = _mean(first, "tasks"), _mean(last, "tasks")
+    flat = late <= 1.1 * early + 2 and after.tasks <= before.tasks
+    print(
+        f"tasks: first {w} mean {early:.1f}, last {w} mean {late:.1f}, max "
+        f"{max(p.tasks for _, p in run.samples):g}; idle before the load {before.tasks:g}, "
+        f"after it {after.tasks:g} (goal flat: {'met' if flat else 'MISSED'})"
+    )
     p99_first = _p99(run, 0.0, window)
     p99_last = _p99(run, duration - window, duration)
     ratio = p99_last / p99_first
@@ -304,6 +329,10 @@ def report(run: Soak, window: float, duration: float, idle: tuple[Proc, Proc]) -
     )
     lag = _bench.percentile(list(run.lag), 99) * 1000.0
     print(f"client send lag p99 {lag:.2f} ms (latency counts from the scheduled send)")
+
+
+def _mean(procs: list[Proc], name: str) -> float:
+    return statistics.fmean(getattr(p, name) for p in procs)
 
 
 def _p99(run: Soak, start: float, end: float) -> float:

@@ -34,8 +34,8 @@ def test_a_minute_of_soak_accounts_for_every_request() -> None:
     for text in [
         "capacity: ",
         "RSS at 15 s: ",
-        "fds: first 15 s median ",
-        "tasks: first 15 s median ",
+        "fds: first 15 s mean ",
+        "tasks: first 15 s mean ",
         "p99 first 15 s: ",
         "[ok] server counted every request sent to 'demo'",
         "[ok] answers under their status, cancellations under one each",
