@@ -16,7 +16,13 @@ import numpy as np
 import pytest
 
 from carpool.server.messages import HEADER_LENGTH, InferRequest, ProtocolError, RequestedOutput
-from carpool.server.requests import parse_header_length, parse_infer_request, parse_raw_request
+from carpool.server.requests import (
+    check_raw_content_type,
+    parse_header_length,
+    parse_index_request,
+    parse_infer_request,
+    parse_raw_request,
+)
 from carpool.server.tensors import serialize_bf16_tensor
 
 from .conftest import BF16, SAMPLES, wire
@@ -580,3 +586,44 @@ def test_raw_request_refusals(datatype: str, dims: list[int], body: bytes, messa
         parse_raw_request(body, name="X", datatype=datatype, shape_without_batch=dims)
     assert message in str(info.value)
     assert (info.value.field, info.value.status) == ("X", 400)
+
+
+@pytest.mark.parametrize(
+    ("body", "ready"),
+    [
+        (b"", False),
+        (b"  ", False),
+        (b"{}", False),
+        (b'{"ready": true}', True),
+        (b'{"ready": false}', False),
+    ],
+)
+def test_parse_index_request(body: bytes, ready: bool) -> None:
+    assert parse_index_request(body) is ready
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'{"ready": {}}', "Unable to parse 'ready': expected true or false"),
+        (b'{"ready": 1}', "Unable to parse 'ready': expected true or false"),
+        (b"[]", "the request body must be a JSON object"),
+        (b"{", "failed to parse the request JSON buffer"),
+    ],
+)
+def test_parse_index_request_refuses(body: bytes, message: str) -> None:
+    with pytest.raises(ProtocolError, match=re.escape(message)) as caught:
+        parse_index_request(body)
+    assert caught.value.status == 400
+
+
+@pytest.mark.parametrize("content_type", [None, "application/octet-stream", "text/plain"])
+def test_a_raw_body_may_have_any_type_but_json(content_type: str | None) -> None:
+    check_raw_content_type(content_type)
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "Application/JSON; charset=utf-8"])
+def test_a_raw_body_that_says_json_is_refused(content_type: str) -> None:
+    with pytest.raises(ProtocolError, match="makes the whole body raw binary") as caught:
+        check_raw_content_type(content_type)
+    assert (caught.value.status, caught.value.field) == (400, HEADER_LENGTH)

@@ -41,6 +41,7 @@ __all__ = [
     "parse_infer_request",
     "parse_raw_request",
     "parse_index_request",
+    "check_raw_content_type",
 ]
 
 _NO_SHM = "shared memory is not supported by this server ({} '{}'); send the data in the body"
@@ -62,6 +63,19 @@ def parse_header_length(value: str | None, body_length: int) -> int | None:
     length = int(text)
     _check_header_range(length, body_length, allow_zero=True)
     return length
+
+
+def check_raw_content_type(value: str | None) -> None:
+    """A raw binary request (header length 0) must not say its body is JSON: a client that
+    sends JSON with that header made a mistake, and its JSON text would be read as tensor
+    data. Raises ``ProtocolError`` (400)."""
+    if value is not None and value.partition(";")[0].strip().lower() == "application/json":
+        raise ProtocolError(
+            f"{HEADER_LENGTH} 0 makes the whole body raw binary tensor data, but Content-Type "
+            "says application/json; send the JSON without that header, or the raw data as "
+            "application/octet-stream",
+            field=HEADER_LENGTH,
+        )
 
 
 def parse_infer_request(
