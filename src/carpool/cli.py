@@ -24,7 +24,7 @@ _LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 _SERVE_DESCRIPTION = (
-    "Serve one or more models over the KServe v2 Open Inference Protocol (REST), with "
+    "Serve one or more models over the KServe v2 Open Inference Protocol (REST and gRPC), with "
     "dynamic batching behind every model. Works with tritonclient, perf_analyzer and KServe. "
     "With no TARGET, serves the built-in 'demo' model."
 )
@@ -45,6 +45,12 @@ Flag = tuple[str, Callable[[str], Any], str]  # name, type, help; the variable i
 _WHERE_FLAGS: tuple[Flag, ...] = (
     ("--host", str, "address to listen on [127.0.0.1]"),
     ("--port", int, "port to listen on [8000]"),
+    (
+        "--grpc-port",
+        int,
+        "port for the KServe v2 / Triton gRPC API, on the same models and --host; 0 turns "
+        "it off [8001]",
+    ),
     ("--name", str, "model name for a single TARGET (default: attr or file stem)"),
     ("--config", str, "TOML file with [server] and [models.NAME] tables"),
 )
@@ -112,6 +118,7 @@ _TENSOR_HELP = {
 _SERVER_KEYS = {
     "host": "host",
     "port": "port",
+    "grpc_port": "grpc_port",
     "max_body_bytes": "max_body_bytes",
     "log_level": "log_level",
     "log_format": "log_format",
@@ -136,7 +143,7 @@ _BATCHING_KEYS = (
 def _add_serve(commands: Commands) -> None:
     serve = commands.add_parser(
         "serve",
-        help="serve models over the KServe v2 / Triton HTTP protocol, batching requests",
+        help="serve models over the KServe v2 / Triton HTTP and gRPC protocols, batching requests",
         description=_SERVE_DESCRIPTION,
         epilog=_SERVE_EPILOG,
     )

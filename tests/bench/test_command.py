@@ -199,7 +199,8 @@ def test_a_queue_limit_is_counted_as_503(failing: Server, tmp_path: Path) -> Non
 
     def refused() -> float:
         found = re.search(
-            r'^carpool_requests_total\{model="gated",outcome="unavailable"\} (\S+)$',
+            r'^carpool_requests_total\{model="gated",outcome="unavailable",protocol="http"\}'
+            r" (\S+)$",
             failing.metrics(),
             re.M,
         )

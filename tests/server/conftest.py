@@ -1,7 +1,8 @@
 """Real ``python -m carpool serve`` processes on free loopback ports, and helpers to drive them.
 
-``serve(*args, env=None)`` starts a server (targets and flags as on the command line, run
-from this folder so that ``models:NAME`` targets import ``tests/server/models.py``), waits
+``serve(*args, env=None, grpc=False)`` starts a server (targets and flags as on the command
+line, run from this folder so that ``models:NAME`` targets import ``tests/server/models.py``;
+its gRPC API on a free port with ``grpc=True``, else off), waits
 until ``/v2/health/ready`` answers 200, and returns a :class:`Server`. At teardown each
 server gets SIGTERM and must exit 0. ``serve`` stops its servers after the test,
 ``serve_module`` after the module (for servers that several tests share).
@@ -63,11 +64,18 @@ class Server:
     """One running ``carpool serve`` process."""
 
     def __init__(
-        self, process: subprocess.Popen[bytes], port: int, gates: Path, stderr: Path
+        self,
+        process: subprocess.Popen[bytes],
+        port: int,
+        gates: Path,
+        stderr: Path,
+        grpc_port: int = 0,
     ) -> None:
         self.process = process
         self.port = port
         self.address = f"127.0.0.1:{port}"  # what tritonclient takes
+        self.grpc_port = grpc_port  # 0: gRPC off
+        self.grpc_address = f"127.0.0.1:{grpc_port}"  # what tritonclient.grpc takes
         self.url = f"http://{self.address}"
         self.gates = gates
         self.stderr_path = stderr
@@ -207,8 +215,14 @@ class Launcher:
         self._servers: list[Server] = []
 
     def __call__(
-        self, *args: str, env: Mapping[str, str] | None = None, access_log: bool = False
+        self,
+        *args: str,
+        env: Mapping[str, str] | None = None,
+        access_log: bool = False,
+        grpc: bool = False,
     ) -> Server:
+        """A ready server; with ``grpc``, its gRPC API on a free port too (else it is off,
+        so that servers never contend for the default port)."""
         index = len(self._servers)
         gates = self._tmp / f"gates{index}"
         gates.mkdir()
@@ -218,12 +232,14 @@ class Launcher:
         environment["CARPOOL_TEST_GATES"] = str(gates)
         environment.update(env or {})
         command = [sys.executable, "-m", "carpool", "serve", *args]
+        grpc_port = free_port() if grpc else 0
         command += ["--port", str(port), "--access-log", str(access_log).lower()]
+        command += ["--grpc-port", str(grpc_port)]
         with open(stderr, "wb") as err:
             process = subprocess.Popen(
                 command, cwd=HERE, env=environment, stdout=err, stderr=subprocess.STDOUT
             )
-        server = Server(process, port, gates, stderr)
+        server = Server(process, port, gates, stderr, grpc_port)
         self._servers.append(server)
         server.wait_ready()
         return server

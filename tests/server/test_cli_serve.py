@@ -21,6 +21,7 @@ from .conftest import HERE, POLL_S, READY_WITHIN_S, Launcher, free_port, json_te
 FLAGS = {
     "--host": "CARPOOL_HOST",
     "--port": "CARPOOL_PORT",
+    "--grpc-port": "CARPOOL_GRPC_PORT",
     "--name": "CARPOOL_NAME",
     "--config": "CARPOOL_CONFIG",
     "--max-batch-size": "CARPOOL_MAX_BATCH_SIZE",

@@ -561,7 +561,7 @@ def test_refused_requests_are_counted_by_outcome(server: Server) -> None:
     including those refused before the body was parsed."""
 
     def count(outcome: str) -> float:
-        pattern = f'carpool_requests_total{{model="pair",outcome="{outcome}"}} '
+        pattern = f'carpool_requests_total{{model="pair",outcome="{outcome}",protocol="http"}} '
         for line in server.metrics().splitlines():
             if line.startswith(pattern):
                 return float(line.split()[-1])

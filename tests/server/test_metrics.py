@@ -35,18 +35,26 @@ async def test_each_model_has_its_samples_and_only_adaptive_ones_learn() -> None
         ]
     )
     for served in registry:
-        served.statuses.update({200: 2, 503: 1, 418: 1})
+        for status in (200, 200, 503, 418):
+            served.record("http", status)
+        served.record("any protocol", 200)  # a label, whatever its name
         async with served.batcher:
             value = {served.model.input_specs[0].name: np.ones((3, 2), np.float32)}
             await served.batcher.infer_many(value)
     found = families(registry)
     requests = {
-        (s.labels["model"], s.labels["outcome"]): s.value for s in found["carpool_requests"].samples
+        (s.labels["model"], s.labels["outcome"], s.labels["protocol"]): s.value
+        for s in found["carpool_requests"].samples
     }
     assert requests == {
-        (model, outcome): count
+        (model, outcome, protocol): count
         for model in ("plain", "learning")
-        for outcome, count in (("success", 2.0), ("unavailable", 1.0), ("418", 1.0))
+        for outcome, protocol, count in (
+            ("success", "http", 2.0),
+            ("unavailable", "http", 1.0),
+            ("418", "http", 1.0),
+            ("success", "any protocol", 1.0),
+        )
     }
     buckets = {
         s.labels["le"]: s.value

@@ -168,7 +168,8 @@ def test_a_hung_batch_gets_504_and_its_worker_is_replaced(serve: Launcher) -> No
         2.0,
     ]
     assert workers(server, "troublemaker")["timed_out_batches"] == 1
-    assert server.metric("carpool_requests_total", model="troublemaker", outcome="timeout") == 1
+    labels = {"model": "troublemaker", "outcome": "timeout", "protocol": "http"}
+    assert server.metric("carpool_requests_total", **labels) == 1
 
 
 def test_sigterm_drains_then_leaves_no_worker(serve: Launcher) -> None:

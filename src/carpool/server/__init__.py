@@ -7,10 +7,13 @@ Its modules, each importing only from those above it:
 - ``requests`` / ``responses``: bodies to records, records to bodies; pure.
 - ``inference``: a request checked against its model, the model's outputs shaped; pure.
 - ``registry``: the served models, their batchers, metadata, config and statistics.
-- ``statuses``: the one table from exceptions to HTTP statuses; ``HTTPError``.
+- ``statuses``: the one table from exceptions to HTTP statuses (and gRPC codes); ``HTTPError``.
+- ``grpc_codec``: Triton's gRPC messages (tritonclient's stubs) to those records and back; pure.
 - ``openai``: OpenAI's embeddings and models bodies to and from those records; pure.
 - ``asgi`` / ``bodies``: ASGI plumbing; request bodies within the size limit.
 - ``buckets`` / ``metrics``: ``/metrics`` histogram buckets (pure); Prometheus exposition.
 - ``app``: the ASGI application: lifespan, routes, the inference endpoint.
+- ``grpc_service``: the gRPC API on the app's models and loop (the app starts it, importing
+  it only when the gRPC port is on).
 - ``config`` / ``serve``: the process's settings; bind, serve, drain on a signal.
 """

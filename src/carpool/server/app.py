@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from importlib.metadata import version as _version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from carpool.errors import BatcherClosed, ConfigError, WorkerStartError
 from carpool.model import Model
@@ -35,6 +35,9 @@ from carpool.server.registry import Registry, ServedModel
 from carpool.server.requests import parse_header_length, parse_infer_request, parse_raw_request
 from carpool.server.responses import encode_error, encode_infer_response
 from carpool.server.statuses import CLIENT_CLOSED, STOPPING, HTTPError, error_status
+
+if TYPE_CHECKING:
+    from carpool.server.grpc_service import GrpcServer
 
 __all__ = ["App"]
 
@@ -57,8 +60,10 @@ class App:
         max_body_bytes: int,
         drain_timeout_s: float = 30.0,
         metrics: Metrics | None = None,
+        grpc_address: str | None = None,
     ) -> None:
         self.registry = registry
+        self.grpc_address = grpc_address  # "host:port" of the gRPC API; None: REST only
         self.max_body_bytes = max_body_bytes
         self.drain_timeout_s = drain_timeout_s
         self.metrics = metrics if metrics is not None else Metrics(registry)
@@ -66,6 +71,7 @@ class App:
         self.startup_error: Exception | None = None  # why startup failed, if it did
         self._started: list[ServedModel] = []
         self._drain_deadline: float | None = None  # monotonic; set when draining begins
+        self._grpc: GrpcServer | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -111,11 +117,25 @@ class App:
             failures = self.registry.load_failures.values()
             problems = "; ".join(f"{f.name}: {f.reason}" for f in failures)
             raise ConfigError(f"no model could start ({problems})")
+        if self.grpc_address is not None:
+            await self._start_grpc(self.grpc_address)
         self.ready = True
         for served in self.registry:
             log.info("serving model %r: %s", served.name, served.describe())
         for failure in self.registry.load_failures.values():
             log.error("model %r is unavailable: %s", failure.name, failure.reason)
+
+    async def _start_grpc(self, address: str) -> None:
+        # Imported here: grpc and tritonclient load only when the gRPC port is on.
+        from carpool.server.grpc_service import GrpcServer
+
+        self._grpc = GrpcServer(self, address, max_message_bytes=self.max_body_bytes)
+        try:
+            await self._grpc.start()
+        except ConfigError:
+            self._grpc = None
+            await self.shutdown()  # the batchers just started, idle: they close at once
+            raise
 
     def begin_drain(self) -> None:
         """Not ready any more, and the drain timeout starts now: it bounds the whole drain
@@ -124,6 +144,8 @@ class App:
         self.ready = False
         if self._drain_deadline is None:
             self._drain_deadline = time.monotonic() + self.drain_timeout_s
+            if self._grpc is not None:  # stops accepting calls; the same deadline
+                self._grpc.begin_drain(self._drain_deadline)
 
     async def shutdown(self) -> None:
         """Not ready any more; every batcher finishes what it accepted, within what is left
@@ -134,6 +156,8 @@ class App:
         left = max(0.0, self._drain_deadline - time.monotonic())
         started, self._started = self._started, []
         await asyncio.gather(*(served.batcher.aclose(timeout=left) for served in started))
+        if self._grpc is not None:  # its calls were answered as their batchers closed
+            await self._grpc.wait_stopped()
         for served in started:
             if served.model.batching.latency_slo_ms is not None:
                 log.info("model %r learned: %s", served.name, served.batcher.learned())
@@ -233,7 +257,7 @@ class App:
         try:
             return await self._infer_counted(served, scope, receive, send)
         except Exception as exc:
-            served.statuses[error_status(exc).status] += 1
+            served.record("http", error_status(exc).status)
             raise
 
     async def _infer_counted(
@@ -250,7 +274,7 @@ class App:
             )
         )
         if not await unless_disconnected(work, receive):
-            served.statuses[CLIENT_CLOSED] += 1  # withdrawn if it was still queued
+            served.record("http", CLIENT_CLOSED)  # withdrawn if it was still queued
             return CLIENT_CLOSED
         body, json_length = encode_infer_response(
             model_name=served.name,
@@ -258,7 +282,7 @@ class App:
             request_id=request.id,
             outputs=respond(served.model, admitted, work.result()),
         )
-        served.statuses[200] += 1
+        served.record("http", 200)
         served.request_seconds += time.perf_counter() - started
         await send_response(send, 200, body, _infer_headers(json_length))
         return 200

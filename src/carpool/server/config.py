@@ -20,6 +20,7 @@ __all__ = ["ServerConfig"]
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
+    grpc_port: int = 8001  # Triton's gRPC port; 0 turns gRPC off
     log_level: str = "info"
     log_format: str = "text"  # or "json": one object per line
     access_log: bool = True
@@ -33,6 +34,12 @@ class ServerConfig:
             raise ConfigError(f"drain timeout must be >= 0 seconds, got {self.drain_timeout_s}")
         if not 0 < self.port < 65536:
             raise ConfigError(f"port must be in 1..65535, got {self.port}")
+        if not 0 <= self.grpc_port < 65536:
+            raise ConfigError(f"gRPC port must be in 1..65535, or 0 for none, got {self.grpc_port}")
+        if self.grpc_port == self.port:
+            raise ConfigError(
+                f"the gRPC port and the HTTP port are both {self.port}; give one another"
+            )
         if self.max_body_bytes < 1:
             raise ConfigError(f"max body bytes must be >= 1, got {self.max_body_bytes}")
         names = [m.name for m in self.models]

@@ -1,9 +1,9 @@
 """Prometheus text exposition of what the batchers and the server counted.
 
 Nothing is recorded here: at scrape time a collector reads each batcher's ``stats()``
-snapshot and the server's per-status request counts, so the request path never touches a
-metrics library. The only module that imports ``prometheus_client``; it must not import the
-app.
+snapshot and the server's request counts by status and protocol, so the request path never
+touches a metrics library. The only module that imports ``prometheus_client``; it must not
+import the app.
 """
 
 from __future__ import annotations
@@ -59,7 +59,10 @@ class _Families:
 
     def __init__(self) -> None:
         self.requests = _counter(
-            "carpool_requests", "Inference requests by model and outcome", "outcome"
+            "carpool_requests",
+            "Inference requests by model, outcome and protocol (http, grpc, ...)",
+            "outcome",
+            "protocol",
         )
         self.batches = _histogram("carpool_batch_size", "Rows per model call")
         self.waits = _histogram(
@@ -111,8 +114,10 @@ class _Families:
 
     def add(self, served: ServedModel) -> None:
         name = served.name
-        for status, count in sorted(served.statuses.items()):
-            self.requests.add_metric([name, _OUTCOMES.get(status, str(status))], count)
+        for protocol, statuses in sorted(served.statuses.items()):
+            for status, count in sorted(statuses.items()):
+                outcome = _OUTCOMES.get(status, str(status))
+                self.requests.add_metric([name, outcome, protocol], count)
         s = served.batcher.stats()
         self._add_batcher(name, s, served.model.batching.max_batch_size)
         if served.model.batching.latency_slo_ms is not None:

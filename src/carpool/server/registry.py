@@ -9,7 +9,8 @@ app or anything of HTTP.
 
 from __future__ import annotations
 
-from collections import Counter
+import time
+from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -72,8 +73,15 @@ class ServedModel:
         self.name: str = model.name
         self.version = model.version
         self.batcher: Batcher = model.batcher()
-        self.statuses: Counter[int] = Counter()  # HTTP status -> requests
+        # protocol ("http", "grpc", ...) -> HTTP status (gRPC's too: its code follows) -> requests
+        self.statuses: defaultdict[str, Counter[int]] = defaultdict(Counter)
         self.request_seconds = 0.0  # summed over successful requests, for Triton's stats
+        self.created = int(time.time())  # Unix seconds: OpenAI's /v1/models "created"
+
+    def record(self, protocol: str, status: int) -> None:
+        """One request that came by ``protocol`` (any name: a label in ``/metrics``) and
+        ended in ``status``, :func:`~carpool.server.statuses.error_status`'s."""
+        self.statuses[protocol][status] += 1
 
     def describe(self) -> str:
         model = self.model

@@ -37,7 +37,12 @@ def build_app(config: ServerConfig) -> App:
         Registry(config.models, load_failures=config.unavailable),
         max_body_bytes=config.max_body_bytes,
         drain_timeout_s=config.drain_timeout_s,
+        grpc_address=_address(config.host, config.grpc_port) if config.grpc_port else None,
     )
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 host in brackets
 
 
 class _Server(uvicorn.Server):

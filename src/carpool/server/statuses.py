@@ -1,8 +1,9 @@
 """THE table from exceptions to HTTP statuses, and :class:`HTTPError`, an answer other than 200.
 
 Every status a request can end in is decided by :func:`error_status`, and only there: the app
-sends what it returns, the access log and ``/metrics`` count what it says. Pure: it only
-classifies, and must not import the app or anything that sends.
+sends what it returns, the access log and ``/metrics`` count what it says. gRPC answers the
+same classification under its own names (:func:`grpc_code`), so the two protocols cannot
+disagree. Pure: it only classifies, and must not import the app, grpc or anything that sends.
 """
 
 from __future__ import annotations
@@ -23,11 +24,26 @@ from carpool.server.inference import ModelOutputError
 from carpool.server.messages import ProtocolError
 from carpool.server.registry import ModelNotFound, ModelUnavailable
 
-__all__ = ["CLIENT_CLOSED", "STOPPING", "HTTPError", "error_status"]
+__all__ = ["CLIENT_CLOSED", "STOPPING", "HTTPError", "error_status", "grpc_code"]
 
 CLIENT_CLOSED = 499  # nginx's status for a client that closed the connection first
 STOPPING = "Server is stopping, scheduler for model has stopped accepting new inference requests"
 _RETRY = [(b"retry-after", b"1")]  # a full queue or a missed deadline may pass in a second
+
+# error_status's HTTP statuses as gRPC status codes (``grpc.StatusCode`` names: this module
+# must not import grpc), as the KServe v2 gRPC spec pairs them.
+_GRPC_CODES = {
+    200: "OK",
+    400: "INVALID_ARGUMENT",  # a malformed request, a sequence_* parameter, a failed model
+    404: "NOT_FOUND",  # an unknown model or version
+    405: "UNIMPLEMENTED",
+    413: "RESOURCE_EXHAUSTED",  # over a size limit: what grpc itself says of a large message
+    415: "INVALID_ARGUMENT",
+    CLIENT_CLOSED: "CANCELLED",
+    500: "INTERNAL",  # a model error, a worker that died
+    503: "UNAVAILABLE",  # queue full, overloaded, queue timeout, stopping
+    504: "DEADLINE_EXCEEDED",  # the batch ran past batch_timeout_ms
+}
 
 
 class HTTPError(CarpoolError):
@@ -77,3 +93,11 @@ def error_status(exc: BaseException) -> HTTPError:
     if isinstance(exc, Exception):  # the model's own exception, isolated to its rows
         return HTTPError(500, f"model error: {type(exc).__name__}: {exc}")
     raise exc
+
+
+def grpc_code(status: int) -> str:
+    """The ``grpc.StatusCode`` name for an HTTP ``status`` :func:`error_status` gave."""
+    code = _GRPC_CODES.get(status)
+    if code is None:
+        return "INTERNAL" if status >= 500 else "INVALID_ARGUMENT"
+    return code
