@@ -331,7 +331,7 @@ def test_wrong_method_is_405(server: Server, method: str, path: str, allowed: st
     "path",
     [
         "/",
-        "/v1/models/pair",
+        "/v0/models/pair",  # /v1 is OpenAI's (test_openai.py)
         "/v3",
         "/v2/nothing",
         "/v2/health",

@@ -3,7 +3,8 @@
 Routes are matched by splitting the path, not by a framework: the inference path is the hot
 path, and a handful of fixed routes needs no more. Whatever a request ends in is answered
 with the status :func:`~carpool.server.statuses.error_status` gives it, and an error body
-that is exactly ``{"error": "<message>"}``, which is what tritonclient reads. Bodies are
+that is exactly ``{"error": "<message>"}``, which is what tritonclient reads (under ``/v1``,
+OpenAI's routes, the same status in OpenAI's shape: :mod:`carpool.server.openai`). Bodies are
 read by :mod:`carpool.server.bodies`; the wire format is :mod:`carpool.server.requests` and
 :mod:`carpool.server.responses`. Only :mod:`carpool.server.serve` imports it.
 """
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from carpool.errors import BatcherClosed, ConfigError, WorkerStartError
 from carpool.model import Model
+from carpool.server import openai
 from carpool.server.asgi import (
     JSON,
     Receive,
@@ -174,7 +176,8 @@ class App:
             # The server gave up on this request (drain timeout): answer it with a 503, not
             # the server's plain-text 500 and an error traceback for an expected end.
             try:
-                await send_response(send, 503, encode_error(STOPPING), JSON)
+                stopping = HTTPError(503, STOPPING)
+                await send_response(send, 503, _error_body(parts, stopping, stopping), JSON)
             except Exception:  # the client is gone too: nothing left to answer
                 raise asyncio.CancelledError from None
             status = 503
@@ -183,7 +186,7 @@ class App:
             status = error.status
             if status >= 500 and not isinstance(exc, HTTPError):
                 log.warning("%s %s -> %d: %s", method, scope["path"], status, error.message)
-            await send_response(send, status, encode_error(error.message), JSON + error.headers)
+            await send_response(send, status, _error_body(parts, exc, error), JSON + error.headers)
         if access_log.isEnabledFor(logging.INFO):
             _log_access(scope, status, started)
 
@@ -195,6 +198,8 @@ class App:
             body = self.metrics.render()
             await send_response(send, 200, body, [(b"content-type", self.metrics.content_type)])
             return 200
+        if parts[0] == "v1":
+            return await self._openai(method, parts[1:], scope, receive, send)
         if not parts or parts[0] != "v2":
             raise HTTPError(404, f"Not Found: {scope['path']}")
         rest = parts[1:]
@@ -287,6 +292,67 @@ class App:
         await send_response(send, 200, body, _infer_headers(json_length))
         return 200
 
+    async def _openai(
+        self, method: str, rest: list[str], scope: Scope, receive: Receive, send: Send
+    ) -> int:
+        """OpenAI's routes (:mod:`carpool.server.openai`), for the models that opted in."""
+        if rest == ["embeddings"]:
+            _allow(method, "POST")
+            return await self._embeddings(scope, receive, send)
+        if rest == ["models"]:
+            _allow(method, "GET")
+            entries = [
+                openai.model_entry(m.name, m.created) for m in self.registry if m.model.openai
+            ]
+            return await send_json(send, 200, openai.model_list(entries))
+        if len(rest) == 2 and rest[0] == "models" and rest[1]:
+            _allow(method, "GET")
+            served = self.registry.get(rest[1])
+            openai.check_opted_in(served.model)
+            return await send_json(send, 200, openai.model_entry(served.name, served.created))
+        raise HTTPError(404, f"Not Found: {scope['path']}")
+
+    async def _embeddings(self, scope: Scope, receive: Receive, send: Send) -> int:
+        body = await read_body(dict(scope["headers"]), receive, self.max_body_bytes)
+        doc = openai.json_body(body)
+        served = self.registry.get(openai.model_name(doc))
+        openai.check_opted_in(served.model)
+        try:
+            return await self._embeddings_counted(served, doc, receive, send)
+        except Exception as exc:
+            served.record("openai", error_status(exc).status)
+            raise
+
+    async def _embeddings_counted(
+        self, served: ServedModel, doc: dict[str, Any], receive: Receive, send: Send
+    ) -> int:
+        """One request of k texts into the batcher path the v2 route takes: admit, batch,
+        respond; then OpenAI's body."""
+        started = time.perf_counter()
+        if not self.ready:
+            raise BatcherClosed(served.name, "is stopping")
+        request = openai.parse_embeddings(doc)
+        admitted = admit(served.model, openai.infer_request(served.model, request))
+        work = asyncio.ensure_future(
+            served.batcher.infer_many(
+                admitted.value, timeout_ms=admitted.timeout_ms, priority=admitted.priority
+            )
+        )
+        if not await unless_disconnected(work, receive):
+            served.record("openai", CLIENT_CLOSED)  # withdrawn if it was still queued
+            return CLIENT_CLOSED
+        ((tensor, _),) = respond(served.model, admitted, work.result())
+        body = openai.encode_embeddings(
+            model=served.name,
+            vectors=tensor.data,
+            base64=request.base64,
+            prompt_tokens=openai.prompt_tokens(served.model, admitted),
+        )
+        served.record("openai", 200)
+        served.request_seconds += time.perf_counter() - started
+        await send_response(send, 200, body, JSON)
+        return 200
+
     async def _read_request(self, model: Model, scope: Scope, receive: Receive) -> InferRequest:
         headers = dict(scope["headers"])
         body = await read_body(headers, receive, self.max_body_bytes)
@@ -313,6 +379,13 @@ def _raw_request(model: Model, body: bytes) -> InferRequest:
     return parse_raw_request(
         body, name=spec[0].name, datatype=spec[0].datatype, shape_without_batch=spec[0].shape
     )
+
+
+def _error_body(parts: list[str], exc: BaseException, error: HTTPError) -> bytes:
+    """OpenAI's error shape under ``/v1``, the v2 one elsewhere; the same status either way."""
+    if parts[0] == "v1":
+        return openai.encode_error(exc, error)
+    return encode_error(error.message)
 
 
 def _infer_headers(json_length: int | None) -> list[tuple[bytes, bytes]]:
