@@ -17,23 +17,23 @@ import importlib.util
 import os
 import platform
 import sys
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from carpool.bench.arrivals import read_trace
 from carpool.bench.client_processes import ClientProcesses
 from carpool.bench.display import Display, stdout_console
-from carpool.bench.http_target import HttpTarget
 from carpool.bench.local_target import LocalTarget, load_model
 from carpool.bench.loops import InProcess, LoadGenerator, Probe, event_loop, measure
 from carpool.bench.options import Options, options_from
 from carpool.bench.plan import Plan, Timing, plans
+from carpool.bench.remote import client_for, connect, requests_for
 from carpool.bench.report import Report, ReportError, Step
 from carpool.bench.targets import BenchError, Client, is_url
 from carpool.model import Model
@@ -76,31 +76,6 @@ def _plans(options: Options) -> list[Plan]:
     except (OSError, ValueError) as exc:
         raise BenchError(f"--trace {options.trace!r}: {exc}") from None
     return plans(options, trace=trace)
-
-
-def _payload(
-    metadata: Mapping[str, Any], options: Options, batched: bool | None
-) -> tuple[Any, list[dict[str, np.ndarray[Any, Any]]]]:
-    """The request spec and the distinct requests a run cycles through."""
-    from carpool.bench import payload, requests_file
-
-    try:
-        if options.input_data:  # the file gives the shapes; the metadata names and types
-            requests = requests_file.read_requests(options.input_data, metadata)
-            spec = payload.RequestSpec(
-                tuple(
-                    payload.InputSpec(t["name"], t["datatype"], tuple(requests[0][t["name"]].shape))
-                    for t in metadata["inputs"]
-                )
-            )
-            return spec, requests
-        spec = payload.spec_from_metadata(
-            metadata, rows=options.rows, shapes=options.shapes, batched=batched
-        )
-        strings = requests_file.read_strings(options.strings) if options.strings else None
-        return spec, payload.generate(spec, options.distinct, seed=options.seed, strings=strings)
-    except (OSError, ValueError) as exc:
-        raise BenchError(f"requests for model {metadata.get('name')!r}: {exc}") from None
 
 
 # ----------------------------------------------------------------------------- running
@@ -183,61 +158,11 @@ async def _steps(
     return report
 
 
-def _texts(options: Options) -> Sequence[str]:
-    """An embeddings endpoint's texts: the ``--strings`` file's, or the built-in sentences."""
-    from carpool.bench import requests_file
-    from carpool.bench.sentences import SENTENCES
-
-    if not options.strings:
-        return SENTENCES
-    try:
-        return requests_file.read_strings(options.strings)
-    except (OSError, ValueError) as exc:
-        raise BenchError(f"--strings: {exc}") from None
-
-
-def _client(target: Any, options: Options) -> Client:
-    """The target's client, its requests built (and encoded once) from the options."""
-    from carpool.bench import payload
-    from carpool.bench.openai_target import embedding_bodies
-
-    try:
-        if options.kind == "openai":
-            bodies = embedding_bodies(
-                _texts(options),
-                model=target.name,
-                count=options.distinct,
-                rows=options.rows,
-                encoding=options.encoding,
-            )
-            return cast(Client, target.client(bodies, options.timeout_s))
-        spec, requests = _payload(target.metadata, options, batched=None)
-        if options.kind == "grpc":
-            return cast(Client, target.client(requests, spec, options.timeout_s))
-        binary = options.encoding == "binary"
-        encoded = [payload.encode(r, spec, binary=binary) for r in requests]
-        return cast(Client, target.client(encoded, options.timeout_s))
-    except ValueError as exc:
-        raise BenchError(f"cannot encode requests: {exc}") from None
-
-
-def _connect(options: Options) -> AbstractAsyncContextManager[Any]:
-    if options.kind == "grpc":
-        from carpool.bench.grpc_target import GrpcTarget
-
-        return GrpcTarget.connect(options.target, options.model)
-    if options.kind == "openai":
-        from carpool.bench.openai_target import OpenAITarget
-
-        return OpenAITarget.connect(options.target, options.model)
-    return HttpTarget.connect(options.target)
-
-
 async def _run_remote(options: Options, display: Display) -> Report:
     """A model behind a server: v2 over HTTP or gRPC, or an embeddings endpoint."""
     _plans(options)  # a bad trace file is a usage error before the server is asked anything
-    async with _connect(options) as target:
-        client = _client(target, options)
+    async with connect(options) as target:
+        client = client_for(target, options)
         report = _report(options, str(target), target.kind, target.name)
         with _generator(client, options.processes) as generator:
             return await _steps(report, generator, target, display, options)
@@ -246,7 +171,7 @@ async def _run_remote(options: Options, display: Display) -> Report:
 async def _run_local(options: Options, model: Model, display: Display) -> Report:
     _plans(options)
     async with LocalTarget.serving(model, options.target) as target:
-        _, requests = _payload(target.metadata, options, batched=model.batching.batched)
+        _, requests = requests_for(target.metadata, options, batched=model.batching.batched)
         report = _report(options, str(target), target.kind, target.name, batching=_batching(model))
         return await _steps(report, InProcess(target.client(requests)), target, display, options)
 
@@ -264,7 +189,7 @@ async def _run_sweep(options: Options, model: Model, display: Display) -> Report
     plan = _plans(options)[0]
 
     async def run_cell(target: LocalTarget, cell: Cell, so_far: list[SweepResult]) -> Step:
-        _, requests = _payload(target.metadata, options, batched=True)
+        _, requests = requests_for(target.metadata, options, batched=True)
         prefix = f"max_batch_size={cell.max_batch_size} max_wait_ms={cell.max_wait_ms:g}  "
         above = sweep_table(so_far) if so_far else None
         generator = InProcess(target.client(requests))
