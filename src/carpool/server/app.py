@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from carpool.errors import BatcherClosed, ConfigError, WorkerStartError
 from carpool.model import Model
-from carpool.server import openai
+from carpool.server import openai, openapi
 from carpool.server.asgi import (
     JSON,
     Receive,
@@ -34,7 +34,13 @@ from carpool.server.inference import admit, respond
 from carpool.server.messages import HEADER_LENGTH, InferRequest, ProtocolError
 from carpool.server.metrics import Metrics
 from carpool.server.registry import Registry, ServedModel
-from carpool.server.requests import parse_header_length, parse_infer_request, parse_raw_request
+from carpool.server.requests import (
+    check_raw_content_type,
+    parse_header_length,
+    parse_index_request,
+    parse_infer_request,
+    parse_raw_request,
+)
 from carpool.server.responses import encode_error, encode_infer_response
 from carpool.server.statuses import CLIENT_CLOSED, STOPPING, HTTPError, error_status
 
@@ -206,6 +212,9 @@ class App:
         if not rest:
             _allow(method, "GET")
             return await send_json(send, 200, self.server_metadata())
+        if rest == ["openapi.json"]:
+            _allow(method, "GET")
+            return await send_json(send, 200, openapi.document(_VERSION))
         if rest[0] == "health" and len(rest) == 2 and rest[1] in ("live", "ready"):
             _allow(method, "GET")
             if rest[1] == "live":
@@ -217,7 +226,11 @@ class App:
             return await self._models(method, rest[1:], scope, receive, send)
         if rest == ["repository", "index"]:
             _allow(method, "POST")  # Triton's model repository extension, read-only
-            return await send_json(send, 200, self.registry.index())
+            body = await read_body(dict(scope["headers"]), receive, self.max_body_bytes)
+            index = self.registry.index()
+            if parse_index_request(body):
+                index = [entry for entry in index if entry["state"] == "READY"]
+            return await send_json(send, 200, index)
         raise HTTPError(404, f"Not Found: {scope['path']}")
 
     async def _models(
@@ -360,6 +373,7 @@ class App:
             _text(headers.get(b"inference-header-content-length")), len(body)
         )
         if header_length == 0:
+            check_raw_content_type(_text(headers.get(b"content-type")))
             return _raw_request(model, body)
         return parse_infer_request(body, header_length, max_elements=MAX_ELEMENTS)
 
