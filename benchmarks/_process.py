@@ -198,10 +198,13 @@ class Server:
 def carpool_serve(
     target: str, *flags: str, cpus: frozenset[int] | None, name: str | None = None
 ) -> Server:
-    """``python -m carpool serve TARGET FLAGS`` on a free port, no access log."""
+    """``python -m carpool serve TARGET FLAGS`` on a free port, no access log, gRPC off
+    unless ``FLAGS`` give a ``--grpc-port`` (its default, 8001, would let only one server
+    start)."""
     port = free_port()
     argv = [sys.executable, "-m", "carpool", "serve", target, "--port", str(port),
-            "--access-log", "false", "--log-level", "warning", *flags]  # fmt: skip
+            "--access-log", "false", "--log-level", "warning", "--grpc-port", "0",
+            *flags]  # fmt: skip
     return Server(name or f"carpool serve {target}", argv, port, cpus)
 
 

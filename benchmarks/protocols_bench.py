@@ -185,11 +185,7 @@ def report_demo(args: Any, results: dict[str, list[dict[str, dict[str, Any]]]]) 
 
 def start_minilm(workdir: Path, cores: _process.Cores) -> dict[str, _process.Server]:
     repo = _backends.write_minilm_repository(workdir / "minilm_repo")
-    servers = {
-        "carpool": _process.carpool_serve(
-            str(repo), "--grpc-port", "0", cpus=cores.server, name="carpool"
-        )
-    }
+    servers = {"carpool": _process.carpool_serve(str(repo), cpus=cores.server, name="carpool")}
     try:
         env = {"PYTHONPATH": os.pathsep.join([str(_process.REPO), str(_process.SRC), str(HERE)])}
         port = _process.free_port()
