@@ -9,6 +9,7 @@ or closes the connection: never a 5xx, never a hang (every read has a timeout), 
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from .conftest import Launcher, Server
 BODY_LIMIT = 65536
 READ_S = 10.0  # a response the server owes arrives well within this, even on a busy machine
 MUTANTS = 400  # mutated requests in the random loop
-MUTANT_READ_S = 0.3  # then the client closes its side; the server must close too
+MUTANT_READ_S = 0.3  # then the client closes its side (the server may wait for more body)
 SEED = 20241124
 INFER = b"/v2/models/identity/infer"
 BODY = b'{"inputs":[{"name":"INPUT0","shape":[1,2],"datatype":"FP32","data":[1,2]}]}'
@@ -78,18 +79,19 @@ def _responses(buffer: bytes) -> tuple[list[int], bytes]:
 
 
 def exchange(
-    raw: bytes | list[bytes], *, expect: int = 1, wait_s: float = READ_S, close: bool = False
+    raw: bytes | list[bytes], *, expect: int = 1, close: bool = False, patience: float | None = None
 ) -> Reply:
-    """Send ``raw`` (pieces are sent one by one), read until ``expect`` responses came or
-    the server closed; with ``close``, the client shuts its side after sending (a body cut
-    off). Waiting longer than ``wait_s`` for what is owed fails the test: a hang."""
-    with socket.create_connection(("127.0.0.1", PORT[0]), timeout=wait_s) as sock:
+    """Send ``raw`` (pieces one by one) and read until ``expect`` responses came or the
+    server closed. With ``close`` the client shuts its side at once (a body cut off); with
+    ``patience``, after that many seconds without the responses (the server may be waiting
+    for more body). Waiting READ_S more for an answer or a close fails the test: a hang."""
+    with socket.create_connection(("127.0.0.1", PORT[0]), timeout=READ_S) as sock:
         for piece in raw if isinstance(raw, list) else [raw]:
             sock.sendall(piece)
         if close:
             sock.shutdown(socket.SHUT_WR)
         buffer = b""
-        deadline = time.monotonic() + wait_s
+        deadline = time.monotonic() + (READ_S if patience is None else patience)
         while True:
             statuses, rest = _responses(buffer)
             if len(statuses) >= expect:
@@ -98,7 +100,11 @@ def exchange(
             try:
                 chunk = sock.recv(65536)
             except TimeoutError:
-                pytest.fail(f"no answer and no close within {wait_s}s to {raw!r:.300}")
+                if close:
+                    pytest.fail(f"no answer and no close within {READ_S}s to {raw!r:.300}")
+                sock.shutdown(socket.SHUT_WR)
+                close, deadline = True, time.monotonic() + READ_S
+                continue
             except ConnectionResetError:
                 chunk = b""
             if not chunk:
@@ -203,3 +209,72 @@ CASES = {
 def test_malformed_requests_get_4xx_or_a_close(raw: bytes, statuses: tuple[int, ...]) -> None:
     reply = exchange(raw, expect=len(statuses))
     assert tuple(reply.statuses) == statuses, reply.rest[:300]
+
+
+def test_head_gets_405_without_a_body() -> None:
+    reply = exchange(b"HEAD /v2 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", expect=2)
+    assert reply.closed
+    assert reply.rest.startswith(b"HTTP/1.1 405 ")
+    assert reply.rest.endswith(b"\r\n\r\n")
+
+
+def test_pipelined_requests_are_answered_in_order() -> None:
+    requests = [get(b"/v2/health/live"), post(INFER, BODY), get(b"/v2/nowhere"),
+                post(INFER, b"{"), get(b"/v2/health/ready")]  # fmt: skip
+    reply = exchange(b"".join(requests), expect=len(requests))
+    assert reply.statuses == [200, 200, 404, 400, 200]
+
+
+@pytest.mark.parametrize("cut", [1, len(BODY) // 2, len(BODY) - 1])
+def test_a_body_cut_off_midway_leaves_the_server_serving(cut: int) -> None:
+    reply = exchange(post(INFER, BODY)[: -len(BODY) + cut], expect=1, close=True)
+    assert (reply.statuses, reply.closed) == ([], True)
+    assert exchange(post(INFER, BODY)).statuses == [200]
+
+
+def test_a_chunked_body_cut_off_leaves_the_server_serving() -> None:
+    reply = exchange(chunked(b"%x\r\n%s" % (len(BODY), BODY[:10])), expect=1, close=True)
+    assert (reply.statuses, reply.closed) == ([], True)
+
+
+# -- a seeded random mutation loop ---------------------------------------------------------
+
+SEEDS = [get(b"/v2/health/ready"), post(INFER, BODY), get(b"/v2/models/identity/config"),
+         chunked(b"%x\r\n%s\r\n0\r\n\r\n" % (len(BODY), BODY)),
+         post(b"/v2/repository/index", b'{"ready":true}')]  # fmt: skip
+TOKENS = [b"\x00", b"\xff", b"\r\n", b"\n", b"\r", b" ", b":", b"%", b"%00", b"/..", b"\t",
+          b"Content-Length: 9999\r\n", b"Transfer-Encoding: chunked\r\n", b"HTTP/1.1",
+          b"Inference-Header-Content-Length: 3\r\n", b"-1", b"9" * 30, "é".encode()]  # fmt: skip
+
+
+def mutate(rng: random.Random, raw: bytes) -> bytes:
+    """One to four edits: flip a byte, insert a nasty token, delete or repeat a span."""
+    data = bytearray(raw)
+    for _ in range(rng.randint(1, 4)):
+        at = rng.randrange(len(data) + 1)
+        kind = rng.randrange(4)
+        if kind == 0 and at < len(data):
+            data[at] = rng.randrange(256)
+        elif kind == 1:
+            data[at:at] = rng.choice(TOKENS)
+        elif kind == 2:
+            del data[at : at + rng.randint(1, 16)]
+        else:
+            data[at:at] = data[at : at + rng.randint(1, 64)]
+    return bytes(data)
+
+
+@pytest.mark.slow
+def test_mutated_requests_never_get_a_5xx_or_hang(server: Server) -> None:
+    rng = random.Random(SEED)
+    outcomes: dict[str, int] = {}
+    for index in range(MUTANTS):
+        raw = mutate(rng, rng.choice(SEEDS))
+        reply = exchange(raw, patience=MUTANT_READ_S)
+        assert all(status < 500 for status in reply.statuses), (index, raw)
+        key = str(reply.statuses[0]) if reply.statuses else "closed"
+        outcomes[key] = outcomes.get(key, 0) + 1
+        if index % 20 == 0:
+            assert server.is_live()
+    assert sum(outcomes.values()) == MUTANTS
+    assert "500" not in outcomes
