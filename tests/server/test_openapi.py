@@ -48,7 +48,8 @@ def narrowed(doc: dict[str, Any]) -> dict[str, Any]:
     versions = {"type": "string", "enum": ["1", "2"]}
     for item in doc["paths"].values():
         for parameter in item.get("parameters", ()):
-            parameter["schema"] = names if parameter["name"] == "model_name" else versions
+            choices = {"model_name": names, "model_version": versions, "model": names}
+            parameter["schema"] = choices[parameter["name"]]
     tensor = doc["components"]["schemas"]["RequestInput"]["properties"]
     tensor["name"] = {"type": "string", "enum": ["INPUT0", "INPUT1", "TEXT"]}
     tensor["shape"] = {"type": "array", "maxItems": 3, "items": {"type": "integer",

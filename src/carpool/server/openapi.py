@@ -33,6 +33,9 @@ _DURATION = {
 }
 
 
+_DATATYPE = {"type": "string", "enum": list(DATATYPES)}
+
+
 def _ref(name: str) -> dict[str, str]:
     return {"$ref": _REF + name}
 
@@ -44,15 +47,16 @@ def _object(required: list[str], properties: dict[str, Any], **more: Any) -> dic
     return schema
 
 
+_TENSOR = _object(
+    ["name", "datatype", "shape"], {"name": _STRING, "datatype": _DATATYPE, "shape": _SHAPE}
+)
+
+
 def _schemas() -> dict[str, Any]:
-    datatype = {"type": "string", "enum": list(DATATYPES)}
     parameters = {
         "type": "object",
         "additionalProperties": {"anyOf": [_STRING, {"type": "number"}, {"type": "boolean"}]},
     }
-    tensor = _object(
-        ["name", "datatype", "shape"], {"name": _STRING, "datatype": datatype, "shape": _SHAPE}
-    )
     return {
         "Error": _object(["error"], {"error": _STRING}, additionalProperties=False),
         "Parameters": parameters,
@@ -64,7 +68,7 @@ def _schemas() -> dict[str, Any]:
                 "extensions": {"type": "array", "items": _STRING},
             },
         ),
-        "MetadataTensor": tensor,
+        "MetadataTensor": _TENSOR,
         "ModelMetadata": _object(
             ["name", "platform", "inputs", "outputs"],
             {
@@ -105,12 +109,18 @@ def _schemas() -> dict[str, Any]:
                 {"name": _STRING, "version": _STRING, "state": _STRING, "reason": _STRING},
             ),
         },
+        **_inference_schemas(),
+    }
+
+
+def _inference_schemas() -> dict[str, Any]:
+    return {
         "RequestInput": _object(
             ["name", "shape", "datatype"],
             {
                 "name": _STRING,
                 "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-                "datatype": datatype,
+                "datatype": _DATATYPE,
                 "parameters": _ref("Parameters"),
                 "data": {"description": "flat or nested row-major elements"},
             },
@@ -138,7 +148,7 @@ def _schemas() -> dict[str, Any]:
                     "type": "array",
                     "items": {
                         "allOf": [
-                            tensor,
+                            _TENSOR,
                             {"properties": {"parameters": _ref("Parameters"), "data": {}}},
                         ]
                     },
@@ -289,6 +299,99 @@ def _server_routes() -> dict[str, Any]:
     }
 
 
+def _openai_schemas() -> dict[str, Any]:
+    # OpenAI's embeddings API, for the models that opted in (carpool.server.openai).
+    nullable = {"type": "string", "nullable": True}
+    error = _object(
+        ["error"],
+        {
+            "error": _object(
+                ["message", "type", "param", "code"],
+                {"message": _STRING, "type": _STRING, "param": nullable, "code": nullable},
+            )
+        },
+    )
+    entry = _object(
+        ["id", "object", "created", "owned_by"],
+        {"id": _STRING, "object": _STRING, "created": _INT, "owned_by": _STRING},
+    )
+    listing = _object(
+        ["object", "data"], {"object": _STRING, "data": {"type": "array", "items": entry}}
+    )
+    texts = {"type": "array", "items": _STRING}
+    tokens = {"type": "array", "items": _INT}
+    request = _object(
+        ["model", "input"],
+        {
+            "model": _STRING,
+            "input": {"oneOf": [_STRING, texts, tokens, {"type": "array", "items": tokens}]},
+            "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+            "dimensions": {"type": "integer", "minimum": 1},
+            "user": _STRING,
+        },
+        additionalProperties=False,
+    )
+    embedding = _object(
+        ["object", "index", "embedding"],
+        {
+            "object": _STRING,
+            "index": _INT,
+            "embedding": {"oneOf": [{"type": "array", "items": {"type": "number"}}, _STRING]},
+        },
+    )
+    usage = _object(
+        ["prompt_tokens", "total_tokens"], {"prompt_tokens": _INT, "total_tokens": _INT}
+    )
+    response = _object(
+        ["object", "data", "model", "usage"],
+        {
+            "object": _STRING,
+            "data": {"type": "array", "items": embedding},
+            "model": _STRING,
+            "usage": usage,
+        },
+    )
+    return {
+        "OpenAIError": error,
+        "OpenAIModel": entry,
+        "OpenAIModelList": listing,
+        "EmbeddingsRequest": request,
+        "EmbeddingsResponse": response,
+    }
+
+
+def _openai_routes() -> dict[str, Any]:
+    errors = {
+        code: _json("OpenAIError", _ERRORS[code])
+        for code in ("400", "404", "413", "415", "500", "503", "504")
+    }
+    request = _ref("EmbeddingsRequest")
+    model = {"name": "model", "in": "path", "required": True, "schema": _STRING}
+    return {
+        "/v1/embeddings": {
+            "post": {
+                "operationId": "OpenAIEmbeddings",
+                "summary": "OpenAI embeddings; errors in OpenAI's shape",
+                "requestBody": {"required": True, "content": {JSON_TYPE: {"schema": request}}},
+                "responses": {"200": _json("EmbeddingsResponse", "the embeddings"), **errors},
+            }
+        },
+        "/v1/models": _get(
+            "OpenAIModels",
+            "the models that serve OpenAI's routes",
+            {"200": _json("OpenAIModelList", "")},
+        ),
+        "/v1/models/{model}": {
+            "parameters": [model],
+            **_get(
+                "OpenAIModel",
+                "one model",
+                {"200": _json("OpenAIModel", ""), "400": errors["400"], "404": errors["404"]},
+            ),
+        },
+    }
+
+
 def _parameters() -> dict[str, Any]:
     def path(name: str) -> dict[str, Any]:
         return {"name": name, "in": "path", "required": True, "schema": _STRING}
@@ -299,6 +402,7 @@ def _parameters() -> dict[str, Any]:
 def _build(version: str) -> dict[str, Any]:
     paths = {
         **_server_routes(),
+        **_openai_routes(),
         **_model_routes("", ""),
         **_model_routes("/versions/{model_version}", "Version"),
     }
@@ -317,7 +421,7 @@ def _build(version: str) -> dict[str, Any]:
             "gzip or deflate compressed (Content-Encoding).",
         },
         "paths": paths,
-        "components": {"schemas": _schemas()},
+        "components": {"schemas": {**_schemas(), **_openai_schemas()}},
     }
 
 
