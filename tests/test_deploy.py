@@ -31,6 +31,7 @@ import yaml
 from kubernetes_validate.utils import all_versions, major_minor
 
 from carpool.cli import build_parser
+from carpool.server.config import ServerConfig
 from server.conftest import Launcher, Server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -262,7 +263,7 @@ def test_every_flag_used_is_one_carpool_serve_has(serve_help: str) -> None:
     image_args = json.loads(_instruction("CMD"))
     used = {a for c in _containers() for a in c["args"] if a.startswith("-")}
     used |= {a for a in image_args if a.startswith("-")}
-    assert used == {"--host", "--port"}
+    assert used == {"--host", "--port", "--grpc-port"}
     assert used - offered == set()
 
 
@@ -282,12 +283,15 @@ def test_deployment_ports_are_the_port_the_server_listens_on(
     container = _deployment_container()
     settings = _settings(container, monkeypatch)
     assert (settings.targets, settings.host, settings.port) == (["demo"], "0.0.0.0", 8000)
-    assert [p["containerPort"] for p in container["ports"]] == [settings.port]
+    assert settings.grpc_port == 8001
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"http": settings.port, "grpc": settings.grpc_port}
     assert [_port(container, p["port"]) for p in _probes(container)] == [settings.port] * 3
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == str(settings.port)
-    (service_port,) = _one("Service")["spec"]["ports"]
-    assert _port(container, service_port["targetPort"]) == settings.port
+    service = {p["name"]: p for p in _one("Service")["spec"]["ports"]}
+    assert {n: _port(container, p["targetPort"]) for n, p in service.items()} == ports
+    assert {n: p["port"] for n, p in service.items()} == ports
 
 
 def test_service_and_hpa_select_the_deployments_pods() -> None:
@@ -370,7 +374,8 @@ def test_containerfile_runs_carpool_serve_on_its_port_as_the_deployments_user(
     image = {"command": entrypoint, "args": json.loads(_instruction("CMD"))}
     settings = _settings(image, monkeypatch)  # run bare: docker run -p 8000:8000 carpool
     assert (settings.targets, settings.host, settings.port) == (["demo"], "0.0.0.0", 8000)
-    assert _instruction("EXPOSE") == str(settings.port)
+    assert settings.grpc_port is None  # the image listens on the default gRPC port:
+    assert _instruction("EXPOSE") == f"{settings.port} {ServerConfig.grpc_port}"
     user = _instruction("USER")
     assert user == "10001:10001"
     context = _one("Deployment")["spec"]["template"]["spec"]["securityContext"]

@@ -32,7 +32,7 @@ from conftest import running, wait_until
 pytestmark = pytest.mark.slow
 
 TESTS = Path(__file__).resolve().parent
-SERVE = [sys.executable, "-m", "carpool", "serve", "demo"]
+SERVE = [sys.executable, "-m", "carpool", "serve", "demo", "--grpc-port", "0"]
 NODES = 3
 
 

@@ -55,7 +55,7 @@ cd "$ROOT"
 export PYTHONPATH="$ROOT:$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
 # shellcheck disable=SC2086  # command lines; taskset execs, so $! is the server itself
 $(pinned "$SERVER_CPUS") $CARPOOL serve "$TARGET" --max-batch-size 32 \
-    --access-log false --port "$PORT" >"$LOG" 2>&1 &
+    --access-log false --port "$PORT" --grpc-port 0 >"$LOG" 2>&1 &
 SERVER=$!
 stop() {
     if kill -0 "$SERVER" 2>/dev/null; then
