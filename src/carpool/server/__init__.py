@@ -10,6 +10,7 @@ Its modules, each importing only from those above it:
 - ``statuses``: the one table from exceptions to HTTP statuses (and gRPC codes); ``HTTPError``.
 - ``grpc_codec``: Triton's gRPC messages (tritonclient's stubs) to those records and back; pure.
 - ``openai``: OpenAI's embeddings and models bodies to and from those records; pure.
+- ``openapi``: the OpenAPI 3 document of the REST routes, served at ``/v2/openapi.json``; pure.
 - ``asgi`` / ``bodies``: ASGI plumbing; request bodies within the size limit.
 - ``buckets`` / ``metrics``: ``/metrics`` histogram buckets (pure); Prometheus exposition.
 - ``app``: the ASGI application: lifespan, routes, the inference endpoint.
