@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import sys
 import time
@@ -52,6 +53,13 @@ def import_carpool() -> Any:
     if not hasattr(carpool, "Batcher"):
         raise ImportError(f"carpool at {getattr(carpool, '__file__', '?')} has no Batcher yet")
     return carpool
+
+
+def missing_modules(modules: Iterable[str]) -> list[str]:
+    """Those of ``modules`` this interpreter cannot import, found without importing them."""
+    import importlib.util
+
+    return [m for m in modules if importlib.util.find_spec(m) is None]
 
 
 def ray_available() -> bool:
@@ -147,6 +155,23 @@ def base_parser(
         help=f"CPUs to pin to, e.g. '0' or '0,1'; 'none' to not pin (default {default_cpus!r})",
     )
     return p
+
+
+def run_reported(name: str, body: Callable[[], object]) -> int:
+    """Run a script's ``body`` and return its exit status: always 0, so a failure never
+    fails the caller. A failure, or SIGTERM (raised as ``KeyboardInterrupt`` so that
+    servers are stopped on the way out), is printed as one line, ``\nNAME: Kind: message``,
+    which the tests look for."""
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        body()
+    except (Exception, KeyboardInterrupt) as exc:  # report, never fail the caller
+        print(f"\n{name}: {type(exc).__name__}: {exc}", flush=True)
+    return 0
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 # --------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import math
 import os
 import signal
 import subprocess
@@ -123,6 +124,17 @@ def cpu_seconds(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return float("nan")
+
+
+def total_cpu_seconds(pids: Iterable[int]) -> float:
+    """CPU seconds used so far by this process and the processes ``pids``; one that is
+    gone (or unreadable) counts nothing."""
+    total = time.process_time()
+    for pid in pids:
+        seconds = cpu_seconds(pid)
+        if not math.isnan(seconds):
+            total += seconds
+    return total
 
 
 # ------------------------------------------------------------------------------ servers

@@ -50,8 +50,6 @@ mixed lengths unless rows are grouped by length). Nothing is asserted; exits 0.
 
 from __future__ import annotations
 
-import importlib.util
-import signal
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -345,12 +343,8 @@ def report_padding(p: dict[str, Any]) -> None:
 # ------------------------------------------------------------------------------ main
 
 
-def _missing(modules: tuple[str, ...]) -> list[str]:
-    return [m for m in modules if importlib.util.find_spec(m) is None]
-
-
 def run(args: Any) -> None:
-    missing = _missing(NEEDED)
+    missing = _bench.missing_modules(NEEDED)
     if missing:
         print(
             f"backends_bench: {sys.executable} lacks {', '.join(missing)}; install "
@@ -370,7 +364,7 @@ def run(args: Any) -> None:
     )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="carpool-backends-") as tmp:
         for kind in models:
-            lacking = _missing(WANTS[kind])
+            lacking = _bench.missing_modules(WANTS[kind])
             if lacking:
                 print(f"[{kind}] skipped: {sys.executable} lacks {', '.join(lacking)}\n")
                 continue
@@ -400,16 +394,7 @@ def main() -> int:
     args.clients = args.clients or (16 if args.quick else 64)
     if args.texts is None:
         args.texts = 16 if args.quick else 256
-    signal.signal(signal.SIGTERM, _terminate)  # servers are stopped on the way out
-    try:
-        run(args)
-    except (Exception, KeyboardInterrupt) as exc:  # report, never fail the caller
-        print(f"\nbackends_bench: {type(exc).__name__}: {exc}", flush=True)
-    return 0
-
-
-def _terminate(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+    return _bench.run_reported("backends_bench", lambda: run(args))
 
 
 if __name__ == "__main__":

@@ -43,8 +43,6 @@ p50(carpool) - p50(plain) <= 0.5 ms. Nothing is asserted; exits 0.
 
 from __future__ import annotations
 
-import importlib.util
-import signal
 import sys
 import time
 from typing import Any
@@ -258,7 +256,7 @@ def report(results: Results, concurrencies: list[int], encodings: list[str]) -> 
 
 
 def run(args: Any) -> None:
-    missing = [m for m in NEEDED if importlib.util.find_spec(m) is None]
+    missing = _bench.missing_modules(NEEDED)
     if missing:
         print(f"http_bench: {sys.executable} lacks {', '.join(missing)}: install carpool's server"
               " and bench extras, e.g.  python -m pip install -e '.[server,bench]'")  # fmt: skip
@@ -334,16 +332,7 @@ def parse_args() -> Any:
 
 def main() -> int:
     args = parse_args()
-    signal.signal(signal.SIGTERM, _terminate)  # servers are stopped on the way out
-    try:
-        run(args)
-    except (Exception, KeyboardInterrupt) as exc:  # report, never fail the caller
-        print(f"\nhttp_bench: {type(exc).__name__}: {exc}", flush=True)
-    return 0
-
-
-def _terminate(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+    return _bench.run_reported("http_bench", lambda: run(args))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ threads, process workers must cost almost nothing.
 
 from __future__ import annotations
 
-import signal
 import sys
 from typing import Any
 
@@ -120,16 +119,7 @@ def report(results: dict[str, list[dict[str, Any]]]) -> None:
 
 def main() -> int:
     args = parse_args()
-    signal.signal(signal.SIGTERM, _terminate)  # servers are stopped on the way out
-    try:
-        run(args)
-    except (Exception, KeyboardInterrupt) as exc:  # report, never fail the caller
-        print(f"\nprocess_http: {type(exc).__name__}: {exc}", flush=True)
-    return 0
-
-
-def _terminate(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+    return _bench.run_reported("process_http", lambda: run(args))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import _bench  # before numpy: sets single-thread BLAS env vars
+import _process
 import numpy as np
 
 _bench.import_carpool()
@@ -67,19 +68,6 @@ def _timed_once(fn: Callable[[Any], Any], batch: Any) -> float:
     return time.perf_counter() - start
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """CPU time used so far by this process and the processes ``pids`` (Linux /proc)."""
-    total = time.process_time()
-    tick = os.sysconf("SC_CLK_TCK")
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
-    return total
-
-
 def worker_pids() -> list[int]:
     """This process's model worker processes (children running multiprocessing's spawn)."""
     found = []
@@ -113,10 +101,10 @@ async def rows_per_s(
 
     callers = [asyncio.ensure_future(caller()) for _ in range(CLIENTS)]
     await asyncio.sleep(0.2)  # every caller has a request in the queue
-    cpu, before, begin = cpu_seconds(pids), answered[0], time.perf_counter()
+    cpu, before, begin = _process.total_cpu_seconds(pids), answered[0], time.perf_counter()
     await asyncio.sleep(seconds)
     wall = time.perf_counter() - begin
-    rows, cores = answered[0] - before, (cpu_seconds(pids) - cpu) / wall
+    rows, cores = answered[0] - before, (_process.total_cpu_seconds(pids) - cpu) / wall
     running[0] = False
     await asyncio.gather(*callers)
     return rows / wall, cores

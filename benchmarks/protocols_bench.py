@@ -30,9 +30,7 @@ binary's; carpool /v1/embeddings >= 3x FastAPI's req/s. Prints ``met``/``MISSED`
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -285,12 +283,8 @@ def report_minilm(args: Any, pairs: list[dict[str, Any]]) -> None:
 # ------------------------------------------------------------------------------ main
 
 
-def _missing(modules: tuple[str, ...]) -> list[str]:
-    return [m for m in modules if importlib.util.find_spec(m) is None]
-
-
 def run(args: Any) -> None:
-    missing = _missing(NEEDED)
+    missing = _bench.missing_modules(NEEDED)
     if missing:
         print(f"protocols_bench: {sys.executable} lacks {', '.join(missing)}")
         return
@@ -306,7 +300,7 @@ def run(args: Any) -> None:
         except Exception as exc:  # report, go on with minilm
             print(f"[demo] failed: {type(exc).__name__}: {exc}\n")
     if args.only in ("all", "minilm"):
-        lacking = _missing(MINILM_NEEDS)
+        lacking = _bench.missing_modules(MINILM_NEEDS)
         if lacking:
             print(f"[minilm] not run: {sys.executable} lacks {', '.join(lacking)}\n")
             return
@@ -325,16 +319,7 @@ def main() -> int:
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.warmup, args.duration = (0.3, 0.7) if args.quick else (1.0, 3.0)
     args.minilm_warmup, args.minilm_duration = (0.5, 1.0) if args.quick else (2.0, 5.0)
-    signal.signal(signal.SIGTERM, _terminate)  # servers are stopped on the way out
-    try:
-        run(args)
-    except (Exception, KeyboardInterrupt) as exc:  # report, never fail the caller
-        print(f"\nprotocols_bench: {type(exc).__name__}: {exc}", flush=True)
-    return 0
-
-
-def _terminate(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+    return _bench.run_reported("protocols_bench", lambda: run(args))
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import _bench  # before numpy: sets single-thread BLAS env vars
+import _process
 import numpy as np
 
 _bench.import_carpool()
@@ -95,15 +96,7 @@ def descendants() -> set[int]:
 def cluster_cpu_seconds() -> float:
     """CPU seconds used so far by this process and every process under it: the client,
     carpool, Serve's router, and the whole cluster (nodes, agents, actors, replicas)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = time.process_time()
-    for pid in descendants():
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
-    return total
+    return _process.total_cpu_seconds(descendants())
 
 
 def start_cluster(nodes: int) -> Any:

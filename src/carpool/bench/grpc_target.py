@@ -16,8 +16,6 @@ from importlib import import_module
 from typing import Any
 from urllib.parse import urlsplit
 
-import numpy as np
-
 from carpool.bench.report import ServerSide
 from carpool.bench.scrape import Snapshot, server_side
 from carpool.bench.targets import BenchError, Client, Send
@@ -84,17 +82,12 @@ def encode_request(
     laid out as the binary tensor extension lays them out; no outputs named (all of them
     come back). Raises ``ValueError`` for a missing input or an array its datatype cannot
     carry."""
-    from carpool.bench.payload import check_array
+    from carpool.bench.payload import checked_inputs
     from carpool.server.tensors import array_to_wire
 
     pb = _stubs()[0]
     message = pb.ModelInferRequest(model_name=model, model_version=version)
-    for spec_input in spec.inputs:
-        name, datatype = spec_input.name, spec_input.datatype
-        if name not in request:
-            raise ValueError(f"the request has no input {name!r} (it has {', '.join(request)})")
-        array = np.asarray(request[name])
-        check_array(array, datatype, name)
+    for name, datatype, array in checked_inputs(request, spec):
         message.inputs.add(name=name, datatype=datatype, shape=list(array.shape))
         message.raw_input_contents.append(bytes(array_to_wire(array, datatype=datatype, name=name)))
     return bytes(message.SerializeToString())

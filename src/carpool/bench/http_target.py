@@ -23,7 +23,16 @@ from carpool.bench.targets import BenchError, Client, Send
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["HttpClient", "HttpTarget", "ModelURL", "get", "parse_url", "scrape"]
+__all__ = [
+    "HttpClient",
+    "HttpTarget",
+    "ModelURL",
+    "ScrapedTarget",
+    "answered",
+    "get",
+    "parse_url",
+    "scrape",
+]
 
 KEEPALIVE_S = 60.0  # idle pooled connections live across a step's pauses (aiohttp's is 15)
 CONTROL_TIMEOUT_S = 10.0  # metadata and /metrics: a server that cannot answer these is down
@@ -97,6 +106,13 @@ async def get(session: aiohttp.ClientSession, url: str) -> tuple[int, bytes]:
         raise _unreachable(url, exc) from None
 
 
+def answered(url: str, status: int, body: bytes) -> BenchError:
+    """The :class:`BenchError` for a control request (metadata, a model list) that ``url``
+    answered with an HTTP error: its status and the start of its body."""
+    message = body.decode(errors="replace")[:300].strip()
+    return BenchError(f"{url} answered HTTP {status}: {message}")
+
+
 async def scrape(
     session: aiohttp.ClientSession, url: str, model: str
 ) -> tuple[Snapshot | None, bool]:
@@ -113,7 +129,33 @@ async def scrape(
     return snap, snap is not None
 
 
-class HttpTarget:
+class ScrapedTarget:
+    """A model behind an HTTP server whose ``/metrics`` is read around each step while it
+    describes the model (carpool's): the probe half of :class:`HttpTarget` and
+    :class:`~carpool.bench.openai_target.OpenAITarget`."""
+
+    def __init__(self, name: str, metrics: str, session: aiohttp.ClientSession) -> None:
+        self.name = name
+        self._metrics = metrics  # the server's /metrics URL
+        self._session = session
+        self._scrape = True  # until /metrics turns out not to describe this model
+
+    async def snapshot(self) -> Snapshot | None:
+        """The model's counters in ``/metrics``; ``None`` when it has none (not carpool)."""
+        if not self._scrape:
+            return None
+        snap, self._scrape = await scrape(self._session, self._metrics, self.name)
+        return snap
+
+    def server_side(
+        self, before: Snapshot | None, after: Snapshot | None, latency_sum_s: float
+    ) -> ServerSide | None:
+        if before is None or after is None:
+            return None
+        return server_side(before, after, latency_sum_s=latency_sum_s)
+
+
+class HttpTarget(ScrapedTarget):
     """A model behind a v2 server; ``/metrics`` read when it is carpool's."""
 
     kind = "http"
@@ -121,11 +163,9 @@ class HttpTarget:
     def __init__(
         self, url: ModelURL, metadata: Mapping[str, Any], session: aiohttp.ClientSession
     ) -> None:
+        super().__init__(str(metadata.get("name") or url.model), url.metrics, session)
         self.url = url
         self.metadata = dict(metadata)
-        self.name = str(metadata.get("name") or url.model)
-        self._session = session
-        self._scrape = True  # until /metrics turns out not to describe this model
 
     def __str__(self) -> str:
         return str(self.url)
@@ -142,8 +182,7 @@ class HttpTarget:
         async with aiohttp.ClientSession(timeout=timeout) as session:
             status, body = await get(session, url.metadata)
             if status != 200:
-                message = body.decode(errors="replace")[:300].strip()
-                raise BenchError(f"{url.metadata} answered HTTP {status}: {message}")
+                raise answered(url.metadata, status, body)
             try:
                 metadata = json.loads(body)
                 if not isinstance(metadata, dict) or not isinstance(metadata.get("inputs"), list):
@@ -154,20 +193,6 @@ class HttpTarget:
 
     def client(self, bodies: Sequence[tuple[bytes, Mapping[str, str]]], timeout_s: float) -> Client:
         return HttpClient(self.url.infer, tuple((b, dict(h)) for b, h in bodies), timeout_s)
-
-    async def snapshot(self) -> Snapshot | None:
-        """The model's counters in ``/metrics``; ``None`` when it has none (not carpool)."""
-        if not self._scrape:
-            return None
-        snap, self._scrape = await scrape(self._session, self.url.metrics, self.name)
-        return snap
-
-    def server_side(
-        self, before: Snapshot | None, after: Snapshot | None, latency_sum_s: float
-    ) -> ServerSide | None:
-        if before is None or after is None:
-            return None
-        return server_side(before, after, latency_sum_s=latency_sum_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,9 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from carpool.bench.http_target import CONTROL_TIMEOUT_S, HttpClient, get, scrape
-from carpool.bench.report import ServerSide
-from carpool.bench.scrape import Snapshot, server_side
+from carpool.bench.http_target import CONTROL_TIMEOUT_S, HttpClient, ScrapedTarget, answered, get
 from carpool.bench.targets import EMBEDDINGS_PATH, BenchError, Client
 
 if TYPE_CHECKING:
@@ -87,8 +85,7 @@ def embedding_bodies(
 
 def _model_ids(url: str, status: int, body: bytes) -> list[str]:
     if status != 200:
-        message = body.decode(errors="replace")[:300].strip()
-        raise BenchError(f"{url} answered HTTP {status}: {message}")
+        raise answered(url, status, body)
     try:
         data = json.loads(body)["data"]
         return [str(item["id"]) for item in data]
@@ -107,17 +104,15 @@ def _choose(url: str, ids: list[str], model: str | None) -> str:
     return model
 
 
-class OpenAITarget:
+class OpenAITarget(ScrapedTarget):
     """An embeddings endpoint; ``/metrics`` read when the server is carpool."""
 
     kind = "openai"
 
     def __init__(self, url: EmbeddingsURL, model: str, session: aiohttp.ClientSession) -> None:
+        super().__init__(model, url.metrics, session)
         self.url = url
-        self.name = model
         self.metadata: dict[str, Any] = {"name": model}
-        self._session = session
-        self._scrape = True  # until /metrics turns out not to describe this model
 
     def __str__(self) -> str:
         return str(self.url)
@@ -137,17 +132,3 @@ class OpenAITarget:
 
     def client(self, bodies: Sequence[bytes], timeout_s: float) -> Client:
         return HttpClient(self.url.embeddings, tuple((b, dict(_JSON)) for b in bodies), timeout_s)
-
-    async def snapshot(self) -> Snapshot | None:
-        """The model's counters in ``/metrics``; ``None`` when it has none (not carpool)."""
-        if not self._scrape:
-            return None
-        snap, self._scrape = await scrape(self._session, self.url.metrics, self.name)
-        return snap
-
-    def server_side(
-        self, before: Snapshot | None, after: Snapshot | None, latency_sum_s: float
-    ) -> ServerSide | None:
-        if before is None or after is None:
-            return None
-        return server_side(before, after, latency_sum_s=latency_sum_s)

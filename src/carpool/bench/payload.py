@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,7 @@ __all__ = [
     "InputSpec",
     "RequestSpec",
     "check_array",
+    "checked_inputs",
     "described_inputs",
     "encode",
     "generate",
@@ -157,12 +158,7 @@ def encode(
     """
     entries: list[dict[str, Any]] = []
     blobs: list[bytes | memoryview] = []
-    for spec_input in spec.inputs:
-        name, datatype = spec_input.name, spec_input.datatype
-        if name not in request:
-            raise ValueError(f"the request has no input {name!r} (it has {', '.join(request)})")
-        array = np.asarray(request[name])
-        check_array(array, datatype, name)
+    for name, datatype, array in checked_inputs(request, spec):
         entry: dict[str, Any] = {"name": name, "shape": list(array.shape), "datatype": datatype}
         if binary:
             blobs.append(array_to_wire(array, datatype=datatype, name=name))
@@ -178,6 +174,22 @@ def encode(
         return header, {"Content-Type": "application/json"}
     headers = {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(header))}
     return b"".join([header, *blobs]), headers
+
+
+def checked_inputs(
+    request: Mapping[str, Array], spec: RequestSpec
+) -> Iterator[tuple[str, str, Array]]:
+    """``(name, datatype, array)`` of each input of ``spec``, in its order, taken from
+    ``request``; what :func:`encode` and :func:`carpool.bench.grpc_target.encode_request`
+    encode. Raises ``ValueError`` for a missing input or an array its datatype cannot
+    carry."""
+    for spec_input in spec.inputs:
+        name, datatype = spec_input.name, spec_input.datatype
+        if name not in request:
+            raise ValueError(f"the request has no input {name!r} (it has {', '.join(request)})")
+        array = np.asarray(request[name])
+        check_array(array, datatype, name)
+        yield name, datatype, array
 
 
 def described_inputs(metadata: Mapping[str, Any]) -> list[tuple[str, str, list[int]]]:
@@ -261,7 +273,7 @@ def _words(rng: np.random.Generator) -> bytes:
 
 def check_array(array: Array, datatype: str, name: str) -> None:
     """Refuse (``ValueError``) what the codec would refuse, worded for an input rather than
-    an output; shared with :mod:`carpool.bench.grpc_target`."""
+    an output."""
     kind = array.dtype.kind
     if datatype == "BYTES":
         ok = kind in "OSU"
