@@ -20,7 +20,9 @@ working in code that does not know carpool::
     │
     │   raised by the server and bench, defined with their code:
     ├── ProtocolError (ValueError)        carpool.server.messages: a request the v2 protocol
-    │                                     cannot accept, or a response it cannot carry
+    │   │                                 cannot accept, or a response it cannot carry
+    │   └── OpenAIError                   carpool.server.openai: a /v1 request OpenAI's API
+    │                                     refuses, with its param and code
     ├── ModelNotFound (LookupError)       carpool.server.registry: no model (or version) by
     │                                     that name: a 404
     ├── ModelUnavailable                  carpool.server.registry: the model failed to load at
