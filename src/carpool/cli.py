@@ -10,6 +10,7 @@ line. The top of the layers: it may import anything, and nothing imports it.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -103,6 +104,28 @@ _SETTING_FLAGS: tuple[Flag, ...] = (
     ),
     ("--max-body-bytes", int, "largest request body; then 413 [67108864]"),
     ("--drain-timeout", float, "seconds to finish requests on SIGTERM [30]"),
+    (
+        "--metrics-need-key",
+        parse_bool,
+        "with --api-key: /metrics needs a key too (true/false) [false]",
+    ),
+    ("--ssl-certfile", str, "serve HTTPS and gRPC over TLS with this PEM certificate (chain)"),
+    ("--ssl-keyfile", str, "the private key of --ssl-certfile (PEM)"),
+    (
+        "--header-timeout",
+        float,
+        "seconds a connection may take to send a request's headers; then 408 and closed [10]",
+    ),
+    (
+        "--body-timeout",
+        float,
+        "seconds a request may take to send its whole body; then 408 and closed [30]",
+    ),
+    (
+        "--limit-concurrency",
+        int,
+        "HTTP connections served at once; requests on more get 503; 0: no limit [1000]",
+    ),
     ("--log-level", str, "debug, info, warning, error or critical [info]"),
     ("--log-format", str, "text, or json for one object per line [text]"),
     ("--access-log", parse_bool, "log every request (true/false) [true]"),
@@ -124,7 +147,14 @@ _SERVER_KEYS = {
     "log_format": "log_format",
     "access_log": "access_log",
     "drain_timeout": "drain_timeout_s",
+    "metrics_need_key": "metrics_need_key",
+    "ssl_certfile": "ssl_certfile",
+    "ssl_keyfile": "ssl_keyfile",
+    "header_timeout": "header_timeout_s",
+    "body_timeout": "body_timeout_s",
+    "limit_concurrency": "limit_concurrency",
 }
+API_KEY_ENV = "CARPOOL_API_KEY"  # comma-separated; from a Secret, out of sight of `ps`
 _BATCHING_KEYS = (
     "max_batch_size",
     "max_wait_ms",
@@ -160,6 +190,14 @@ def _add_serve(commands: Commands) -> None:
         )
     for flag, convert, text in _SETTING_FLAGS:
         add_flag(serve, flag, convert, None, text)
+    serve.add_argument(  # by hand: repeatable, and its variable holds a list
+        "--api-key",
+        action="append",
+        metavar="KEY",
+        help="require this key on every route but health (and /metrics): "
+        "'Authorization: Bearer KEY' or 'x-api-key: KEY'; repeat for several "
+        f"(env {API_KEY_ENV}, comma-separated; the flag shows in ps, the variable does not)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -228,6 +266,9 @@ def _server_settings(file: dict[str, Any], args: argparse.Namespace) -> dict[str
         value = getattr(args, flag)
         if value is not None:
             server[key] = value
+    keys = args.api_key or [k for k in os.environ.get(API_KEY_ENV, "").split(",") if k.strip()]
+    if keys:
+        server["api_keys"] = tuple(key.strip() for key in keys)
     level, log_format = str(server.get("log_level", "info")), server.get("log_format", "text")
     if level.lower() in _LOG_LEVELS and log_format in ("text", "json"):  # else: refused below
         configure_logging(level, bool(server.get("access_log", True)), str(log_format))

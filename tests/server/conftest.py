@@ -21,6 +21,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -72,16 +73,18 @@ class Server:
         gates: Path,
         stderr: Path,
         grpc_port: int = 0,
+        verify: ssl.SSLContext | None = None,
     ) -> None:
         self.process = process
         self.port = port
         self.address = f"127.0.0.1:{port}"  # what tritonclient takes
         self.grpc_port = grpc_port  # 0: gRPC off
         self.grpc_address = f"127.0.0.1:{grpc_port}"  # what tritonclient.grpc takes
-        self.url = f"http://{self.address}"
+        self.verify = verify  # with TLS (--ssl-certfile): trusts its certificate
+        self.url = f"{'http' if verify is None else 'https'}://{self.address}"
         self.gates = gates
         self.stderr_path = stderr
-        self.http = httpx.Client(base_url=self.url, timeout=30.0)
+        self.http = httpx.Client(base_url=self.url, timeout=30.0, verify=verify or True)
         self.signalled = False  # a test or stop() sent it a signal already
         self.killed = False  # SIGKILLed after failing to exit: its exit code means nothing
 
@@ -98,7 +101,10 @@ class Server:
                     f"ready; stderr:\n{self.stderr()}"
                 )
             try:
-                return httpx.get(f"{self.url}/v2/health/ready", timeout=1.0).status_code == 200
+                ready = httpx.get(
+                    f"{self.url}/v2/health/ready", timeout=1.0, verify=self.verify or True
+                )
+                return ready.status_code == 200
             except httpx.TransportError:
                 return False
 
@@ -222,9 +228,11 @@ class Launcher:
         env: Mapping[str, str] | None = None,
         access_log: bool = False,
         grpc: bool = False,
+        verify: ssl.SSLContext | None = None,
     ) -> Server:
         """A ready server; with ``grpc``, its gRPC API on a free port too (else it is off,
-        so that servers never contend for the default port)."""
+        so that servers never contend for the default port); with ``verify``, spoken to
+        over HTTPS trusting that context (the test passes ``--ssl-certfile``)."""
         index = len(self._servers)
         gates = self._tmp / f"gates{index}"
         gates.mkdir()
@@ -241,7 +249,7 @@ class Launcher:
             process = subprocess.Popen(
                 command, cwd=HERE, env=environment, stdout=err, stderr=subprocess.STDOUT
             )
-        server = Server(process, port, gates, stderr, grpc_port)
+        server = Server(process, port, gates, stderr, grpc_port, verify)
         self._servers.append(server)
         server.wait_ready()
         return server

@@ -29,6 +29,7 @@ from carpool.server.asgi import (
     send_response,
     unless_disconnected,
 )
+from carpool.server.auth import UNAUTHORIZED, ApiKeys, is_open
 from carpool.server.bodies import read_body
 from carpool.server.inference import admit, respond
 from carpool.server.messages import HEADER_LENGTH, InferRequest, ProtocolError
@@ -69,9 +70,17 @@ class App:
         drain_timeout_s: float = 30.0,
         metrics: Metrics | None = None,
         grpc_address: str | None = None,
+        api_keys: ApiKeys | None = None,
+        metrics_need_key: bool = False,
+        tls: tuple[str, str] | None = None,
+        body_timeout_s: float | None = None,
     ) -> None:
         self.registry = registry
         self.grpc_address = grpc_address  # "host:port" of the gRPC API; None: REST only
+        self.api_keys = api_keys  # None: every route is open
+        self.metrics_need_key = metrics_need_key
+        self.tls = tls  # (certfile, keyfile) REST's server serves; the gRPC port too
+        self.body_timeout_s = body_timeout_s
         self.max_body_bytes = max_body_bytes
         self.drain_timeout_s = drain_timeout_s
         self.metrics = metrics if metrics is not None else Metrics(registry)
@@ -177,6 +186,8 @@ class App:
         method = scope["method"]
         parts = scope["path"].strip("/").split("/")
         try:
+            if self.api_keys is not None and self._refused(self.api_keys, parts, scope):
+                raise HTTPError(401, UNAUTHORIZED, [(b"www-authenticate", b"Bearer")])
             status = await self._route(method, parts, scope, receive, send)
         except asyncio.CancelledError:
             # The server gave up on this request (drain timeout): answer it with a 503, not
@@ -195,6 +206,12 @@ class App:
             await send_response(send, status, _error_body(parts, exc, error), JSON + error.headers)
         if access_log.isEnabledFor(logging.INFO):
             _log_access(scope, status, started)
+
+    def _refused(self, keys: ApiKeys, parts: list[str], scope: Scope) -> bool:
+        """Whether a request needs a key and presents none of ``keys`` (401, no detail)."""
+        if is_open(parts, metrics_need_key=self.metrics_need_key):
+            return False
+        return not keys.allows(scope["headers"])
 
     async def _route(
         self, method: str, parts: list[str], scope: Scope, receive: Receive, send: Send
@@ -226,7 +243,9 @@ class App:
             return await self._models(method, rest[1:], scope, receive, send)
         if rest == ["repository", "index"]:
             _allow(method, "POST")  # Triton's model repository extension, read-only
-            body = await read_body(dict(scope["headers"]), receive, self.max_body_bytes)
+            body = await read_body(
+                dict(scope["headers"]), receive, self.max_body_bytes, timeout_s=self.body_timeout_s
+            )
             index = self.registry.index()
             if parse_index_request(body):
                 index = [entry for entry in index if entry["state"] == "READY"]
@@ -326,7 +345,9 @@ class App:
         raise HTTPError(404, f"Not Found: {scope['path']}")
 
     async def _embeddings(self, scope: Scope, receive: Receive, send: Send) -> int:
-        body = await read_body(dict(scope["headers"]), receive, self.max_body_bytes)
+        body = await read_body(
+            dict(scope["headers"]), receive, self.max_body_bytes, timeout_s=self.body_timeout_s
+        )
         doc = openai.json_body(body)
         served = self.registry.get(openai.model_name(doc))
         openai.check_opted_in(served.model)
@@ -368,7 +389,7 @@ class App:
 
     async def _read_request(self, model: Model, scope: Scope, receive: Receive) -> InferRequest:
         headers = dict(scope["headers"])
-        body = await read_body(headers, receive, self.max_body_bytes)
+        body = await read_body(headers, receive, self.max_body_bytes, timeout_s=self.body_timeout_s)
         header_length = parse_header_length(
             _text(headers.get(b"inference-header-content-length")), len(body)
         )

@@ -2,13 +2,16 @@
 
 A body larger than ``--max-body-bytes`` is refused as soon as its size is known (from
 ``Content-Length``, or while it streams in), and a gzip or deflate body is inflated to at
-most that many bytes, so a small compressed body cannot expand without bound. Every refusal
+most that many bytes, so a small compressed body cannot expand without bound. A body that
+has not all arrived within ``--body-timeout`` (a slow or stalled client) gets a 408 and the
+connection is closed, so a slowloris cannot hold a connection and its buffer. Every refusal
 is an :class:`~carpool.server.statuses.HTTPError`. It must not import the app or the
 batcher.
 """
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from collections.abc import Mapping
 
@@ -18,13 +21,31 @@ from carpool.server.statuses import HTTPError
 __all__ = ["read_body", "decompress"]
 
 
-async def read_body(headers: Mapping[bytes, bytes], receive: Receive, limit: int) -> bytes:
+async def read_body(
+    headers: Mapping[bytes, bytes], receive: Receive, limit: int, *, timeout_s: float | None = None
+) -> bytes:
     """The whole request body, inflated if ``Content-Encoding`` says so, of at most ``limit``
-    bytes. Raises ``HTTPError``: 413 over the limit, 400 if the client leaves mid-body,
-    415 or 400 for an encoding that cannot be inflated."""
+    bytes, all of it within ``timeout_s`` seconds. Raises ``HTTPError``: 413 over the limit,
+    400 if the client leaves mid-body, 408 (closing the connection) past the timeout, 415 or
+    400 for an encoding that cannot be inflated."""
     declared = headers.get(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise HTTPError(413, _too_large(int(declared), limit))
+    try:
+        async with asyncio.timeout(timeout_s):
+            body = await _receive_all(receive, limit)
+    except TimeoutError:
+        raise HTTPError(
+            408,
+            f"the request body did not arrive within {timeout_s:g} s; send it faster, or "
+            "raise --body-timeout",
+            [(b"connection", b"close")],  # what is left of the body is never read
+        ) from None
+    encoding = headers.get(b"content-encoding")
+    return body if encoding is None else decompress(body, encoding, limit)
+
+
+async def _receive_all(receive: Receive, limit: int) -> bytes:
     chunks = []
     size = 0
     while True:
@@ -38,9 +59,7 @@ async def read_body(headers: Mapping[bytes, bytes], receive: Receive, limit: int
         chunks.append(chunk)
         if not message.get("more_body", False):
             break
-    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-    encoding = headers.get(b"content-encoding")
-    return body if encoding is None else decompress(body, encoding, limit)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def decompress(body: bytes, encoding: bytes, limit: int) -> bytes:

@@ -7,6 +7,7 @@ rest of the server.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from carpool.errors import ConfigError
@@ -26,6 +27,16 @@ class ServerConfig:
     access_log: bool = True
     max_body_bytes: int = 64 * 1024 * 1024  # Triton's HTTP default is the same order
     drain_timeout_s: float = 30.0  # Kubernetes' default terminationGracePeriodSeconds
+    # Access control and transport: no keys, no TLS, by default (a server on loopback).
+    api_keys: tuple[str, ...] = field(default=(), repr=False)  # never in a repr or a log
+    metrics_need_key: bool = False  # Prometheus scrapers usually carry no key
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    # Connection limits. nginx waits 60 s for headers and between body reads; a model server
+    # behind a load balancer gets whole requests at once, so far less is plenty.
+    header_timeout_s: float = 10.0  # a slow client's headers: 10 s (Apache's is 20-40 s)
+    body_timeout_s: float = 30.0  # the whole body: 64 MiB at ~2 MB/s, as long as a drain
+    limit_concurrency: int = 1000  # connections at once, then 503; under 1024 fds; 0: none
     models: tuple[Model, ...] = field(default_factory=tuple)
     unavailable: tuple[LoadFailure, ...] = ()  # repository models that failed to load
 
@@ -42,6 +53,11 @@ class ServerConfig:
             )
         if self.max_body_bytes < 1:
             raise ConfigError(f"max body bytes must be >= 1, got {self.max_body_bytes}")
+        keys: object = self.api_keys  # a config file gives a list, or by mistake one string
+        if isinstance(keys, str) or not isinstance(keys, tuple | list):
+            raise ConfigError("api_keys must be a list of keys")
+        object.__setattr__(self, "api_keys", tuple(keys))
+        _check_access(self)
         names = [m.name for m in self.models]
         for name in names:
             if names.count(name) > 1:
@@ -52,3 +68,30 @@ class ServerConfig:
             raise ConfigError(
                 f"log level must be debug, info, warning, error or critical, got {self.log_level!r}"
             )
+
+
+def _check_access(config: ServerConfig) -> None:
+    """The keys, TLS files and connection limits; a message never quotes a key."""
+    for key in config.api_keys:
+        if not isinstance(key, str) or not key or not key.isprintable() or not key.isascii():
+            raise ConfigError("an API key must be a non-empty string of printable ASCII")
+        if any(c in key for c in " ,\t"):
+            raise ConfigError("an API key must not contain spaces or commas")
+    if (config.ssl_certfile is None) != (config.ssl_keyfile is None):
+        raise ConfigError("TLS needs both --ssl-certfile and --ssl-keyfile, or neither")
+    for flag, path in (
+        ("--ssl-certfile", config.ssl_certfile),
+        ("--ssl-keyfile", config.ssl_keyfile),
+    ):
+        if path is not None and not os.path.isfile(path):
+            raise ConfigError(f"{flag} {path!r}: no such file")
+    for flag, seconds in (
+        ("--header-timeout", config.header_timeout_s),
+        ("--body-timeout", config.body_timeout_s),
+    ):
+        if not seconds > 0:
+            raise ConfigError(f"{flag} must be > 0 seconds, got {seconds}")
+    if config.limit_concurrency < 0:
+        raise ConfigError(
+            f"--limit-concurrency must be >= 0 (0: no limit), got {config.limit_concurrency}"
+        )

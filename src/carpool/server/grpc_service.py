@@ -24,6 +24,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from carpool.errors import BatcherClosed, ConfigError, DeadlineExceeded
+from carpool.server import grpc_access
 from carpool.server import grpc_codec as codec
 from carpool.server.app import MAX_ELEMENTS, App
 from carpool.server.inference import admit, respond
@@ -228,6 +229,7 @@ class GrpcServer:
         """Listen on ``address``; :class:`ConfigError` when it cannot (the port is taken)."""
         self._loop = asyncio.get_running_loop()
         server = grpc.aio.server(
+            interceptors=grpc_access.interceptors(self._app),  # --api-key
             options=[
                 # The body limit: a larger message is RESOURCE_EXHAUSTED, from grpc itself.
                 ("grpc.max_receive_message_length", self._max_message_bytes),
@@ -235,11 +237,11 @@ class GrpcServer:
                 # Never share a port with another process (grpc's default on Linux would
                 # split the calls between two servers without a word).
                 ("grpc.so_reuseport", 0),
-            ]
+            ],
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(self._app), server)
         try:
-            bound = server.add_insecure_port(self.address)
+            bound = grpc_access.add_port(server, self.address, self._app.tls)  # TLS or not
         except RuntimeError:
             bound = 0
         if not bound:

@@ -55,6 +55,7 @@ _KINDS: tuple[tuple[type | tuple[type, ...], str], ...] = (
 # OpenAI's error codes for the refusals that are not its own (:class:`OpenAIError`), by status.
 _STATUS_CODES = {
     400: "invalid_request",
+    401: "invalid_api_key",  # OpenAI's own code for a missing or wrong key
     404: "not_found",
     405: "method_not_allowed",
     413: "request_too_large",

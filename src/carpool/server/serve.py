@@ -3,8 +3,8 @@
 On a signal, readiness turns false at once (load balancers stop sending), the listening
 socket closes (new connections are refused), every request already received is answered,
 each batcher finishes what it accepted, and the process exits 0. Requests still running
-after ``drain_timeout_s`` are cut off so the process always exits in bounded time. The only
-module that imports uvicorn; nothing in the server imports it.
+after ``drain_timeout_s`` are cut off so the process always exits in bounded time. With
+:mod:`carpool.server.connections` (its protocol), the only module that imports uvicorn.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ import uvicorn
 
 from carpool.errors import ConfigError
 from carpool.server.app import App
+from carpool.server.auth import ApiKeys
 from carpool.server.config import ServerConfig
+from carpool.server.connections import protocol_class
 from carpool.server.registry import Registry
 
 __all__ = ["build_app", "configure_logging", "serve"]
@@ -38,6 +40,12 @@ def build_app(config: ServerConfig) -> App:
         max_body_bytes=config.max_body_bytes,
         drain_timeout_s=config.drain_timeout_s,
         grpc_address=_address(config.host, config.grpc_port) if config.grpc_port else None,
+        api_keys=ApiKeys(config.api_keys) if config.api_keys else None,
+        metrics_need_key=config.metrics_need_key,
+        tls=(config.ssl_certfile, config.ssl_keyfile)
+        if config.ssl_certfile and config.ssl_keyfile
+        else None,
+        body_timeout_s=config.body_timeout_s,
     )
 
 
@@ -130,7 +138,14 @@ def serve(config: ServerConfig) -> int:
         host=config.host,
         port=config.port,
         loop=loop,
-        http="httptools",
+        http=protocol_class(
+            header_timeout_s=config.header_timeout_s, limit_concurrency=config.limit_concurrency
+        ),
+        # uvicorn counts the connection asking among those open, so N + 1 lets N be served.
+        limit_concurrency=config.limit_concurrency + 1 if config.limit_concurrency else None,
+        timeout_keep_alive=5,  # uvicorn's default: an idle keep-alive connection closes
+        ssl_certfile=config.ssl_certfile,
+        ssl_keyfile=config.ssl_keyfile,
         lifespan="on",
         access_log=False,  # carpool's own access log, with model latency, replaces it
         log_level=config.log_level,

@@ -1,0 +1,83 @@
+"""API keys: which credentials a request presents, whether one is a served key, and which
+routes need none. Pure: no I/O, no clock, no framework; the app and the gRPC interceptor
+(:mod:`carpool.server.grpc_access`) ask it. It must not import the rest of the server.
+
+A client presents a key as ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (HTTP
+headers or gRPC metadata). Every presented key is compared with every served key in
+constant time: both sides are SHA-256 digests first (so a key's length is not timed
+either), compared with :func:`hmac.compare_digest`, and the loop never exits early, so the
+time taken does not reveal whether, or which, key matched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Iterable, Sequence
+
+__all__ = ["OPEN_RPCS", "UNAUTHORIZED", "ApiKeys", "is_open", "presented"]
+
+UNAUTHORIZED = "unauthorized"  # the whole message of a refusal: no detail to probe with
+_BEARER = b"bearer "
+# The gRPC methods that need no key, as Kubernetes' gRPC probes and REST's health routes.
+OPEN_RPCS = frozenset(
+    {
+        "/inference.GRPCInferenceService/ServerLive",
+        "/inference.GRPCInferenceService/ServerReady",
+    }
+)
+
+
+def presented(headers: Iterable[tuple[bytes, bytes]]) -> list[bytes]:
+    """The keys a request presents: the token of each ``Authorization: Bearer`` header (the
+    scheme in any case) and each ``x-api-key`` header. Names must be lower case, as ASGI
+    and gRPC give them."""
+    keys = []
+    for name, value in headers:
+        if name == b"authorization":
+            if value[:7].lower() == _BEARER:
+                keys.append(value[7:].strip())
+        elif name == b"x-api-key":
+            keys.append(value.strip())
+    return keys
+
+
+def _digest(key: bytes) -> bytes:
+    return hashlib.sha256(key).digest()
+
+
+class ApiKeys:
+    """The keys a server accepts; :meth:`allows` a request's headers in constant time."""
+
+    def __init__(self, keys: Sequence[str]) -> None:
+        if not keys:
+            raise ValueError("ApiKeys needs at least one key; serve with no keys instead")
+        self._digests = tuple(_digest(key.encode()) for key in keys)
+
+    def __len__(self) -> int:
+        return len(self._digests)
+
+    def __repr__(self) -> str:
+        return f"ApiKeys(<{len(self._digests)} keys>)"  # never the keys themselves
+
+    def allows(self, headers: Iterable[tuple[bytes, bytes]]) -> bool:
+        """Whether any key the headers present is one of these."""
+        return self.matches(presented(headers))
+
+    def matches(self, candidates: Iterable[bytes]) -> bool:
+        """Whether any of ``candidates`` is one of these keys; every candidate is compared
+        with every key, whatever the earlier comparisons found."""
+        found = False
+        for candidate in candidates:
+            digest = _digest(candidate)
+            for key in self._digests:
+                found |= hmac.compare_digest(digest, key)
+        return found
+
+
+def is_open(parts: Sequence[str], *, metrics_need_key: bool) -> bool:
+    """Whether the route of a path split at ``/`` needs no key: the health routes (probes
+    carry no credentials), and ``/metrics`` unless ``metrics_need_key``."""
+    if len(parts) == 3:
+        return parts[0] == "v2" and parts[1] == "health" and parts[2] in ("live", "ready")
+    return parts == ["metrics"] and not metrics_need_key

@@ -1,0 +1,109 @@
+"""uvicorn's httptools protocol with a header-read timeout, and a JSON 503 past the
+connection limit.
+
+uvicorn closes a connection idle between requests (``timeout_keep_alive``, 5 s) but never
+one that is slow to send a request's headers: before this, 60 connections that sent half
+a request line stayed open indefinitely, and enough of them exhaust file descriptors. Here
+a timer starts when a connection opens and when a request's first byte arrives, and stops
+when its headers are complete; on expiry the connection closes, with a 408 if part of a
+request came and nothing is being answered. The body's own timeout is the app's
+(:mod:`carpool.server.bodies`). Only :mod:`carpool.server.serve` imports it; it must not
+import the app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+from uvicorn.protocols.http.flow_control import service_unavailable
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from carpool.server.asgi import JSON, Receive, Scope, Send, send_response
+
+__all__ = ["protocol_class"]
+
+
+def protocol_class(*, header_timeout_s: float, limit_concurrency: int) -> type[HttpToolsProtocol]:
+    """The protocol uvicorn runs (``uvicorn.Config(http=...)``), with these limits."""
+    overloaded = _overloaded_app(limit_concurrency)
+
+    class Protocol(_LimitedProtocol):
+        _header_timeout_s = header_timeout_s
+        _overloaded = staticmethod(overloaded)
+
+    return Protocol
+
+
+class _LimitedProtocol(HttpToolsProtocol):
+    _header_timeout_s = 10.0
+    _overloaded: Any = None
+    _header_timer: asyncio.TimerHandle | None = None
+    _partial = False  # part of a request's head has arrived
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._start_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_header_timer()
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._partial = True
+        if self._header_timer is None:  # a request after another on the same connection
+            self._start_header_timer()
+
+    def on_headers_complete(self) -> None:
+        self._partial = False
+        self._stop_header_timer()
+        super().on_headers_complete()
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        # uvicorn's own 503 past limit_concurrency is plain text; carpool's errors are JSON.
+        super()._start_asgi_task(cycle, self._overloaded if app is service_unavailable else app)
+
+    def _start_header_timer(self) -> None:
+        self._header_timer = self.loop.call_later(self._header_timeout_s, self._headers_late)
+
+    def _stop_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_late(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing():
+            return
+        answering = self.cycle is not None and not self.cycle.response_complete
+        if self._partial and not answering:
+            self.transport.write(_TIMED_OUT)
+        self.transport.close()
+
+
+_TIMED_OUT_BODY = orjson.dumps(
+    {"error": "the request headers did not arrive in time; raise --header-timeout"}
+)
+_TIMED_OUT = b"".join(
+    [
+        b"HTTP/1.1 408 Request Timeout\r\n",
+        b"content-type: application/json\r\n",
+        b"content-length: %d\r\n" % len(_TIMED_OUT_BODY),
+        b"connection: close\r\n\r\n",
+        _TIMED_OUT_BODY,
+    ]
+)
+
+
+def _overloaded_app(limit: int) -> Any:
+    body = orjson.dumps(
+        {"error": f"Overloaded: over --limit-concurrency={limit} connections; retry later"}
+    )
+    headers = [*JSON, (b"retry-after", b"1"), (b"connection", b"close")]
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send_response(send, 503, body, headers)
+
+    return app
