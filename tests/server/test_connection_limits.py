@@ -1,0 +1,151 @@
+"""Connection limits and timeouts over raw sockets: connections that never finish their
+headers (or trickle them) are closed within ``--header-timeout``, a body that stalls gets a
+408 within ``--body-timeout`` and a close, and past ``--limit-concurrency`` connections a
+request gets a JSON 503 while the others are held in a gated model. The server stays live.
+
+Timeouts are set short (0.5 s) so that the tests are quick; every wait for the server to act
+is bounded well above them (``CLOSED_WITHIN_S``), and only what the server sent decides.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from .conftest import Launcher, Server, float_request, wait_until
+
+TIMEOUT_S = 0.5
+CLOSED_WITHIN_S = 10.0  # far above the timeouts: a server that never closes fails here
+HALF_A_HEAD = b"POST /v2/models/add_one/infer HTTP/1.1\r\nHost: carpool\r\nContent-Le"
+
+
+@pytest.fixture(scope="module")
+def server(serve_module: Launcher) -> Server:
+    timeouts = ["--header-timeout", str(TIMEOUT_S), "--body-timeout", str(TIMEOUT_S)]
+    return serve_module("models:add_one", *timeouts, access_log=True)
+
+
+def connect(server: Server) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=CLOSED_WITHIN_S)
+    sock.settimeout(CLOSED_WITHIN_S)
+    return sock
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes; a socket timeout (the server never
+    closed) fails the test."""
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    return received
+
+
+def split_response(raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines)
+    return int(status_line.split()[1]), headers, body
+
+
+def test_60_connections_that_never_finish_their_headers_are_closed(server: Server) -> None:
+    """Half of them send nothing (closed silently), half send half a request head (a 408,
+    then closed); all within the header timeout, where before they stayed open."""
+    sockets = [connect(server) for _ in range(60)]
+    for sock in sockets[30:]:
+        sock.sendall(HALF_A_HEAD)
+    opened = time.monotonic()
+    answers = [read_until_closed(sock) for sock in sockets]
+    took = time.monotonic() - opened
+    for sock in sockets:
+        sock.close()
+    assert answers[:30] == [b""] * 30
+    for answer in answers[30:]:
+        status, headers, body = split_response(answer)
+        assert (status, headers["connection"]) == (408, "close")
+        assert json.loads(body) == {
+            "error": "the request headers did not arrive in time; raise --header-timeout"
+        }
+    assert took < CLOSED_WITHIN_S
+    assert server.is_live()
+
+
+def test_headers_trickled_a_byte_at_a_time_are_cut_off(server: Server) -> None:
+    """A slowloris: data keeps arriving, but the timer runs from the request's first byte."""
+    with connect(server) as sock:
+        answer = b""
+        for byte in (HALF_A_HEAD * 100)[: int(CLOSED_WITHIN_S / 0.05)]:
+            sock.sendall(bytes([byte]))
+            if select.select([sock], [], [], 0.05)[0]:
+                answer = read_until_closed(sock)
+                break
+        else:
+            pytest.fail("the server let the headers trickle in for 10 s")
+    assert split_response(answer)[0] == 408
+    assert server.is_live()
+
+
+def test_a_body_that_stalls_gets_408_and_a_close(server: Server) -> None:
+    body = json.dumps(float_request(1.0)).encode()
+    head = (
+        b"POST /v2/models/add_one/infer HTTP/1.1\r\nHost: carpool\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+    )
+    with connect(server) as sock:
+        sock.sendall(head + body[:10])  # the rest never comes
+        status, headers, answer = split_response(read_until_closed(sock))
+    assert (status, headers["connection"]) == (408, "close")
+    assert json.loads(answer) == {
+        "error": f"the request body did not arrive within {TIMEOUT_S:g} s; send it faster, "
+        "or raise --body-timeout"
+    }
+    assert '"POST /v2/models/add_one/infer" 408' in server.stderr()
+    assert "Traceback" not in server.stderr()
+    assert server.is_live()
+
+
+def test_a_request_on_a_kept_alive_connection_is_not_timed_between_requests(
+    server: Server,
+) -> None:
+    """Between requests the idle connection is uvicorn's keep-alive's (5 s), not the header
+    timer's: a second request after a pause longer than the header timeout is answered."""
+    with httpx.Client(base_url=server.url) as client:
+        assert client.get("/v2/health/live").status_code == 200
+        time.sleep(TIMEOUT_S * 2)  # sets up the case; the outcome is the answer below
+        assert client.get("/v2/health/live").status_code == 200
+
+
+@pytest.mark.slow
+def test_past_limit_concurrency_a_request_gets_503_while_n_are_held(
+    serve: Launcher, threads: ThreadPoolExecutor
+) -> None:
+    limit = 3
+    server = serve(
+        "models:gated", "--max-batch-size", "1", "--workers", str(limit),
+        "--limit-concurrency", str(limit),
+    )  # fmt: skip
+    with server.gate_closed("gated"):
+        held = [
+            threads.submit(server.infer_alone, "gated", float_request(float(i)))
+            for i in range(limit)
+        ]
+        server.wait_started("gated", limit)  # each on a connection of its own, in the model
+        refused = httpx.get(f"{server.url}/v2/health/live", timeout=CLOSED_WITHIN_S)
+        assert refused.status_code == 503
+        assert refused.json() == {
+            "error": f"Overloaded: over --limit-concurrency={limit} connections; retry later"
+        }
+        assert refused.headers["retry-after"] == "1"
+    for i, future in enumerate(held):
+        response = future.result()
+        assert response.status_code == 200, response.text
+        assert response.json()["outputs"][0]["data"] == [float(i)]
+    wait_until(  # their connections close as their answers go out, then one more is served
+        lambda: httpx.get(f"{server.url}/v2/health/live").status_code == 200,
+        "a request to be served once the held ones left",
+    )
