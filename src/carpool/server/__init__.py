@@ -11,9 +11,13 @@ Its modules, each importing only from those above it:
 - ``grpc_codec``: Triton's gRPC messages (tritonclient's stubs) to those records and back; pure.
 - ``openai``: OpenAI's embeddings and models bodies to and from those records; pure.
 - ``openapi``: the OpenAPI 3 document of the REST routes, served at ``/v2/openapi.json``; pure.
-- ``asgi`` / ``bodies``: ASGI plumbing; request bodies within the size limit.
+- ``auth``: API keys: which a request presents, constant-time checks, the open routes; pure.
+- ``asgi`` / ``bodies``: ASGI plumbing; request bodies within the size limit and body timeout.
+- ``connections``: uvicorn's HTTP protocol with a header-read timeout and a JSON 503 past
+  ``--limit-concurrency``.
 - ``buckets`` / ``metrics``: ``/metrics`` histogram buckets (pure); Prometheus exposition.
 - ``app``: the ASGI application: lifespan, routes, the inference endpoint.
+- ``grpc_access``: the gRPC API-key interceptor and its port, with TLS or without.
 - ``grpc_service``: the gRPC API on the app's models and loop (the app starts it, importing
   it only when the gRPC port is on).
 - ``config`` / ``serve``: the process's settings; bind, serve, drain on a signal.
