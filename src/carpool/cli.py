@@ -196,7 +196,7 @@ def _add_serve(commands: Commands) -> None:
         metavar="KEY",
         help="require this key on every route but health (and /metrics): "
         "'Authorization: Bearer KEY' or 'x-api-key: KEY'; repeat for several "
-        f"(env {API_KEY_ENV}, comma-separated; the flag shows in ps, the variable does not)",
+        f"(env {API_KEY_ENV}; comma-separated; unlike the flag, not shown by ps)",
     )
 
 

@@ -24,6 +24,7 @@ from tritonclient.utils import InferenceServerException
 from carpool.server.auth import ApiKeys, is_open, presented
 
 from .conftest import Launcher, Server, json_tensor
+from .test_cli_serve import assert_refused, run_serve
 
 KEYS = ("first-SECRET-3f9a1c", "second-SECRET-77be20")
 WRONG = "wrong-SECRET-d41d8c"
@@ -283,3 +284,22 @@ def test_without_keys_every_route_is_open(serve: Launcher) -> None:
     server = serve("models:add_one")
     assert server.infer("add_one", INFER).status_code == 200
     assert httpx.get(f"{server.url}/v2", headers=bearer(WRONG)).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--api-key", "has space-SECRET"], {}, "an API key must not contain spaces or commas"),
+        ([], {"CARPOOL_API_KEY": "ok-SECRET,\x07bell"}, "printable ASCII"),
+        (["--ssl-certfile", "cert.pem"], {}, "TLS needs both --ssl-certfile and --ssl-keyfile"),
+        (["--ssl-certfile", "no.pem", "--ssl-keyfile", "no.pem"], {}, "'no.pem': no such file"),
+        (["--header-timeout", "0"], {}, "--header-timeout must be > 0 seconds"),
+        (["--limit-concurrency", "-1"], {}, "--limit-concurrency must be >= 0"),
+    ],
+)
+def test_bad_access_settings_refuse_to_start_without_quoting_a_key(
+    args: list[str], env: dict[str, str], message: str
+) -> None:
+    result = run_serve("models:add_one", *args, env=env)
+    assert_refused(result, message)
+    assert "SECRET" not in result.stderr

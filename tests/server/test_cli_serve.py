@@ -40,6 +40,13 @@ FLAGS = {
     "--log-level": "CARPOOL_LOG_LEVEL",
     "--log-format": "CARPOOL_LOG_FORMAT",
     "--access-log": "CARPOOL_ACCESS_LOG",
+    "--api-key": "CARPOOL_API_KEY",
+    "--metrics-need-key": "CARPOOL_METRICS_NEED_KEY",
+    "--ssl-certfile": "CARPOOL_SSL_CERTFILE",
+    "--ssl-keyfile": "CARPOOL_SSL_KEYFILE",
+    "--header-timeout": "CARPOOL_HEADER_TIMEOUT",
+    "--body-timeout": "CARPOOL_BODY_TIMEOUT",
+    "--limit-concurrency": "CARPOOL_LIMIT_CONCURRENCY",
 }
 
 
