@@ -18,7 +18,8 @@ Its modules, each importing only from those above it:
 - ``buckets`` / ``metrics``: ``/metrics`` histogram buckets (pure); Prometheus exposition.
 - ``app``: the ASGI application: lifespan, routes, the inference endpoint.
 - ``grpc_access``: the gRPC API-key interceptor and its port, with TLS or without.
-- ``grpc_service``: the gRPC API on the app's models and loop (the app starts it, importing
+- ``loop_bridge``: coroutines from the gRPC thread's loop run on the app's, in bursts.
+- ``grpc_service``: the gRPC API on the app's models, in a thread (the app starts it, importing
   it only when the gRPC port is on).
 - ``config`` / ``serve``: the process's settings; bind, serve, drain on a signal.
 """

@@ -1,9 +1,11 @@
-"""The v2 gRPC API (``inference.GRPCInferenceService``) on the REST app's models and loop.
+"""The v2 gRPC API (``inference.GRPCInferenceService``) on the REST app's models.
 
-A ``grpc.aio`` server started in the app's lifespan startup, on uvicorn's event loop, so
-that both protocols feed the same batchers. Inference takes REST's path: decoded by
-:mod:`carpool.server.grpc_codec`, checked by :func:`~carpool.server.inference.admit`,
-answered by :func:`~carpool.server.inference.respond`; failures are
+A ``grpc.aio`` server started in the app's lifespan startup, on a loop of its own in a
+thread of its own; each RPC's body runs on uvicorn's loop (through
+:class:`~carpool.server.loop_bridge.LoopBridge`), so that both protocols feed the same
+batchers. Inference takes REST's path: decoded by :mod:`carpool.server.grpc_codec`,
+checked by :func:`~carpool.server.inference.admit`, answered by
+:func:`~carpool.server.inference.respond`; failures are
 :func:`~carpool.server.statuses.error_status`'s, under :func:`~carpool.server.statuses.grpc_code`'s
 names. A call the client cancels, or whose deadline passes, withdraws its queued request.
 Only the app imports it, and only when ``--grpc-port`` is not 0: grpc is never imported
@@ -13,10 +15,13 @@ otherwise.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import functools
 import logging
+import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import grpc
@@ -28,6 +33,7 @@ from carpool.server import grpc_access
 from carpool.server import grpc_codec as codec
 from carpool.server.app import MAX_ELEMENTS, App
 from carpool.server.inference import admit, respond
+from carpool.server.loop_bridge import LoopBridge
 from carpool.server.registry import ModelNotFound, ModelUnavailable, ServedModel
 from carpool.server.statuses import CLIENT_CLOSED, HTTPError, error_status, grpc_code
 
@@ -46,16 +52,18 @@ _UNIMPLEMENTED = {
     "the repository cannot be changed while it runs",
 }
 
-Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Any]])
+Handler = TypeVar("Handler", bound=Callable[..., Coroutine[Any, Any, Any]])
 
 
-def _statuses_on_error(method: Handler) -> Handler:
-    """A unary RPC whose exceptions end the call with the status the one table gives."""
+def _on_app_loop(method: Handler) -> Handler:
+    """A unary RPC whose body runs on the app's loop, where the batchers and their
+    statistics live, and whose exceptions end the call with the status the one table
+    gives. The body gets the call's time left (seconds, or None), read here."""
 
     @functools.wraps(method)
     async def wrapper(self: _Servicer, request: Any, context: Any) -> Any:
         try:
-            return await method(self, request, context)
+            return await self.on_app_loop(method(self, request, context.time_remaining()))
         except Exception as exc:
             code, message = _status(exc, method.__name__)
             await context.abort(code, message)
@@ -71,20 +79,26 @@ def _status(exc: Exception, rpc: str) -> tuple[grpc.StatusCode, str]:
 
 
 class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
-    """Every RPC of the service; those carpool has no use for answer UNIMPLEMENTED."""
+    """Every RPC of the service; those carpool has no use for answer UNIMPLEMENTED.
 
-    def __init__(self, app: App) -> None:
+    It runs on the gRPC thread's loop; each RPC's body runs on the app's loop."""
+
+    def __init__(self, app: App, app_loop: asyncio.AbstractEventLoop) -> None:
         self._app = app
+        self.on_app_loop = LoopBridge(app_loop).run
 
-    async def ServerLive(self, request: Any, context: Any) -> Any:
+    @_on_app_loop
+    async def ServerLive(self, request: Any, left_s: float | None) -> Any:
         return pb.ServerLiveResponse(live=True)
 
-    async def ServerReady(self, request: Any, context: Any) -> Any:
+    @_on_app_loop
+    async def ServerReady(self, request: Any, left_s: float | None) -> Any:
         app = self._app  # as REST's /v2/health/ready
         ready = app.ready and all(m.batcher.workers_alive for m in app.registry)
         return pb.ServerReadyResponse(ready=ready)
 
-    async def ModelReady(self, request: Any, context: Any) -> Any:
+    @_on_app_loop
+    async def ModelReady(self, request: Any, left_s: float | None) -> Any:
         # An unknown or failed model is not ready, not an error (tritonclient: False).
         try:
             served = self._app.registry.get(request.name, request.version or None)
@@ -92,34 +106,34 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=self._app.ready and served.batcher.workers_alive)
 
-    @_statuses_on_error
-    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+    @_on_app_loop
+    async def ServerMetadata(self, request: Any, left_s: float | None) -> Any:
         return codec.server_metadata(self._app.server_metadata())
 
-    @_statuses_on_error
-    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+    @_on_app_loop
+    async def ModelMetadata(self, request: Any, left_s: float | None) -> Any:
         return codec.model_metadata(self._served(request).metadata())
 
-    @_statuses_on_error
-    async def ModelConfig(self, request: Any, context: Any) -> Any:
+    @_on_app_loop
+    async def ModelConfig(self, request: Any, left_s: float | None) -> Any:
         return codec.model_config(self._served(request).config())
 
-    @_statuses_on_error
-    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+    @_on_app_loop
+    async def ModelStatistics(self, request: Any, left_s: float | None) -> Any:
         if not request.name:
             return codec.model_statistics([m.statistics() for m in self._app.registry])
         return codec.model_statistics([self._served(request).statistics()])
 
-    @_statuses_on_error
-    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+    @_on_app_loop
+    async def RepositoryIndex(self, request: Any, left_s: float | None) -> Any:
         index = self._app.registry.index()
         if request.ready:
             index = [entry for entry in index if entry["state"] == "READY"]
         return codec.repository_index(index)
 
-    @_statuses_on_error
-    async def ModelInfer(self, request: Any, context: Any) -> Any:
-        return await self._infer(self._served(request, "model_"), request, context)
+    @_on_app_loop
+    async def ModelInfer(self, request: Any, left_s: float | None) -> Any:
+        return await self._infer(request, left_s)
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> None:
         """Each request on the stream answered on the stream, as it completes (requests
@@ -132,10 +146,8 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
 
     async def _stream_one(self, request: Any, context: Any, writing: asyncio.Lock) -> None:
         try:
-            served = self._served(request, "model_")
-            answer = pb.ModelStreamInferResponse(
-                infer_response=await self._infer(served, request, context)
-            )
+            response = await self.on_app_loop(self._infer(request, context.time_remaining()))
+            answer = pb.ModelStreamInferResponse(infer_response=response)
         except Exception as exc:
             _, message = _status(exc, "ModelStreamInfer")
             answer = pb.ModelStreamInferResponse(
@@ -153,12 +165,13 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         version = getattr(request, f"{prefix}version")
         return self._app.registry.get(name, version or None)
 
-    async def _infer(self, served: ServedModel, request: Any, context: Any) -> Any:
-        """REST's inference path: counted under ``grpc``; cancelled (the client's cancel,
-        its deadline), it withdraws the request if still queued."""
+    async def _infer(self, request: Any, left_s: float | None) -> Any:
+        """REST's inference path, on the app's loop: counted under ``grpc``; cancelled
+        (the client's cancel, its deadline), it withdraws the request if still queued."""
+        served = self._served(request, "model_")
         started = time.perf_counter()
         try:
-            response = await self._infer_counted(served, request, context.time_remaining())
+            response = await self._infer_counted(served, request, left_s)
         except asyncio.CancelledError:
             served.record(PROTOCOL, CLIENT_CLOSED)
             raise
@@ -214,20 +227,48 @@ for _rpc in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_na
 
 class GrpcServer:
     """The gRPC server's life: listen at startup, stop accepting when the drain begins,
-    give calls in flight the same drain deadline as REST's."""
+    give calls in flight the same drain deadline as REST's.
+
+    grpc.aio runs on its own loop in a thread of its own; every RPC's body runs on the
+    app's loop (:meth:`_Servicer.on_app_loop`). On uvicorn's loop, grpc.aio handed the
+    batcher about one call per loop turn (it accepts calls one at a time, each through its
+    completion-queue thread), so an eager batcher ran batches of 1-2 rows; from a thread
+    of their own, calls arrive on the app's loop many at a time, as REST's do."""
 
     def __init__(self, app: App, address: str, *, max_message_bytes: int) -> None:
         self._app = app
         self.address = address
         self._max_message_bytes = max_message_bytes
-        self._draining = asyncio.Event()
         self._deadline = 0.0  # monotonic; set by begin_drain
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopped: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the gRPC thread's, once serving
+        self._draining: asyncio.Event | None = None  # on that loop
+        self._thread: threading.Thread | None = None
+        self._started: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._stopped: concurrent.futures.Future[None] = concurrent.futures.Future()
 
     async def start(self) -> None:
         """Listen on ``address``; :class:`ConfigError` when it cannot (the port is taken)."""
-        self._loop = asyncio.get_running_loop()
+        app_loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(
+            target=self._run, args=(app_loop, type(app_loop)), name="carpool-grpc", daemon=True
+        )
+        self._thread.start()
+        await asyncio.wrap_future(self._started)
+        log.info("gRPC listening on %s", self.address)
+
+    def _run(self, app_loop: asyncio.AbstractEventLoop, loop_type: type[Any]) -> None:
+        """The gRPC thread: a loop of the app's loop's kind (uvloop's under uvicorn)."""
+        try:
+            with asyncio.Runner(loop_factory=loop_type) as runner:
+                runner.run(self._serve(app_loop))
+        except BaseException as exc:
+            if not self._started.done():
+                self._started.set_exception(exc)
+            self._stopped.set_exception(exc)
+        else:
+            self._stopped.set_result(None)
+
+    async def _serve(self, app_loop: asyncio.AbstractEventLoop) -> None:
         server = grpc.aio.server(
             interceptors=grpc_access.interceptors(self._app),  # --api-key
             options=[
@@ -239,7 +280,7 @@ class GrpcServer:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(self._app), server)
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(self._app, app_loop), server)
         try:
             bound = grpc_access.add_port(server, self.address, self._app.tls)  # TLS or not
         except RuntimeError:
@@ -250,22 +291,24 @@ class GrpcServer:
                 "another --grpc-port, or 0 to turn gRPC off"
             )
         await server.start()
-        self._stopped = asyncio.ensure_future(self._stop_when_draining(server))
-        log.info("gRPC listening on %s", self.address)
-
-    def begin_drain(self, deadline: float) -> None:
-        """Stop accepting calls now; those in flight have until ``deadline`` (monotonic).
-        Safe from a signal handler: the stop itself runs on the loop."""
-        self._deadline = deadline
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._draining.set)
-
-    async def _stop_when_draining(self, server: Any) -> None:
+        self._draining = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self._started.set_result(None)
         await self._draining.wait()
         grace = max(0.0, self._deadline - time.monotonic()) + _ANSWER_S
         await server.stop(grace)
 
+    def begin_drain(self, deadline: float) -> None:
+        """Stop accepting calls now; those in flight have until ``deadline`` (monotonic).
+        Safe from a signal handler: the stop itself runs on the gRPC thread's loop."""
+        self._deadline = deadline
+        loop, draining = self._loop, self._draining
+        if loop is not None and draining is not None:
+            with contextlib.suppress(RuntimeError):  # its loop is gone: stopped already
+                loop.call_soon_threadsafe(draining.set)
+
     async def wait_stopped(self) -> None:
         """Until the server stopped, which :meth:`begin_drain` set off."""
-        if self._stopped is not None:
-            await self._stopped
+        if self._thread is not None:
+            await asyncio.wrap_future(self._stopped)
+            self._thread.join()
