@@ -229,15 +229,17 @@ class Launcher:
         access_log: bool = False,
         grpc: bool = False,
         verify: ssl.SSLContext | None = None,
+        port: int = 0,
     ) -> Server:
         """A ready server; with ``grpc``, its gRPC API on a free port too (else it is off,
         so that servers never contend for the default port); with ``verify``, spoken to
-        over HTTPS trusting that context (the test passes ``--ssl-certfile``)."""
+        over HTTPS trusting that context (the test passes ``--ssl-certfile``); on ``port``
+        when given (a restart on the port of a server that died), else on a free one."""
         index = len(self._servers)
         gates = self._tmp / f"gates{index}"
         gates.mkdir()
         stderr = self._tmp / f"server{index}.stderr"
-        port = free_port()
+        port = port or free_port()
         environment = {k: v for k, v in os.environ.items() if not k.startswith("CARPOOL_")}
         environment["CARPOOL_TEST_GATES"] = str(gates)
         environment.update(env or {})

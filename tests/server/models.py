@@ -24,14 +24,17 @@ from carpool import Batching, Model, Tensor
 __all__ = [
     "add_one",
     "deliberate",
+    "expand",
     "fails_in_worker",
     "flaky",
     "gated",
     "identity",
     "lengths",
+    "not_numbers",
     "pair",
     "troublemaker",
     "upper",
+    "wrong_dtype",
     "wrong_rows",
     "wrong_shape",
 ]
@@ -149,6 +152,40 @@ deliberate = Model(
     outputs=[Tensor("OUTPUT0", "FP32", (2,))],
     batching=Batching(max_batch_size=4, policy="adaptive", latency_slo_ms=100.0),
 )  # adaptive, warmed up at start (its inputs are declared in full)
+
+
+wrong_dtype = Model(
+    lambda batch: batch.astype(np.float64) * 2,
+    name="wrong_dtype",
+    inputs=[Tensor("INPUT0", "FP32", (1,))],
+    outputs=[Tensor("OUTPUT0", "FP32", (1,))],
+)  # declares FP32, returns float64: the server casts a declared output
+
+
+def _not_numbers(batch: Array) -> Array:
+    # Each row's value doubled, but a negative row's as a string: an object array.
+    _gate("not_numbers", len(batch))
+    rows = [[v * 2] if v >= 0 else ["not a number"] for v in batch[:, 0].tolist()]
+    return np.array(rows, dtype=object)
+
+
+not_numbers = Model(
+    _not_numbers,
+    name="not_numbers",
+    inputs=[Tensor("INPUT0", "FP32", (1,))],
+    outputs=[Tensor("OUTPUT0", "FP32", (1,))],
+)  # declares FP32, returns objects: a broken model for some rows
+
+
+EXPAND = 2_000_000  # values per row of expand's output: megabytes of JSON
+
+
+expand = Model(
+    lambda batch: np.repeat(batch, EXPAND, axis=1),
+    name="expand",
+    inputs=[Tensor("INPUT0", "FP32", (1,))],
+    outputs=[Tensor("OUTPUT0", "FP32", (EXPAND,))],
+)  # a small request, a large response
 
 
 # -- for process workers (--runner process) -------------------------------------------------

@@ -82,10 +82,10 @@ async def test_a_streamed_body_over_the_limit_is_413_as_soon_as_it_passes() -> N
     assert "request body of 80 bytes exceeds the limit of 64 bytes" in error.message
 
 
-async def test_a_client_that_leaves_mid_body_is_400() -> None:
+async def test_a_client_that_leaves_mid_body_is_499() -> None:
     error = await refused({}, b"abc", disconnect=True)
     assert (error.status, error.message) == (
-        400,
+        499,
         "client disconnected before sending the whole body",
     )
 

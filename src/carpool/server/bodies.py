@@ -51,7 +51,8 @@ async def _receive_all(receive: Receive, limit: int) -> bytes:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise HTTPError(400, "client disconnected before sending the whole body")
+            # nobody reads this answer: it counts as client_closed, not the client's mistake
+            raise HTTPError(499, "client disconnected before sending the whole body")
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:

@@ -268,7 +268,13 @@ def _output_tensor(model: Model, spec: Tensor, value: Any) -> OutputTensor:
             f"{_dims(tuple(array.shape))}, but declares rows of {_dims(spec.shape)}"
         )
     if model.outputs is not None and spec.datatype != "BYTES":
-        array = array.astype(DATATYPES[spec.datatype], copy=False)  # BF16 travels as FP32
+        try:  # a wider or narrower number is cast; a non-number is the model's mistake
+            array = array.astype(DATATYPES[spec.datatype], copy=False)  # BF16 travels as FP32
+        except (TypeError, ValueError) as exc:
+            raise ModelOutputError(
+                f"model '{model.name}' returned output '{name}' of {array.dtype} that is not "
+                f"{spec.datatype}: {exc}"
+            ) from exc
         datatype = spec.datatype
     else:
         datatype = datatype_of(array)

@@ -74,6 +74,11 @@ class _Families:
         self.pending = _gauge(
             "carpool_requests_in_flight", "Requests accepted and not yet answered"
         )
+        self.received = _counter(
+            "carpool_batcher_received",
+            "Requests offered to the batcher: completed + failed + expired + cancelled + "
+            "rejected + in flight",
+        )
         self.outcomes = _counter(
             "carpool_batcher_requests",
             "Batcher outcomes: completed, failed, expired, cancelled, rejected",
@@ -108,7 +113,7 @@ class _Families:
     def __iter__(self) -> Iterator[Metric]:
         yield from (
             self.requests, self.batches, self.waits, self.model_time, self.queued,
-            self.running, self.pending, self.outcomes, self.reasons, self.overloaded,
+            self.running, self.pending, self.received, self.outcomes, self.reasons, self.overloaded,
             self.cost, self.accuracy, self.alive, self.restarts, self.retried, self.timed_out,
         )  # fmt: skip
 
@@ -135,6 +140,7 @@ class _Families:
         self.queued.add_metric([name], s.queued_rows)
         self.running.add_metric([name], s.running_rows)
         self.pending.add_metric([name], s.pending)
+        self.received.add_metric([name], s.submitted + s.rejected)
         for outcome in ("completed", "failed", "expired", "cancelled", "rejected"):
             self.outcomes.add_metric([name, outcome], getattr(s, outcome))
         for reason, count in s.dispatch_reasons.items():
