@@ -202,7 +202,7 @@ def _in_sleep(pid: int) -> bool:
     """Whether ``pid`` sleeps in ``time.sleep`` (a model call) rather than on its pipe."""
     try:
         wchan = Path(f"/proc/{pid}/wchan").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone, or reaped as we read
         return False
     return "hrtimer" in wchan or "nanosleep" in wchan
 

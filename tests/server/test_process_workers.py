@@ -45,7 +45,7 @@ def children(pid: int) -> set[int]:
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone, or reaped as we read
         return False
     return state != "Z"
 
