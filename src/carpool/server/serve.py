@@ -9,6 +9,7 @@ after ``drain_timeout_s`` are cut off so the process always exits in bounded tim
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import json
@@ -16,9 +17,11 @@ import logging
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from types import FrameType
+from typing import NoReturn
 
 import uvicorn
 
@@ -119,8 +122,8 @@ def _stuck_threads(within_s: float) -> list[str]:
     return [t.name for t in others if t.is_alive()]
 
 
-def serve(config: ServerConfig) -> int:
-    """Run the server until a signal; returns the process exit code."""
+def serve(config: ServerConfig) -> NoReturn:
+    """Run the server until a signal, then end the process with its exit code."""
     configure_logging(config.log_level, config.access_log, config.log_format)
     app = build_app(config)
     # The models' weights, tokenizers and modules live as long as the process: out of the
@@ -164,6 +167,18 @@ def serve(config: ServerConfig) -> int:
         # A model call that never returned: its worker thread would keep the interpreter
         # from exiting, and the drain already answered its requests with 503.
         log.error("model calls still running in %s after the drain; exiting anyway", stuck)
-        logging.shutdown()
-        os._exit(code)
-    return code
+    _exit_now(code)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """End the process once everything is drained: the atexit handlers run and the logs
+    are flushed, then the interpreter's own teardown is skipped. Native libraries' static
+    destructors (onnxruntime's and torch's thread pools) can abort that teardown
+    ("terminate called without an active exception", SIGABRT), turning a clean drain
+    into exit code -6 for the process supervisor."""
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or broken pipe: nothing to flush
+            stream.flush()
+    os._exit(code)
