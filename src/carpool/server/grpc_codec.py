@@ -30,6 +30,8 @@ from carpool.server.messages import (
     ProtocolError,
     RequestedOutput,
     blame,
+    check_element_total,
+    check_output_fits,
 )
 from carpool.server.tensors import array_from_wire, array_to_wire, check_shape
 
@@ -85,13 +87,7 @@ def decode_infer_request(message: Any, *, max_elements: int) -> InferRequest:
         name, shape = _describe_input(tensor, where, names)
         count = math.prod(shape)
         total += count
-        if total > max_elements:
-            raise ProtocolError(
-                f"input '{name}' with shape {list(shape)} brings the request to {total} "
-                f"elements, over this server's limit of {max_elements}",
-                field=f"{where}.shape",
-                status=413,
-            )
+        check_element_total(total, name, shape, where, max_elements)
         data = _input_data(tensor, raw[index] if raw else None, count)
         params = parameters(tensor.parameters, f"{where}.parameters")
         inputs.append(_input(name, tensor.datatype, shape, data, params))
@@ -236,13 +232,7 @@ def encode_infer_response(
     )
     for tensor in outputs:
         name, datatype = tensor.name, tensor.datatype
-        if datatype not in DATATYPES or math.prod(tensor.shape) != tensor.data.size:
-            raise ProtocolError(
-                f"output '{name}' ({tensor.data.size} elements) does not fit datatype "
-                f"{datatype!r} and shape {list(tensor.shape)}",
-                field=name,
-                status=500,
-            )
+        check_output_fits(tensor)
         with blame(name):
             blob = array_to_wire(tensor.data, datatype=datatype, name=name)
         response.outputs.add(name=name, datatype=datatype, shape=tensor.shape)

@@ -8,12 +8,14 @@ standard library only; no sockets, no event loop, no framework.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import numpy as np
 
+from carpool.datatypes import DATATYPES
 from carpool.errors import CarpoolError
 
 __all__ = [
@@ -26,6 +28,8 @@ __all__ = [
     "Parameters",
     "wants_binary",
     "blame",
+    "check_element_total",
+    "check_output_fits",
 ]
 
 #: The header that splits a body into its JSON part and the binary blobs after it.
@@ -137,3 +141,29 @@ class blame:  # lower case: used like a function, as contextlib.suppress is
             raise ProtocolError(str(exc), field=self._field) from None
         if isinstance(exc, TypeError):
             raise ProtocolError(str(exc), field=self._field, status=500) from None
+
+
+def check_element_total(
+    total: int, name: str, shape: tuple[int, ...], where: str, max_elements: int
+) -> None:
+    """413 once input ``name`` brings a request's elements past ``max_elements``; every
+    wire format (JSON, binary, gRPC) checks this before allocating anything."""
+    if total > max_elements:
+        raise ProtocolError(
+            f"input '{name}' with shape {list(shape)} brings the request to {total} "
+            f"elements, over this server's limit of {max_elements}",
+            field=f"{where}.shape",
+            status=413,
+        )
+
+
+def check_output_fits(tensor: OutputTensor) -> None:
+    """500 for an output whose array does not fit its datatype and shape (the server's
+    fault, not the client's), before any wire format encodes it."""
+    if tensor.datatype not in DATATYPES or math.prod(tensor.shape) != tensor.data.size:
+        raise ProtocolError(
+            f"output '{tensor.name}' ({tensor.data.size} elements) does not fit datatype "
+            f"{tensor.datatype!r} and shape {list(tensor.shape)}",
+            field=tensor.name,
+            status=500,
+        )

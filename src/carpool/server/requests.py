@@ -28,6 +28,7 @@ from carpool.server.messages import (
     ProtocolError,
     RequestedOutput,
     blame,
+    check_element_total,
 )
 from carpool.server.tensors import (
     array_from_json,
@@ -198,13 +199,7 @@ def _inputs(
         name, datatype, shape, params = _describe_input(item, where, names)
         count = math.prod(shape)
         total += count
-        if total > max_elements:
-            raise ProtocolError(
-                f"input '{name}' with shape {list(shape)} brings the request to {total} "
-                f"elements, over this server's limit of {max_elements}",
-                field=f"{where}.shape",
-                status=413,
-            )
+        check_element_total(total, name, shape, where, max_elements)
         if "data" in item:
             with blame(name):
                 data = array_from_json(item["data"], datatype=datatype, count=count, name=name)

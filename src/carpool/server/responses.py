@@ -9,15 +9,19 @@ must not import the ASGI app, the batcher or anything that touches a socket.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import orjson
 
-from carpool.datatypes import DATATYPES
-from carpool.server.messages import OutputTensor, Parameters, ProtocolError, blame
+from carpool.server.messages import (
+    OutputTensor,
+    Parameters,
+    ProtocolError,
+    blame,
+    check_output_fits,
+)
 from carpool.server.tensors import array_to_json, array_to_wire
 
 __all__ = ["encode_infer_response", "encode_error"]
@@ -68,13 +72,7 @@ def _output_entry(
     # The output's JSON entry; its data either inline or appended to ``blobs``.
     name, datatype = tensor.name, tensor.datatype
     entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(tensor.shape)}
-    if datatype not in DATATYPES or math.prod(tensor.shape) != tensor.data.size:
-        raise ProtocolError(
-            f"output '{name}' ({tensor.data.size} elements) does not fit datatype "
-            f"{datatype!r} and shape {list(tensor.shape)}",
-            field=name,
-            status=500,
-        )
+    check_output_fits(tensor)
     with blame(name):
         if binary:
             blob = array_to_wire(tensor.data, datatype=datatype, name=name)
