@@ -31,7 +31,7 @@ from carpool.server.asgi import (
 )
 from carpool.server.auth import UNAUTHORIZED, ApiKeys, is_open
 from carpool.server.bodies import read_body
-from carpool.server.inference import admit, respond
+from carpool.server.inference import AdmittedRequest, admit, respond
 from carpool.server.messages import HEADER_LENGTH, InferRequest, ProtocolError
 from carpool.server.metrics import Metrics
 from carpool.server.registry import Registry, ServedModel
@@ -305,19 +305,14 @@ class App:
             raise BatcherClosed(served.name, "is stopping")
         request = await self._read_request(served.model, scope, receive)
         admitted = admit(served.model, request)
-        work = asyncio.ensure_future(
-            served.batcher.infer_many(
-                admitted.value, timeout_ms=admitted.timeout_ms, priority=admitted.priority
-            )
-        )
-        if not await unless_disconnected(work, receive):
-            served.record("http", CLIENT_CLOSED)  # withdrawn if it was still queued
+        outputs = await _batched(served, admitted, receive, "http")
+        if outputs is None:
             return CLIENT_CLOSED
         body, json_length = encode_infer_response(
             model_name=served.name,
             model_version=served.version,
             request_id=request.id,
-            outputs=respond(served.model, admitted, work.result()),
+            outputs=respond(served.model, admitted, outputs),
         )
         served.record("http", 200)
         served.request_seconds += time.perf_counter() - started
@@ -367,15 +362,10 @@ class App:
             raise BatcherClosed(served.name, "is stopping")
         request = openai.parse_embeddings(doc)
         admitted = admit(served.model, openai.infer_request(served.model, request))
-        work = asyncio.ensure_future(
-            served.batcher.infer_many(
-                admitted.value, timeout_ms=admitted.timeout_ms, priority=admitted.priority
-            )
-        )
-        if not await unless_disconnected(work, receive):
-            served.record("openai", CLIENT_CLOSED)  # withdrawn if it was still queued
+        outputs = await _batched(served, admitted, receive, "openai")
+        if outputs is None:
             return CLIENT_CLOSED
-        ((tensor, _),) = respond(served.model, admitted, work.result())
+        ((tensor, _),) = respond(served.model, admitted, outputs)
         body = openai.encode_embeddings(
             model=served.name,
             vectors=tensor.data,
@@ -460,3 +450,19 @@ def _text(value: bytes | None) -> str | None:
 def _allow(method: str, allowed: str) -> None:
     if method != allowed:
         raise HTTPError(405, "Method Not Allowed", [(b"allow", allowed.encode())])
+
+
+async def _batched(
+    served: ServedModel, admitted: AdmittedRequest, receive: Receive, protocol: str
+) -> Any:
+    """``admitted``'s rows through the model's batcher: their outputs, or None (counted as
+    499) when the client left first; its request was withdrawn if it was still queued."""
+    work = asyncio.ensure_future(
+        served.batcher.infer_many(
+            admitted.value, timeout_ms=admitted.timeout_ms, priority=admitted.priority
+        )
+    )
+    if not await unless_disconnected(work, receive):
+        served.record(protocol, CLIENT_CLOSED)
+        return None
+    return work.result()
