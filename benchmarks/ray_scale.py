@@ -331,7 +331,7 @@ async def fault_run(replicas: int, warmup_s: float, seconds: float) -> dict[str,
 
     hung = False
     async with batcher:
-        pool = batcher._workers  # the RayWorkers behind the batcher: its actors' pids
+        pool = batcher._workers  # the RayReplicas behind the batcher: its actors' pids
         assert pool is not None
         try:
             async with asyncio.timeout(None) as drain, asyncio.TaskGroup() as tg:

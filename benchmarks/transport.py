@@ -1,6 +1,6 @@
 """Round-trip cost of a batch through a process worker, with no model work.
 
-What: ``ProcessPool.call`` on a model that returns its input (or a fixed output), so that
+What: ``ProcessReplicas.call`` on a model that returns its input (or a fixed output), so that
 all that is timed is the transfer: the parent writes the batch into the worker's shared
 memory and sends a header; the worker decodes views, writes the same-size output into its
 output arena and answers; the parent copies the output out. Two batches:
@@ -30,7 +30,7 @@ import numpy as np
 
 _bench.import_carpool()
 
-from carpool.process_pool import ProcessPool  # noqa: E402
+from carpool.runners.processes import ProcessReplicas  # noqa: E402
 from carpool.transport import Arena, Channel, decode, plan  # noqa: E402
 
 EMBEDDING = np.random.default_rng(0).standard_normal((32, 384)).astype(np.float32)
@@ -106,7 +106,7 @@ def copies(batch: Any, output: Any, calls: int) -> list[float]:
 
 
 def through_pool(spec: Callable[[Any], Any], batch: Any, calls: int) -> list[float]:
-    with ProcessPool(spec, 1, name="transport") as pool:
+    with ProcessReplicas(spec, 1, name="transport") as pool:
         return timed(lambda: pool.call(batch), calls)
 
 

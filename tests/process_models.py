@@ -1,4 +1,4 @@
-"""Models for tests/test_process_pool.py, importable by the worker processes it spawns.
+"""Models for tests/runners/test_processes.py, importable by the worker processes it spawns.
 
 Each misbehaves in one way on purpose: dies, hangs, fails to load, holds the GIL. They are
 module-level so that a spec pickles by reference; rows are numpy float arrays whose first

@@ -243,7 +243,7 @@ def segment_codes(entry: Any, start: int, stop: int) -> tuple[int, ...]:
 def spy_on_claims(batcher: Batcher) -> list[Claimed]:
     """Record every batch as it starts, and which of its segments the engine kept.
 
-    Wraps the engine's private claim hook (``BatchRunner._claim``, i.e. ``Resolver.claim``),
+    Wraps the engine's private claim hook (``BatchExecutor._claim``, i.e. ``Resolver.claim``),
     the one place that sees skipped segments: their rows count in ``stats().rows`` but never
     reach the model. The wrapper only observes: it returns what the engine decided. A batch
     re-formed before it started (its rows went back to the queue) is not recorded.

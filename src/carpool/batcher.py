@@ -31,16 +31,16 @@ from typing import Any, Self
 from carpool.blocking import Inbox, LoopThread, call_on_loop
 from carpool.collate import Collator
 from carpool.errors import BatcherClosed, CollationError
+from carpool.executor import BatchExecutor, is_async_callable
 from carpool.options import check_bool, check_int, check_ms, make_policy
 from carpool.policy import Policy, PolicyHooks
-from carpool.pool import WorkerPool
 from carpool.queue import RequestQueue
 from carpool.request import Request, Resolver
-from carpool.runners import Workers, check_runner, check_runner_options, make_workers
+from carpool.runners import Replicas, check_runner, check_runner_options, make_replicas
+from carpool.runners.threads import ModelThreads
 from carpool.scheduler import Scheduler
 from carpool.stats import BatcherStats, StatsRecorder
 from carpool.warmup import ModelTimes, learned, warm_up
-from carpool.worker import BatchRunner, is_async_callable
 
 __all__ = ["Batcher"]
 
@@ -84,7 +84,7 @@ class Batcher:
         collator: Collator | None = None,
         latency_slo_ms: float | None = None,
         warmup: Any = None,
-        runner: str = "thread",  # or "process": each worker a child process (runners.py)
+        runner: str = "thread",  # or "process": each worker a child process (carpool.runners)
         batch_timeout_ms: float | None = None,  # process runner: kill and replace past this
         retry: bool = True,  # process runner: a batch whose worker died runs once more
         runner_options: Mapping[str, Any] | None = None,  # ray: address, num_cpus, ...
@@ -119,12 +119,12 @@ class Batcher:
         self._engine: asyncio.Task[None] | None = None
         self._portal: LoopThread | None = None
 
-    def _make_workers(self, spec: Any, warmup: Any) -> Workers | None:
+    def _make_workers(self, spec: Any, warmup: Any) -> Replicas | None:
         """The model's replicas outside this process's threads, for a runner that has them;
         each runs the warm-up row, stacked, before it counts as ready."""
         if self.runner == "thread":
             return None
-        return make_workers(
+        return make_replicas(
             self.runner,
             spec,
             workers=self.workers,
@@ -144,7 +144,7 @@ class Batcher:
             self._queue, self._stats, self._collator, name=self.name, wake=self._wake
         )
         workers = self._workers
-        self._runner = BatchRunner(
+        self._runner = BatchExecutor(
             self.model_fn if workers is None else workers.call,
             retry_fn=None if workers is None else partial(workers.call, retry=False),
             is_async=self._is_async,
@@ -190,7 +190,7 @@ class Batcher:
                 raise
         return self
 
-    async def _start_workers(self, workers: Workers) -> None:
+    async def _start_workers(self, workers: Replicas) -> None:
         """Load the model in every replica (in a thread: it takes seconds); a batcher whose
         replicas all failed to load is closed, with the reason raised."""
         try:
@@ -207,7 +207,7 @@ class Batcher:
         self._loop = loop
         self._loop_thread_id = threading.get_ident()
         self._inbox.bind(loop)
-        pool = None if self._is_async else WorkerPool(self.workers, name=self.name, loop=loop)
+        pool = None if self._is_async else ModelThreads(self.workers, name=self.name, loop=loop)
         self._scheduler.open(loop, pool)
         self._state = _State.RUNNING
         self._engine = loop.create_task(self._run_engine(), name=f"carpool:{self.name}")

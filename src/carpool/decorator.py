@@ -27,8 +27,8 @@ from typing import Any
 from carpool.batcher import Batcher
 from carpool.collate import Collator, Handler
 from carpool.errors import BlockingCallOnLoop
+from carpool.executor import is_async_callable
 from carpool.policy import Policy
-from carpool.worker import is_async_callable
 
 __all__ = ["BatchedFunction", "batch"]
 

@@ -20,9 +20,9 @@ from carpool.batcher import Batcher
 from carpool.collate import Collator
 from carpool.datatypes import DATATYPES
 from carpool.errors import ConfigError
+from carpool.executor import is_async_callable
 from carpool.padding import PaddedBatch, Padding, allowed_size, pad_rows, take_rows
 from carpool.policy import Policy
-from carpool.worker import is_async_callable
 
 __all__ = ["Batching", "Model", "Tensor"]
 

@@ -22,10 +22,10 @@ from typing import Any
 from carpool.blocking import FUTURE_DONE, settle
 from carpool.collate import Collator
 from carpool.errors import BatcherClosed, DeadlineExceeded
+from carpool.executor import Failure
 from carpool.inflight import Batch
 from carpool.queue import Entry, RequestQueue, Segment
 from carpool.stats import StatsRecorder
-from carpool.worker import Failure
 
 __all__ = ["Request", "Resolver"]
 

@@ -19,13 +19,13 @@ from typing import Any
 
 from carpool.collate import Collator
 from carpool.errors import BatcherClosed, Overloaded
+from carpool.executor import BatchExecutor
 from carpool.inflight import Batch, InFlight
 from carpool.policy import Admission, Dispatch, Policy, PolicyHooks, QueueView, schedule
-from carpool.pool import WorkerPool
 from carpool.queue import Entry, RequestQueue
 from carpool.request import Request, Resolver
+from carpool.runners.threads import ModelThreads
 from carpool.stats import StatsRecorder
-from carpool.worker import BatchRunner
 
 __all__ = ["Scheduler"]
 
@@ -44,7 +44,7 @@ class Scheduler:
         queue: RequestQueue,
         stats: StatsRecorder,
         resolver: Resolver,
-        runner: BatchRunner,
+        runner: BatchExecutor,
         collator: Collator,
         policy: Policy,
         hooks: PolicyHooks,
@@ -66,7 +66,7 @@ class Scheduler:
         self._max_batch_size = max_batch_size
         self._max_wait = max_wait_ms / 1000.0
         self.in_flight = InFlight()
-        self.pool: WorkerPool | None = None  # a plain model's threads, once the loop runs
+        self.pool: ModelThreads | None = None  # a plain model's threads, once the loop runs
         self.closing = False  # no new requests: drain, then stop
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tg: asyncio.TaskGroup | None = None
@@ -75,7 +75,7 @@ class Scheduler:
 
     # ------------------------------------------------------------ admission
 
-    def open(self, loop: asyncio.AbstractEventLoop, pool: WorkerPool | None) -> None:
+    def open(self, loop: asyncio.AbstractEventLoop, pool: ModelThreads | None) -> None:
         """Serve on ``loop``, a plain model's batches in ``pool``'s threads."""
         self._loop = loop
         self.pool = pool

@@ -1,7 +1,7 @@
 """The worker threads of a plain (synchronous) model, and how their results reach the loop.
 
 Each of ``count`` threads runs one job at a time, in submission order; a job's result (or
-exception) becomes the outcome of the asyncio future :meth:`WorkerPool.submit` returned.
+exception) becomes the outcome of the asyncio future :meth:`ModelThreads.submit` returned.
 
 Handing a result to the event loop wakes the loop, which then holds the GIL for as long as it
 takes to answer that batch's callers and admit their next requests. A thread that still had
@@ -26,14 +26,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Handoff", "WorkerPool"]
+__all__ = ["Handoff", "ModelThreads"]
 
 # A job runs as job(handoff); it calls handoff() right before each model call.
 Handoff = Callable[[], None]
 _Outcome = tuple["asyncio.Future[Any]", Any, BaseException | None]
 
 
-class WorkerPool:
+class ModelThreads:
     """``count`` threads named after ``name``, serving the event loop ``loop``."""
 
     def __init__(self, count: int, *, name: str, loop: asyncio.AbstractEventLoop) -> None:

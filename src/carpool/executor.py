@@ -7,9 +7,9 @@ while the batch was staged), whose rows are then not computed at all; a batch re
 before it started claims none. Imports collation, the errors, the books of batches and the
 worker threads.
 
-A plain ``model_fn`` runs in the batcher's worker threads (``carpool.pool``) together with
-stacking, splitting and bisection, so large copies and GIL-releasing models (numpy, torch,
-onnxruntime) stay off the event loop, and a worker goes from one staged batch to the next
+A plain ``model_fn`` runs in the batcher's worker threads (``carpool.runners.threads``)
+together with stacking, splitting and bisection, so large copies and GIL-releasing models
+(numpy, torch, onnxruntime) stay off the event loop, and a worker goes from one staged batch to the next
 without the loop. Which rows to re-run after an error is decided by :func:`isolate`, a
 generator that never calls the model itself, so the same plan drives threads and coroutines
 alike.
@@ -27,10 +27,10 @@ from typing import Any
 from carpool.collate import Collator, Span
 from carpool.errors import BatcherClosed, BatchSizeMismatch, BatchTimeout, WorkerDied
 from carpool.inflight import Batch
-from carpool.pool import Handoff, WorkerPool
 from carpool.queue import Segment
+from carpool.runners.threads import Handoff, ModelThreads
 
-__all__ = ["BatchRunner", "Failure", "is_async_callable", "isolate"]
+__all__ = ["BatchExecutor", "Failure", "is_async_callable", "isolate"]
 
 
 def is_async_callable(fn: Callable[..., Any]) -> bool:
@@ -97,7 +97,7 @@ def isolate(
     return left + right
 
 
-class BatchRunner:
+class BatchExecutor:
     """Executes batches of one model. ``record_model_time`` gets each call's rows, seconds
     and collation key; ``claim`` is :meth:`carpool.request.Resolver.claim`."""
 
@@ -128,7 +128,7 @@ class BatchRunner:
         # an async one needs this gate to run at most `workers` batches at once.
         self._slots = asyncio.Semaphore(workers)
 
-    async def run(self, batch: Batch, pool: WorkerPool | None) -> list[Any]:
+    async def run(self, batch: Batch, pool: ModelThreads | None) -> list[Any]:
         """One part per segment, in order (for a plain model, in one of ``pool``'s threads)."""
         if self._is_async:
             async with self._slots:
@@ -136,7 +136,7 @@ class BatchRunner:
         assert pool is not None
         return await pool.submit(partial(self._run_sync, batch))  # type: ignore[no-any-return]
 
-    async def call(self, batch: Any, pool: WorkerPool | None) -> Any:
+    async def call(self, batch: Any, pool: ModelThreads | None) -> Any:
         """One model call on a stacked ``batch``, outside any request (warm-up)."""
         if self._is_async:
             return await self._model_fn(batch)

@@ -1,7 +1,7 @@
-"""Run a model in child processes: ``ProcessPool.call(batch)`` is a thread-safe, blocking
+"""Run a model in child processes: ``ProcessReplicas.call(batch)`` is a thread-safe, blocking
 stand-in for the model function, so a batcher's worker threads can use it unchanged.
 
-Each child loads the model once (see :mod:`carpool.process_worker`); a call takes a free
+Each child loads the model once (see :mod:`carpool.runners.replica_process`); a call takes a free
 child, writes the batch into that child's shared-memory arena, sends a small header,
 waits (the GIL released) and copies the outputs back. At most ``workers`` calls run at
 once; more wait for a free child. Faults have one outcome each:
@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from carpool.errors import BatchTimeout, WorkerDied, WorkerPoolClosed, WorkerStartError
-from carpool.process_supervisor import BUSY, IDLE, STARTING, STOPPED, Child, Slot, Supervisor
-from carpool.process_worker import run_worker
+from carpool.runners.replica_process import run_worker
+from carpool.runners.supervisor import BUSY, IDLE, STARTING, STOPPED, Child, Slot, Supervisor
 from carpool.transport import Channel, Plan, decode, dumps, plan
 
-__all__ = ["PoolStats", "ProcessPool", "WorkerState"]
+__all__ = ["PoolStats", "ProcessReplicas", "WorkerState"]
 
 log = logging.getLogger("carpool.workers")
 
@@ -77,7 +77,7 @@ class _Died(Exception):
         self.exitcode = exitcode
 
 
-class ProcessPool:
+class ProcessReplicas:
     """``workers`` child processes running the model ``spec`` (see the module docstring).
 
     ``spec``: a picklable model function (module-level, pickled by reference), or a
@@ -115,15 +115,15 @@ class ProcessPool:
         self._closed = False
 
     def __repr__(self) -> str:
-        return f"<ProcessPool {self.name!r} workers={self.workers} alive={self.alive}>"
+        return f"<ProcessReplicas {self.name!r} workers={self.workers} alive={self.alive}>"
 
-    def __enter__(self) -> ProcessPool:
+    def __enter__(self) -> ProcessReplicas:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def start(self) -> ProcessPool:
+    def start(self) -> ProcessReplicas:
         """Spawn the children and wait until each has loaded its model or failed. Raises
         :class:`WorkerStartError` (and leaves no process) when none could load."""
         if self._sup is not None:
@@ -373,7 +373,7 @@ def _pickled_spec(spec: Any) -> bytes:
 
 # Pools not closed by their owner are closed at exit, before multiprocessing's own exit
 # hook (registered earlier, so run later) would terminate their children without a word.
-_live: weakref.WeakSet[ProcessPool] = weakref.WeakSet()
+_live: weakref.WeakSet[ProcessReplicas] = weakref.WeakSet()
 
 
 @atexit.register

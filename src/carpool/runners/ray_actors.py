@@ -1,12 +1,12 @@
 """Run a model in Ray actors anywhere in a cluster: ``runner="ray"`` (see :mod:`carpool.runners`).
 
-``RayWorkers.call(batch)`` is a thread-safe, blocking stand-in for the model function, like
-:class:`carpool.process_pool.ProcessPool`'s: it takes a free actor (one batch per actor at a
-time, so the batcher still forms a batch only when some actor is free), sends the stacked
+``RayReplicas.call(batch)`` is a thread-safe, blocking stand-in for the model function, like
+:class:`carpool.runners.processes.ProcessReplicas`'s: it takes a free actor (one batch per
+actor at a time, so the batcher still forms a batch only when some actor is free), sends the stacked
 batch through Ray's object store (numpy arrays travel out of band, never row by row) and
 returns the outputs. Each actor loads the model spec once (the same specs as process
-workers: :func:`carpool.process_worker.load_model`) and runs the warm-up batch before it
-counts as ready. A health watch (one thread, see :meth:`RayWorkers._watch`) pings idle and
+workers: :func:`carpool.runners.replica_process.load_model`) and runs the warm-up batch before it
+counts as ready. A health watch (one thread, see :meth:`RayReplicas._watch`) pings idle and
 restarting actors twice a second, so ``alive`` (the server's readiness) follows the cluster
 even while no batch runs. Faults, each with one outcome:
 
@@ -40,10 +40,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from carpool.errors import BatchTimeout, WorkerDied, WorkerPoolClosed, WorkerStartError
-from carpool.process_pool import PoolStats, WorkerState
-from carpool.process_worker import load_model
+from carpool.runners.processes import PoolStats, WorkerState
+from carpool.runners.replica_process import load_model
 
-__all__ = ["RayWorkers"]
+__all__ = ["RayReplicas"]
 
 log = logging.getLogger("carpool.workers")
 
@@ -103,7 +103,7 @@ class _Ping:
         self.ref, self.sent, self.taken = ref, sent, taken
 
 
-class RayWorkers:
+class RayReplicas:
     """``workers`` Ray actors running the model ``spec`` (see the module docstring).
 
     ``address``: the Ray cluster (``ray://``, ``host:port``); ``None`` uses this process's
@@ -146,11 +146,11 @@ class RayWorkers:
         self._watcher: threading.Thread | None = None
 
     def __repr__(self) -> str:
-        return f"<RayWorkers {self.name!r} workers={self.workers} alive={self.alive}>"
+        return f"<RayReplicas {self.name!r} workers={self.workers} alive={self.alive}>"
 
     # ------------------------------------------------------------- lifecycle
 
-    def start(self) -> RayWorkers:
+    def start(self) -> RayReplicas:
         """Connect to Ray, create the actors and wait until each has loaded its model.
         Raises :class:`WorkerStartError` (and leaves no actor) when Ray cannot be reached
         or no actor could load the model."""

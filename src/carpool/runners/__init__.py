@@ -1,12 +1,12 @@
 """Where a batcher's model runs: the seam between forming batches and running them.
 
 ``runner="thread"`` (the default) calls the model in the batcher's own worker threads. Any
-other runner is a set of :class:`Workers` outside the process's threads, one model replica
-each: ``"process"`` is child processes (:class:`carpool.process_pool.ProcessPool`),
-``"ray"`` is Ray actors anywhere in a cluster (:class:`carpool.ray_workers.RayWorkers`). The
-batcher's worker threads then hand each stacked batch to :meth:`Workers.call` and wait for
+other runner is a set of :class:`Replicas` outside the process's threads, one model replica
+each: ``"process"`` is child processes (:class:`carpool.runners.processes.ProcessReplicas`),
+``"ray"`` is Ray actors anywhere in a cluster (:class:`carpool.runners.ray_actors.RayReplicas`). The
+batcher's worker threads then hand each stacked batch to :meth:`Replicas.call` and wait for
 its outputs, so a batch is still formed only when a worker is free, and batches stay full
-however many workers run. A new kind of worker implements :class:`Workers` and gets a name
+however many workers run. A new kind of worker implements :class:`Replicas` and gets a name
 in :data:`RUNNERS`.
 
 Runners are imported when chosen, so ``import carpool`` loads none of them.
@@ -20,21 +20,21 @@ from typing import TYPE_CHECKING, Any, Protocol
 from carpool.errors import ConfigError
 
 if TYPE_CHECKING:
-    from carpool.process_pool import PoolStats
+    from carpool.runners.processes import PoolStats
 
 __all__ = [
     "RUNNERS",
     "RUNNER_OPTIONS",
-    "Workers",
+    "Replicas",
     "check_runner",
     "check_runner_options",
-    "make_workers",
+    "make_replicas",
 ]
 
 RUNNERS = ("thread", "process", "ray")
 
 
-class Workers(Protocol):
+class Replicas(Protocol):
     """Model replicas the batcher's threads call into, ``workers`` of them.
 
     ``start()`` blocks until every replica has loaded (and warmed up) its model, raising
@@ -89,7 +89,7 @@ def check_runner_options(runner: str, options: Mapping[str, Any] | None) -> dict
     return given
 
 
-def make_workers(
+def make_replicas(
     runner: str,
     spec: Any,
     *,
@@ -99,7 +99,7 @@ def make_workers(
     retry: bool,
     warmup: Any,
     options: Mapping[str, Any] | None = None,
-) -> Workers:
+) -> Replicas:
     """The replicas of ``runner`` (not ``"thread"``) for the model ``spec``, not started.
 
     ``spec`` is what each replica loads once: a picklable batch function, or a
@@ -107,9 +107,9 @@ def make_workers(
     stacked batch each replica runs before it counts as ready.
     """
     if runner == "process":
-        from carpool.process_pool import ProcessPool
+        from carpool.runners.processes import ProcessReplicas
 
-        return ProcessPool(
+        return ProcessReplicas(
             spec,
             workers,
             name=name,
@@ -118,10 +118,10 @@ def make_workers(
             warmup=warmup,
         )
     if runner == "ray":
-        from carpool.ray_workers import RayWorkers
+        from carpool.runners.ray_actors import RayReplicas
 
         given = dict(options or {})
-        return RayWorkers(
+        return RayReplicas(
             spec,
             workers,
             name=name,

@@ -1,6 +1,6 @@
 """The model process's main: load the model once, then run batch after batch for its parent.
 
-Started by :class:`carpool.process_pool.ProcessPool` with the ``spawn`` method. It reads the
+Started by :class:`carpool.runners.processes.ProcessReplicas` with the ``spawn`` method. It reads the
 pickled model spec (a module-level callable, or a zero-argument factory returning the model
 function or a :class:`carpool.Model`), warms the model up, says ``ready`` (or ``failed``
 with the reason, and exits 1), then answers each ``run`` message with ``ok`` or the model's
@@ -30,9 +30,9 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from carpool.executor import is_async_callable
 from carpool.model import Model
 from carpool.transport import Attached, Channel, decode, plan
-from carpool.worker import is_async_callable
 
 __all__ = ["OnOwnLoop", "load_model", "run_worker"]
 

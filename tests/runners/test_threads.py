@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from carpool.pool import Handoff, WorkerPool
+from carpool.runners.threads import Handoff, ModelThreads
 from conftest import WAIT_S, settle
 
 
 @pytest.fixture
-async def pool() -> Iterator[WorkerPool]:
-    workers = WorkerPool(1, name="test", loop=asyncio.get_running_loop())
+async def pool() -> Iterator[ModelThreads]:
+    workers = ModelThreads(1, name="test", loop=asyncio.get_running_loop())
     yield workers
     workers.shutdown()
 
@@ -26,11 +26,11 @@ def wait(event: threading.Event) -> None:
     assert event.wait(WAIT_S)
 
 
-async def test_a_result_reaches_the_loop_at_once_when_nothing_follows(pool: WorkerPool) -> None:
+async def test_a_result_reaches_the_loop_at_once_when_nothing_follows(pool: ModelThreads) -> None:
     assert await pool.submit(lambda handoff: threading.current_thread().name) == "test_0"
 
 
-async def test_a_job_s_error_reaches_its_future(pool: WorkerPool) -> None:
+async def test_a_job_s_error_reaches_its_future(pool: ModelThreads) -> None:
     def fail(handoff: Handoff) -> None:
         raise KeyError("boom")
 
@@ -39,7 +39,7 @@ async def test_a_job_s_error_reaches_its_future(pool: WorkerPool) -> None:
     assert await pool.submit(lambda handoff: 2) == 2  # the thread lives on
 
 
-async def test_a_result_waits_for_the_next_job_s_handoff(pool: WorkerPool) -> None:
+async def test_a_result_waits_for_the_next_job_s_handoff(pool: ModelThreads) -> None:
     first_may_end, second_may_hand_off, second_may_end = (threading.Event() for _ in range(3))
     order: list[str] = []
     loop, second_started = asyncio.get_running_loop(), asyncio.Event()
@@ -72,7 +72,7 @@ async def test_a_result_waits_for_the_next_job_s_handoff(pool: WorkerPool) -> No
 
 
 async def test_a_job_that_never_hands_off_still_gets_the_held_result_out(
-    pool: WorkerPool,
+    pool: ModelThreads,
 ) -> None:
     gate = threading.Event()
 
@@ -88,7 +88,7 @@ async def test_a_job_that_never_hands_off_still_gets_the_held_result_out(
 
 async def test_jobs_run_in_order_one_thread_each() -> None:
     loop = asyncio.get_running_loop()
-    workers = WorkerPool(2, name="two", loop=loop)
+    workers = ModelThreads(2, name="two", loop=loop)
     barrier = threading.Barrier(2)
 
     def meet(handoff: Handoff) -> Any:
@@ -103,7 +103,7 @@ async def test_jobs_run_in_order_one_thread_each() -> None:
 
 
 async def test_shutdown_lets_the_threads_go() -> None:
-    workers = WorkerPool(2, name="gone", loop=asyncio.get_running_loop())
+    workers = ModelThreads(2, name="gone", loop=asyncio.get_running_loop())
     threads = [t for t in threading.enumerate() if t.name.startswith("gone_")]
     assert sorted(t.name for t in threads) == ["gone_0", "gone_1", "gone_courier"]
     workers.shutdown()

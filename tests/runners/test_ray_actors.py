@@ -1,4 +1,4 @@
-"""carpool.ray_workers: ``Batcher(runner="ray")`` on a real 3-node Ray cluster on loopback.
+"""carpool.runners.ray_actors: ``Batcher(runner="ray")`` on a real 3-node Ray cluster on loopback.
 
 One cluster for the module (``ray.cluster_utils.Cluster``; every node binds 127.0.0.1, as
 ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` makes it), each node offering a resource of its own
@@ -31,7 +31,7 @@ from conftest import running, wait_until
 
 pytestmark = pytest.mark.slow
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parent.parent
 SERVE = [sys.executable, "-m", "carpool", "serve", "demo", "--grpc-port", "0"]
 NODES = 3
 

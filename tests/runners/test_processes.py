@@ -1,4 +1,4 @@
-"""carpool.process_pool with real processes and real signals: results equal in-process ones
+"""carpool.runners.processes with real processes and real signals: results equal in-process ones
 bit for bit, GIL-bound batches run in parallel, and each fault has its one outcome (retry,
 WorkerDied, BatchTimeout, WorkerStartError, WorkerPoolClosed) with no process left behind,
 even when the parent itself is SIGKILLed.
@@ -40,31 +40,31 @@ from carpool.errors import (
     WorkerStartError,
 )
 from carpool.loading import load_target
-from carpool.process_pool import ProcessPool
-from carpool.process_worker import OnOwnLoop, load_model
+from carpool.runners.processes import ProcessReplicas
+from carpool.runners.replica_process import OnOwnLoop, load_model
 from conftest import running, wait_until
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parent.parent
 SRC = TESTS.parent / "src"
 
-MakePool = Callable[..., ProcessPool]
+MakePool = Callable[..., ProcessReplicas]
 
 
-def pids(pool: ProcessPool) -> list[int]:
+def pids(pool: ProcessReplicas) -> list[int]:
     return [w.pid for w in pool.stats().processes if w.pid is not None]
 
 
-def busy_pid(pool: ProcessPool) -> int | None:
+def busy_pid(pool: ProcessReplicas) -> int | None:
     return next((w.pid for w in pool.stats().processes if w.state == "busy"), None)
 
 
 @pytest.fixture
 def pools() -> Iterator[MakePool]:
     """Start pools; close them after the test and check no process of theirs is left."""
-    made: list[ProcessPool] = []
+    made: list[ProcessReplicas] = []
 
-    def make(spec: Any, workers: int = 2, **options: Any) -> ProcessPool:
-        pool = ProcessPool(spec, workers, name=options.pop("name", "demo"), **options)
+    def make(spec: Any, workers: int = 2, **options: Any) -> ProcessReplicas:
+        pool = ProcessReplicas(spec, workers, name=options.pop("name", "demo"), **options)
         made.append(pool)
         return pool.start()
 
@@ -278,7 +278,7 @@ def test_a_call_waits_for_a_worker_no_longer_than_batch_timeout(pools: MakePool)
 def test_a_model_that_cannot_load_fails_start_with_its_reason(
     spec: Any, warmup: Any, reason: str
 ) -> None:
-    pool = ProcessPool(spec, 2, name="demo", warmup=warmup)
+    pool = ProcessReplicas(spec, 2, name="demo", warmup=warmup)
     with pytest.raises(WorkerStartError) as info:
         pool.start()
     assert info.value.worker in ("demo#0", "demo#1")
@@ -294,13 +294,13 @@ def test_a_model_that_cannot_load_fails_start_with_its_reason(
 
 def test_a_spec_that_cannot_be_pickled_is_refused_at_once() -> None:
     with pytest.raises(TypeError, match="picklable model spec"):
-        ProcessPool(lambda batch: batch)
+        ProcessReplicas(lambda batch: batch)
     with pytest.raises(ValueError, match="workers must be an int >= 1"):
-        ProcessPool(pm.double, 0)
+        ProcessReplicas(pm.double, 0)
     with pytest.raises(ValueError, match="batch_timeout_ms must be a number > 0"):
-        ProcessPool(pm.double, batch_timeout_ms=0)
+        ProcessReplicas(pm.double, batch_timeout_ms=0)
     with pytest.raises(WorkerPoolClosed, match="is not started"):
-        ProcessPool(pm.double).call(np.ones(1))
+        ProcessReplicas(pm.double).call(np.ones(1))
 
 
 # ---- closing --------------------------------------------------------------------------
@@ -308,7 +308,7 @@ def test_a_spec_that_cannot_be_pickled_is_refused_at_once() -> None:
 
 @pytest.mark.slow
 def test_close_lets_a_running_batch_finish_then_leaves_no_process() -> None:
-    pool = ProcessPool(pm.pid_and_double, 1, name="demo").start()
+    pool = ProcessReplicas(pm.pid_and_double, 1, name="demo").start()
     (pid,) = pids(pool)
     batch = np.full((2, 2), pm.SLOW)
     with ThreadPoolExecutor(1) as thread:
@@ -324,7 +324,7 @@ def test_close_lets_a_running_batch_finish_then_leaves_no_process() -> None:
 
 @pytest.mark.slow
 def test_close_kills_a_hung_batch_after_its_timeout() -> None:
-    pool = ProcessPool(pm.troublemaker, 1, name="demo").start()
+    pool = ProcessReplicas(pm.troublemaker, 1, name="demo").start()
     (pid,) = pids(pool)
     with ThreadPoolExecutor(1) as thread:
         future = thread.submit(pool.call, rows(first=pm.HANG))
@@ -339,11 +339,11 @@ PARENT = """
 import os, signal, threading, time
 import numpy as np
 import process_models as pm
-from carpool.process_pool import ProcessPool
-from carpool.process_worker import OnOwnLoop, load_model
+from carpool.runners.processes import ProcessReplicas
+from carpool.runners.replica_process import OnOwnLoop, load_model
 
 if __name__ == "__main__":
-    pool = ProcessPool(pm.troublemaker, 2, name="orphan").start()
+    pool = ProcessReplicas(pm.troublemaker, 2, name="orphan").start()
     hang = np.ones((1, 2))
     hang[0, 0] = pm.HANG
     threading.Thread(target=pool.call, args=(hang,), daemon=True).start()
