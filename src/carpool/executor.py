@@ -9,8 +9,8 @@ worker threads.
 
 A plain ``model_fn`` runs in the batcher's worker threads (``carpool.runners.threads``)
 together with stacking, splitting and bisection, so large copies and GIL-releasing models
-(numpy, torch, onnxruntime) stay off the event loop, and a worker goes from one staged batch to the next
-without the loop. Which rows to re-run after an error is decided by :func:`isolate`, a
+(numpy, torch, onnxruntime) stay off the event loop, and a worker goes from one staged
+batch to the next without the loop. Which rows to re-run after an error is decided by :func:`isolate`, a
 generator that never calls the model itself, so the same plan drives threads and coroutines
 alike.
 """
