@@ -7,12 +7,11 @@ while the batch was staged), whose rows are then not computed at all; a batch re
 before it started claims none. Imports collation, the errors, the books of batches and the
 worker threads.
 
-A plain ``model_fn`` runs in the batcher's worker threads (``carpool.runners.threads``)
-together with stacking, splitting and bisection, so large copies and GIL-releasing models
-(numpy, torch, onnxruntime) stay off the event loop, and a worker goes from one staged
-batch to the next without the loop. Which rows to re-run after an error is decided by :func:`isolate`, a
-generator that never calls the model itself, so the same plan drives threads and coroutines
-alike.
+A plain ``model_fn`` runs in the batcher's worker threads (``carpool.runners.threads``) together
+with stacking, splitting and bisection, so large copies and GIL-releasing models (numpy, torch,
+onnxruntime) stay off the event loop, and a worker goes from one staged batch to the next
+without the loop. Which rows to re-run after an error is decided by :func:`isolate`, a generator
+that never calls the model itself, so the same plan drives threads and coroutines alike.
 """
 
 from __future__ import annotations

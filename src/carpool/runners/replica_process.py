@@ -1,8 +1,8 @@
 """The model process's main: load the model once, then run batch after batch for its parent.
 
 Started by :class:`carpool.runners.processes.ProcessReplicas` with the ``spawn`` method. It
-reads the pickled model spec (a module-level callable, or a zero-argument factory returning the model
-function or a :class:`carpool.Model`), warms the model up, says ``ready`` (or ``failed``
+reads the pickled model spec (a module-level callable, or a zero-argument factory returning the
+model function or a :class:`carpool.Model`), warms the model up, says ``ready`` (or ``failed``
 with the reason, and exits 1), then answers each ``run`` message with ``ok`` or the model's
 error. It dies with its parent: ``PR_SET_PDEATHSIG`` on Linux, end of file on its pipe
 elsewhere. Imports the transport, the model class and is_async_callable; nothing that queues.
