@@ -17,6 +17,8 @@ the two modules named, so the layering stays the one the README draws.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -262,3 +264,38 @@ def test_every_layer_names_an_existing_module() -> None:
     for names in LAYERS:
         for name in names:
             assert f"carpool.{name}" in MODULES, f"LAYERS names {name}, which is not in carpool"
+
+
+IMPORT_EVERYTHING = """
+import atexit, importlib, pkgutil, signal, sys, threading
+import carpool
+
+ran = []
+
+def watch(owner, name):
+    real = getattr(owner, name)
+    def spy(*args, **kwargs):
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if caller.startswith("carpool"):
+            ran.append(f"{caller}: {name}")
+        return real(*args, **kwargs)
+    setattr(owner, name, spy)
+
+watch(atexit, "register")
+watch(signal, "signal")
+watch(threading.Thread, "start")
+for info in pkgutil.walk_packages(carpool.__path__, "carpool."):
+    if info.name != "carpool.__main__":
+        importlib.import_module(info.name)
+print(sorted(set(ran)))
+"""
+
+
+def test_importing_any_module_runs_nothing() -> None:
+    """No atexit handler, signal handler or thread at import: the objects that own a
+    resource release it themselves."""
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORT_EVERYTHING], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
