@@ -1,11 +1,13 @@
 """The engine users hold: the one place where queue, policy, workers and the clock meet.
 
 Everything here runs on one event loop (the batcher's): admission, the scheduler task, batch
-tasks, deadline timers and resolution. Other threads reach it only through :meth:`submit`,
-whose requests cross into the loop through one inbox, and through the blocking facade in
-``carpool.blocking``. The pieces it drives live next door: ``options`` (checks at the door),
-``scheduler`` (queue in, batches out), ``request`` (each request's one outcome), ``worker``
-and ``pool`` (running a batch), ``warmup`` (what it learns about the model).
+tasks, deadline timers and resolution. Other threads reach it only through its
+:class:`~carpool.blocking.Portal` (``with``, :meth:`submit`, :meth:`close`, ``stats()``),
+whose requests cross into the loop through one inbox. The pieces it drives live next door:
+``options`` (the :class:`~carpool.options.BatcherOptions` record, checked once, at the
+door), ``scheduler`` (queue in, batches out), ``request`` (each request's one outcome),
+``executor`` (running a batch), ``runners`` (where the model runs: its worker threads, or
+replicas in processes or Ray actors), ``warmup`` (what it learns about the model).
 
 Lifecycle: ``async with Batcher(...)`` owns an engine task holding a TaskGroup for the
 scheduler and every batch; leaving the block (or ``aclose()``) stops admission, runs what was
@@ -141,20 +143,21 @@ class Batcher:
         self.runner_options = options.runner_options
         self.model_fn = model_fn
         self.policy = options.new_policy()
-        self._hooks = PolicyHooks.of(self.policy)
-        self._warmup_example = warmup
-        self._collator = collator if collator is not None else Collator()
-        self._workers = _replicas(model_fn, options, self._collator, warmup)
-        self._is_async = self._workers is None and is_async_callable(model_fn)
         self._state = _State.NEW
-        self._assemble()
+        self._assemble(collator if collator is not None else Collator(), warmup)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread_id = 0
         self._engine: asyncio.Task[None] | None = None
 
-    def _assemble(self) -> None:
-        """Wire the parts: the queue, the stats, who answers requests, who runs batches, who
-        schedules them, and the inbox other threads submit through."""
+    def _assemble(self, collator: Collator, warmup: Any) -> None:
+        """Wire the parts: the replicas (for a runner that has them), the queue, the stats,
+        who answers requests, who runs batches, who schedules them, and the portal other
+        threads use."""
+        self._hooks = PolicyHooks.of(self.policy)
+        self._warmup_example = warmup
+        self._collator = collator
+        self._workers = _replicas(self.model_fn, self.options, collator, warmup)
+        self._is_async = self._workers is None and is_async_callable(self.model_fn)
         self._queue = RequestQueue(self.max_queue_size)
         self._stats = StatsRecorder()
         self._resolver = Resolver(

@@ -5,6 +5,8 @@ a :class:`Model`, which declares input and output tensors the way Triton's model
 so that metadata is exact and mismatched requests are refused before they queue. A Model may
 also preprocess each request on arrival (tokenize text, say), pad ragged inputs so that rows
 of different lengths share a batch, and pad batches up to the sizes a static model allows.
+:class:`Batching` is checked as it is built, by the batcher's own rules (``carpool.options``).
+Imports the batcher, collation, padding and the options; nothing here runs at import.
 """
 
 from __future__ import annotations

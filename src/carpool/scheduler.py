@@ -2,11 +2,12 @@
 
 :meth:`Scheduler.admit` queues a request (asking the policy's ``admit`` hook first); the
 :meth:`Scheduler.serve` task asks :func:`~carpool.policy.schedule` what to do with the queue's
-head, dispatches batches to the runner, and parks until the time the policy names or a
+head, dispatches batches to the executor, and parks until the time the policy names or a
 change (an arrival, a withdrawn request, a finished batch). A more urgent arrival sends the
 staged batches it should run before back to the queue, where they are formed again.
 Everything here runs on the batcher's loop; the batcher owns the lifecycle (it alone
-imports this module).
+imports this module) and hands it its checked :class:`~carpool.options.BatcherOptions`.
+Imports the queue, the policies, the executor and the books of requests and batches.
 """
 
 from __future__ import annotations
