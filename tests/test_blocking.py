@@ -12,6 +12,7 @@ every submitting thread has returned from ``submit()`` sees those requests admit
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import random
 import sys
@@ -25,7 +26,7 @@ import numpy as np
 import pytest
 
 from carpool import Batcher, BatcherClosed
-from carpool.blocking import LoopThread
+from carpool.blocking import LoopThread, Portal
 
 # ----------------------------------------------------------------------- LoopThread alone
 
@@ -64,10 +65,45 @@ def test_enters_on_its_own_thread_and_exits_on_stop() -> None:
     bridge.stop()  # idempotent
 
 
-def test_an_error_while_entering_is_raised_in_the_caller() -> None:
+def test_an_error_while_entering_is_raised_in_the_caller(exit_handlers: list[Any]) -> None:
     bridge = LoopThread(Recorder(fail_on_enter=True), name="test-bridge")
     with pytest.raises(OSError, match="cannot start"):
         bridge.start()
+    assert exit_handlers == []  # nothing runs, nothing to stop at exit
+
+
+@pytest.fixture
+def exit_handlers(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The exit handlers registered meanwhile and not unregistered, in order."""
+    handlers: list[Any] = []
+    monkeypatch.setattr(atexit, "register", handlers.append)
+
+    def unregister(fn: Any) -> None:  # like atexit's: every registration of fn goes, if any
+        handlers[:] = [h for h in handlers if h != fn]
+
+    monkeypatch.setattr(atexit, "unregister", unregister)
+    return handlers
+
+
+def test_the_exit_handler_exists_only_while_the_thread_runs(exit_handlers: list[Any]) -> None:
+    bridge = LoopThread(Recorder(), name="test-bridge")
+    bridge.start()
+    assert exit_handlers == [bridge.stop]  # drains the target if nobody stops it
+    bridge.stop()
+    assert exit_handlers == []
+    bridge.stop()
+    assert exit_handlers == []
+
+
+def test_the_portal_stops_only_a_thread_of_its_own() -> None:
+    target = Recorder()
+    portal = Portal(target, name="test-portal", admit=lambda *a: None, cancel=lambda r: None)
+    assert portal.stop() is False  # not started here: the engine runs on somebody's loop
+    portal.start()
+    assert target.events == ["enter"]
+    assert portal.stop() is True
+    assert portal.stop() is True  # idempotent
+    assert target.events == ["enter", "exit"]
 
 
 # ----------------------------------------------------------------------- submit() from threads

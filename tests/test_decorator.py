@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import gc
 import pickle
 import threading
@@ -122,6 +123,31 @@ def test_instances_are_not_kept_alive_by_their_batchers() -> None:
     del model, bound
     gc.collect()
     assert ref() is None
+
+
+def test_decorating_starts_nothing_and_the_first_call_starts_the_batcher(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    handlers: list[Any] = []  # exit handlers registered and not unregistered
+    monkeypatch.setattr(atexit, "register", handlers.append)
+
+    def unregister(fn: Any) -> None:  # like atexit's: every registration of fn goes, if any
+        handlers[:] = [h for h in handlers if h != fn]
+
+    monkeypatch.setattr(atexit, "unregister", unregister)
+    threads = threading.active_count()
+
+    @carpool.batch(max_batch_size=4)
+    def double(items: list[int]) -> list[int]:
+        return [i * 2 for i in items]
+
+    assert (threading.active_count(), handlers) == (threads, [])
+    assert double.batcher_stats() is None
+    assert double(3) == 6
+    assert threading.active_count() > threads
+    assert len(handlers) == 1  # its loop thread's: drains it at exit unless closed
+    double.close()
+    assert (threading.active_count(), handlers) == (threads, [])
 
 
 def test_options_are_checked_when_decorating() -> None:

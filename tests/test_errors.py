@@ -16,6 +16,7 @@ from carpool.errors import (
     CarpoolError,
     CollationError,
     ConfigError,
+    ConfigTypeError,
     DeadlineExceeded,
     Overloaded,
     QueueFull,
@@ -35,6 +36,7 @@ def examples() -> list[CarpoolError]:
         BatchSizeMismatch(expected=8, actual=7),
         Overloaded(predicted_ms=80.0, budget_ms=50.0, queued=120, rows=1),
         ConfigError("port must be in 1..65535, got 0"),
+        ConfigTypeError("workers must be an int, got float"),
         BlockingCallOnLoop(function="Model.embed"),
     ]
 
@@ -57,6 +59,10 @@ def test_each_error_is_a_carpool_error_and_its_builtin(
     assert issubclass(cls, CarpoolError)
     assert issubclass(cls, builtin)
     assert cls.__mro__[1:3] == (CarpoolError, builtin)
+
+
+def test_a_config_type_error_is_a_config_error_and_a_type_error() -> None:
+    assert ConfigTypeError.__mro__[1:5] == (ConfigError, CarpoolError, ValueError, TypeError)
 
 
 def test_carpool_error_is_an_exception_and_not_a_builtin_subkind() -> None:
@@ -183,6 +189,7 @@ def test_module_docstring_draws_the_tree() -> None:
         "CollationError (TypeError)",
         "BatchSizeMismatch (ValueError)",
         "ConfigError (ValueError)",
+        "ConfigTypeError (TypeError)",
         "BlockingCallOnLoop (RuntimeError)",
         "Overloaded",
         "WorkerDied (RuntimeError)",

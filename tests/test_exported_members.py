@@ -37,6 +37,7 @@ def test_public_api() -> None:
         "CollationError",
         "BatchSizeMismatch",
         "ConfigError",
+        "ConfigTypeError",
         "BlockingCallOnLoop",
         "WorkerDied",
         "BatchTimeout",

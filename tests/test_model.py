@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from carpool import Batcher, Batching, Model, Tensor
+from carpool import Batcher, Batching, ConfigError, Model, Tensor
+from carpool.errors import ConfigTypeError
 from carpool.padding import PaddedBatch, Padding
 from conftest import ThreadGate, settle
 
@@ -76,13 +77,21 @@ def test_batching_defaults() -> None:
     }
 
 
-@pytest.mark.parametrize("size", [-1, True, 2.0, "4", None])
-def test_max_batch_size_must_be_a_non_negative_int(size: Any) -> None:
+def test_max_batch_size_must_be_a_non_negative_int() -> None:
     with pytest.raises(
-        ValueError,
-        match=exactly(f"max_batch_size must be >= 0 (0 turns batching off), got {size!r}"),
+        ConfigError, match=exactly("max_batch_size must be >= 0 (0 turns batching off), got -1")
     ):
+        Batching(max_batch_size=-1)
+
+
+@pytest.mark.parametrize("size", [True, 2.0, "4", None])
+def test_max_batch_size_of_another_type_is_a_type_error(size: Any) -> None:
+    # A ConfigError (so a ValueError, as before) that is also a TypeError.
+    message = f"max_batch_size must be an int, got {type(size).__name__}"
+    with pytest.raises(ConfigTypeError, match=exactly(message)) as info:
         Batching(max_batch_size=size)
+    assert isinstance(info.value, TypeError)
+    assert isinstance(info.value, ValueError)
 
 
 def test_max_batch_size_message_for_minus_one() -> None:

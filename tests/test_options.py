@@ -1,13 +1,18 @@
-"""Options checked at the door: the helpers' messages, and the policy a ``policy=`` names."""
+"""Options checked at the door: the record a batcher is built from, the helpers' messages,
+and the policy a ``policy=`` names."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Any
 
 import pytest
 
+from carpool import Batcher, Batching
 from carpool.adaptive import AdaptivePolicy
-from carpool.options import check_bool, check_int, check_ms, make_policy
+from carpool.errors import ConfigError, ConfigTypeError
+from carpool.options import DEFAULTS, BatcherOptions, check_bool, check_int, check_ms, make_policy
 from carpool.policy import Dispatch, DispatchReason, EagerPolicy, FixedPolicy, Policy, QueueView
 
 
@@ -100,3 +105,82 @@ def test_make_policy_rejects_a_policy_class_instead_of_an_instance(cls: type) ->
     # far from the mistake; it must be refused at the door like any other non-policy.
     with pytest.raises(TypeError, match="policy must be a name or an object with decide"):
         make_policy(cls)  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------- the record
+
+
+def test_the_record_holds_the_batchers_defaults_and_is_frozen() -> None:
+    options = BatcherOptions()
+    assert options == DEFAULTS
+    assert (options.max_batch_size, options.max_wait_ms, options.policy) == (32, 5.0, "eager")
+    assert (options.runner, options.retry, dict(options.runner_options)) == ("thread", True, {})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.max_batch_size = 8  # type: ignore[misc]
+
+
+def test_the_record_normalises_once_as_it_is_built() -> None:
+    given = {"address": "auto", "num_cpus": 2}
+    options = BatcherOptions(
+        max_wait_ms=2, runner="ray", batch_timeout_ms=100, runner_options=given
+    )
+    assert isinstance(options.max_wait_ms, float)
+    assert isinstance(options.batch_timeout_ms, float)
+    given["num_gpus"] = 1  # the record keeps its own, read-only copy
+    assert dict(options.runner_options) == {"address": "auto", "num_cpus": 2}
+    with pytest.raises(TypeError):
+        options.runner_options["num_cpus"] = 4  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"max_batch_size": 0}, ConfigError, "max_batch_size must be >= 1, got 0"),
+        ({"workers": 1.0}, ConfigTypeError, "workers must be an int, got float"),
+        ({"name": 3}, ConfigTypeError, "name must be a str, got int"),
+        ({"runner": "gpu"}, ConfigError, "runner must be one of thread, process, ray; got 'gpu'"),
+        (
+            {"runner_options": {"num_cpus": 1}},
+            ConfigError,
+            "runner 'thread' takes no option ['num_cpus']; it takes: none",
+        ),
+        (
+            {"runner": "ray", "runner_options": ["address"]},
+            ConfigTypeError,
+            "runner_options must be a mapping or None, got list",
+        ),
+        ({"policy": "adaptive", "latency_slo_ms": "5"}, ConfigTypeError, "latency_slo_ms must"),
+    ],
+)
+def test_every_bad_option_is_a_config_error_naming_it(
+    kwargs: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error) as info:
+        BatcherOptions(**kwargs)
+    assert str(info.value).startswith(message)
+    assert isinstance(info.value, ConfigError)
+    assert isinstance(info.value, ValueError)
+
+
+def test_the_record_keeps_the_policy_as_given_and_builds_it_on_demand() -> None:
+    by_name = BatcherOptions(policy="adaptive", latency_slo_ms=50)
+    assert by_name.policy == "adaptive"
+    first, second = by_name.new_policy(), by_name.new_policy()
+    assert isinstance(first, AdaptivePolicy)
+    assert first is not second  # each batcher learns its own cost curve
+    mine = FixedPolicy()
+    assert BatcherOptions(policy=mine).new_policy() is mine
+
+
+def test_the_batcher_is_built_from_its_record() -> None:
+    batcher = Batcher(lambda b: b, max_batch_size=4, runner_options=None)
+    assert batcher.options == BatcherOptions(max_batch_size=4, name="<lambda>")
+    assert batcher.max_batch_size == batcher.options.max_batch_size == 4
+
+
+def test_batching_is_checked_by_the_same_record() -> None:
+    with pytest.raises(ConfigError, match=r"^runner must be one of thread, process, ray"):
+        Batching(runner="gpu")
+    with pytest.raises(ConfigTypeError, match=r"^isolate_errors must be a bool, got int$"):
+        Batching(isolate_errors=1)  # type: ignore[arg-type]
+    assert Batching(max_batch_size=0).options().max_batch_size == 1  # batching off: one row

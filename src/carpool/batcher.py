@@ -1,11 +1,13 @@
 """The engine users hold: the one place where queue, policy, workers and the clock meet.
 
 Everything here runs on one event loop (the batcher's): admission, the scheduler task, batch
-tasks, deadline timers and resolution. Other threads reach it only through :meth:`submit`,
-whose requests cross into the loop through one inbox, and through the blocking facade in
-``carpool.blocking``. The pieces it drives live next door: ``options`` (checks at the door),
-``scheduler`` (queue in, batches out), ``request`` (each request's one outcome), ``worker``
-and ``pool`` (running a batch), ``warmup`` (what it learns about the model).
+tasks, deadline timers and resolution. Other threads reach it only through its
+:class:`~carpool.blocking.Portal` (``with``, :meth:`submit`, :meth:`close`, ``stats()``),
+whose requests cross into the loop through one inbox. The pieces it drives live next door:
+``options`` (the :class:`~carpool.options.BatcherOptions` record, checked once, at the
+door), ``scheduler`` (queue in, batches out), ``request`` (each request's one outcome),
+``executor`` (running a batch), ``runners`` (where the model runs: its worker threads, or
+replicas in processes or Ray actors), ``warmup`` (what it learns about the model).
 
 Lifecycle: ``async with Batcher(...)`` owns an engine task holding a TaskGroup for the
 scheduler and every batch; leaving the block (or ``aclose()``) stops admission, runs what was
@@ -28,15 +30,15 @@ from threading import get_ident as _get_ident
 from types import TracebackType
 from typing import Any, Self
 
-from carpool.blocking import Inbox, LoopThread, call_on_loop
+from carpool.blocking import Portal
 from carpool.collate import Collator
 from carpool.errors import BatcherClosed, CollationError
 from carpool.executor import BatchExecutor, is_async_callable
-from carpool.options import check_bool, check_int, check_ms, make_policy
+from carpool.options import DEFAULTS, BatcherOptions, check_int, check_ms
 from carpool.policy import Policy, PolicyHooks
 from carpool.queue import RequestQueue
 from carpool.request import Request, Resolver
-from carpool.runners import Replicas, check_runner, check_runner_options, make_replicas
+from carpool.runners import Replicas, make_replicas
 from carpool.runners.threads import ModelThreads
 from carpool.scheduler import Scheduler
 from carpool.stats import BatcherStats, StatsRecorder
@@ -48,6 +50,25 @@ log = logging.getLogger("carpool")
 
 _Future = asyncio.Future  # what loop.create_future() makes, without its Python frame
 _ANY_PRIORITY = -(2**63)  # priorities are any int; the check is for the type
+
+
+def _replicas(
+    spec: Any, options: BatcherOptions, collator: Collator, warmup: Any
+) -> Replicas | None:
+    """The model's replicas outside this process's threads, for a runner that has them;
+    each runs the warm-up row, stacked, before it counts as ready."""
+    if options.runner == "thread":
+        return None
+    return make_replicas(
+        options.runner,
+        spec,
+        workers=options.workers,
+        name=options.name,
+        batch_timeout_ms=options.batch_timeout_ms,
+        retry=options.retry,
+        warmup=None if warmup is None else collator.stack([warmup], None),
+        options=options.runner_options,
+    )
 
 
 class _State(enum.Enum):
@@ -74,74 +95,77 @@ class Batcher:
         self,
         model_fn: Callable[..., Any],
         *,
-        max_batch_size: int = 32,  # Triton and TorchServe examples start here; fits most GPUs
-        max_wait_ms: float = 5.0,  # TF Serving's and Ray's order of magnitude; eager never waits
-        policy: str | Policy = "eager",  # never waits; serves few callers best (few_clients.py)
-        max_queue_size: int | None = None,  # rows; None: bounded only by memory
-        workers: int = 1,  # one model replica; more overlap GIL-releasing models
-        isolate_errors: bool = True,  # a failing row fails its own caller, not its batch
-        name: str | None = None,
-        collator: Collator | None = None,
-        latency_slo_ms: float | None = None,
-        warmup: Any = None,
-        runner: str = "thread",  # or "process": each worker a child process (carpool.runners)
-        batch_timeout_ms: float | None = None,  # process runner: kill and replace past this
-        retry: bool = True,  # process runner: a batch whose worker died runs once more
-        runner_options: Mapping[str, Any] | None = None,  # ray: address, num_cpus, ...
+        # The defaults, each with its reason, are carpool.options.BatcherOptions's.
+        max_batch_size: int = DEFAULTS.max_batch_size,
+        max_wait_ms: float = DEFAULTS.max_wait_ms,
+        policy: str | Policy = DEFAULTS.policy,
+        max_queue_size: int | None = DEFAULTS.max_queue_size,
+        workers: int = DEFAULTS.workers,
+        isolate_errors: bool = DEFAULTS.isolate_errors,
+        name: str | None = None,  # None: model_fn's __name__
+        collator: Collator | None = None,  # None: Collator(), numpy, torch, lists and dicts
+        latency_slo_ms: float | None = DEFAULTS.latency_slo_ms,
+        warmup: Any = None,  # None: no warm-up row
+        runner: str = DEFAULTS.runner,
+        batch_timeout_ms: float | None = DEFAULTS.batch_timeout_ms,
+        retry: bool = DEFAULTS.retry,
+        runner_options: Mapping[str, Any] | None = None,  # None: none (ray: address, ...)
     ) -> None:
         if not callable(model_fn):
             raise TypeError(f"model_fn must be callable, got {type(model_fn).__name__}")
-        self.max_batch_size = check_int("max_batch_size", max_batch_size, 1)
-        self.max_wait_ms = check_ms("max_wait_ms", max_wait_ms, positive=False)
-        if max_queue_size is not None:
-            check_int("max_queue_size", max_queue_size, 1)
-        self.max_queue_size = max_queue_size
-        self.workers = check_int("workers", workers, 1)
-        self.isolate_errors = check_bool("isolate_errors", isolate_errors)
-        if batch_timeout_ms is not None:
-            batch_timeout_ms = check_ms("batch_timeout_ms", batch_timeout_ms, positive=True)
-        self.runner = check_runner(runner, batch_timeout_ms)
-        self.batch_timeout_ms = batch_timeout_ms
-        self.retry = check_bool("retry", retry)
-        self.runner_options = check_runner_options(self.runner, runner_options)
-        self.name = name if name is not None else getattr(model_fn, "__name__", "model")
+        if name is None:
+            name = getattr(model_fn, "__name__", DEFAULTS.name)
+        options = BatcherOptions(
+            max_batch_size=max_batch_size,
+            max_wait_ms=max_wait_ms,
+            policy=policy,
+            max_queue_size=max_queue_size,
+            workers=workers,
+            isolate_errors=isolate_errors,
+            name=name,
+            latency_slo_ms=latency_slo_ms,
+            runner=runner,
+            batch_timeout_ms=batch_timeout_ms,
+            retry=retry,
+            runner_options={} if runner_options is None else runner_options,
+        )
+        self.options = options  # validated, read-only: what the parts below are built from
+        self.name = options.name
+        # The options users read off a batcher, as they were before the record.
+        self.max_batch_size = options.max_batch_size
+        self.max_wait_ms = options.max_wait_ms
+        self.max_queue_size = options.max_queue_size
+        self.workers = options.workers
+        self.isolate_errors = options.isolate_errors
+        self.runner = options.runner
+        self.batch_timeout_ms = options.batch_timeout_ms
+        self.retry = options.retry
+        self.runner_options = options.runner_options
         self.model_fn = model_fn
-        self.policy = make_policy(policy, latency_slo_ms=latency_slo_ms)
-        self._hooks = PolicyHooks.of(self.policy)
-        self._warmup_example = warmup
-        self._collator = collator if collator is not None else Collator()
-        self._workers = self._make_workers(model_fn, warmup)
-        self._is_async = self._workers is None and is_async_callable(model_fn)
+        self.policy = options.new_policy()
         self._state = _State.NEW
-        self._assemble()
+        self._assemble(collator if collator is not None else Collator(), warmup)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread_id = 0
         self._engine: asyncio.Task[None] | None = None
-        self._portal: LoopThread | None = None
 
-    def _make_workers(self, spec: Any, warmup: Any) -> Replicas | None:
-        """The model's replicas outside this process's threads, for a runner that has them;
-        each runs the warm-up row, stacked, before it counts as ready."""
-        if self.runner == "thread":
-            return None
-        return make_replicas(
-            self.runner,
-            spec,
-            workers=self.workers,
-            name=self.name,
-            batch_timeout_ms=self.batch_timeout_ms,
-            retry=self.retry,
-            warmup=None if warmup is None else self._collator.stack([warmup], None),
-            options=self.runner_options,
-        )
-
-    def _assemble(self) -> None:
-        """Wire the parts: the queue, the stats, who answers requests, who runs batches, who
-        schedules them, and the inbox other threads submit through."""
+    def _assemble(self, collator: Collator, warmup: Any) -> None:
+        """Wire the parts: the replicas (for a runner that has them), the queue, the stats,
+        who answers requests, who runs batches, who schedules them, and the portal other
+        threads use."""
+        self._hooks = PolicyHooks.of(self.policy)
+        self._warmup_example = warmup
+        self._collator = collator
+        self._workers = _replicas(self.model_fn, self.options, collator, warmup)
+        self._is_async = self._workers is None and is_async_callable(self.model_fn)
         self._queue = RequestQueue(self.max_queue_size)
         self._stats = StatsRecorder()
         self._resolver = Resolver(
-            self._queue, self._stats, self._collator, name=self.name, wake=self._wake
+            self._queue,
+            self._stats,
+            self._collator,
+            name=self.name,
+            wake=lambda: self._scheduler.wake(),
         )
         workers = self._workers
         self._runner = BatchExecutor(
@@ -156,7 +180,7 @@ class Batcher:
             claim=self._resolver.claim,
         )
         self._scheduler = Scheduler(
-            name=self.name,
+            self.options,
             queue=self._queue,
             stats=self._stats,
             resolver=self._resolver,
@@ -164,11 +188,11 @@ class Batcher:
             collator=self._collator,
             policy=self.policy,
             hooks=self._hooks,
-            workers=self.workers,
-            max_batch_size=self.max_batch_size,
-            max_wait_ms=self.max_wait_ms,
         )
-        self._inbox = Inbox(self._admit_one, self._resolver.cancel)
+        # The thread-safe side: run on a loop thread, submit from any thread, close.
+        self._portal = Portal(
+            self, name=f"carpool-{self.name}", admit=self._admit, cancel=self._resolver.cancel
+        )
 
     def __repr__(self) -> str:
         return (
@@ -206,7 +230,7 @@ class Batcher:
             raise RuntimeError(f"Batcher {self.name!r} is {self._state.value}; it runs once")
         self._loop = loop
         self._loop_thread_id = threading.get_ident()
-        self._inbox.bind(loop)
+        self._portal.bind(loop)
         pool = None if self._is_async else ModelThreads(self.workers, name=self.name, loop=loop)
         self._scheduler.open(loop, pool)
         self._state = _State.RUNNING
@@ -234,7 +258,7 @@ class Batcher:
             return
         if self._state is _State.RUNNING:
             # Admit what submit() already handed over: its futures were returned before close.
-            self._inbox.take()
+            self._portal.take()
             self._close_admission()
         if self._engine is None:
             return
@@ -258,12 +282,11 @@ class Batcher:
             except asyncio.CancelledError:
                 pass
 
+    # ----------------------------------------------------------------- from threads
+
     def __enter__(self) -> Self:
         """Run the batcher on its own event loop in a background thread."""
-        if self._state is not _State.NEW:
-            raise RuntimeError(f"Batcher {self.name!r} is {self._state.value}; it runs once")
-        self._portal = LoopThread(self, name=f"carpool-{self.name}")
-        self._portal.start()
+        self._portal.start()  # enters ``async with self`` there; raises what that raised
         return self
 
     def __exit__(
@@ -276,21 +299,16 @@ class Batcher:
 
     def close(self) -> None:
         """The blocking ``aclose()``: for batchers entered with ``with``."""
-        if self._portal is None:
-            if self._state is _State.NEW:
-                self._state = _State.CLOSED
-                return
+        if self._state is _State.NEW:
+            self._state = _State.CLOSED
+        elif not self._portal.stop():
             raise RuntimeError(
                 f"Batcher {self.name!r} runs on an event loop; use 'await batcher.aclose()'"
             )
-        self._portal.stop()
 
     def _close_admission(self) -> None:
         self._state = _State.CLOSING
         self._scheduler.closing = True
-        self._scheduler.wake()
-
-    def _wake(self) -> None:
         self._scheduler.wake()
 
     async def _run_engine(self) -> None:
@@ -298,7 +316,7 @@ class Batcher:
             await self._scheduler.serve()
         finally:
             self._state = _State.CLOSED
-            self._inbox.reject(BatcherClosed(self.name))
+            self._portal.shut(BatcherClosed(self.name))
             if self._workers is not None:  # drained (or aborted): stop the replicas
                 await asyncio.shield(asyncio.to_thread(self._workers.close))
 
@@ -330,7 +348,7 @@ class Batcher:
         if loop is None or _get_ident() != self._loop_thread_id:
             loop = self._check_loop()
         fut: asyncio.Future[Any] = _Future(loop=loop)
-        request = self._admit(x, None, timeout_ms, priority, fut)
+        request = self._admit(x, timeout_ms, priority, fut)
         try:  # inline, not a helper coroutine: this runs once per request
             return await fut
         except asyncio.CancelledError:
@@ -350,7 +368,7 @@ class Batcher:
         if rows < 1:
             raise CollationError("infer_many needs at least one row, got 0", field="input")
         fut = loop.create_future()
-        request = self._admit(xs, rows, timeout_ms, priority, fut)
+        request = self._admit(xs, timeout_ms, priority, fut, rows)
         try:
             return await fut
         except asyncio.CancelledError:
@@ -372,10 +390,7 @@ class Batcher:
             check_ms("timeout_ms", timeout_ms, positive=True)
         if self._loop is None or self._state is not _State.RUNNING:
             raise self._closed_error()
-        fut = self._inbox.put(x, timeout_ms, priority)
-        if self._closed:  # closed meanwhile: the engine may have drained the inbox already
-            self._inbox.reject(BatcherClosed(self.name))
-        return fut
+        return self._portal.submit(x, timeout_ms, priority)
 
     def stats(self) -> BatcherStats:
         """A consistent snapshot of counters and latency percentiles; from any thread."""
@@ -385,7 +400,7 @@ class Batcher:
             and self._state is not _State.CLOSED
             and _get_ident() != self._loop_thread_id
         ):
-            snapshot = call_on_loop(loop, self._snapshot, gone=lambda: self._closed)
+            snapshot = self._portal.call(self._snapshot)
             if snapshot is not None:
                 return snapshot
         return self._snapshot()
@@ -393,7 +408,7 @@ class Batcher:
     def _snapshot(self) -> BatcherStats:
         if self._state is _State.RUNNING and _get_ident() == self._loop_thread_id:
             # Count what submit() already handed over, even if its wake-up is still on its way.
-            self._inbox.take()
+            self._portal.take()
         cost = self._hooks.cost
         curve = cost.curve() if cost is not None else None
         snapshot = self._stats.snapshot(self._queue.pushed, self._queue.rows, curve)
@@ -416,10 +431,6 @@ class Batcher:
 
     # ----------------------------------------------------------------- on the loop
 
-    @property
-    def _closed(self) -> bool:
-        return self._state is _State.CLOSED
-
     def _check_loop(self) -> asyncio.AbstractEventLoop:
         loop = self._loop
         if loop is None or self._state is not _State.RUNNING:
@@ -439,9 +450,16 @@ class Batcher:
         return BatcherClosed(self.name)
 
     def _admit(
-        self, value: Any, span: int | None, timeout_ms: float | None, priority: int, future: Any
+        self,
+        value: Any,
+        timeout_ms: float | None,
+        priority: int,
+        future: Any,
+        span: int | None = None,
     ) -> Request:
-        """Queue a request, or raise why not: closed, a bad option, full, or overloaded."""
+        """Queue a request (``span`` rows, or one row without a batch axis), or raise why
+        not: closed, a bad option, full, or overloaded. From ``infer`` and ``infer_many``,
+        and for what other threads ``submit``, as the portal hands it over."""
         if self._state is not _State.RUNNING:
             self._stats.rejected += 1
             raise self._closed_error()
@@ -450,8 +468,3 @@ class Batcher:
         if timeout_ms is not None:
             timeout_ms = check_ms("timeout_ms", timeout_ms, positive=True)
         return self._scheduler.admit(value, span, timeout_ms, priority, future)
-
-    def _admit_one(
-        self, value: Any, timeout_ms: float | None, priority: int, future: Any
-    ) -> Request:
-        return self._admit(value, None, timeout_ms, priority, future)

@@ -1,14 +1,17 @@
-"""The thread bridge: a private event loop in a thread, and an inbox into a loop.
+"""The thread bridge: how threads without an event loop use an async engine.
 
-``with Batcher(...)`` is :class:`LoopThread` over the one async engine (no second
-implementation): the loop thread enters ``async with batcher`` and parks until
-:meth:`LoopThread.stop`. Other threads reach the engine through ``Batcher.submit``, whose
-requests cross into its loop through an :class:`Inbox`. Imports nothing from carpool.
+:class:`Portal` is the engine's whole synchronous face, one object over the one async
+implementation (anyio's ``BlockingPortal`` is the model): it runs the engine on a private
+loop in a thread (:class:`LoopThread`: ``with Batcher(...)`` enters ``async with batcher``
+there), hands requests over from any thread into the engine's loop (:class:`Inbox`), calls
+into that loop and waits (:func:`call_on_loop`), and stops the thread. ``Batcher``'s
+``__enter__``, ``submit`` and ``close`` delegate to it. Imports nothing from carpool.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import threading
 from collections import deque
@@ -16,13 +19,26 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
-__all__ = ["FUTURE_DONE", "Inbox", "LoopThread", "SubmitFuture", "call_on_loop", "settle"]
+__all__ = [
+    "FUTURE_DONE",
+    "Inbox",
+    "LoopThread",
+    "Portal",
+    "SubmitFuture",
+    "call_on_loop",
+    "settle",
+]
 
 T = TypeVar("T")
 
 
 class LoopThread:
-    """Owns one daemon thread running one event loop for the life of ``target``."""
+    """Owns one daemon thread running one event loop for the life of ``target``.
+
+    A daemon thread, so a forgotten one never keeps the interpreter alive; while it runs, an
+    exit handler stops it (``target`` drains) before the interpreter finishes, registered by
+    :meth:`start` and removed by :meth:`stop`: nothing is left registered once it stopped.
+    """
 
     def __init__(self, target: AbstractAsyncContextManager[Any], *, name: str) -> None:
         self._target = target
@@ -41,12 +57,14 @@ class LoopThread:
         if self._error is not None:
             self._thread.join()
             raise self._error
+        atexit.register(self.stop)
 
     def stop(self) -> None:
         """Leave ``target`` (it drains), end the loop and join the thread; idempotent."""
         loop, stop, thread = self._loop, self._stop, self._thread
         if thread is None:
             return
+        atexit.unregister(self.stop)
         if loop is not None and stop is not None:
             try:
                 loop.call_soon_threadsafe(stop.set)
@@ -72,6 +90,74 @@ class LoopThread:
         async with self._target:
             self._started.set()
             await self._stop.wait()
+
+
+class Portal:
+    """The synchronous face of one async engine, for threads without its event loop.
+
+    ``engine`` is an async context manager that, once entered on a loop, calls
+    :meth:`bind` with it; ``admit(value, timeout_ms, priority, future)`` queues a handed-over
+    request on that loop and ``cancel(request)`` withdraws one. When the engine has ended it
+    calls :meth:`shut`, and from then on what is handed over fails with that error.
+    """
+
+    def __init__(
+        self,
+        engine: AbstractAsyncContextManager[Any],
+        *,
+        name: str,
+        admit: Callable[[Any, float | None, int, SubmitFuture], Any],
+        cancel: Callable[[Any], None],
+    ) -> None:
+        self._engine = engine
+        self._name = name  # its thread's
+        self._inbox = Inbox(admit, cancel)
+        self._thread: LoopThread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._shut: BaseException | None = None
+
+    def start(self) -> None:
+        """Run the engine on a loop of its own in a new thread until :meth:`stop` (or the
+        interpreter's exit); returns once it is entered, re-raising what entering raised."""
+        thread = LoopThread(self._engine, name=self._name)
+        thread.start()
+        self._thread = thread
+
+    def stop(self) -> bool:
+        """Leave the engine (it drains) and join its thread; False when the engine does not
+        run on a thread of this portal's. Idempotent."""
+        if self._thread is None:
+            return False
+        self._thread.stop()
+        return True
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the engine's loop, as it starts: hand requests over to ``loop`` from now on."""
+        self._loop = loop
+        self._inbox.bind(loop)
+
+    def submit(self, value: Any, timeout_ms: float | None, priority: int) -> SubmitFuture:
+        """From any thread: hand a request over; its future has the outcome."""
+        fut = self._inbox.put(value, timeout_ms, priority)
+        if self._shut is not None:  # ended meanwhile: it may have emptied the inbox already
+            self._inbox.reject(self._shut)
+        return fut
+
+    def take(self) -> None:
+        """On the engine's loop: admit what was handed over so far."""
+        self._inbox.take()
+
+    def shut(self, error: BaseException) -> None:
+        """The engine ended: fail what waits to be admitted, and whatever comes later."""
+        self._shut = error
+        self._inbox.reject(error)
+
+    def call(self, fn: Callable[[], T]) -> T | None:
+        """From another thread: ``fn()`` run on the engine's loop, or None when the engine
+        ends first (or never started)."""
+        if self._loop is None:
+            return None
+        return call_on_loop(self._loop, fn, gone=lambda: self._shut is not None)
 
 
 class SubmitFuture(concurrent.futures.Future[Any]):

@@ -1,7 +1,8 @@
 """Rows <-> batches: stack requests into one model input, split the model's output back.
 
-Pure: no event loop, no clock. Imports only numpy; torch is handled when the caller already
-imported it (detected through ``sys.modules``), so carpool never imports torch itself.
+Pure: no event loop, no clock. Imports numpy and carpool's errors, nothing else of carpool;
+torch is handled when the caller already imported it (detected through ``sys.modules``), so
+carpool never imports torch itself.
 
 A *segment* is one request's share of a batch. Its *span* is ``None`` for a single row
 (``infer(x)``: the value has no batch axis) or ``k`` for ``k`` rows (``infer_many(xs)``: the

@@ -12,12 +12,15 @@ and on methods (one batcher per instance), without Ray:
   awaits ``asyncio.to_thread(f, item)``, or the function is made ``async def``. (Returning an
   awaitable there instead would make one function return a value or a coroutine depending
   on where it is called, and a caller that forgets to await gets a coroutine, not an error.)
+
+Decorating checks the options and starts nothing: a batcher is made on the first call. The
+threaded one runs until ``f.close()``; its loop thread, which owns the exit handler, drains it
+at interpreter exit if nobody closed it. Imports the batcher, collation and the options.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import functools
 import threading
 import weakref
@@ -28,6 +31,7 @@ from carpool.batcher import Batcher
 from carpool.collate import Collator, Handler
 from carpool.errors import BlockingCallOnLoop
 from carpool.executor import is_async_callable
+from carpool.options import DEFAULTS, BatcherOptions
 from carpool.policy import Policy
 
 __all__ = ["BatchedFunction", "batch"]
@@ -108,8 +112,8 @@ class BatchedFunction:
             with self._lock:
                 batcher = self._threaded
                 if batcher is None:
+                    # Its loop thread stops itself at exit if close() was not called.
                     batcher = self._new_batcher().__enter__()
-                    atexit.register(batcher.close)
                     self._threaded = batcher
         return batcher
 
@@ -131,7 +135,6 @@ class BatchedFunction:
         with self._lock:
             batcher, self._threaded = self._threaded, None
         if batcher is not None:
-            atexit.unregister(batcher.close)
             batcher.close()
 
 
@@ -157,12 +160,12 @@ def _weak_method(fn: Callable[..., Any], instance: Any, is_async: bool) -> Calla
 def batch(
     fn: Callable[..., Any] | None = None,
     *,
-    max_batch_size: int = 32,
-    max_wait_ms: float = 5.0,
-    policy: str | Policy = "eager",
-    max_queue_size: int | None = None,
-    workers: int = 1,
-    isolate_errors: bool = True,
+    max_batch_size: int = DEFAULTS.max_batch_size,
+    max_wait_ms: float = DEFAULTS.max_wait_ms,
+    policy: str | Policy = DEFAULTS.policy,
+    max_queue_size: int | None = DEFAULTS.max_queue_size,
+    workers: int = DEFAULTS.workers,
+    isolate_errors: bool = DEFAULTS.isolate_errors,
 ) -> Any:
     """Decorate a list -> list function so callers pass one item and get one result.
 
@@ -180,7 +183,7 @@ def batch(
         "workers": workers,
         "isolate_errors": isolate_errors,
     }
-    Batcher(lambda rows: rows, **options)  # validate the options now, at decoration time
+    BatcherOptions(**options)  # checked now, at decoration: a mistake shows where it is made
 
     def wrap(f: Callable[..., Any]) -> BatchedFunction:
         if not callable(f):

@@ -13,7 +13,9 @@ working in code that does not know carpool::
     ├── CollationError (TypeError)        rows that cannot be stacked, or an unsplittable output
     ├── BatchSizeMismatch (ValueError)    the model returned more or fewer rows than it got
     ├── BlockingCallOnLoop (RuntimeError) a sync @carpool.batch function called on a loop's thread
-    ├── ConfigError (ValueError)          a target, flag or config file that cannot be used
+    ├── ConfigError (ValueError)          an option, target, flag or config file that cannot
+    │   │                                 be used: names the option, what it must be, its value
+    │   └── ConfigTypeError (TypeError)   an option of the wrong type (a float for an int)
     ├── WorkerDied (RuntimeError)         a model worker died running the batch (twice)
     ├── BatchTimeout (TimeoutError)       the batch ran past batch_timeout_ms
     ├── WorkerStartError (RuntimeError)   no model process could load the model
@@ -52,6 +54,7 @@ __all__ = [
     "CarpoolError",
     "CollationError",
     "ConfigError",
+    "ConfigTypeError",
     "DeadlineExceeded",
     "Overloaded",
     "QueueFull",
@@ -217,7 +220,8 @@ class BlockingCallOnLoop(CarpoolError, RuntimeError):
 
 
 class ConfigError(CarpoolError, ValueError):
-    """A target, flag or config file that cannot be used; the message says what to fix."""
+    """An option (a batcher's or a request's), target, flag or config file that cannot be
+    used; the message names it, says what it must be and what it got."""
 
     def __init__(self, message: str) -> None:
         self.message = message
@@ -225,6 +229,11 @@ class ConfigError(CarpoolError, ValueError):
 
     def _fields(self) -> dict[str, Any]:
         return {"message": self.message}
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """An option of the wrong type (``max_batch_size=2.0``): a :class:`ConfigError`, and a
+    ``TypeError`` as Python's own argument checks would raise."""
 
 
 def describe_exit(exitcode: int) -> str:

@@ -5,6 +5,8 @@ a :class:`Model`, which declares input and output tensors the way Triton's model
 so that metadata is exact and mismatched requests are refused before they queue. A Model may
 also preprocess each request on arrival (tokenize text, say), pad ragged inputs so that rows
 of different lengths share a batch, and pad batches up to the sizes a static model allows.
+:class:`Batching` is checked as it is built, by the batcher's own rules (``carpool.options``).
+Imports the batcher, collation, padding and the options; nothing here runs at import.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import numpy as np
 from carpool.batcher import Batcher
 from carpool.collate import Collator
 from carpool.datatypes import DATATYPES
-from carpool.errors import ConfigError
+from carpool.errors import ConfigError, ConfigTypeError
 from carpool.executor import is_async_callable
+from carpool.options import DEFAULTS, BatcherOptions, check_int, check_ms, check_sizes
 from carpool.padding import PaddedBatch, Padding, allowed_size, pad_rows, take_rows
 from carpool.policy import Policy
 
@@ -69,56 +72,48 @@ class Batching:
     refuses requests that cannot make it (``carpool.Overloaded``, a 503).
     """
 
-    max_batch_size: int = 32
-    max_wait_ms: float = 5.0
-    policy: str | Policy = "eager"
-    workers: int = 1
-    max_queue_size: int | None = None
-    isolate_errors: bool = True
-    default_timeout_ms: float | None = None
+    max_batch_size: int = DEFAULTS.max_batch_size  # here 0 is allowed: batching off
+    max_wait_ms: float = DEFAULTS.max_wait_ms
+    policy: str | Policy = DEFAULTS.policy
+    workers: int = DEFAULTS.workers
+    max_queue_size: int | None = DEFAULTS.max_queue_size
+    isolate_errors: bool = DEFAULTS.isolate_errors
+    default_timeout_ms: float | None = None  # None: a request waits as long as it says
     priority_levels: int = 0  # 0: any priority >= 1 is accepted
     default_priority_level: int = 1
-    allowed_batch_sizes: tuple[int, ...] = ()
-    latency_slo_ms: float | None = None  # the objective of policy="adaptive"
-    runner: str = "thread"  # or "process": workers are child processes (carpool.runners)
-    batch_timeout_ms: float | None = None  # runner="process": kill and replace past this
-    retry: bool = True  # runner="process": a batch whose worker died runs once more
+    allowed_batch_sizes: tuple[int, ...] = ()  # (): any size up to max_batch_size
+    latency_slo_ms: float | None = DEFAULTS.latency_slo_ms  # the objective of "adaptive"
+    runner: str = DEFAULTS.runner  # "thread", "process" or "ray" (carpool.runners)
+    batch_timeout_ms: float | None = DEFAULTS.batch_timeout_ms  # process, ray: kill past it
+    retry: bool = DEFAULTS.retry  # process, ray: a batch whose worker died runs once more
     ray_address: str | None = None  # runner="ray": the cluster (None: as ray.init finds it)
     ray: Mapping[str, Any] | None = None  # runner="ray": num_cpus, num_gpus, resources, ...
 
     def __post_init__(self) -> None:
-        size = self.max_batch_size
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise ValueError(f"max_batch_size must be >= 0 (0 turns batching off), got {size!r}")
-        allowed = tuple(self.allowed_batch_sizes)
-        if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in allowed) or list(
-            allowed
-        ) != sorted(set(allowed)):
-            raise ValueError(
-                f"allowed_batch_sizes must be ascending ints >= 1, got {list(allowed)}"
-            )
+        """Checked with the batcher's own rules (``carpool.options``): a bad setting is a
+        :class:`~carpool.errors.ConfigError` (a ``ValueError``) naming it, at construction."""
+        check_int("max_batch_size", self.max_batch_size, 0, note="0 turns batching off")
+        allowed = check_sizes("allowed_batch_sizes", self.allowed_batch_sizes)
         object.__setattr__(self, "allowed_batch_sizes", allowed)
         if allowed and self.max_batch_size > allowed[-1]:
-            raise ValueError(
+            raise ConfigError(
                 f"max_batch_size={self.max_batch_size} exceeds the largest allowed batch size "
                 f"{allowed[-1]}; lower max_batch_size or allow a larger size"
             )
         if self.max_batch_size == 0 and allowed:
-            raise ValueError("allowed_batch_sizes needs batching on (max_batch_size >= 1)")
-        timeout = self.default_timeout_ms
-        if timeout is not None and (
-            not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0
-        ):
-            raise ValueError(f"default_timeout_ms must be a number > 0, got {timeout!r}")
-        for name, low in (("priority_levels", 0), ("default_priority_level", 1)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+            raise ConfigError("allowed_batch_sizes needs batching on (max_batch_size >= 1)")
+        if self.default_timeout_ms is not None:
+            check_ms("default_timeout_ms", self.default_timeout_ms, positive=True)
+        check_int("priority_levels", self.priority_levels, 0)
+        check_int("default_priority_level", self.default_priority_level, 1)
         if self.priority_levels and self.default_priority_level > self.priority_levels:
-            raise ValueError(
+            raise ConfigError(
                 f"default_priority_level={self.default_priority_level} must be within "
                 f"priority_levels={self.priority_levels}"
             )
+        if self.ray is not None and not isinstance(self.ray, Mapping):
+            raise ConfigTypeError(f"ray must be a table (mapping), got {type(self.ray).__name__}")
+        self.options()  # the batcher's options, checked as a batcher checks them
 
     def merged(self, overrides: Mapping[str, Any]) -> Batching:
         """These settings with ``overrides`` applied (unknown keys are a ValueError)."""
@@ -136,7 +131,12 @@ class Batching:
     def batched(self) -> bool:
         return self.max_batch_size > 0
 
+    def options(self) -> BatcherOptions:
+        """The options of a batcher for this model, validated (the model names it)."""
+        return BatcherOptions(**self.batcher_options())
+
     def batcher_options(self) -> dict[str, Any]:
+        """The keyword arguments of ``carpool.Batcher`` these settings give."""
         return {
             "max_batch_size": max(1, self.max_batch_size),
             "max_wait_ms": self.max_wait_ms,

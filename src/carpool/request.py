@@ -7,7 +7,9 @@ timeout passes, or by withdrawing them when their caller cancels. It also *claim
 a worker starts it: the one moment, ordered by a lock against deadlines, cancels and
 re-forming on the loop, after which a request counts as running and its batch can no longer
 go back to the queue. Runs on the batcher's loop, except :meth:`Resolver.claim`.
-Imports the queue, the books of batches and the stats; nothing that schedules or runs.
+Imports the queue, the books of batches, the stats, collation, ``blocking``'s future helpers
+and ``executor``'s :class:`~carpool.executor.Failure` (so ``executor`` and the worker threads
+it imports load with it, though nothing here runs a batch); nothing that schedules.
 """
 
 from __future__ import annotations

@@ -2,11 +2,12 @@
 
 :meth:`Scheduler.admit` queues a request (asking the policy's ``admit`` hook first); the
 :meth:`Scheduler.serve` task asks :func:`~carpool.policy.schedule` what to do with the queue's
-head, dispatches batches to the runner, and parks until the time the policy names or a
+head, dispatches batches to the executor, and parks until the time the policy names or a
 change (an arrival, a withdrawn request, a finished batch). A more urgent arrival sends the
 staged batches it should run before back to the queue, where they are formed again.
 Everything here runs on the batcher's loop; the batcher owns the lifecycle (it alone
-imports this module).
+imports this module) and hands it its checked :class:`~carpool.options.BatcherOptions`.
+Imports the queue, the policies, the executor and the books of requests and batches.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from carpool.collate import Collator
 from carpool.errors import BatcherClosed, Overloaded
 from carpool.executor import BatchExecutor
 from carpool.inflight import Batch, InFlight
+from carpool.options import BatcherOptions
 from carpool.policy import Admission, Dispatch, Policy, PolicyHooks, QueueView, schedule
 from carpool.queue import Entry, RequestQueue
 from carpool.request import Request, Resolver
@@ -39,8 +41,8 @@ class Scheduler:
 
     def __init__(
         self,
+        options: BatcherOptions,
         *,
-        name: str,
         queue: RequestQueue,
         stats: StatsRecorder,
         resolver: Resolver,
@@ -48,11 +50,8 @@ class Scheduler:
         collator: Collator,
         policy: Policy,
         hooks: PolicyHooks,
-        workers: int,
-        max_batch_size: int,
-        max_wait_ms: float,
     ) -> None:
-        self._name = name
+        self._name = options.name
         self._queue = queue
         self._stats = stats
         self._resolver = resolver
@@ -62,9 +61,10 @@ class Scheduler:
         self._hooks = hooks
         self._slo = hooks.latency_slo  # read once: admission runs per request
         self._admit_hook = hooks.admit
-        self._workers = workers
-        self._max_batch_size = max_batch_size
-        self._max_wait = max_wait_ms / 1000.0
+        # Read on every decision: plain attributes, not lookups through the record.
+        self._workers = options.workers
+        self._max_batch_size = options.max_batch_size
+        self._max_wait = options.max_wait_ms / 1000.0
         self.in_flight = InFlight()
         self.pool: ModelThreads | None = None  # a plain model's threads, once the loop runs
         self.closing = False  # no new requests: drain, then stop
