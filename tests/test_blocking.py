@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from carpool import Batcher, BatcherClosed
-from carpool.blocking import LoopThread, Portal
+from carpool.blocking import Inbox, LoopThread, Portal
 
 # ----------------------------------------------------------------------- LoopThread alone
 
@@ -416,21 +416,23 @@ def test_a_future_submit_returned_before_close_is_answered_though_another_submit
     """A submit() that returned before close() was called was accepted: close must finish it.
 
     Here a second thread is frozen inside its own submit() just after claiming the inbox
-    hand-off (``_inbox_armed``) and before scheduling it on the loop, as a preempted thread
-    can be. White-box: it pins the current hand-off, and releases the frozen thread after a
-    while if close() cannot finish without it, so a changed hand-off fails rather than hangs.
+    hand-off (``Inbox._armed``, in ``Inbox.put``) and before scheduling it on the loop, as a
+    preempted thread can be. White-box: it pins the current hand-off, and releases the frozen
+    thread after a while if close() cannot finish without it, so a changed hand-off fails
+    rather than hangs.
     """
     model = Model()
     batcher = Batcher(model)
     frozen, thaw = threading.Event(), threading.Event()
 
     def freeze_after_arming(frame: FrameType, event: str, arg: Any) -> Any:
-        if frame.f_code is not Batcher.submit.__code__:
+        if frame.f_code is not Inbox.put.__code__:
             return None
 
         def line(frame: FrameType, event: str, arg: Any) -> Any:
-            armed = getattr(frame.f_locals.get("self"), "_inbox_armed", False)
+            armed = getattr(frame.f_locals.get("self"), "_armed", False)
             if event == "line" and armed and not frozen.is_set():
+                froze.append(True)
                 frozen.set()
                 thaw.wait()
             return line
@@ -438,6 +440,7 @@ def test_a_future_submit_returned_before_close_is_answered_though_another_submit
         return line
 
     slow_result: list[Any] = []
+    froze: list[bool] = []
 
     def slow_submitter() -> None:
         sys.settrace(freeze_after_arming)
@@ -466,6 +469,7 @@ def test_a_future_submit_returned_before_close_is_answered_though_another_submit
         slow.join()
         closer.join()
         batcher.close()
+    assert froze, "the submit was never frozen after arming: the hand-off changed"
     assert all(f.done() for f in slow_result)  # concurrent with close: answered either way
     [future] = accepted
     assert future.done()
