@@ -18,6 +18,10 @@ from typing import Any
 import _bench  # first: single-thread BLAS env vars before numpy
 import numpy as np
 
+_bench.import_carpool()
+
+from carpool.bench.report import percentile  # noqa: E402
+
 SLO_MS = 50.0  # the objective: adaptive's latency_slo_ms, and goodput's "in time"
 MAX_BATCH = 64
 # fixed max_wait_ms candidates: the issue's grid {0, 1, 2, 5, 10, 20, 50} less 0, since
@@ -265,14 +269,14 @@ class Cell:
             overloaded=int((sent & (rec.code == OVERLOADED)).sum()),
             reject_s=rec.reject[rejected],
             expired=after.expired - before.expired,
-            lag_p99_s=float(np.percentile(lags, 99)) if len(lags) else float("nan"),
+            lag_p99_s=percentile(lags, 99),
             mean_batch=rows / batches if batches else float("nan"),
             curve=str(after.cost_curve) if after.cost_curve is not None else "",
         )
 
     def pct(self, q: float) -> float:
         """Latency percentile of the served requests, ms."""
-        return float(np.percentile(self.latency_s, q)) * 1e3 if len(self.latency_s) else np.nan
+        return percentile(self.latency_s, q) * 1e3
 
     @property
     def throughput(self) -> float:
@@ -284,7 +288,7 @@ class Cell:
 
     @property
     def reject_p99_ms(self) -> float:
-        return float(np.percentile(self.reject_s, 99)) * 1e3 if len(self.reject_s) else np.nan
+        return percentile(self.reject_s, 99) * 1e3
 
 
 def plot(
