@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import _bench  # first: single-thread BLAS env vars before numpy
 import numpy as np
@@ -123,23 +123,28 @@ def drive(
     request is answered before the clock starts (after the batcher's warm-up profile)."""
     offsets = offsets[offsets < end_s]
     options = {"max_batch_size": MAX_BATCH, "warmup": row, **setting.options}
-    run = (carpool, model, row, options, offsets, warm_s, end_s, warm_start)
+    run = Run(carpool, model, row, options, offsets, warm_s, end_s, warm_start)
     if client == "loop":
-        return asyncio.run(_drive_loop(*run))
-    return _drive_thread(*run)
+        return asyncio.run(_drive_loop(run))
+    return _drive_thread(run)
 
 
-async def _drive_loop(
-    carpool: Any,
-    model: Any,
-    row: np.ndarray,
-    options: dict[str, Any],
-    offsets: np.ndarray,
-    warm_s: float,
-    end_s: float,
-    warm_start: bool,
-) -> tuple[Record, Any, Any]:
+class Run(NamedTuple):
+    """One cell's run, as both clients take it: the batcher to build, the send times."""
+
+    carpool: Any  # the module: its Batcher and error classes
+    model: Any
+    row: np.ndarray
+    options: dict[str, Any]  # Batcher options
+    offsets: np.ndarray  # send times in seconds from the start, those before end_s
+    warm_s: float  # the window opens
+    end_s: float  # ... and closes: what is unanswered then is cancelled
+    warm_start: bool  # one request answered before the clock starts
+
+
+async def _drive_loop(run: Run) -> tuple[Record, Any, Any]:
     """The client is tasks on the batcher's own loop, each ``await b.infer(row)``."""
+    carpool, model, row, options, offsets, warm_s, end_s, warm_start = run
     rec = Record(offsets, carpool)
     perf = time.perf_counter
     sleep = asyncio.sleep
@@ -184,18 +189,10 @@ async def _drive_loop(
     return rec, before, after
 
 
-def _drive_thread(
-    carpool: Any,
-    model: Any,
-    row: np.ndarray,
-    options: dict[str, Any],
-    offsets: np.ndarray,
-    warm_s: float,
-    end_s: float,
-    warm_start: bool,
-) -> tuple[Record, Any, Any]:
+def _drive_thread(run: Run) -> tuple[Record, Any, Any]:
     """The client is this thread calling ``b.submit(row)``; the batcher runs on its own loop
     thread (``with Batcher``), answers are timed by done-callbacks in that thread."""
+    carpool, model, row, options, offsets, warm_s, end_s, warm_start = run
     rec = Record(offsets, carpool)
     perf = time.perf_counter
 

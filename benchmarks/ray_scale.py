@@ -24,6 +24,9 @@ actor's process, and a window as long after it; every request must get exactly o
 Goals: carpool efficiency >= 0.9 at 2 and 4 actors; its mean batch at 4 actors >= 0.9 x at
 one; goodput after the kill >= 0.7 x fault-free, 0 lost. Serve has no goal: it is the
 baseline, shown beside.
+
+Here: the model, the load (``carpool.bench.callers``' closed loop), the kill and the report.
+The cluster, its CPU seconds and the Serve application are ``_ray_cluster.py``'s.
 """
 
 from __future__ import annotations

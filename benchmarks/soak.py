@@ -21,6 +21,10 @@ Accounting, from ``/metrics`` at the end: the server counted every request sent 
 once; what the batcher received equals completed + failed + expired + cancelled + rejected
 + in flight; every request got one answer or ended in a close the client made itself; 0
 lost, 0 unexpected statuses. Exits 0 whatever it finds.
+
+Here: the capacity step, the open-loop run and its live table. The traffic (the mix, its
+bodies, one request sent and classified) is ``_soak.py``'s; the server's samples
+``_soak_server.py``'s; the verdicts and the accounting ``_soak_checks.py``'s.
 """
 
 from __future__ import annotations
