@@ -273,7 +273,8 @@ def report_scale(runs: Runs) -> float:
         c1, s1 = med[(1, "carpool")][0], med[(1, "serve")][0]
         rows.append(
             (n, _bench.fmt_num(c), f"{c / (n * c1):.2f}", f"{cb:.1f}", f"{cc:.2f}",
-             _bench.fmt_num(s), f"{s / (n * s1):.2f}", f"{sb:.1f}", f"{sc:.2f}", f"{c / s:.2f}x")
+             _bench.fmt_num(s), f"{_ratio(s, n * s1):.2f}", f"{sb:.1f}", f"{sc:.2f}",
+             f"{_ratio(c, s):.2f}x")
         )  # fmt: skip
     headers = ["replicas", "carpool rows/s", "eff", "batch", "cores",
                "Serve rows/s", "eff", "batch", "cores", "carpool/Serve"]  # fmt: skip
@@ -297,6 +298,11 @@ def report_scale(runs: Runs) -> float:
         f"(goal >= 0.9: {_bench.verdict(batch_ratio, 0.9)})"
     )
     return med[(top, "carpool")][0]
+
+
+def _ratio(a: float, b: float) -> float:
+    """a / b; NaN where Serve answered nothing in its window (it stalls on a busy box)."""
+    return a / b if b else float("nan")
 
 
 def report_faults(fault: dict[str, Any], replicas: int, scale_rows_per_s: float) -> None:
