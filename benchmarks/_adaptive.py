@@ -13,10 +13,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import _bench  # first: single-thread BLAS env vars before numpy
 import numpy as np
+
+_bench.import_carpool()
+
+from carpool.bench.report import percentile  # noqa: E402
 
 SLO_MS = 50.0  # the objective: adaptive's latency_slo_ms, and goodput's "in time"
 MAX_BATCH = 64
@@ -119,23 +123,28 @@ def drive(
     request is answered before the clock starts (after the batcher's warm-up profile)."""
     offsets = offsets[offsets < end_s]
     options = {"max_batch_size": MAX_BATCH, "warmup": row, **setting.options}
-    run = (carpool, model, row, options, offsets, warm_s, end_s, warm_start)
+    run = Run(carpool, model, row, options, offsets, warm_s, end_s, warm_start)
     if client == "loop":
-        return asyncio.run(_drive_loop(*run))
-    return _drive_thread(*run)
+        return asyncio.run(_drive_loop(run))
+    return _drive_thread(run)
 
 
-async def _drive_loop(
-    carpool: Any,
-    model: Any,
-    row: np.ndarray,
-    options: dict[str, Any],
-    offsets: np.ndarray,
-    warm_s: float,
-    end_s: float,
-    warm_start: bool,
-) -> tuple[Record, Any, Any]:
+class Run(NamedTuple):
+    """One cell's run, as both clients take it: the batcher to build, the send times."""
+
+    carpool: Any  # the module: its Batcher and error classes
+    model: Any
+    row: np.ndarray
+    options: dict[str, Any]  # Batcher options
+    offsets: np.ndarray  # send times in seconds from the start, those before end_s
+    warm_s: float  # the window opens
+    end_s: float  # ... and closes: what is unanswered then is cancelled
+    warm_start: bool  # one request answered before the clock starts
+
+
+async def _drive_loop(run: Run) -> tuple[Record, Any, Any]:
     """The client is tasks on the batcher's own loop, each ``await b.infer(row)``."""
+    carpool, model, row, options, offsets, warm_s, end_s, warm_start = run
     rec = Record(offsets, carpool)
     perf = time.perf_counter
     sleep = asyncio.sleep
@@ -180,18 +189,10 @@ async def _drive_loop(
     return rec, before, after
 
 
-def _drive_thread(
-    carpool: Any,
-    model: Any,
-    row: np.ndarray,
-    options: dict[str, Any],
-    offsets: np.ndarray,
-    warm_s: float,
-    end_s: float,
-    warm_start: bool,
-) -> tuple[Record, Any, Any]:
+def _drive_thread(run: Run) -> tuple[Record, Any, Any]:
     """The client is this thread calling ``b.submit(row)``; the batcher runs on its own loop
     thread (``with Batcher``), answers are timed by done-callbacks in that thread."""
+    carpool, model, row, options, offsets, warm_s, end_s, warm_start = run
     rec = Record(offsets, carpool)
     perf = time.perf_counter
 
@@ -265,14 +266,14 @@ class Cell:
             overloaded=int((sent & (rec.code == OVERLOADED)).sum()),
             reject_s=rec.reject[rejected],
             expired=after.expired - before.expired,
-            lag_p99_s=float(np.percentile(lags, 99)) if len(lags) else float("nan"),
+            lag_p99_s=percentile(lags, 99),
             mean_batch=rows / batches if batches else float("nan"),
             curve=str(after.cost_curve) if after.cost_curve is not None else "",
         )
 
     def pct(self, q: float) -> float:
         """Latency percentile of the served requests, ms."""
-        return float(np.percentile(self.latency_s, q)) * 1e3 if len(self.latency_s) else np.nan
+        return percentile(self.latency_s, q) * 1e3
 
     @property
     def throughput(self) -> float:
@@ -284,7 +285,7 @@ class Cell:
 
     @property
     def reject_p99_ms(self) -> float:
-        return float(np.percentile(self.reject_s, 99)) * 1e3 if len(self.reject_s) else np.nan
+        return percentile(self.reject_s, 99) * 1e3
 
 
 def plot(

@@ -175,19 +175,11 @@ def _terminate(signum: int, frame: Any) -> None:
 
 
 # --------------------------------------------------------------------------
-# statistics / output
+# statistics / output (percentiles: carpool.bench.report.percentile, numpy's linear)
 # --------------------------------------------------------------------------
 def median(xs: Iterable[float]) -> float:
     xs = list(xs)
     return statistics.median(xs) if xs else float("nan")
-
-
-def percentile(xs: Sequence[float], q: float) -> float:
-    s = sorted(xs)
-    if not s:
-        return float("nan")
-    k = min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))
-    return s[k]
 
 
 def fmt_num(x: float, digits: int = 0) -> str:
@@ -196,13 +188,14 @@ def fmt_num(x: float, digits: int = 0) -> str:
     return f"{x:,.{digits}f}"
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], left: int = 1) -> str:
+    """Aligned columns; the first ``left`` of them are text (left-aligned), the rest numbers."""
     cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
 
     def line(r: Sequence[str]) -> str:
         return "  ".join(
-            (c.ljust(w) if i == 0 else c.rjust(w))
+            (c.ljust(w) if i < left else c.rjust(w))
             for i, (c, w) in enumerate(zip(r, widths, strict=True))
         )
 

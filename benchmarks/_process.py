@@ -5,8 +5,9 @@ Owns: which cores the servers and the load generator get (``--cpus``); a free po
 process's CPU seconds; a server started pinned, waited on until ``/v2/health/ready``
 answers and stopped as one process group; one ``carpool bench --json`` run pinned to the
 client's cores, its report loaded (:class:`carpool.bench.report.Report`) with the server's
-CPU share over it; one v2 inference to check a server's answers; a child script answering
-JSON (once, or one line per command line). It measures nothing itself and prints nothing.
+CPU share over it; this process's model worker processes; one v2 inference to check a
+server's answers; a child script answering JSON (once, or one line per command line). It
+measures nothing itself and prints nothing.
 
 Imports carpool's bench report and request encoder where they are used, so a script that
 only runs children (overhead.py) needs neither; no numpy at import time.
@@ -135,6 +136,23 @@ def total_cpu_seconds(pids: Iterable[int]) -> float:
         if not math.isnan(seconds):
             total += seconds
     return total
+
+
+def worker_pids() -> list[int]:
+    """This process's live model worker processes (children running multiprocessing's
+    spawn: ``runner="process"``)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"spawn_main" in cmdline:
+            found.append(int(proc.name))
+    return found
 
 
 # ------------------------------------------------------------------------------ servers

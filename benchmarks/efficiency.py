@@ -54,6 +54,10 @@ import _bench  # before numpy: sets single-thread BLAS env vars
 import models
 import numpy as np
 
+_bench.import_carpool()
+
+from carpool.bench.callers import closed_requests  # noqa: E402
+
 CALLERS = 256
 TARGET = 0.97  # served/offline with one worker (issue 10)
 
@@ -67,20 +71,17 @@ async def served_run(
 
     async with carpool.Batcher(model, max_batch_size=batch, max_wait_ms=5.0, workers=workers) as b:
 
-        async def caller(base: int, n: int, keep: bool) -> None:
-            for i in range(base, base + n):
-                y = await b.infer(rows[i])
-                if keep:
-                    outs[i] = y
+        async def warm(i: int) -> None:
+            await b.infer(rows[i])
+
+        async def keep(i: int) -> None:
+            outs[i] = await b.infer(rows[i])
 
         # warm-up: a few rounds through the full path (threads started, caches hot)
-        warm = max(2, per // 8)
-        await asyncio.gather(*(caller(k * per, warm, False) for k in range(CALLERS)))
+        await closed_requests(warm, callers=CALLERS, requests=max(2, per // 8) * CALLERS)
         before = _bench.batch_stats(b.stats())
         gc.collect()
-        t0 = _bench.now()
-        await asyncio.gather(*(caller(k * per, per, True) for k in range(CALLERS)))
-        dt = _bench.now() - t0
+        _, dt = await closed_requests(keep, callers=CALLERS, requests=per * CALLERS)
         after = _bench.batch_stats(b.stats())
 
     done = after["rows"] - before["rows"]
@@ -107,6 +108,9 @@ def check_same(served: list[Any], offline: list[Any], what: str) -> None:
             raise AssertionError(f"{what}: served output {i} differs from offline output")
 
 
+Config = tuple[str, int, int]  # (model, max_batch_size, workers); workers 0 = offline
+
+
 def main() -> int:
     p = _bench.base_parser(__doc__, default_cpus="0,1")
     p.add_argument("--batch-sizes", default="32,64", help="comma-separated max_batch_size values")
@@ -125,10 +129,8 @@ def main() -> int:
     batch_sizes = [32] if args.quick else [int(x) for x in args.batch_sizes.split(",")]
     n_rows = CALLERS * (4 if args.quick else 32)
     rows = models.make_rows(n_rows)
-    mlp = models.MLP()
-
-    model_fns = {"sleep": models.sleep_model, "mlp": mlp}
-    configs: list[tuple[str, int, int]] = []  # (model, batch, workers); workers 0 = offline
+    model_fns = {"sleep": models.sleep_model, "mlp": models.MLP()}
+    configs: list[Config] = []
     served_workers = [int(w) for w in args.workers.split(",")]
     for m in args.models.split(","):
         for bs in batch_sizes:
@@ -146,8 +148,22 @@ def main() -> int:
             "carpool": getattr(carpool, "__version__", "?"),
         },
     )
+    res = run_all(carpool, model_fns, rows, configs, repeats)
+    print()
+    report(res, configs)
+    return 0
 
-    res: dict[tuple[str, int, int], list[dict[str, Any]]] = {c: [] for c in configs}
+
+def run_all(
+    carpool: Any,
+    model_fns: dict[str, Any],
+    rows: list[np.ndarray],
+    configs: list[Config],
+    repeats: int,
+) -> dict[Config, list[dict[str, Any]]]:
+    """Every configuration once per repeat, in order; each served run's outputs checked
+    against the offline run just before it."""
+    res: dict[Config, list[dict[str, Any]]] = {c: [] for c in configs}
     for r in range(repeats):
         for m, bs, w in configs:
             fn = model_fns[m]
@@ -164,8 +180,11 @@ def main() -> int:
         for lst in res.values():  # keep only the latest outputs (memory)
             for d in lst[:-1]:
                 d.pop("outs", None)
-    print()
+    return res
 
+
+def report(res: dict[Config, list[dict[str, Any]]], configs: list[Config]) -> None:
+    """Medians over repeats, served/offline (of the medians, and paired), the target."""
     rows_out = []
     headline: list[float] = []
     for m, bs, w in configs:
@@ -183,38 +202,15 @@ def main() -> int:
         if w == 1:
             headline.append(ratio)
         rows_out.append(
-            [
-                m,
-                bs,
-                w,
-                _bench.fmt_num(off),
-                _bench.fmt_num(srv),
-                f"{ratio:.3f}",
-                f"{paired:.3f}",
-                _bench.fmt_num(mb, 1),
-                _bench.verdict(ratio, TARGET) if w == 1 else "(info)",
-            ]
-        )
-    print(
-        _bench.table(
-            [
-                "model",
-                "max_batch",
-                "workers",
-                "offline rows/s",
-                "served rows/s",
-                "served/offline",
-                "paired",
-                "mean batch",
-                f"target>={TARGET}",
-            ],
-            rows_out,
-        )
-    )
+            [m, bs, w, _bench.fmt_num(off), _bench.fmt_num(srv), f"{ratio:.3f}", f"{paired:.3f}",
+             _bench.fmt_num(mb, 1), _bench.verdict(ratio, TARGET) if w == 1 else "(info)"]
+        )  # fmt: skip
+    headers = ["model", "max_batch", "workers", "offline rows/s", "served rows/s",
+               "served/offline", "paired", "mean batch", f"target>={TARGET}"]  # fmt: skip
+    print(_bench.table(headers, rows_out))
     if headline:
         lo, mid = min(headline), _bench.median(headline)
         print(f"\n  workers=1 served/offline: min {lo:.3f}, median {mid:.3f}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -27,19 +27,21 @@ Nothing is asserted; exits 0.  The last line names the default policy (stable te
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import inspect
-import os
 import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import _bench  # before numpy: sets single-thread BLAS env vars
 import numpy as np
 
-import carpool
+_bench.import_carpool()
+
+import carpool  # noqa: E402
+from carpool.bench.report import percentile  # noqa: E402
 
 MAX_BATCH = 32
 SLO_MS = 25.0  # about 7 full batches of the sleep model: room to batch, tight enough to matter
@@ -112,40 +114,12 @@ async def closed_loop(
     }
 
 
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else 0.0
-
-
-def table(headers: list[str], rows: list[list[str]], left: int = 1) -> str:
-    """Aligned columns; the first ``left`` of them are text, the rest numbers."""
-    cells = [headers, *rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = [
-        "  ".join(
-            c.ljust(w) if i < left else c.rjust(w)
-            for i, (c, w) in enumerate(zip(row, widths, strict=True))
-        )
-        for row in cells
-    ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="a smoke run: one short repeat")
-    parser.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --quick)")
+    parser = _bench.base_parser(__doc__, default_cpus="none", default_repeats=3)
     parser.add_argument("--seconds", type=float, default=None, help="per run (default 2.0)")
     parser.add_argument("--clients", default="4,8,16", help="comma-separated client counts")
-    parser.add_argument(
-        "--cpus", default="none", help="CPUs to pin to, e.g. '0,1'; 'none' to not pin (default)"
-    )
     args = parser.parse_args()
-    if args.cpus.lower() not in ("none", "all", ""):
-        os.sched_setaffinity(0, {int(cpu) for cpu in args.cpus.split(",")})
+    _bench.pin(_bench.parse_cpus(args.cpus))
     repeats = args.repeats or (1 if args.quick else 3)
     seconds = args.seconds or (0.25 if args.quick else 2.0)
     counts = [int(n) for n in args.clients.split(",")]
@@ -179,14 +153,14 @@ def main() -> int:
                         str(clients),
                         f"{name}{' (default)' if name == default else ''}",
                         f"{statistics.median(r['rps'] for r in results):,.0f}",
-                        f"{percentile(latencies, 0.50) * 1000:.2f}",
-                        f"{percentile(latencies, 0.99) * 1000:.2f}",
+                        f"{percentile(latencies, 50) * 1000:.2f}",
+                        f"{percentile(latencies, 99) * 1000:.2f}",
                         f"{sum(r['mean_batch'] for r in results) / len(results):.1f}",
                     ]
                 )
     print()
     headers = ["callers", "clients", "policy", "req/s", "p50 ms", "p99 ms", "mean batch"]
-    print(table(headers, rows, left=3))
+    print(_bench.table(headers, rows, left=3))
     print(f"\n  few clients: the default policy is {default!r}")
     return 0
 

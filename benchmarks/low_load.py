@@ -42,6 +42,11 @@ import _bench  # before numpy: sets single-thread BLAS env vars
 import models
 import numpy as np
 
+_bench.import_carpool()
+
+from carpool.bench.callers import closed_requests  # noqa: E402
+from carpool.bench.report import percentile  # noqa: E402
+
 MAX_BATCH = 32
 
 
@@ -59,15 +64,15 @@ def time_direct(model: Any, row: np.ndarray, n: int) -> list[float]:
 async def time_infer(
     carpool: Any, model: Any, row: np.ndarray, n: int, warm: int, **kw: Any
 ) -> list[float]:
-    out = []
+    """Latencies of ``n`` requests from one caller, each sent when the last is answered."""
     async with carpool.Batcher(model, max_batch_size=MAX_BATCH, **kw) as b:
-        for _ in range(warm):
+
+        async def send(i: int) -> None:
             await b.infer(row)
-        for _ in range(n):
-            t0 = _bench.now()
-            await b.infer(row)
-            out.append(_bench.now() - t0)
-    return out
+
+        await closed_requests(send, callers=1, requests=warm)
+        tally, _ = await closed_requests(send, callers=1, requests=n)
+    return tally.latencies
 
 
 def time_submit(
@@ -150,7 +155,7 @@ def report(
         base = _bench.median(med[(m, "model")])
         for v in variants:
             mm = _bench.median(med[(m, v)])
-            p90 = _bench.percentile(allv[(m, v)], 90)
+            p90 = percentile(allv[(m, v)], 90)
             over = (mm - base) * 1e3
             rows.append(
                 [

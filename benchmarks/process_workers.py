@@ -23,7 +23,6 @@ import functools
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import _bench  # before numpy: sets single-thread BLAS env vars
@@ -33,6 +32,7 @@ import numpy as np
 _bench.import_carpool()
 
 import carpool  # noqa: E402
+from carpool.bench.callers import closed_window  # noqa: E402
 
 ROWS = 32
 FIXED_MS = 2.0  # per batch
@@ -68,22 +68,6 @@ def _timed_once(fn: Callable[[Any], Any], batch: Any) -> float:
     return time.perf_counter() - start
 
 
-def worker_pids() -> list[int]:
-    """This process's model worker processes (children running multiprocessing's spawn)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if ppid == os.getpid() and b"spawn_main" in cmdline:
-            found.append(int(proc.name))
-    return found
-
-
 async def rows_per_s(
     batcher: carpool.Batcher, seconds: float, pids: list[int]
 ) -> tuple[float, float]:
@@ -91,23 +75,18 @@ async def rows_per_s(
     answer that arrives in the window counts), and how many cores this process and ``pids``
     kept busy meanwhile (CPU seconds / wall)."""
     row = np.zeros(8, np.float32)
-    answered = [0]
-    running = [True]
 
-    async def caller() -> None:
-        while running[0]:
-            await batcher.infer(row)
-            answered[0] += 1
+    async def send(i: int) -> None:
+        await batcher.infer(row)
 
-    callers = [asyncio.ensure_future(caller()) for _ in range(CLIENTS)]
-    await asyncio.sleep(0.2)  # every caller has a request in the queue
-    cpu, before, begin = _process.total_cpu_seconds(pids), answered[0], time.perf_counter()
-    await asyncio.sleep(seconds)
-    wall = time.perf_counter() - begin
-    rows, cores = answered[0] - before, (_process.total_cpu_seconds(pids) - cpu) / wall
-    running[0] = False
-    await asyncio.gather(*callers)
-    return rows / wall, cores
+    window = await closed_window(
+        send,
+        callers=CLIENTS,
+        warmup_s=0.2,  # every caller has a request in the queue
+        seconds=seconds,
+        read=lambda: _process.total_cpu_seconds(pids),
+    )
+    return window.answered_per_s, (window.closed - window.opened) / window.seconds
 
 
 async def measure(fixed: int, per_row: int, repeats: int, seconds: float) -> dict[str, Any]:
@@ -118,7 +97,7 @@ async def measure(fixed: int, per_row: int, repeats: int, seconds: float) -> dic
         carpool.Batcher(GilModel(fixed, per_row), **options) as threads,
         carpool.Batcher(spec, runner="process", **options) as processes,
     ):
-        pids = worker_pids()
+        pids = _process.worker_pids()
         await rows_per_s(processes, 0.2, pids)  # warm both workers up
         for _ in range(repeats):
             runs["threads"].append(await rows_per_s(threads, seconds, []))

@@ -24,6 +24,9 @@ actor's process, and a window as long after it; every request must get exactly o
 Goals: carpool efficiency >= 0.9 at 2 and 4 actors; its mean batch at 4 actors >= 0.9 x at
 one; goodput after the kill >= 0.7 x fault-free, 0 lost. Serve has no goal: it is the
 baseline, shown beside.
+
+Here: the model, the load (``carpool.bench.callers``' closed loop), the kill and the report.
+The cluster, its CPU seconds and the Serve application are ``_ray_cluster.py``'s.
 """
 
 from __future__ import annotations
@@ -35,22 +38,18 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import _bench  # before numpy: sets single-thread BLAS env vars
-import _process
+import _ray_cluster  # before Ray: the cluster's environment
 import numpy as np
 
 _bench.import_carpool()
 
 import carpool  # noqa: E402
-
-# Set before Ray is first imported (it is imported in functions below), and inherited by
-# every node and worker: each node binds and advertises 127.0.0.1, and nothing reports
-# usage statistics anywhere.
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+from carpool.bench.callers import closed_window  # noqa: E402
+from carpool.bench.loops import Tally, run_share, sleep_until  # noqa: E402
+from carpool.bench.plan import Share, Timing, clock  # noqa: E402
 
 BATCH_S = 0.020  # the model's time per batch, whatever its size (a GPU-like call)
 MAX_BATCH = 32
@@ -63,151 +62,13 @@ ACTOR_CPUS = 0.25  # the actors sleep; 2 real cores are shared by everything any
 MAX_ONGOING = CALLERS_PER_REPLICA
 DRAIN_S = 60.0  # after the load stops, every outstanding request must be answered by then
 
+Windows = dict[str, list[tuple[float, float, float]]]  # name -> (rows/s, batch, cores) each
+
 
 def sleepy(batch: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """20 ms a batch, the GIL released: the replica waits like a GPU call would."""
     time.sleep(BATCH_S)
     return batch * 2
-
-
-# ------------------------------------------------------------------------------ cluster
-
-
-def descendants() -> set[int]:
-    """Live processes under this one (Ray's nodes, their agents and workers)."""
-    children: dict[int, list[int]] = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(proc.name))
-    found, todo = set(), [os.getpid()]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def cluster_cpu_seconds() -> float:
-    """CPU seconds used so far by this process and every process under it: the client,
-    carpool, Serve's router, and the whole cluster (nodes, agents, actors, replicas)."""
-    return _process.total_cpu_seconds(descendants())
-
-
-def start_cluster(nodes: int) -> Any:
-    """``nodes`` Ray nodes on loopback, this process connected as the driver. Each node
-    offers ``carpool_slot`` and ``serve_slot``: at 4 replicas, one of each per node."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    slots = {"carpool_slot": 1, "serve_slot": 1}
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "resources": slots, "include_dashboard": False},
-    )
-    for _ in range(nodes - 1):
-        cluster.add_node(num_cpus=1, resources=slots)
-    ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.WARNING)
-    alive = [n for n in ray.nodes() if n["Alive"]]
-    where = {n["NodeManagerAddress"] for n in alive}
-    if len(alive) != nodes or where != {"127.0.0.1"}:
-        raise RuntimeError(f"expected {nodes} nodes on 127.0.0.1, got {len(alive)} on {where}")
-    return cluster
-
-
-def stop_cluster(cluster: Any) -> int:
-    """Serve, the driver's connection and every node down; the processes left after 60 s."""
-    import ray
-    from ray import serve
-
-    if ray.is_initialized():
-        try:
-            serve.shutdown()
-        except Exception as exc:  # Serve never started, or already gone
-            print(f"  (serve.shutdown: {type(exc).__name__}: {exc})")
-        ray.shutdown()
-    cluster.shutdown()
-    deadline = time.monotonic() + 60
-    while descendants() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return len(descendants())
-
-
-# ------------------------------------------------------------------------------ Serve
-
-
-def loopback_grpc() -> None:
-    """Rebind a Serve replica's inter-deployment gRPC server to 127.0.0.1 (Ray 2.60 binds
-    it to ``[::]:0``, every interface). Runs in the replica's constructor, which Serve calls
-    before it starts that server."""
-    import importlib
-
-    replica: Any = importlib.import_module("ray.serve._private.replica")
-    bind = replica.add_port_to_grpc_server
-
-    def on_loopback(server: Any, address: str) -> Any:
-        return bind(server, address.replace("[::]", "127.0.0.1"))
-
-    replica.add_port_to_grpc_server = on_loopback
-
-
-def deploy_serve(replicas: int, wait_s: float, max_ongoing: int) -> Any:
-    """The model as a Serve application of ``replicas`` replicas; its handle. Each answer is
-    (row * 2, size of the batch it ran in), so the client can count batches."""
-    from ray import serve
-
-    @serve.deployment(
-        max_ongoing_requests=max_ongoing,
-        ray_actor_options={"num_cpus": ACTOR_CPUS, "resources": {"serve_slot": 1}},
-        logging_config={"enable_access_log": False},  # a log line per request costs Serve
-    )
-    class Sleepy:
-        def __init__(self) -> None:
-            loopback_grpc()
-
-        @serve.batch(max_batch_size=MAX_BATCH, batch_wait_timeout_s=wait_s)
-        async def __call__(self, rows: list[Any]) -> list[tuple[Any, int]]:
-            out = await asyncio.to_thread(sleepy, np.stack(rows))  # off the replica's loop
-            return [(o, len(rows)) for o in out]
-
-    app = Sleepy.options(num_replicas=replicas).bind()  # type: ignore[attr-defined]
-    return serve.run(app, name="ray_scale", route_prefix=None)
-
-
-class QuietServe(logging.Filter):
-    """On Serve's driver-side logger: counts its router's queue-length probes that timed out
-    and keeps everything below ERROR off the report."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.late_probes = 0
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        self.late_probes += record.getMessage().startswith("Failed to get queue length")
-        return record.levelno >= logging.ERROR
-
-
-class ServeClient:
-    """Calls the deployment; counts answered rows and batches (sum of 1 / batch size)."""
-
-    def __init__(self, handle: Any) -> None:
-        self.handle = handle
-        self.rows = 0
-        self.batches = 0.0
-
-    async def __call__(self, row: np.ndarray[Any, Any]) -> Any:
-        out, size = await self.handle.remote(row)
-        self.rows += 1
-        self.batches += 1 / size
-        return out
-
-    def counts(self) -> tuple[float, float]:
-        return self.rows, self.batches
 
 
 # ------------------------------------------------------------------------------ load
@@ -224,27 +85,20 @@ async def closed_loop(
     arrives in the window counts), the mean batch over the window from ``counts()``
     (cumulative rows, batches), and the cores the cluster and this process kept busy."""
     row = np.ones(4, np.float32)
-    running = True
-    answered = 0
 
-    async def caller() -> None:
-        nonlocal answered
-        while running:
-            await call(row)
-            answered += 1
+    async def send(i: int) -> None:
+        await call(row)
 
-    async with asyncio.TaskGroup() as tg:
-        for _ in range(callers):
-            tg.create_task(caller())
-        await asyncio.sleep(warmup_s)
-        cpu, (rows0, batches0), before = cluster_cpu_seconds(), counts(), answered
-        begin = time.perf_counter()
-        await asyncio.sleep(seconds)
-        (rows1, batches1), after, wall = counts(), answered, time.perf_counter() - begin
-        cores = (cluster_cpu_seconds() - cpu) / wall
-        running = False
+    window = await closed_window(
+        send,
+        callers=callers,
+        warmup_s=warmup_s,
+        seconds=seconds,
+        read=lambda: (_ray_cluster.cluster_cpu_seconds(), counts()),
+    )
+    (cpu0, (rows0, batches0)), (cpu1, (rows1, batches1)) = window.opened, window.closed
     mean = (rows1 - rows0) / (batches1 - batches0) if batches1 > batches0 else float("nan")
-    return (after - before) / wall, mean, cores
+    return window.answered_per_s, mean, (cpu1 - cpu0) / window.seconds
 
 
 def ray_batcher(replicas: int) -> carpool.Batcher:
@@ -260,13 +114,13 @@ def ray_batcher(replicas: int) -> carpool.Batcher:
 
 async def side_by_side(
     replicas: int, handle: Any, repeats: int, warmup_s: float, seconds: float
-) -> dict[str, list[tuple[float, float, float]]]:
+) -> Windows:
     """``repeats`` windows each of carpool (N actors) and Serve (N replicas), interleaved,
     the first of each pair alternating."""
     callers = CALLERS_PER_REPLICA * replicas
-    serve_client = ServeClient(handle)
+    serve_client = _ray_cluster.ServeClient(handle)
     check = np.full(4, 3.0, np.float32)
-    runs: dict[str, list[tuple[float, float, float]]] = {"carpool": [], "serve": []}
+    runs: Windows = {"carpool": [], "serve": []}
     async with ray_batcher(replicas) as batcher:
         for out in (await batcher.infer(check), await serve_client(check)):
             if not np.array_equal(out, check * 2):
@@ -296,10 +150,57 @@ async def side_by_side(
 # ------------------------------------------------------------------------------ faults
 
 
+class Outcomes:
+    """Every request of the fault run: sent, and how each ended (a result, a typed carpool
+    error, or, a defect, something else); lost = sent less those that ended."""
+
+    def __init__(self, batcher: carpool.Batcher, callers: int) -> None:
+        self.batcher = batcher
+        self.rows = [np.full(4, float(index), np.float32) for index in range(callers)]
+        self.counts: Counter[str] = Counter()
+        self.sent = 0
+
+    async def send(self, i: int) -> str | None:
+        row = self.rows[i % len(self.rows)]
+        self.sent += 1
+        try:
+            out = await self.batcher.infer(row)
+        except carpool.CarpoolError as exc:
+            kind = type(exc).__name__
+        except Exception as exc:  # not a typed carpool error: a defect, counted apart
+            kind = f"untyped {type(exc).__name__}"
+        else:
+            kind = "answered" if np.array_equal(out, row * 2) else "wrong"
+        self.counts[kind] += 1
+        return None if kind == "answered" else kind
+
+    def answered(self) -> tuple[int, float]:
+        """Answers so far, and when."""
+        return self.counts["answered"], time.perf_counter()
+
+
+async def kill_one(batcher: carpool.Batcher, replicas: int) -> float:
+    """SIGKILL one actor's process; the seconds until every actor is up again (polled: the
+    workers' state is a thread's, no event)."""
+    pool = batcher._workers  # the RayWorkers behind the batcher: its actors' pids
+    assert pool is not None
+    victim = pool.stats().processes[-1].pid
+    assert victim is not None
+    restarts = batcher.stats().worker_restarts
+    os.kill(victim, signal.SIGKILL)
+    killed_at = time.perf_counter()
+    while True:
+        stats = batcher.stats()
+        if stats.worker_restarts > restarts and stats.workers_alive == replicas:
+            return time.perf_counter() - killed_at
+        await asyncio.sleep(0.05)
+
+
 async def fault_run(replicas: int, warmup_s: float, seconds: float) -> dict[str, Any]:
     """A fresh batcher of ``replicas`` actors under the same load: a fault-free window of
     ``seconds``, then SIGKILL of one actor's process and a window as long. Every request is
     accounted for: a result, a typed error, or (a defect) lost."""
+<<<<<<< HEAD
     outcomes: Counter[str] = Counter()
     sent = 0
     running = True
@@ -352,13 +253,19 @@ async def fault_run(replicas: int, warmup_s: float, seconds: float) -> dict[str,
                 drain.reschedule(asyncio.get_running_loop().time() + DRAIN_S)
         except TimeoutError:  # some request never came back: counted as lost below
             hung = True
+=======
+    async with ray_batcher(replicas) as batcher:
+        outcomes = Outcomes(batcher, CALLERS_PER_REPLICA * replicas)
+        marks, back_after, hung = await under_fault(outcomes, replicas, warmup_s, seconds)
+>>>>>>> bench
         stats = batcher.stats()
+    (a0, t0), (a1, t1), (a2, t2) = marks
     return {
         "fault_free": (a1 - a0) / (t1 - t0),
         "after_kill": (a2 - a1) / (t2 - t1),
-        "sent": sent,
-        "outcomes": dict(outcomes),
-        "lost": sent - sum(outcomes.values()),
+        "sent": outcomes.sent,
+        "outcomes": dict(outcomes.counts),
+        "lost": outcomes.sent - sum(outcomes.counts.values()),
         "hung": hung,
         "back_after": back_after,
         "restarts": stats.worker_restarts,
@@ -367,10 +274,45 @@ async def fault_run(replicas: int, warmup_s: float, seconds: float) -> dict[str,
     }
 
 
+async def under_fault(
+    outcomes: Outcomes, replicas: int, warmup_s: float, seconds: float
+) -> tuple[list[tuple[int, float]], float, bool]:
+    """The closed loop through a warm-up and two windows of ``seconds``, one actor killed
+    between them: the answers as each window opens and closes, the seconds until the actor
+    was back (NaN: not within the window), and whether a request hung past DRAIN_S."""
+    start = clock()
+    timing = Timing(start, start + warmup_s, start + warmup_s + 2 * seconds)
+    assert timing.end is not None
+    marks: list[tuple[int, float]] = []
+    back_after = [float("nan")]
+
+    async def fault() -> None:
+        await sleep_until(timing.window)
+        marks.append(outcomes.answered())
+        await sleep_until(timing.window + seconds)
+        marks.append(outcomes.answered())
+        async with asyncio.TaskGroup() as group:
+            restart = group.create_task(kill_one(outcomes.batcher, replicas))
+            await sleep_until(timing.end)
+            marks.append(outcomes.answered())
+            restart.cancel()  # back by now, or not back at all
+        if not restart.cancelled():
+            back_after[0] = restart.result()
+
+    share = Share(concurrency=CALLERS_PER_REPLICA * replicas)
+    try:  # the load stops at the window's end; then every answer within DRAIN_S
+        async with asyncio.timeout_at(timing.end + DRAIN_S), asyncio.TaskGroup() as tg:
+            tg.create_task(fault())
+            await run_share(outcomes.send, share, timing, Tally())
+    except TimeoutError:  # some request never came back: counted as lost
+        return marks, back_after[0], True
+    return marks, back_after[0], False
+
+
 # ------------------------------------------------------------------------------ report
 
 
-Runs = dict[int, dict[str, list[tuple[float, float, float]]]]  # N -> name -> windows
+Runs = dict[int, Windows]  # N -> name -> windows
 
 
 def report_scale(runs: Runs) -> float:
@@ -386,7 +328,8 @@ def report_scale(runs: Runs) -> float:
         c1, s1 = med[(1, "carpool")][0], med[(1, "serve")][0]
         rows.append(
             (n, _bench.fmt_num(c), f"{c / (n * c1):.2f}", f"{cb:.1f}", f"{cc:.2f}",
-             _bench.fmt_num(s), f"{s / (n * s1):.2f}", f"{sb:.1f}", f"{sc:.2f}", f"{c / s:.2f}x")
+             _bench.fmt_num(s), f"{_ratio(s, n * s1):.2f}", f"{sb:.1f}", f"{sc:.2f}",
+             f"{_ratio(c, s):.2f}x")
         )  # fmt: skip
     headers = ["replicas", "carpool rows/s", "eff", "batch", "cores",
                "Serve rows/s", "eff", "batch", "cores", "carpool/Serve"]  # fmt: skip
@@ -410,6 +353,11 @@ def report_scale(runs: Runs) -> float:
         f"(goal >= 0.9: {_bench.verdict(batch_ratio, 0.9)})"
     )
     return med[(top, "carpool")][0]
+
+
+def _ratio(a: float, b: float) -> float:
+    """a / b; NaN where Serve answered nothing in its window (it stalls on a busy box)."""
+    return a / b if b else float("nan")
 
 
 def report_faults(fault: dict[str, Any], replicas: int, scale_rows_per_s: float) -> None:
@@ -446,20 +394,7 @@ def report_faults(fault: dict[str, Any], replicas: int, scale_rows_per_s: float)
 
 
 def main() -> None:
-    p = _bench.base_parser(__doc__, default_cpus="none", default_repeats=3)
-    p.add_argument(
-        "--serve-wait-s",
-        type=float,
-        default=0.01,  # Ray's own default; under this load batches fill before it expires
-        help="Serve's batch_wait_timeout_s (default 0.01)",
-    )
-    p.add_argument(
-        "--serve-max-ongoing",
-        type=int,
-        default=MAX_ONGOING,
-        help=f"Serve's max_ongoing_requests per replica (default {MAX_ONGOING})",
-    )
-    args = p.parse_args()
+    args = parse_args()
     repeats = args.repeats or (1 if args.quick else 3)
     warmup_s, seconds = (0.5, 1.0) if args.quick else (1.0, 3.0)
     fault_s = 3.0 if args.quick else 30.0
@@ -485,17 +420,20 @@ def main() -> None:
     from ray import serve
 
     begin = time.perf_counter()
-    cluster = start_cluster(NODES)
+    cluster = _ray_cluster.start_cluster(NODES)
     try:
         print(f"cluster: {NODES} nodes on 127.0.0.1 up in {time.perf_counter() - begin:.0f} s")
-        quiet = QuietServe()
+        quiet = _ray_cluster.QuietServe()
         logging.getLogger("ray.serve").addFilter(quiet)
         serve.start(proxy_location="Disabled", http_options={"host": "127.0.0.1"})
         runs = {}
         for n in REPLICAS:
-            handle = deploy_serve(n, args.serve_wait_s, args.serve_max_ongoing)
+            serving = {"wait_s": args.serve_wait_s, "max_ongoing": args.serve_max_ongoing}
+            handle = _ray_cluster.deploy_serve(
+                sleepy, n, max_batch=MAX_BATCH, num_cpus=ACTOR_CPUS, **serving
+            )
             runs[n] = asyncio.run(side_by_side(n, handle, repeats, warmup_s, seconds))
-        serve.delete("ray_scale")
+        serve.delete(_ray_cluster.APP)
         print()
         scale = report_scale(runs)
         print(f"Serve's router: {quiet.late_probes} queue-length probes past their deadline")
@@ -504,9 +442,26 @@ def main() -> None:
         fault = asyncio.run(fault_run(max(REPLICAS), warmup_s, fault_s))
         report_faults(fault, max(REPLICAS), scale)
     finally:
-        left = stop_cluster(cluster)
+        left = _ray_cluster.stop_cluster(cluster)
     took = time.perf_counter() - begin
     print(f"Ray and Serve shut down, processes left: {left}; took {took:.0f} s")
+
+
+def parse_args() -> Any:
+    p = _bench.base_parser(__doc__, default_cpus="none", default_repeats=3)
+    p.add_argument(
+        "--serve-wait-s",
+        type=float,
+        default=0.01,  # Ray's own default; under this load batches fill before it expires
+        help="Serve's batch_wait_timeout_s (default 0.01)",
+    )
+    p.add_argument(
+        "--serve-max-ongoing",
+        type=int,
+        default=MAX_ONGOING,
+        help=f"Serve's max_ongoing_requests per replica (default {MAX_ONGOING})",
+    )
+    return p.parse_args()
 
 
 if __name__ == "__main__":

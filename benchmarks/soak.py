@@ -21,27 +21,37 @@ Accounting, from ``/metrics`` at the end: the server counted every request sent 
 once; what the batcher received equals completed + failed + expired + cancelled + rejected
 + in flight; every request got one answer or ended in a close the client made itself; 0
 lost, 0 unexpected statuses. Exits 0 whatever it finds.
+
+Here: the capacity step, the open-loop run and its live table. The traffic (the mix, its
+bodies, one request sent and classified) is ``_soak.py``'s; the server's samples
+``_soak_server.py``'s; the verdicts and the accounting ``_soak_checks.py``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import statistics
 import sys
 import tempfile
 import time
-from array import array
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import _bench
 import _process
 import _soak
+import _soak_checks
 import aiohttp
+from _soak_checks import Soak
+from _soak_server import Proc, observe, settle
+
+_bench.import_carpool()
+
+from carpool.bench.callers import closed_window  # noqa: E402
+from carpool.bench.report import percentile  # noqa: E402
 
 LOAD = 0.70  # of the measured capacity
 CLIENTS = 64  # closed-loop callers of the capacity step: enough to keep batches full
@@ -67,61 +77,6 @@ def parse_args() -> Any:
     return p.parse_args()
 
 
-# ------------------------------------------------------------------------------ server
-
-
-@dataclass(frozen=True)
-class Proc:
-    """The server process as /proc and /metrics see it."""
-
-    rss_mb: float
-    fds: int
-    sockets: int  # of the fds: the listening socket and one per client connection
-    threads: int
-    tasks: float
-    cpu_s: float
-
-    @property
-    def files(self) -> int:
-        """The fds that are not sockets: under load, flat exactly unless something leaks."""
-        return self.fds - self.sockets
-
-
-async def observe(scrape: aiohttp.ClientSession, server: _process.Server) -> Proc:
-    async with scrape.get(server.base + "/metrics") as r:
-        text = await r.text()
-    gauge = "carpool_event_loop_tasks "
-    tasks = [float(line.split()[1]) for line in text.splitlines() if line.startswith(gauge)]
-    rss_mb, fds, sockets, threads = _from_proc(server.pid)
-    cpu_s = _process.cpu_seconds(server.pid)
-    return Proc(rss_mb, fds, sockets, threads, tasks[0] if tasks else float("nan"), cpu_s)
-
-
-def _from_proc(pid: int) -> tuple[float, int, int, int]:
-    """RSS in MB, open fds, the sockets among them, and threads of ``pid``."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    rss_mb = int(fields["VmRSS"].split()[0]) / 1024
-    fds = sockets = 0
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        fds += 1
-        try:
-            sockets += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
-        except OSError:  # closed meanwhile
-            pass
-    return rss_mb, fds, sockets, int(fields["Threads"])
-
-
-async def settle(scrape: aiohttp.ClientSession, server: _process.Server, fds: int) -> Proc:
-    """The server idle: once its fds are back to ``fds`` (connections closed), or 10 s."""
-    deadline = time.monotonic() + 10.0
-    while True:
-        proc = await observe(scrape, server)
-        if proc.fds <= fds or time.monotonic() > deadline:
-            return proc
-        await asyncio.sleep(0.2)
-
-
 # ------------------------------------------------------------------------------ load
 
 
@@ -129,24 +84,19 @@ async def capacity(
     server: _process.Server, warmup: float, window: float, tally: _soak.Tally, bodies: _soak.Bodies
 ) -> float:
     """Answers per second of good requests from CLIENTS closed-loop callers."""
-    loop = asyncio.get_running_loop()
-    opens = loop.time() + warmup
-    closes = opens + window
-    counted = [0]
+    rng = random.Random(1000)
 
-    async def caller(i: int, session: aiohttp.ClientSession) -> None:
-        rng = random.Random(1000 + i)
-        n = 0
-        while loop.time() < closes:
-            n += 1
-            a = _soak.draw(rng, -(i * 1_000_000 + n), good_only=True)
-            if await _soak.send(session, server.base, a, bodies, tally) == _soak.OK:
-                counted[0] += opens <= loop.time() < closes
+    async with _session(CLIENTS) as session:
 
-    async with _session(CLIENTS) as session, asyncio.TaskGroup() as tg:
-        for i in range(CLIENTS):
-            tg.create_task(caller(i, session))
-    return counted[0] / window
+        async def send(i: int) -> str | None:
+            a = _soak.draw(rng, -(i + 1), good_only=True)
+            outcome = await _soak.send(session, server.base, a, bodies, tally)
+            return None if outcome == _soak.OK else outcome
+
+        done = await closed_window(
+            send, callers=CLIENTS, warmup_s=warmup, seconds=window, read=lambda: None
+        )
+    return done.tally.answered / window
 
 
 @dataclass(frozen=True)
@@ -163,20 +113,6 @@ class Row:
     fds: float  # means over the interval's samples (one a second)
     sockets: float
     tasks: float
-
-
-@dataclass
-class Soak:
-    """What the open-loop run recorded."""
-
-    start: float = 0.0
-    scheduled: array[float] = field(default_factory=lambda: array("d"))  # s in, of each OK
-    latency: array[float] = field(default_factory=lambda: array("d"))  # from scheduled send
-    lag: array[float] = field(default_factory=lambda: array("d"))  # launch - scheduled, all
-    outcomes: Counter[str] = field(default_factory=Counter)  # since the last row
-    ok_latencies: list[float] = field(default_factory=list)  # since the last row
-    samples: list[tuple[float, Proc]] = field(default_factory=list)  # (s in, the server)
-    rows: list[Row] = field(default_factory=list)
 
 
 async def soak(
@@ -208,30 +144,10 @@ async def soak(
             run.latency.append(latency)
             run.ok_latencies.append(latency)
 
-    async def sampler(before: Proc) -> None:
-        print(_line(COLUMNS))
-        k, since = 1, 0
-        while k * SAMPLE_S <= duration + 1e-6:
-            await asyncio.sleep(max(0.0, run.start + k * SAMPLE_S - loop.time()))
-            t, proc = k * SAMPLE_S, await observe(scrape, server)
-            run.samples.append((t, proc))
-            k += 1
-            if t < (len(run.rows) + 1) * every - 1e-6:
-                continue
-            these = [p for _, p in run.samples[since:]]
-            since = len(run.samples)
-            ok = run.ok_latencies
-            cpu = (proc.cpu_s - before.cpu_s) / (t - (run.rows[-1].t if run.rows else 0.0))
-            means = [statistics.fmean(getattr(p, name) for p in these) for name in _SAMPLED]
-            row = Row(t, proc, cpu, run.outcomes, _ms(ok, 50), _ms(ok, 99), *means)
-            run.outcomes, run.ok_latencies, before = Counter(), [], proc
-            print(_line(_cells(row)))
-            run.rows.append(row)
-
     async with _session(POOL) as session, asyncio.TaskGroup() as tg:
         first = await observe(scrape, server)
         run.start = at = loop.time()
-        tg.create_task(sampler(first))
+        tg.create_task(sampler(run, server, scrape, first, duration, every))
         n = 0
         while True:
             at += rng.expovariate(rate)
@@ -243,6 +159,37 @@ async def soak(
     return run
 
 
+async def sampler(
+    run: Soak,
+    server: _process.Server,
+    scrape: aiohttp.ClientSession,
+    before: Proc,
+    duration: float,
+    every: float,
+) -> None:
+    """The server sampled every SAMPLE_S into ``run``; a row printed every ``every``."""
+    loop = asyncio.get_running_loop()
+    print(_line(COLUMNS))
+    rows: list[Row] = []
+    k, since = 1, 0
+    while k * SAMPLE_S <= duration + 1e-6:
+        await asyncio.sleep(max(0.0, run.start + k * SAMPLE_S - loop.time()))
+        t, proc = k * SAMPLE_S, await observe(scrape, server)
+        run.samples.append((t, proc))
+        k += 1
+        if t < (len(rows) + 1) * every - 1e-6:
+            continue
+        these = [p for _, p in run.samples[since:]]
+        since = len(run.samples)
+        ok = run.ok_latencies
+        cpu = (proc.cpu_s - before.cpu_s) / (t - (rows[-1].t if rows else 0.0))
+        means = [statistics.fmean(getattr(p, name) for p in these) for name in _SAMPLED]
+        row = Row(t, proc, cpu, run.outcomes, _ms(ok, 50), _ms(ok, 99), *means)
+        run.outcomes, run.ok_latencies, before = Counter(), [], proc
+        print(_line(_cells(row)))
+        rows.append(row)
+
+
 def _session(connections: int) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=connections, keepalive_timeout=KEEPALIVE_S),
@@ -250,7 +197,7 @@ def _session(connections: int) -> aiohttp.ClientSession:
     )
 
 
-# ------------------------------------------------------------------------------ report
+# ------------------------------------------------------------------------------ the table
 
 COLUMNS = ("t s", "sent", "ok", "expired", "full", "4xx", "cancel", "bad", "p50 ms", "p99 ms",
            "RSS MB", "fds", "sockets", "tasks", "threads", "cpu")  # fmt: skip
@@ -285,144 +232,7 @@ def _cells(row: Row) -> list[Any]:
 
 
 def _ms(latencies: Any, q: float) -> float:
-    return _bench.percentile(list(latencies), q) * 1000.0
-
-
-def report(run: Soak, window: float, duration: float, idle: tuple[Proc, Proc]) -> None:
-    """The figures over time, and a verdict per goal."""
-    first = [p for t, p in run.samples if t <= window + 1e-6]
-    last = [p for t, p in run.samples if t > duration - window + 1e-6]
-    w = f"{window:g} s"
-    rss_1, rss_end = first[-1].rss_mb, last[-1].rss_mb
-    growth = (rss_end - rss_1) / rss_1
-    print()
-    print(
-        f"RSS at {w}: {rss_1:.1f} MB, at the end ({duration:g} s): {rss_end:.1f} MB: growth "
-        f"{growth:+.1%} (goal < 5 %: {_bench.verdict(growth, 0.05, higher_is_better=False)})"
-    )
-    before, after = idle
-    # Sockets follow the client's connection pool; any other fd that grows is a leak, and
-    # a socket left open shows once the client has closed its connections.
-    files_early, files_late = max(p.files for p in first), max(p.files for p in last)
-    flat = files_late <= files_early and after.fds <= before.fds
-    print(
-        f"fds: first {w} mean {_mean(first, 'fds'):.1f}, last {w} mean "
-        f"{_mean(last, 'fds'):.1f}, max {max(p.fds for _, p in run.samples)} (sockets: "
-        f"{_mean(first, 'sockets'):.1f}, {_mean(last, 'sockets'):.1f}; others: max "
-        f"{files_early}, {files_late}); idle before the load {before.fds}, after it "
-        f"{after.fds} (goal flat: {'met' if flat else 'MISSED'})"
-    )
-    early, late = _mean(first, "tasks"), _mean(last, "tasks")
-    flat = late <= 1.1 * early + 2 and after.tasks <= before.tasks
-    print(
-        f"tasks: first {w} mean {early:.1f}, last {w} mean {late:.1f}, max "
-        f"{max(p.tasks for _, p in run.samples):g}; idle before the load {before.tasks:g}, "
-        f"after it {after.tasks:g} (goal flat: {'met' if flat else 'MISSED'})"
-    )
-    p99_first = _p99(run, 0.0, window)
-    p99_last = _p99(run, duration - window, duration)
-    ratio = p99_last / p99_first
-    print(
-        f"p99 first {w}: {p99_first:.2f} ms, last {w}: {p99_last:.2f} ms: last/first "
-        f"{ratio:.2f} (goal <= 1.20: {_bench.verdict(ratio, 1.2, higher_is_better=False)})"
-    )
-    lag = _bench.percentile(list(run.lag), 99) * 1000.0
-    print(f"client send lag p99 {lag:.2f} ms (latency counts from the scheduled send)")
-
-
-def _mean(procs: list[Proc], name: str) -> float:
-    return statistics.fmean(getattr(p, name) for p in procs)
-
-
-def _p99(run: Soak, start: float, end: float) -> float:
-    picked = [lat for at, lat in zip(run.scheduled, run.latency, strict=True) if start <= at < end]
-    return _bench.percentile(picked, 99) * 1000.0
-
-
-# Outcome labels of carpool_requests_total by status (docs/server.md, Metrics).
-_LABELS = {
-    200: "success",
-    400: "invalid",
-    404: "not_found",
-    413: "too_large",
-    415: "unsupported_encoding",
-    499: "client_closed",
-    500: "error",
-    503: "unavailable",
-    504: "timeout",
-}
-_BEFORE_BATCHER = ("invalid", "not_found", "too_large", "unsupported_encoding")
-
-
-def accounting(metrics: str, tallies: list[_soak.Tally]) -> bool:
-    """The server's books against the client's, exactly; prints each check."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    http: Counter[str] = Counter()
-    batcher: Counter[str] = Counter()
-    gauges: dict[str, float] = {}
-    for family in text_string_to_metric_families(metrics):
-        for s in family.samples:
-            if s.labels.get("model") != _soak.MODEL:
-                continue
-            if s.name == "carpool_requests_total":
-                http[s.labels["outcome"]] += int(s.value)
-            elif s.name == "carpool_batcher_requests_total":
-                batcher[s.labels["outcome"]] += int(s.value)
-            elif s.name in ("carpool_requests_in_flight", "carpool_queue_rows"):
-                gauges[s.name] = s.value
-    sent = sum(t.sent[_soak.MODEL] for t in tallies)
-    answered: Counter[str] = Counter()
-    for t in tallies:
-        for status, count in t.model_statuses.items():
-            answered[_LABELS.get(status, str(status))] += count
-    outcomes = sum((t.outcomes for t in tallies), Counter[str]())
-    cancelled = outcomes[_soak.CANCELLED]
-    received = sum(http.values()) - sum(http[o] for o in _BEFORE_BATCHER)
-    ended = sum(batcher[o] for o in ("completed", "failed", "expired", "cancelled", "rejected"))
-    pending = int(gauges.get("carpool_requests_in_flight", -1))
-    server_5xx = sum(v for k, v in http.items() if k in ("error", "timeout"))
-    checks = [
-        (
-            f"server counted every request sent to {_soak.MODEL!r}: {sum(http.values())} == {sent}",
-            sum(http.values()) == sent,
-        ),
-        (
-            f"answers under their status, cancellations under one each: {dict(http)} - "
-            f"{dict(answered)} = {cancelled} cancelled",
-            all(http[k] >= v for k, v in answered.items())
-            and sum(http.values()) - sum(answered.values()) == cancelled,
-        ),
-        (
-            f"batcher received {received} == completed + failed + expired + cancelled + "
-            f"rejected + in flight = {ended} + {pending}",
-            received == ended + pending,
-        ),
-        (
-            f"503s {http['unavailable']} == expired + rejected = "
-            f"{batcher['expired'] + batcher['rejected']}",
-            http["unavailable"] == batcher["expired"] + batcher["rejected"],
-        ),
-        (
-            f"nothing left: in flight {pending}, queued rows "
-            f"{gauges.get('carpool_queue_rows', -1):g}",
-            pending == 0 and gauges.get("carpool_queue_rows") == 0,
-        ),
-    ]
-    print()
-    print(f"client outcomes: {dict(outcomes)}")
-    print(f"batcher outcomes: {dict(batcher)}")
-    for text, ok in checks:
-        print(f"  [{'ok' if ok else 'FAILED'}] {text}")
-    lost = outcomes[_soak.LOST]
-    unexpected = outcomes[_soak.WRONG] + outcomes[_soak.UNEXPECTED]
-    print(f"lost requests: {lost}")
-    print(f"unexpected answers: {unexpected}; server 5xx other than 503: {server_5xx}")
-    for surprise in (s for t in tallies for s in t.surprises):
-        print(f"  {surprise}")
-    good = all(ok for _, ok in checks) and lost == 0 and unexpected == 0 and server_5xx == 0
-    print(f"accounting: {'ok' if good else 'FAILED'}")
-    return good
+    return percentile(latencies, q) * 1000.0
 
 
 # ------------------------------------------------------------------------------ main
@@ -488,8 +298,8 @@ async def soak_server(
         idle_after = await settle(scrape, server, idle_before.fds)
         async with scrape.get(server.base + "/metrics") as r:
             metrics = await r.text()
-    report(result, window, duration, (idle_before, idle_after))
-    accounting(metrics, [warm, soaked])
+    _soak_checks.goals(result, window, duration, (idle_before, idle_after))
+    _soak_checks.accounting(metrics, [warm, soaked])
 
 
 def main() -> int:

@@ -21,15 +21,16 @@ import random
 import signal
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import _bench  # before numpy: sets single-thread BLAS env vars
+import _process
 import numpy as np
 
 _bench.import_carpool()
 
 import carpool  # noqa: E402
+from carpool.bench.callers import closed_window  # noqa: E402
 
 CLIENTS = 64
 BATCH_S = 0.010
@@ -42,22 +43,6 @@ def sleepy(batch: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return batch * 2
 
 
-def worker_pids() -> list[int]:
-    """This process's model worker processes (children running multiprocessing's spawn)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-            cmdline = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"spawn_main" in cmdline:
-            found.append(int(proc.name))
-    return found
-
-
 async def killer(seconds: float, every: float, killed: list[int]) -> None:
     """SIGKILL one live worker every ``every`` seconds, for ``seconds``."""
     rng = random.Random(0)
@@ -66,7 +51,7 @@ async def killer(seconds: float, every: float, killed: list[int]) -> None:
         await asyncio.sleep(every)
         if time.perf_counter() >= deadline:
             return
-        pids = worker_pids()
+        pids = _process.worker_pids()
         if pids:
             victim = rng.choice(pids)
             os.kill(victim, signal.SIGKILL)
@@ -77,29 +62,30 @@ async def run(seconds: float, kill_every: float | None) -> dict[str, Any]:
     """One run: CLIENTS callers for ``seconds``, optionally killing workers meanwhile."""
     outcomes: Counter[str] = Counter()
     sent = [0]
-    stop_at = [0.0]
+    rows = [np.full(4, float(index), np.float32) for index in range(CLIENTS)]
     batcher = carpool.Batcher(sleepy, runner="process", workers=2, max_batch_size=32, name="sleepy")
 
-    async def caller(index: int) -> None:
-        row = np.full(4, float(index), np.float32)
-        while time.perf_counter() < stop_at[0]:
-            sent[0] += 1
-            try:
-                out = await batcher.infer(row)
-            except carpool.CarpoolError as exc:
-                outcomes[type(exc).__name__] += 1
-            else:
-                assert np.array_equal(out, row * 2)
-                outcomes["answered"] += 1
+    async def send(i: int) -> str | None:
+        row = rows[i % CLIENTS]
+        sent[0] += 1
+        try:
+            out = await batcher.infer(row)
+        except carpool.CarpoolError as exc:
+            outcomes[type(exc).__name__] += 1
+            return type(exc).__name__
+        assert np.array_equal(out, row * 2)
+        outcomes["answered"] += 1
+        return None
 
     async with batcher:
         killed: list[int] = []
         begin = time.perf_counter()
-        stop_at[0] = begin + seconds
-        tasks = [asyncio.ensure_future(caller(i)) for i in range(CLIENTS)]
-        if kill_every is not None:
-            tasks.append(asyncio.ensure_future(killer(seconds, kill_every, killed)))
-        await asyncio.gather(*tasks)
+        async with asyncio.TaskGroup() as tg:
+            if kill_every is not None:
+                tg.create_task(killer(seconds, kill_every, killed))
+            await closed_window(
+                send, callers=CLIENTS, warmup_s=0.0, seconds=seconds, read=lambda: None
+            )
         wall = time.perf_counter() - begin
         stats = batcher.stats()
     lost = sent[0] - sum(outcomes.values())

@@ -311,6 +311,7 @@ def test_sweep_batching_runs_every_setting_and_names_the_best(
         (("demo", "--duration", "1", "--requests", "5"), "give one"),
         (("demo", "--rate", "0"), "--rate values must be > 0"),
         (("no_such_module:fn",), "cannot import module 'no_such_module'"),
+        (("demo", "--policy", "bogus"), "policy must be one of"),
         (("--compare", "a.json"), "two reports or more"),
     ],
 )

@@ -1,5 +1,5 @@
 """A model served in this process (``carpool.bench.local_target``): its metadata as
-``carpool serve`` answers it, batching overrides, the in-process client, and server-side
+``carpool serve`` answers it, the in-process client, and server-side
 figures from a batcher's stats read exactly as a scrape of carpool's ``/metrics`` would read
 them."""
 
@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 
 from carpool import Batching, Model, Tensor
-from carpool.bench.local_target import LocalTarget, load_model, metadata_of, snapshot_of
+from carpool.bench.local_target import LocalTarget, metadata_of, snapshot_of
 from carpool.bench.scrape import parse_metrics, server_side
-from carpool.bench.targets import BenchError
 from carpool.server.metrics import Metrics
 from carpool.server.registry import Registry, ServedModel
 
@@ -33,19 +32,6 @@ def _declared(name: str, batching: Batching) -> Model:
 def test_in_process_metadata_is_what_carpool_serve_answers(batching: Batching) -> None:
     model = _declared("m", batching)
     assert metadata_of(model) == ServedModel(model).metadata()
-
-
-def test_load_model_applies_batching_overrides_and_refuses_bad_ones() -> None:
-    model = load_model("demo", {"max_batch_size": 4, "policy": "fixed"})
-    assert (model.name, model.batching.max_batch_size, model.batching.policy) == (
-        "demo",
-        4,
-        "fixed",
-    )
-    with pytest.raises(BenchError, match="max_batch_size"):
-        load_model("demo", {"max_batch_size": -1})
-    with pytest.raises(BenchError, match="module:attr"):
-        load_model("no-such-target", {})
 
 
 def _negative_fails(batch: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

@@ -20,11 +20,23 @@ from carpool.bench.report import (
     ReportError,
     ServerSide,
     Step,
+    percentile,
     summarize,
 )
 from carpool.errors import CarpoolError
 
-# summarize
+# percentile, summarize
+
+
+def test_percentile_is_numpys_linear_and_nan_of_nothing() -> None:
+    values = [4.0, 1.0, 3.0, 2.0]  # order does not matter
+    assert (percentile(values, 0), percentile(values, 50), percentile(values, 100)) == (
+        1.0,
+        2.5,
+        4.0,
+    )
+    assert percentile(np.arange(1, 101), 99) == pytest.approx(99.01, abs=1e-9)
+    assert np.isnan(percentile([], 50))
 
 
 def test_summarize_1_to_100_ms() -> None:

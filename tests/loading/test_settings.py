@@ -12,7 +12,7 @@ import pytest
 
 from carpool import Batching, Tensor
 from carpool.errors import ConfigError
-from carpool.loading import check_batching, parse_tensor, resolve_models
+from carpool.loading import check_batching, load_target, parse_tensor, resolve_models, with_batching
 from loading.conftest import declared_model
 
 
@@ -54,6 +54,21 @@ def test_check_batching_refuses_what_the_batcher_would(
     with pytest.raises(ConfigError, match=message):
         check_batching(Batching(**settings))
     check_batching(Batching())
+
+
+def test_with_batching_merges_settings_and_refuses_what_the_batcher_would() -> None:
+    demo = load_target("demo")
+    model = with_batching(demo, {"max_batch_size": 4, "policy": "fixed"})
+    assert (model.name, model.batching.max_batch_size, model.batching.policy) == (
+        "demo",
+        4,
+        "fixed",
+    )
+    assert with_batching(demo, {}) == demo
+    with pytest.raises(ConfigError, match="max_batch_size"):
+        with_batching(demo, {"max_batch_size": -1})
+    with pytest.raises(ConfigError, match="unknown batching settings"):
+        with_batching(demo, {"max_batch": 4})
 
 
 def test_unknown_batching_setting(module: Callable[[str], str]) -> None:

@@ -29,13 +29,14 @@ import numpy as np
 from carpool.bench.arrivals import read_trace
 from carpool.bench.client_processes import ClientProcesses
 from carpool.bench.display import Display, stdout_console
-from carpool.bench.local_target import LocalTarget, load_model
+from carpool.bench.local_target import LocalTarget
 from carpool.bench.loops import InProcess, LoadGenerator, Probe, event_loop, measure
 from carpool.bench.options import Options, options_from
 from carpool.bench.plan import Plan, Timing, plans
 from carpool.bench.remote import client_for, connect, requests_for
 from carpool.bench.report import Report, ReportError, Step
 from carpool.bench.targets import BenchError, Client, is_url
+from carpool.loading import load_target, with_batching
 from carpool.model import Model
 
 if TYPE_CHECKING:
@@ -252,6 +253,15 @@ def _compare(args: argparse.Namespace, display: Display) -> int:
     return 0
 
 
+def _load(options: Options) -> Model:
+    """What ``carpool serve TARGET`` would serve, with the batching flags applied: loaded by
+    :mod:`carpool.loading`, a target or setting it refuses a :class:`BenchError`."""
+    try:
+        return with_batching(load_target(options.target), options.batching)
+    except (TypeError, ValueError) as exc:  # ConfigError is a ValueError
+        raise BenchError(str(exc)) from None
+
+
 def main(args: argparse.Namespace) -> int:
     """Run ``carpool bench``; 0 when the run completed (counted errors included), 2 on a
     usage error, reported in one line."""
@@ -262,7 +272,7 @@ def main(args: argparse.Namespace) -> int:
         options = options_from(args, check_paths=_check_paths)
         model = None
         if not is_url(options.target):
-            model = load_model(options.target, options.batching)
+            model = _load(options)
         with asyncio.Runner(loop_factory=event_loop()) as runner:
             if model is None:
                 report = runner.run(_run_remote(options, display))

@@ -1,13 +1,14 @@
 """A model served in this process by its own batcher, as ``carpool bench`` measures it:
-loaded as ``carpool serve`` would load it, requests submitted as the server submits them, and
-the batcher's stats read as a scrape of ``/metrics`` would read them. No HTTP.
+loaded as ``carpool serve`` would load it (by :mod:`carpool.loading`, in ``command``),
+requests submitted as the server submits them, and the batcher's stats read as a scrape of
+``/metrics`` would read them. No HTTP.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,30 +16,14 @@ import numpy as np
 from carpool.batcher import Batcher
 from carpool.bench.report import ServerSide
 from carpool.bench.scrape import Snapshot, server_side
-from carpool.bench.targets import BenchError, Client, Send
+from carpool.bench.targets import Client, Send
 from carpool.model import Model, Preprocess
 from carpool.server.buckets import batch_size_buckets
 from carpool.stats import BatcherStats
 
-__all__ = ["LocalClient", "LocalTarget", "load_model", "metadata_of", "snapshot_of"]
+__all__ = ["LocalClient", "LocalTarget", "metadata_of", "snapshot_of"]
 
 Array = np.ndarray[Any, Any]
-
-
-def load_model(target: str, overrides: Mapping[str, Any]) -> Model:
-    """What ``carpool serve TARGET`` would serve, with batching ``overrides`` applied."""
-    from carpool.errors import ConfigError
-    from carpool.loading import check_batching, load_target
-
-    try:
-        model = load_target(target)
-        if overrides:
-            merged = model.batching.merged(overrides)
-            check_batching(merged)
-            model = replace(model, batching=merged)
-    except (ConfigError, ValueError, TypeError) as exc:
-        raise BenchError(str(exc)) from None
-    return model
 
 
 def metadata_of(model: Model) -> dict[str, Any]:

@@ -35,6 +35,7 @@ __all__ = [
     "event_loop",
     "measure",
     "run_share",
+    "sleep_until",
     "step_of",
 ]
 
@@ -66,7 +67,8 @@ class Tally:
         self.last_done = now
 
 
-async def _sleep_until(when: float) -> None:
+async def sleep_until(when: float) -> None:
+    """Sleep until ``when`` on :data:`~carpool.bench.plan.clock` (at once if it has passed)."""
     delay = when - clock()
     if delay > 0:
         await asyncio.sleep(delay)
@@ -101,7 +103,7 @@ async def _closed_loop(send: Send, share: Share, timing: Timing, tally: Tally) -
             if measured and in_window:
                 tally.record(kind, now - sent, now)
 
-    await _sleep_until(timing.start)
+    await sleep_until(timing.start)
     async with asyncio.TaskGroup() as group:
         for _ in range(share.concurrency):
             group.create_task(caller())
@@ -121,7 +123,7 @@ async def _open_loop(send: Send, share: Share, timing: Timing, tally: Tally) -> 
     index, stride = share.first, share.stride
     async with asyncio.TaskGroup() as group:
         for offset in warm.tolist():
-            await _sleep_until(timing.start + offset)
+            await sleep_until(timing.start + offset)
             group.create_task(unrecorded(index))
             index += stride
         for offset in share.offsets.tolist():
@@ -204,10 +206,10 @@ async def measure(
     marks: dict[str, Any] = {}
 
     async def observe() -> None:
-        await _sleep_until(timing.window)
+        await sleep_until(timing.window)
         marks["before"] = await probe.snapshot()
         if timing.end is not None:
-            await _sleep_until(timing.end)
+            await sleep_until(timing.end)
             marks["after"] = await probe.snapshot()
 
     async with asyncio.TaskGroup() as group:

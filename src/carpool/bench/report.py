@@ -8,6 +8,7 @@ rates in requests per second.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ __all__ = [
     "ReportError",
     "ServerSide",
     "Step",
+    "percentile",
     "summarize",
 ]
 
@@ -74,22 +76,30 @@ class Latency:
     max: float
 
 
-def summarize(latencies_s: Sequence[float] | np.ndarray[Any, Any]) -> Latency | None:
-    """Percentiles of latencies given in seconds; ``None`` when there are none.
+def percentile(values: Sequence[float] | np.ndarray[Any, Any], q: float) -> float:
+    """The ``q``-th percentile (0 to 100) of ``values``, in their unit; NaN when there are none.
 
-    Percentiles are numpy's ``linear`` (the common definition, and what perf_analyzer's
-    sorted-index method converges to on large samples).
+    numpy's ``linear`` method (the common definition, and what perf_analyzer's sorted-index
+    method converges to on large samples): the one definition for carpool bench's reports
+    and the benchmarks' tables alike.
     """
+    array = np.asarray(values, dtype=np.float64)
+    return float(np.percentile(array, q)) if array.size else math.nan
+
+
+def summarize(latencies_s: Sequence[float] | np.ndarray[Any, Any]) -> Latency | None:
+    """Percentiles (:func:`percentile`) of latencies given in seconds; ``None`` when there
+    are none."""
     values = np.asarray(latencies_s, dtype=np.float64) * 1000.0
     if values.size == 0:
         return None
-    p50, p90, p99 = np.percentile(values, [50, 90, 99])
+    p50, p90, p99 = (percentile(values, q) for q in (50, 90, 99))
     return Latency(
         count=int(values.size),
         mean=float(values.mean()),
-        p50=float(p50),
-        p90=float(p90),
-        p99=float(p99),
+        p50=p50,
+        p90=p90,
+        p99=p99,
         max=float(values.max()),
     )
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from carpool.bench.local_target import LocalTarget
 from carpool.bench.present import SweepResult, best
 from carpool.bench.report import Step
 from carpool.bench.targets import BenchError
+from carpool.errors import ConfigError
+from carpool.loading import with_batching
 from carpool.model import Model
 
 __all__ = ["Cell", "grid", "summary", "sweep"]
@@ -39,20 +41,15 @@ def grid(
 ) -> list[Cell]:
     """Every (size, wait) setting merged into ``model``'s batching, checked before any run:
     a setting the batcher would refuse is a :class:`BenchError` naming it."""
-    from carpool.errors import ConfigError
-    from carpool.loading import check_batching
-
     cells = []
     for size in sizes:
         for wait in waits:
             overrides = {**(extra or {}), "max_batch_size": size, "max_wait_ms": wait}
             try:
-                batching = model.batching.merged(overrides)
-                check_batching(batching)
-            except (ConfigError, TypeError, ValueError) as exc:
+                cells.append(Cell(size, wait, with_batching(model, overrides)))
+            except ConfigError as exc:
                 message = f"batching max_batch_size={size}, max_wait_ms={wait:g}: {exc}"
                 raise BenchError(message) from None
-            cells.append(Cell(size, wait, replace(model, batching=batching)))
     return cells
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "apply_settings",
     "check_batching",
     "parse_tensor",
+    "with_batching",
 ]
 
 # Keys that say how to load a model, not how to serve it; read before loading.
@@ -108,9 +109,20 @@ def apply_settings(
     if outputs:
         changes["outputs"] = tuple(outputs)
     try:
-        merged = model.batching.merged(batching)
+        return replace(with_batching(model, batching), **changes)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def with_batching(model: Model, overrides: Mapping[str, Any]) -> Model:
+    """``model`` with the batching settings ``overrides`` merged in (``max_batch_size``,
+    ``max_wait_ms``, ...), checked as the batcher would check them: what ``carpool serve``
+    does with its batching flags, and ``carpool bench`` with its own. :class:`ConfigError`
+    names a setting that is unknown or refused."""
+    try:
+        merged = model.batching.merged(overrides)
         check_batching(merged)
-        return replace(model, batching=merged, **changes)
+        return replace(model, batching=merged)
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
 
