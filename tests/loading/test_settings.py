@@ -12,7 +12,7 @@ import pytest
 
 from carpool import Batching, Tensor
 from carpool.errors import ConfigError
-from carpool.loading import check_batching, load_target, parse_tensor, resolve_models, with_batching
+from carpool.loading import load_target, parse_tensor, resolve_models, with_batching
 from loading.conftest import declared_model
 
 
@@ -48,12 +48,11 @@ def test_parse_tensor_refuses_with_a_remedy(text: str, message: str) -> None:
         ({"runner": "process", "retry": "yes"}, "retry must be a bool, got str"),
     ],
 )
-def test_check_batching_refuses_what_the_batcher_would(
-    settings: dict[str, Any], message: str
-) -> None:
+def test_batching_refuses_what_the_batcher_would(settings: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        check_batching(Batching(**settings))
-    check_batching(Batching())
+        Batching(**settings)
+    with pytest.raises(ConfigError, match=message):
+        with_batching(load_target("demo"), settings)
 
 
 def test_with_batching_merges_settings_and_refuses_what_the_batcher_would() -> None:

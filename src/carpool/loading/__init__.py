@@ -7,14 +7,13 @@ their order of precedence.
 """
 
 from carpool.loading.repository import LoadFailure
-from carpool.loading.settings import apply_settings, check_batching, parse_tensor, with_batching
+from carpool.loading.settings import apply_settings, parse_tensor, with_batching
 from carpool.loading.targets import BUILTINS, load_target, read_config_file, resolve_models
 
 __all__ = [
     "BUILTINS",
     "LoadFailure",
     "apply_settings",
-    "check_batching",
     "load_target",
     "parse_tensor",
     "read_config_file",

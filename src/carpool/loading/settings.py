@@ -14,13 +14,12 @@ from dataclasses import replace
 from typing import Any
 
 from carpool.errors import ConfigError
-from carpool.model import Batching, Model, Tensor
+from carpool.model import Model, Tensor
 from carpool.padding import Padding
 
 __all__ = [
     "LOAD_KEYS",
     "apply_settings",
-    "check_batching",
     "parse_tensor",
     "with_batching",
 ]
@@ -120,9 +119,7 @@ def with_batching(model: Model, overrides: Mapping[str, Any]) -> Model:
     does with its batching flags, and ``carpool bench`` with its own. :class:`ConfigError`
     names a setting that is unknown or refused."""
     try:
-        merged = model.batching.merged(overrides)
-        check_batching(merged)
-        return replace(model, batching=merged)
+        return replace(model, batching=model.batching.merged(overrides))
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
 
@@ -147,18 +144,3 @@ def _read_layers(layers: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], d
             else:
                 batching[key] = value
     return batching, changes
-
-
-def check_batching(batching: Batching) -> None:
-    """Refuse settings the batcher would refuse, before the server binds its port."""
-    from carpool.batcher import Batcher
-
-    try:  # constructed, not started: process workers are not spawned here
-        Batcher(_rows_back, **batching.batcher_options())
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(str(exc)) from None
-
-
-def _rows_back(rows: Any) -> Any:
-    """A stand-in model for checking settings (module-level: process workers pickle it)."""
-    return rows

@@ -25,13 +25,12 @@ from carpool.loading.repository import (
     load_folder,
     model_folders,
 )
-from carpool.loading.settings import apply_settings, check_batching, parse_tensor
+from carpool.loading.settings import apply_settings, parse_tensor
 from carpool.model import Model, Tensor
 
 __all__ = [
     "BUILTINS",
     "LoadFailure",
-    "check_batching",
     "load_target",
     "parse_tensor",
     "read_config_file",
