@@ -204,6 +204,6 @@ def _pickled_spec(spec: Any) -> bytes:
         return pickle.dumps(spec)
     except Exception as exc:
         raise TypeError(
-            f"process workers need a picklable model spec (a module-level function or "
+            f"runner='process' needs a picklable model spec (a module-level function or "
             f"class, or functools.partial of one); {spec!r} is not: {exc}"
         ) from None
