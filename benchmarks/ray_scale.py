@@ -242,7 +242,7 @@ async def fault_run(replicas: int, warmup_s: float, seconds: float) -> dict[str,
                 a0, t0 = outcomes["answered"], time.perf_counter()
                 await asyncio.sleep(seconds)
                 a1, t1 = outcomes["answered"], time.perf_counter()
-                victim = pool.stats().processes[-1].pid
+                victim = pool.stats().replicas[-1].pid
                 assert victim is not None
                 restarts = batcher.stats().worker_restarts
                 os.kill(victim, signal.SIGKILL)

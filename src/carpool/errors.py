@@ -9,16 +9,16 @@ working in code that does not know carpool::
     │   └── Overloaded                    refused at the door: it would finish past its deadline
     ├── DeadlineExceeded (TimeoutError)   the request's timeout_ms passed before its result
     ├── BatcherClosed (RuntimeError)      the batcher stopped accepting requests
-    │   └── WorkerPoolClosed              the process pool was closed
+    │   └── WorkerPoolClosed              the replicas (processes, Ray actors) were closed
     ├── CollationError (TypeError)        rows that cannot be stacked, or an unsplittable output
     ├── BatchSizeMismatch (ValueError)    the model returned more or fewer rows than it got
     ├── BlockingCallOnLoop (RuntimeError) a sync @carpool.batch function called on a loop's thread
     ├── ConfigError (ValueError)          an option, target, flag or config file that cannot
     │   │                                 be used: names the option, what it must be, its value
     │   └── ConfigTypeError (TypeError)   an option of the wrong type (a float for an int)
-    ├── WorkerDied (RuntimeError)         a model worker died running the batch (twice)
-    ├── BatchTimeout (TimeoutError)       the batch ran past batch_timeout_ms
-    ├── WorkerStartError (RuntimeError)   no model process could load the model
+    ├── WorkerDied (RuntimeError)         a replica died running the batch (twice)
+    ├── BatchTimeout (TimeoutError)       the batch ran past batch_timeout_ms on a replica
+    ├── WorkerStartError (RuntimeError)   no replica (process, Ray actor) could load the model
     │
     │   raised by the server and bench, defined with their code:
     ├── ProtocolError (ValueError)        carpool.server.messages: a request the v2 protocol
@@ -37,6 +37,10 @@ working in code that does not know carpool::
     │                                     that cannot be used
     └── ReportError (ValueError)          carpool.bench.report: a file that is not a carpool
                                           bench report
+
+The four ``Worker*`` errors and ``BatchTimeout`` come from the runners that keep model
+replicas outside the batcher's threads, child processes and Ray actors alike
+(``carpool.runners``); their names keep the word users catch them by.
 
 Errors raised by the model itself are not wrapped: the caller whose rows failed gets the
 model's own exception, with a note naming the batch it ran in.
@@ -243,11 +247,12 @@ def describe_exit(exitcode: int) -> str:
 
 
 class WorkerDied(CarpoolError, RuntimeError):
-    """The model process running the batch died (killed, segfault, ``os._exit``).
+    """The replica running the batch died: its process killed, crashed or exited
+    (``os._exit``), or its Ray actor lost.
 
-    ``worker`` is the worker's name (``demo#1``), ``exitcode`` its process's exit code
+    ``worker`` is the replica's name (``demo#1``), ``exitcode`` its process's exit code
     (negative: the signal that killed it), ``retried`` whether the batch had already been
-    retried once on another worker (so two died on it), ``cause`` what happened when no
+    retried once on another replica (so two died on it), ``cause`` what happened when no
     exit code says it (a Ray actor whose node was lost).
     """
 
@@ -277,8 +282,8 @@ class WorkerDied(CarpoolError, RuntimeError):
 class BatchTimeout(CarpoolError, TimeoutError):
     """The batch did not finish within ``batch_timeout_ms``.
 
-    ``stage`` says where: ``"running"`` (its worker ran past the limit and was killed and
-    replaced) or ``"waiting"`` (no worker was alive to take it within the limit).
+    ``stage`` says where: ``"running"`` (its replica ran past the limit and was killed and
+    replaced) or ``"waiting"`` (no replica was alive to take it within the limit).
     """
 
     def __init__(self, *, timeout_ms: float, worker: str, stage: str = "running") -> None:
@@ -303,8 +308,9 @@ class BatchTimeout(CarpoolError, TimeoutError):
 
 
 class WorkerStartError(CarpoolError, RuntimeError):
-    """A model process could not load (or warm up) its model; ``reason`` is the error it
-    reported, e.g. ``"ModuleNotFoundError: No module named 'mymodel'"``."""
+    """A replica (a child process or a Ray actor) could not load (or warm up) its model,
+    nor could any other, or Ray could not be reached; ``reason`` is the error reported,
+    e.g. ``"ModuleNotFoundError: No module named 'mymodel'"``."""
 
     def __init__(self, *, worker: str, reason: str) -> None:
         self.worker = worker
@@ -316,8 +322,9 @@ class WorkerStartError(CarpoolError, RuntimeError):
 
 
 class WorkerPoolClosed(BatcherClosed):
-    """The process pool was closed (or never started) and runs no more batches; a
-    :class:`carpool.errors.BatcherClosed`, so it is answered the same way."""
+    """A runner's replicas (child processes or Ray actors) were closed, or never started,
+    and run no more batches; a :class:`carpool.errors.BatcherClosed`, so it is answered
+    the same way."""
 
     def __init__(self, name: str, reason: str = "is closed") -> None:
         self.name = name

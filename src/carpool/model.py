@@ -260,9 +260,12 @@ class Model:
         return Batcher(fn, collator=self.collator(), **settings)
 
     def worker_spec(self) -> Callable[[], Callable[[dict[str, Any]], Any]]:
-        """What each worker process loads once: this model rebuilt from its :attr:`recipe`,
-        with this model's signature and settings, as :meth:`batched_fn` (the exact function
-        the thread runner calls). Preprocessing stays where requests arrive."""
+        """What each replica (a child process, a Ray actor) loads once: a plain zero-argument
+        factory that rebuilds this model from its :attr:`recipe`, with this model's
+        signature and settings, and gives :meth:`batched_fn` (the exact function the thread
+        runner calls). The runners need not know a Model (see
+        :func:`carpool.runners.replicas.replica_fn`). Preprocessing stays where requests
+        arrive."""
         if self.recipe is None:
             raise ConfigError(
                 f"model {self.name!r} cannot be loaded in a worker process: serve it from a "
@@ -271,8 +274,8 @@ class Model:
             )
         shell = replace(
             self,
-            fn=_in_worker,
-            preprocess=None if self.preprocess is None else _in_worker,
+            fn=_in_replica,
+            preprocess=None if self.preprocess is None else _in_replica,
             recipe=None,
             batching=replace(self.batching, policy="eager"),  # a policy need not cross
         )
@@ -336,13 +339,13 @@ def _check_text_to_vector(model: Model) -> None:
         )
 
 
-def _in_worker(value: Any) -> Any:
-    """Stands in for what a worker process loads itself (see :meth:`Model.worker_spec`)."""
-    raise RuntimeError("the model function is loaded in the worker process")
+def _in_replica(value: Any) -> Any:
+    """Stands in for what a replica loads itself (see :meth:`Model.worker_spec`)."""
+    raise RuntimeError("the model function is loaded in the replica")
 
 
 def _rebuilt_batched_fn(recipe: Callable[[], Model], shell: Model) -> Callable[[Any], Any]:
-    """In a worker process: load the model, then call it as ``shell`` declares it."""
+    """In a replica: load the model, then call it as ``shell`` declares it."""
     return replace(shell, fn=recipe().fn).batched_fn()
 
 

@@ -125,9 +125,10 @@ class BatcherStats:
     cost_curve: CostCurve | None = None  # what a learning policy fitted (adaptive)
     # measured / predicted model time of recent batches (adaptive): ~1 when well fitted
     prediction_ratio: Percentiles | None = None
-    # where the model runs (carpool.runners): replicas ready now; for process workers, also
-    # restarts after a death, batches retried once after their worker died, and batches
-    # that ran past batch_timeout_ms
+    # where the model runs (carpool.runners): workers ready now; for replicas (processes,
+    # Ray actors; carpool.runners.replicas.ReplicaStats), also restarts after a death,
+    # batches retried once after their replica died, and batches that ran past
+    # batch_timeout_ms
     workers_alive: int = 0
     worker_restarts: int = 0
     retried_batches: int = 0

@@ -41,7 +41,7 @@ from carpool.errors import (
 )
 from carpool.loading import load_target
 from carpool.runners.processes import ProcessReplicas
-from carpool.runners.replica_process import OnOwnLoop, load_model
+from carpool.runners.replicas import OnOwnLoop, replica_fn
 from conftest import running, wait_until
 
 TESTS = Path(__file__).resolve().parent.parent
@@ -51,11 +51,11 @@ MakePool = Callable[..., ProcessReplicas]
 
 
 def pids(pool: ProcessReplicas) -> list[int]:
-    return [w.pid for w in pool.stats().processes if w.pid is not None]
+    return [w.pid for w in pool.stats().replicas if w.pid is not None]
 
 
 def busy_pid(pool: ProcessReplicas) -> int | None:
-    return next((w.pid for w in pool.stats().processes if w.state == "busy"), None)
+    return next((w.pid for w in pool.stats().replicas if w.state == "busy"), None)
 
 
 @pytest.fixture
@@ -194,7 +194,7 @@ def test_a_worker_killed_mid_batch_is_retried_and_restarted(
     assert stats.restarts == 1
     assert victim not in pids(pool)
     assert not running(victim)
-    assert sorted(w.last_exit or "" for w in stats.processes) == ["", "signal 9"]
+    assert sorted(w.last_exit or "" for w in stats.replicas) == ["", "signal 9"]
     assert re.search(rf"\(pid {victim}\) died \(signal 9\) while running a batch", caplog.text)
     assert np.array_equal(pool.call(np.ones((2, 2)))["y"], np.full((2, 2), 2.0))
 
@@ -252,7 +252,7 @@ def test_a_hanging_batch_times_out_and_its_worker_is_replaced(pools: MakePool) -
     stats = pool.stats()
     assert (stats.timed_out, stats.retried, stats.died, stats.restarts) == (1, 0, 0, 1)
     assert len(set(before) - set(pids(pool))) == 1
-    assert any("killed: its batch ran past" in (w.last_exit or "") for w in stats.processes)
+    assert any("killed: its batch ran past" in (w.last_exit or "") for w in stats.replicas)
 
 
 @pytest.mark.slow
@@ -260,7 +260,7 @@ def test_a_call_waits_for_a_worker_no_longer_than_batch_timeout(pools: MakePool)
     pool = pools(pm.double, 1, batch_timeout_ms=300, restart_backoff=(60.0, 60.0))
     (pid,) = pids(pool)
     os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: pool.stats().processes[0].state == "restarting", "the worker's death")
+    wait_until(lambda: pool.stats().replicas[0].state == "restarting", "the worker's death")
     with pytest.raises(BatchTimeout, match="no model worker of demo was alive") as info:
         pool.call(np.ones(2))
     assert info.value.stage == "waiting"
@@ -287,18 +287,15 @@ def test_a_model_that_cannot_load_fails_start_with_its_reason(
     )
     assert reason in str(info.value)
     assert pool.alive == 0
-    assert [w.state for w in pool.stats().processes] == ["stopped", "stopped"]
+    assert [w.state for w in pool.stats().replicas] == ["stopped", "stopped"]
     with pytest.raises(WorkerPoolClosed):
         pool.call(np.ones(2))
 
 
 def test_a_spec_that_cannot_be_pickled_is_refused_at_once() -> None:
+    # workers and batch_timeout_ms are checked once, by the Batcher (tests/runners/test_runners.py)
     with pytest.raises(TypeError, match="picklable model spec"):
         ProcessReplicas(lambda batch: batch)
-    with pytest.raises(ValueError, match="workers must be an int >= 1"):
-        ProcessReplicas(pm.double, 0)
-    with pytest.raises(ValueError, match="batch_timeout_ms must be a number > 0"):
-        ProcessReplicas(pm.double, batch_timeout_ms=0)
     with pytest.raises(WorkerPoolClosed, match="is not started"):
         ProcessReplicas(pm.double).call(np.ones(1))
 
@@ -340,16 +337,15 @@ import os, signal, threading, time
 import numpy as np
 import process_models as pm
 from carpool.runners.processes import ProcessReplicas
-from carpool.runners.replica_process import OnOwnLoop, load_model
 
 if __name__ == "__main__":
     pool = ProcessReplicas(pm.troublemaker, 2, name="orphan").start()
     hang = np.ones((1, 2))
     hang[0, 0] = pm.HANG
     threading.Thread(target=pool.call, args=(hang,), daemon=True).start()
-    while not any(w.state == "busy" for w in pool.stats().processes):
+    while not any(w.state == "busy" for w in pool.stats().replicas):
         time.sleep(0.01)
-    print(*[w.pid for w in pool.stats().processes], flush=True)
+    print(*[w.pid for w in pool.stats().replicas], flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 """
 
@@ -368,18 +364,51 @@ def test_workers_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
     wait_until(lambda: not any(running(pid) for pid in children), "orphaned workers to exit", 15)
 
 
+UNCLOSED = """
+import numpy as np
+import process_models as pm
+from carpool.runners.processes import ProcessReplicas
+
+if __name__ == "__main__":
+    pool = ProcessReplicas(pm.double, 2, name="unclosed").start()
+    assert pool.call(np.ones(3)).tolist() == [2.0, 2.0, 2.0]
+    print(*[w.pid for w in pool.stats().replicas], flush=True)
+    print(*[a.name for s in pool.roster.slots for a in (s.inputs, s.outputs)], flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_a_script_that_never_closes_its_replicas_leaves_nothing_behind(tmp_path: Path) -> None:
+    # The runner's own exit hook (registered by start(), not at import) closes it.
+    script = tmp_path / "unclosed.py"
+    script.write_text(textwrap.dedent(UNCLOSED))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), str(TESTS)])}
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "leaked" not in done.stderr  # multiprocessing's resource tracker found nothing
+    pid_line, names_line = done.stdout.splitlines()
+    children = [int(pid) for pid in pid_line.split()]
+    assert len(children) == 2
+    assert not any(running(pid) for pid in children)
+    segments = names_line.split()
+    assert len(segments) == 4
+    assert not [name for name in segments if Path("/dev/shm", name.lstrip("/")).exists()]
+
+
 def test_specs_name_the_model_or_a_factory_of_it() -> None:
-    # Resolved in the worker by load_model; checked here in-process, no process needed.
-    mlp = load_model(pm.mlp)  # a zero-argument factory
+    # Resolved in the replica by replica_fn; checked here in-process, no process needed.
+    mlp = replica_fn(pm.mlp)  # a zero-argument factory
     assert isinstance(mlp, DemoMLP)
-    assert load_model(pm.double) is pm.double  # takes the batch: the model itself
-    assert isinstance(load_model(functools.partial(load_target, "demo")), DemoMLP)  # a Model
-    run = load_model(pm.async_double)  # async: run to completion on the worker's loop
+    assert replica_fn(pm.double) is pm.double  # takes the batch: the model itself
+    assert isinstance(replica_fn(functools.partial(load_target, "demo")), DemoMLP)  # a Model
+    run = replica_fn(pm.async_double)  # async: run to completion on the worker's loop
     assert isinstance(run, OnOwnLoop)
     assert run(np.ones(2)).tolist() == [2.0, 2.0]
     run.close()
     with pytest.raises(TypeError, match="the model spec gave int, not a callable"):
-        load_model(pm.not_a_model)
+        replica_fn(pm.not_a_model)
 
 
 @pytest.mark.slow

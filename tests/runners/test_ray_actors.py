@@ -36,8 +36,10 @@ SERVE = [sys.executable, "-m", "carpool", "serve", "demo", "--grpc-port", "0"]
 NODES = 3
 
 
-def _ray_processes() -> set[int]:
-    """PIDs of Ray's daemons started from this test process tree (raylet, gcs_server)."""
+def _ray_processes(session: str) -> set[int]:
+    """PIDs of the Ray daemons (raylet, gcs_server) of one cluster: those naming its session
+    folder. Another cluster on this machine (another test run, a benchmark) is not counted,
+    and an orphaned daemon of this one still is."""
     found = set()
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -46,7 +48,9 @@ def _ray_processes() -> set[int]:
             cmdline = (proc / "cmdline").read_bytes()
         except OSError:
             continue
-        if b"raylet" in cmdline.split(b"\0")[0] or b"gcs_server" in cmdline.split(b"\0")[0]:
+        program = cmdline.split(b"\0")[0]
+        daemon = b"raylet" in program or b"gcs_server" in program
+        if daemon and session.encode() in cmdline:
             found.add(int(proc.name))
     return found
 
@@ -56,7 +60,6 @@ def cluster() -> Iterator[Any]:
     import ray
     from ray.cluster_utils import Cluster
 
-    before = _ray_processes()
     assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"  # conftest: on 127.0.0.1
     paths = [str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")]
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)  # actors import tests/
@@ -64,13 +67,15 @@ def cluster() -> Iterator[Any]:
         initialize_head=True,
         head_node_args={"num_cpus": 2, "resources": {"node_0": 4}, "include_dashboard": False},
     )
+    session = nodes.head_node.get_session_dir_path()
+    assert _ray_processes(session)  # the check below sees this cluster's daemons
     for i in range(1, NODES):
         nodes.add_node(num_cpus=2, resources={f"node_{i}": 4})
     ray.init(address=nodes.address, log_to_driver=False)
     yield nodes
     ray.shutdown()
     nodes.shutdown()
-    wait_until(lambda: not (_ray_processes() - before), "Ray's daemons to exit", 60)
+    wait_until(lambda: not _ray_processes(session), "Ray's daemons to exit", 60)
 
 
 def run(batcher: carpool.Batcher, xs: list[Any]) -> list[Any]:
@@ -142,7 +147,9 @@ def test_a_killed_actor_loses_no_request(cluster: Any) -> None:
             xs = [row(float(i)) for i in range(200)]
             xs[0] = row(pm.SLOW)  # a batch that is running when the kill comes
             pending = [asyncio.ensure_future(batcher.infer(x)) for x in xs]
-            await asyncio.sleep(0.1)
+            await asyncio.to_thread(  # the slow batch is on its way to an actor, or in it
+                wait_until, lambda: batcher.stats().running_rows > 0, "the first batch to run"
+            )
             os.kill(victim, signal.SIGKILL)
             outs = await asyncio.gather(*pending)
             for x, out in zip(xs, outs, strict=True):
@@ -299,7 +306,9 @@ def test_a_lost_node_makes_the_server_unready_until_its_actors_are_back(
             lossy = cluster.add_node(num_cpus=1, resources={"lossy": 2})
             wait_until(lambda: readiness(url) == (200, 200), "readiness 200, actors back", 60)
             assert infers_as_the_demo(client)
-            assert (workers(client)["alive"], workers(client)["restarts"]) == (2, 2)
+            # Readiness needs one actor back; the other may still be restarting: wait for
+            # both (each restarted once), reading alive and restarts from one snapshot.
+            wait_until(lambda: _alive_and_restarts(client) == (2, 2), "both actors back", 60)
             metrics = httpx.get(f"{url}/metrics", timeout=10).text
             assert 'carpool_worker_restarts_total{model="demo"} 2.0' in metrics
         lines = (tmp_path / "serve.log").read_text().splitlines()
@@ -309,6 +318,11 @@ def test_a_lost_node_makes_the_server_unready_until_its_actors_are_back(
     finally:
         if lossy is not None:
             cluster.remove_node(lossy)
+
+
+def _alive_and_restarts(client: Any) -> tuple[int, int]:
+    now = workers(client)
+    return now["alive"], now["restarts"]
 
 
 def test_carpool_serve_exits_2_naming_an_unreachable_ray_cluster(tmp_path: Path) -> None:

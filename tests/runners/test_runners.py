@@ -7,6 +7,9 @@ import asyncio
 import functools
 import os
 import signal
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +73,7 @@ def test_a_batch_timeout_needs_process_workers() -> None:
         ({"batch_timeout_ms": 0}, ValueError, "batch_timeout_ms must be finite and > 0, got 0"),
         ({"batch_timeout_ms": "1s"}, TypeError, "batch_timeout_ms must be a number"),
         ({"retry": 1}, TypeError, "retry must be a bool, got int"),
+        ({"workers": 0}, ValueError, "workers must be >= 1, got 0"),
     ],
 )
 def test_process_options_are_checked_at_construction(
@@ -93,6 +97,23 @@ def test_constructing_a_process_batcher_starts_no_process() -> None:
     assert children() == before
     assert batcher.workers_alive == 0
     batcher.close()  # never started: nothing to stop
+
+
+def test_importing_the_runners_runs_nothing() -> None:
+    # No exit hook, thread or signal handler at import: a runner registers what it owns
+    # when it starts. The modules they build on are imported first, for their own hooks.
+    script = textwrap.dedent(
+        """
+        import atexit, signal, threading
+        import carpool, carpool.executor, carpool.transport
+        before = (atexit._ncallbacks(), threading.active_count(), signal.getsignal(signal.SIGTERM))
+        import carpool.runners.processes, carpool.runners.ray_actors
+        after = (atexit._ncallbacks(), threading.active_count(), signal.getsignal(signal.SIGTERM))
+        assert after == before, (before, after)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 # ---- results ---------------------------------------------------------------------------

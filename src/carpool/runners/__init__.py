@@ -1,15 +1,21 @@
 """Where a batcher's model runs: the seam between forming batches and running them.
 
-``runner="thread"`` (the default) calls the model in the batcher's own worker threads. Any
-other runner is a set of :class:`Replicas` outside the process's threads, one model replica
-each: ``"process"`` is child processes (:class:`carpool.runners.processes.ProcessReplicas`),
-``"ray"`` is Ray actors anywhere in a cluster (:class:`carpool.runners.ray_actors.RayReplicas`). The
-batcher's worker threads then hand each stacked batch to :meth:`Replicas.call` and wait for
-its outputs, so a batch is still formed only when a worker is free, and batches stay full
-however many workers run. A new kind of worker implements :class:`Replicas` and gets a name
+``runner="thread"`` (the default) calls the model in the batcher's own threads
+(:class:`carpool.runners.threads.ModelThreads`). Any other runner is a set of
+:class:`Replicas` outside the process's threads, one model replica each: ``"process"`` is
+child processes (:class:`carpool.runners.processes.ProcessReplicas`, each child running
+:mod:`carpool.runners.replica_process`), ``"ray"`` is Ray actors anywhere in a cluster
+(:class:`carpool.runners.ray_actors.RayReplicas`). Both are built on one replica core,
+:mod:`carpool.runners.replicas` (slot states, taking a free replica within
+``batch_timeout_ms``, retry-once, close, statistics, and loading a spec in a replica);
+they differ only in how a replica starts and how a batch travels. The batcher's threads
+hand each stacked batch to :meth:`Replicas.call` and wait for its outputs, so a batch is
+still formed only when a replica is free, and batches stay full however many run. A new
+kind of replica subclasses :class:`carpool.runners.replicas.ReplicaSet` and gets a name
 in :data:`RUNNERS`.
 
-Runners are imported when chosen, so ``import carpool`` loads none of them.
+Runners are imported when chosen, so ``import carpool`` loads none of them; they import
+nothing of this package's own names (what they share lives in the replica core).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from carpool.errors import ConfigError
 
 if TYPE_CHECKING:
-    from carpool.runners.processes import PoolStats
+    from carpool.runners.replicas import ReplicaStats
 
 __all__ = [
     "RUNNERS",
@@ -42,7 +48,9 @@ class Replicas(Protocol):
     thread-safe and blocking: it runs one stacked batch on a free replica and returns its
     outputs; a replica lost mid-batch costs one retry on another (unless ``retry=False``),
     then :class:`~carpool.errors.WorkerDied`; a batch past its time limit raises
-    :class:`~carpool.errors.BatchTimeout`. ``alive`` counts the replicas ready now.
+    :class:`~carpool.errors.BatchTimeout`; once closed, calls raise
+    :class:`~carpool.errors.WorkerPoolClosed`. ``alive`` counts the replicas ready now.
+    :class:`carpool.runners.replicas.ReplicaSet` implements all of it but the launch.
     """
 
     workers: int
@@ -56,7 +64,7 @@ class Replicas(Protocol):
     @property
     def alive(self) -> int: ...
 
-    def stats(self) -> PoolStats: ...
+    def stats(self) -> ReplicaStats: ...
 
 
 def check_runner(runner: object, batch_timeout_ms: float | None) -> str:
@@ -103,8 +111,9 @@ def make_replicas(
     """The replicas of ``runner`` (not ``"thread"``) for the model ``spec``, not started.
 
     ``spec`` is what each replica loads once: a picklable batch function, or a
-    zero-argument factory returning one (or a :class:`carpool.Model`). ``warmup`` is a
-    stacked batch each replica runs before it counts as ready.
+    zero-argument factory returning one (or a :class:`carpool.Model`); see
+    :func:`carpool.runners.replicas.replica_fn`. ``warmup`` is a stacked batch each replica
+    runs before it counts as ready. The values come checked by the Batcher.
     """
     if runner == "process":
         from carpool.runners.processes import ProcessReplicas
@@ -131,4 +140,4 @@ def make_replicas(
             address=given.pop("address", None),
             actor_options=given,
         )
-    raise ConfigError(f"runner {runner!r} has no workers of its own")
+    raise ConfigError(f"runner {runner!r} has no replicas of its own")

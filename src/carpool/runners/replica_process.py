@@ -1,24 +1,24 @@
-"""The model process's main: load the model once, then run batch after batch for its parent.
+"""A replica's process: its main loads the model once, then runs batch after batch for its
+parent (a :class:`carpool.runners.processes.ProcessReplicas`).
 
-Started by :class:`carpool.runners.processes.ProcessReplicas` with the ``spawn`` method. It
-reads the pickled model spec (a module-level callable, or a zero-argument factory returning the
-model function or a :class:`carpool.Model`), warms the model up, says ``ready`` (or ``failed``
-with the reason, and exits 1), then answers each ``run`` message with ``ok`` or the model's
-error. It dies with its parent: ``PR_SET_PDEATHSIG`` on Linux, end of file on its pipe
-elsewhere. Imports the transport, the model class and is_async_callable; nothing that queues.
+Started with the ``spawn`` method. It loads the pickled replica spec and warms the model up
+(:func:`carpool.runners.replicas.load_replica`, as a Ray actor does), says ``ready`` (or
+``failed`` with the reason, and exits 1), then answers each ``run`` message with ``ok`` or
+the model's error. It dies with its parent: ``PR_SET_PDEATHSIG`` on Linux, tied to the
+parent's supervisor thread; where that is missing, a thread polls ``getppid()`` twice a
+second (an idle replica also ends when its pipe closes). Imports the transport and the
+replica core; nothing that queues.
 
-Messages (tuples over the pipe), parent -> worker: ``("run", inputs, out_name)``,
-``("out", out_name)`` after a ``grow``, ``("stop",)``. Worker -> parent: ``("ready", pid)``,
+Messages (tuples over the pipe), parent -> replica: ``("run", inputs, out_name)``,
+``("out", out_name)`` after a ``grow``, ``("stop",)``. Replica -> parent: ``("ready", pid)``,
 ``("failed", reason, traceback)``, ``("ok", outputs)``, ``("grow", nbytes)``,
 ``("error", pickled_exception, traceback)``. ``inputs``/``outputs`` are transport headers.
 """
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import importlib
-import inspect
 import os
 import pickle
 import signal
@@ -30,24 +30,23 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from carpool.executor import is_async_callable
-from carpool.model import Model
+from carpool.runners.replicas import load_replica
 from carpool.transport import Attached, Channel, decode, plan
 
-__all__ = ["OnOwnLoop", "load_model", "run_worker"]
+__all__ = ["replica_main"]
 
 PR_SET_NAME = 15
 PR_SET_PDEATHSIG = 1
 
 
-def run_worker(
+def replica_main(
     ends: tuple[Connection, Connection],
     spec: bytes,
     warmup: bytes | None,
     title: str,
     parent: int,
 ) -> None:
-    """The worker process's target: load, warm up, report, serve until told to stop or
+    """The replica process's target: load, warm up, report, serve until told to stop or
     the parent is gone. ``ends`` are this side's pipes of a :class:`Channel`; ``spec`` and
     ``warmup`` come pickled so that a spec that cannot be unpickled here is reported as a
     load failure with its reason."""
@@ -55,60 +54,15 @@ def run_worker(
     _die_with_parent(parent)
     _set_title(title)
     # Ctrl-C, and a SIGTERM sent to the whole process group (``kill -- -PGID``, an init
-    # system), reach the workers too: the parent drains, then stops them itself.
+    # system), reach the replicas too: the parent drains, then stops them itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
-        fn = load_model(pickle.loads(spec))
-        if warmup is not None:
-            fn(pickle.loads(warmup))
-    except BaseException as exc:  # any load failure is reported, then exit 1
-        reason = "".join(traceback.format_exception_only(exc)).strip()
-        conn.send(("failed", reason, traceback.format_exc()))
+    loaded = load_replica(spec, warmup, decode=pickle.loads)
+    if loaded.fn is None:
+        conn.send(("failed", loaded.failure, loaded.trace))
         sys.exit(1)
     conn.send(("ready", os.getpid()))
-    _serve(conn, fn)
-
-
-def load_model(spec: Any) -> Callable[[Any], Any]:
-    """The batch function a spec stands for. A callable that takes no arguments (a class
-    whose arguments all have defaults, ``functools.partial(load_target, "demo")``) is a
-    factory: it is called once and gives the function or a :class:`Model`, whose ``fn``
-    is used. Any other callable (``predict(batch)``, a model object) is the function. An
-    ``async def`` function is run to completion on an event loop of this process."""
-    obj = spec() if _is_factory(spec) else spec
-    if isinstance(obj, Model):
-        obj = obj.fn
-    if not callable(obj):
-        raise TypeError(f"the model spec gave {type(obj).__name__}, not a callable")
-    if is_async_callable(obj):
-        return OnOwnLoop(obj)
-    result: Callable[[Any], Any] = obj
-    return result
-
-
-class OnOwnLoop:
-    """An ``async def`` model, run batch by batch on an event loop of this process."""
-
-    def __init__(self, fn: Callable[[Any], Any]) -> None:
-        self.fn = fn
-        self.loop = asyncio.new_event_loop()
-
-    def __call__(self, batch: Any) -> Any:
-        return self.loop.run_until_complete(self.fn(batch))
-
-    def close(self) -> None:
-        self.loop.close()
-
-
-def _is_factory(spec: Any) -> bool:
-    try:
-        inspect.signature(spec).bind()
-    except TypeError:  # needs an argument (the batch), or not a callable
-        return False
-    except ValueError:  # no signature (some builtins): a batch function
-        return False
-    return True
+    _serve(conn, loaded.fn)
 
 
 def _serve(conn: Channel, fn: Callable[[Any], Any]) -> None:
@@ -130,7 +84,7 @@ def _serve(conn: Channel, fn: Callable[[Any], Any]) -> None:
 def _run(
     conn: Channel, fn: Callable[[Any], Any], message: Any, inputs: Attached, outputs: Attached
 ) -> bool:
-    """Run one batch and answer; False when the parent stopped the worker meanwhile. The
+    """Run one batch and answer; False when the parent stopped the replica meanwhile. The
     arrays it viewed in the arenas are dropped on return, before they may be replaced."""
     _, (in_name, tree), out_name = message
     try:

@@ -1,17 +1,18 @@
-"""The life of a process pool's workers: spawn, hear them load, reap, restart, stop.
+"""The life of a process runner's replicas: spawn, hear them load, reap, restart, stop.
 
-One thread, the supervisor, owns every worker process: it spawns them (so that
-``PR_SET_PDEATHSIG`` ties each to a thread that lives exactly as long as the pool), reads
+One thread, the supervisor, owns every replica process: it spawns them (so that
+``PR_SET_PDEATHSIG`` ties each to a thread that lives exactly as long as the runner), reads
 their ``ready``/``failed`` message, reaps them when they exit, restarts them with backoff,
-and stops them on close. Callers only take an idle :class:`Slot`, talk to its process, and
+and stops them on close. Callers only take an idle :class:`ProcessSlot` (through the
+:class:`~carpool.runners.replicas.Roster` it shares with them), talk to its process, and
 give it back; they may kill a process (batch timeout) but never spawn or reap one. All
-shared state is guarded by ``Supervisor.cond``. Imports the transport and worker errors.
+shared state is guarded by ``Roster.cond``. Imports the transport, the errors and the
+replica core.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import os
 import signal
@@ -24,27 +25,17 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from carpool.errors import describe_exit
+from carpool.runners.replicas import BUSY, DOWN, DYING, IDLE, STARTING, STOPPED, Roster, Slot
 from carpool.transport import Arena, Channel
 
-__all__ = ["Child", "Slot", "Supervisor"]
+__all__ = ["Child", "ProcessSlot", "Supervisor"]
 
 log = logging.getLogger("carpool.workers")
-
-# Slot states. DOWN: no process, one is spawned at restart_at; DYING: its batch's caller
-# gave up on the process (killed it), the supervisor has not reaped it yet.
-STARTING, IDLE, BUSY, DYING, DOWN, STOPPED = (
-    "starting",
-    "idle",
-    "busy",
-    "dying",
-    "down",
-    "stopped",
-)
 
 
 @dataclass(eq=False)
 class Child:
-    """One worker process: a slot's current generation."""
+    """One replica process: a slot's current generation."""
 
     process: BaseProcess
     conn: Channel
@@ -57,54 +48,51 @@ class Child:
     failure: str | None = None  # the load error it reported
 
     def kill(self, why: str) -> None:
-        """SIGKILL it unless it is already reaped; hold ``Supervisor.cond``."""
+        """SIGKILL it unless it is already reaped; hold ``Roster.cond``."""
         if self.exitcode is None:
             self.why = self.why or why
             with contextlib.suppress(OSError, ValueError):
                 self.process.kill()
 
 
-@dataclass(eq=False)
-class Slot:
-    """A worker position: the process in it now, its two shared-memory arenas (inputs,
-    written by the parent; outputs, written by the worker), and its history."""
+@dataclass(eq=False, kw_only=True)
+class ProcessSlot(Slot):
+    """A replica position of a process runner: the process in it now, its two
+    shared-memory arenas (inputs, written by the parent; outputs, written by the replica),
+    and its restart schedule. DOWN: no process, one is spawned at ``restart_at``; DYING:
+    its batch's caller gave up on the process (killed it), not reaped yet."""
 
-    index: int
-    name: str
+    state: str = DOWN
     inputs: Arena = field(default_factory=Arena)
     outputs: Arena = field(default_factory=Arena)
-    state: str = DOWN
     child: Child | None = None
     restart_at: float = 0.0
     failures: int = 0  # deaths since its last finished batch: the backoff exponent
-    restarts: int = 0
     spawned: int = 0
-    freed: int = 0  # when it last became idle: callers take the most recent (warm caches)
     started: bool = False  # its first process loaded or failed (start() waits for this)
-    load_error: str | None = None  # why its last process failed to load; None once ready
-    last_exit: str | None = None
+
+    def take(self) -> None:
+        super().take()
+        assert self.child is not None  # an idle slot has its process
+        self.child.busy = True
 
 
 class Supervisor:
-    """The thread that owns a pool's worker processes (see the module docstring)."""
+    """The thread that owns a process runner's replicas (see the module docstring)."""
 
     def __init__(
         self,
+        roster: Roster[ProcessSlot],
         *,
         name: str,
-        workers: int,
-        spawn: Callable[[Slot], Child],
+        spawn: Callable[[ProcessSlot], Child],
         backoff: tuple[float, float],
     ) -> None:
         self.name = name
-        self.cond = threading.Condition()
-        self.slots = [Slot(i, f"{name}#{i}") for i in range(workers)]
-        self.closing = False  # no new batches; set by close(), or when this thread fails
-        self.broken: str | None = None  # why the supervisor thread failed
-        self.died = 0  # processes that exited without being asked to
+        self.roster = roster
+        self.cond = roster.cond
         self._spawn = spawn
         self._backoff = backoff
-        self._freed = itertools.count(1)
         self._stop_at: float | None = None
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -115,72 +103,49 @@ class Supervisor:
     # ---- what callers use (under self.cond unless noted) -------------------------------
 
     def start(self) -> None:
-        """Start the thread; it spawns every worker at once. Not under ``cond``."""
+        """Start the thread; it spawns every replica at once. Not under ``cond``."""
         self._thread.start()
 
-    def take_idle(self) -> Slot | None:
-        """The most recently freed idle slot, now BUSY, or None."""
-        slot = None
-        for candidate in self.slots:
-            if candidate.state == IDLE and (slot is None or candidate.freed > slot.freed):
-                slot = candidate
-        if slot is None:
-            return None
-        slot.state = BUSY
-        assert slot.child is not None
-        slot.child.busy = True
-        return slot
-
-    def give_back(self, slot: Slot, child: Child, *, healthy: bool) -> None:
-        """Return a slot taken with :meth:`take_idle`: idle again when its process finished
-        the batch, DYING when the caller killed it or saw it die."""
+    def give_back(self, slot: ProcessSlot, child: Child, *, healthy: bool) -> None:
+        """Return a slot taken from the roster: idle again when its process finished the
+        batch, DYING when the caller killed it or saw it die."""
         child.busy = False
-        if slot.child is child and slot.state == BUSY:
-            if healthy:
-                slot.state = IDLE
-                slot.failures = 0
-                slot.freed = next(self._freed)
-            else:
-                slot.state = DYING
         if child.exitcode is not None:
             child.conn.close()
-        self.cond.notify_all()  # callers, close() and await_exit() all wait on cond
+        if slot.child is not child:  # reaped and replaced meanwhile: not this caller's now
+            self.cond.notify_all()
+            return
+        if healthy and slot.state == BUSY:
+            slot.failures = 0
+        self.roster.give_back(slot, healthy=healthy)  # wakes callers, close(), await_exit()
 
     def await_exit(self, child: Child) -> int:
         """The exit code of a process whose pipe broke, once reaped (killing it if it
         lingers). Blocks; hold ``cond``."""
+        roster = self.roster
         for _ in range(2):
-            if self.cond.wait_for(lambda: child.exitcode is not None or bool(self.broken), 5.0):
+            if self.cond.wait_for(lambda: child.exitcode is not None or bool(roster.broken), 5.0):
                 break
             child.kill("its pipe closed but it kept running")
         return child.exitcode if child.exitcode is not None else -signal.SIGKILL
 
-    def load_failure(self) -> Slot | None:
-        """A slot that failed to load when every slot's last process did; else None."""
-        if all(s.load_error is not None for s in self.slots):
-            return self.slots[0]
-        return None
-
-    @property
-    def alive(self) -> int:
-        return sum(s.state in (IDLE, BUSY) for s in self.slots)
-
     def stop(self, grace_s: float) -> None:
-        """Ask idle workers to exit, kill the rest after ``grace_s``, wait until none is
+        """Ask idle replicas to exit, kill the rest after ``grace_s``, wait until none is
         left, then free the arenas. Not under ``cond``."""
         with self.cond:
-            self.closing = True
+            self.roster.closing = True
             self._stop_at = time.monotonic() + grace_s
             self.cond.notify_all()
         self._wake()
         if self._thread.is_alive():
             self._thread.join(grace_s + 10.0)
         if self._thread.is_alive():  # never expected: the thread is stuck
-            log.error("the supervisor of %s did not stop; killing its workers", self.name)
+            log.error("the supervisor of %s did not stop; killing its replicas", self.name)
             self._kill_all("the supervisor did not stop")
-        with self.cond:  # callers of killed workers give their slots back at once
-            self.cond.wait_for(lambda: not any(s.child and s.child.busy for s in self.slots), 5.0)
-        for slot in self.slots:
+        slots = self.roster.slots
+        with self.cond:  # callers of killed replicas give their slots back at once
+            self.cond.wait_for(lambda: not any(s.child and s.child.busy for s in slots), 5.0)
+        for slot in slots:
             slot.inputs.close()
             slot.outputs.close()
         for fd in (self._wake_r, self._wake_w):
@@ -197,11 +162,11 @@ class Supervisor:
         try:
             while self._step():
                 pass
-        except BaseException as exc:  # the pool must learn it cannot go on
+        except BaseException as exc:  # the runner must learn it cannot go on
             log.exception("the supervisor of model workers %s failed", self.name)
             with self.cond:
-                self.broken = f"{type(exc).__name__}: {exc}"
-                self.closing = True
+                self.roster.broken = f"{type(exc).__name__}: {exc}"
+                self.roster.closing = True
                 self.cond.notify_all()
             self._kill_all("the supervisor failed")
 
@@ -224,10 +189,12 @@ class Supervisor:
         self._expire_starts()
         return True
 
-    def _watch_list(self) -> tuple[dict[Any, tuple[Slot | None, Child | None]], float | None]:
-        waits: dict[Any, tuple[Slot | None, Child | None]] = {self._wake_r: (None, None)}
+    def _watch_list(
+        self,
+    ) -> tuple[dict[Any, tuple[ProcessSlot | None, Child | None]], float | None]:
+        waits: dict[Any, tuple[ProcessSlot | None, Child | None]] = {self._wake_r: (None, None)}
         times = [] if self._stop_at is None else [self._stop_at]
-        for slot in self.slots:
+        for slot in self.roster.slots:
             child = slot.child
             if slot.state == DOWN:
                 times.append(slot.restart_at)
@@ -246,7 +213,7 @@ class Supervisor:
         with self.cond:
             if self._stop_at is not None:
                 return
-            due = [s for s in self.slots if s.state == DOWN and s.restart_at <= now]
+            due = [s for s in self.roster.slots if s.state == DOWN and s.restart_at <= now]
             for slot in due:
                 slot.state = STARTING
         for slot in due:
@@ -261,11 +228,12 @@ class Supervisor:
                 continue
             with self.cond:
                 slot.child = child
+                slot.pid = child.pid
                 slot.restarts += slot.spawned > 0
                 slot.spawned += 1
 
-    def _hear(self, slot: Slot, child: Child) -> None:
-        """A starting worker's message: ready, or the reason it failed to load."""
+    def _hear(self, slot: ProcessSlot, child: Child) -> None:
+        """A starting replica's message: ready, or the reason it failed to load."""
         try:
             message = child.conn.receive()
         except (EOFError, OSError):
@@ -274,11 +242,8 @@ class Supervisor:
         with self.cond:
             ready = message[0] == "ready" and child.why is None  # not killed meanwhile
             if ready and slot.child is child and slot.state == STARTING:
-                slot.state = IDLE
                 slot.started = True
-                slot.load_error = None
-                slot.freed = next(self._freed)
-                self.cond.notify_all()
+                self.roster.ready(slot)
             elif message[0] == "failed":
                 child.failure = message[1]
         if message[0] == "ready":
@@ -292,8 +257,8 @@ class Supervisor:
                 message[2],
             )
 
-    def _reap(self, slot: Slot, child: Child) -> None:
-        """A worker exited: record how, then restart it after its backoff (or not, when
+    def _reap(self, slot: ProcessSlot, child: Child) -> None:
+        """A replica exited: record how, then restart it after its backoff (or not, when
         stopping)."""
         delay: float | None = None
         with self.cond:
@@ -303,6 +268,7 @@ class Supervisor:
             return
         with self.cond:
             child.exitcode = code
+            slot.pid = None
             how = describe_exit(code)
             was, planned = slot.state, child.why
             slot.last_exit = how if planned is None else f"{how}, killed: {planned}"
@@ -314,14 +280,14 @@ class Supervisor:
             if self._stop_at is not None:
                 slot.state = STOPPED
             else:
-                self.died += planned is None
+                self.roster.died += planned is None
                 delay = self._schedule(slot)
             self.cond.notify_all()
         child.process.close()
         if delay is not None:
             _log_exit(slot, child, how, was, delay)
 
-    def _schedule(self, slot: Slot) -> float:
+    def _schedule(self, slot: ProcessSlot) -> float:
         first, cap = self._backoff
         delay = min(first * 2.0**slot.failures, cap)
         slot.failures += 1
@@ -332,7 +298,7 @@ class Supervisor:
     def _expire_starts(self) -> None:
         now = time.monotonic()
         with self.cond:
-            for slot in self.slots:
+            for slot in self.roster.slots:
                 child = slot.child
                 deadline = None if child is None else child.start_deadline
                 if slot.state == STARTING and deadline is not None and now >= deadline:
@@ -343,11 +309,11 @@ class Supervisor:
                     child.kill("start timeout")
 
     def _stopping(self) -> bool:
-        """Stop every worker: ``stop`` to idle ones, SIGKILL to the rest (and to all once
+        """Stop every replica: ``stop`` to idle ones, SIGKILL to the rest (and to all once
         the grace period is over). True when none is left."""
         assert self._stop_at is not None
         late = time.monotonic() >= self._stop_at
-        for slot in self.slots:
+        for slot in self.roster.slots:
             child = slot.child
             if child is None or child.exitcode is not None:
                 slot.state = STOPPED
@@ -359,16 +325,16 @@ class Supervisor:
                     child.kill("pool closed")
             elif slot.state != DYING or late:
                 child.kill("pool closed")
-        return all(s.state == STOPPED for s in self.slots)
+        return all(s.state == STOPPED for s in self.roster.slots)
 
     def _kill_all(self, why: str) -> None:
         with self.cond:
-            for slot in self.slots:
+            for slot in self.roster.slots:
                 if slot.child is not None:
                     slot.child.kill(why)
 
 
-def _log_exit(slot: Slot, child: Child, how: str, was: str, delay: float) -> None:
+def _log_exit(slot: ProcessSlot, child: Child, how: str, was: str, delay: float) -> None:
     again = f"; restarting it in {delay:.2g} s"
     if child.why is not None:
         log.warning(
