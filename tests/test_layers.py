@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("stats", "collate", "queue", "padding"),  # pure data structures
     ("policy", "adaptive"),  # when to dispatch: pure decisions
     ("inflight", "executor"),  # the books of batches in flight; running one batch
+    ("runners.replicas",),  # the replica core: slots, acquire, retry, close, stats, loading
     ("runners.replica_process", "runners.supervisor"),  # one replica, in a process of its own
     ("runners.processes", "runners.ray_actors"),  # replicas in processes, in Ray actors
     ("runners",),  # which runner: names, options, make_replicas
