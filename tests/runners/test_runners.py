@@ -19,7 +19,7 @@ import pytest
 import carpool
 import process_models as pm
 from carpool.loading import load_target
-from carpool.runners import RUNNERS, check_runner
+from carpool.runners import RUNNERS
 from conftest import wait_until
 
 
@@ -51,8 +51,8 @@ def row(first: float, n: int = 3) -> np.ndarray[Any, Any]:
 
 def test_runners_are_thread_and_process() -> None:
     assert RUNNERS == ("thread", "process", "ray")
-    assert check_runner("process", 100.0) == "process"
-    assert check_runner("thread", None) == "thread"
+    assert carpool.Batcher(pm.double, runner="process", batch_timeout_ms=100.0).runner == "process"
+    assert carpool.Batcher(pm.double).runner == "thread"
 
 
 def test_an_unknown_runner_names_the_choices() -> None:

@@ -32,8 +32,6 @@ __all__ = [
     "RUNNERS",
     "RUNNER_OPTIONS",
     "Replicas",
-    "check_runner",
-    "check_runner_options",
     "make_replicas",
 ]
 
@@ -67,34 +65,12 @@ class Replicas(Protocol):
     def stats(self) -> ReplicaStats: ...
 
 
-def check_runner(runner: object, batch_timeout_ms: float | None) -> str:
-    """``runner`` if it names a runner, and ``batch_timeout_ms`` only where it can act."""
-    if runner not in RUNNERS:
-        raise ConfigError(f"runner must be one of {', '.join(RUNNERS)}; got {runner!r}")
-    if batch_timeout_ms is not None and runner == "thread":
-        raise ConfigError(
-            "batch_timeout_ms needs runner='process' (or 'ray'): a model call in a thread "
-            "cannot be stopped, a process can be killed and replaced"
-        )
-    return str(runner)
-
-
 # What runner_options each runner takes.
 RUNNER_OPTIONS = {
     "thread": frozenset(),
     "process": frozenset(),
     "ray": frozenset({"address", "num_cpus", "num_gpus", "resources", "max_restarts"}),
 }
-
-
-def check_runner_options(runner: str, options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``options`` as a dict, if ``runner`` takes each of them."""
-    given = dict(options or {})
-    unknown = set(given) - RUNNER_OPTIONS[runner]
-    if unknown:
-        takes = ", ".join(sorted(RUNNER_OPTIONS[runner])) or "none"
-        raise ConfigError(f"runner {runner!r} takes no option {sorted(unknown)}; it takes: {takes}")
-    return given
 
 
 def make_replicas(
