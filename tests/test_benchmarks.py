@@ -29,6 +29,7 @@ def quick_run(script: str, *args: str, timeout: float = 120) -> str:
     return done.stdout
 
 
+@pytest.mark.timeout(150)  # the quick run's own bound is 120 s: torch imports on a busy box
 @pytest.mark.parametrize(
     ("script", "expected"),
     [
