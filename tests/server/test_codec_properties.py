@@ -26,8 +26,11 @@ from tritonclient.http._utils import _get_inference_request
 from carpool.bench.payload import InputSpec, RequestSpec, encode
 from carpool.datatypes import DATATYPES, FIXED_DTYPES
 from carpool.server.messages import HEADER_LENGTH, OutputTensor
-from carpool.server.requests import parse_header_length, parse_infer_request
-from carpool.server.responses import encode_infer_response
+from carpool.server.rest_codec import (
+    encode_infer_response,
+    parse_header_length,
+    parse_infer_request,
+)
 from carpool.server.tensors import array_from_json, array_from_wire, array_to_json, array_to_wire
 
 Array = np.ndarray[Any, Any]

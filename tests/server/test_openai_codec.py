@@ -14,7 +14,7 @@ import pytest
 
 from carpool import Model, Tensor
 from carpool.errors import QueueFull
-from carpool.server.inference import admit
+from carpool.server.admission import admit
 from carpool.server.messages import ProtocolError
 from carpool.server.openai import (
     EmbeddingsRequest,
@@ -31,7 +31,8 @@ from carpool.server.openai import (
     prompt_tokens,
 )
 from carpool.server.registry import ModelNotFound, ModelUnavailable
-from carpool.server.statuses import HTTPError, error_status
+from carpool.server.outcomes import error_status
+from carpool.server.statuses import HTTPError
 
 Array = np.ndarray[Any, Any]
 
