@@ -2,8 +2,8 @@
 (zero-sized dimensions included), both wire forms; encode then decode is the identity.
 
 Three levels: the tensor codecs (:mod:`carpool.server.tensors`) both ways; request bodies
-built by the bench's encoder and by tritonclient's, parsed by :mod:`carpool.server.requests`;
-response bodies from :mod:`carpool.server.responses`, read back by tritonclient. Bounded
+built by the bench's encoder and by tritonclient's, parsed by :mod:`carpool.server.rest_codec`;
+response bodies from :mod:`carpool.server.rest_codec`, read back by tritonclient. Bounded
 (``max_examples``) and derandomized, so every run searches the same examples.
 """
 

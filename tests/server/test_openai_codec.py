@@ -30,8 +30,8 @@ from carpool.server.openai import (
     parse_embeddings,
     prompt_tokens,
 )
-from carpool.server.registry import ModelNotFound, ModelUnavailable
 from carpool.server.outcomes import error_status
+from carpool.server.registry import ModelNotFound, ModelUnavailable
 from carpool.server.statuses import HTTPError
 
 Array = np.ndarray[Any, Any]

@@ -92,7 +92,7 @@ class ServedModel:
 
     def record(self, protocol: str, status: int) -> None:
         """One request that came by ``protocol`` (any name: a label in ``/metrics``) and
-        ended in ``status``, :func:`~carpool.server.statuses.error_status`'s."""
+        ended in ``status``, :func:`~carpool.server.outcomes.error_status`'s."""
         self.statuses[protocol][status] += 1
 
     def describe(self) -> str:
