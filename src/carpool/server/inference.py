@@ -12,7 +12,9 @@ Decode and encode run inside the path so that a request refused while decoding, 
 answer cannot be encoded, counts under its model, as every other outcome does.
 
 Free of ASGI and grpc: "the client is gone" is an awaitable the front end passes, a
-deadline is seconds. It must not import the app, a front end or anything that sends.
+deadline is seconds. So it is also the seam for front ends in other processes: one that
+decoded a request already passes a ``decode`` that returns it. It must not import the app,
+a front end or anything that sends.
 """
 
 from __future__ import annotations
@@ -99,10 +101,12 @@ class Inference:
 
         ``decode`` reads the request for the model (after the readiness check, so a server
         that is stopping reads no body); ``encode`` turns the :class:`Answer` into what the
-        front end sends. Raises what the request ended in, already counted: an unknown model
-        (:class:`~carpool.server.registry.ModelNotFound`, not counted: there is no model to
-        count it under), :class:`ClientGone`, a cancellation, or any exception
-        :func:`~carpool.server.outcomes.error_status` classifies.
+        front end sends. Raises what the request ended in, already counted under its model:
+        :class:`ClientGone`, a cancellation, or any exception
+        :func:`~carpool.server.outcomes.error_status` classifies; an unknown or unavailable
+        model (:class:`~carpool.server.registry.ModelNotFound`,
+        :class:`~carpool.server.registry.ModelUnavailable`) is not counted: there is no
+        model to count it under.
         """
         served = self.registry.get(name, version)
         started = time.perf_counter()
@@ -169,8 +173,8 @@ async def _unless_gone(work: asyncio.Future[Any], client_gone: Callable[[], Awai
         gone.cancel()
     if work.done():
         return work.result()
-    gone.result()  # what watching for the client raised, if anything
     work.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await work
+    gone.result()  # what watching for the client raised, if anything
     raise ClientGone
