@@ -20,7 +20,7 @@ from carpool.bench.payload import (
     spec_from_metadata,
 )
 from carpool.datatypes import DATATYPES
-from carpool.server.requests import parse_header_length, parse_infer_request
+from carpool.server.rest_codec import parse_header_length, parse_infer_request
 
 ALL_TYPES = list(DATATYPES)
 JSON_TYPES = [t for t in ALL_TYPES if t != "BF16"]

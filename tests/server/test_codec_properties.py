@@ -2,8 +2,8 @@
 (zero-sized dimensions included), both wire forms; encode then decode is the identity.
 
 Three levels: the tensor codecs (:mod:`carpool.server.tensors`) both ways; request bodies
-built by the bench's encoder and by tritonclient's, parsed by :mod:`carpool.server.requests`;
-response bodies from :mod:`carpool.server.responses`, read back by tritonclient. Bounded
+built by the bench's encoder and by tritonclient's, parsed by :mod:`carpool.server.rest_codec`;
+response bodies from :mod:`carpool.server.rest_codec`, read back by tritonclient. Bounded
 (``max_examples``) and derandomized, so every run searches the same examples.
 """
 
@@ -26,8 +26,11 @@ from tritonclient.http._utils import _get_inference_request
 from carpool.bench.payload import InputSpec, RequestSpec, encode
 from carpool.datatypes import DATATYPES, FIXED_DTYPES
 from carpool.server.messages import HEADER_LENGTH, OutputTensor
-from carpool.server.requests import parse_header_length, parse_infer_request
-from carpool.server.responses import encode_infer_response
+from carpool.server.rest_codec import (
+    encode_infer_response,
+    parse_header_length,
+    parse_infer_request,
+)
 from carpool.server.tensors import array_from_json, array_from_wire, array_to_json, array_to_wire
 
 Array = np.ndarray[Any, Any]

@@ -8,7 +8,7 @@ requests by outcome, the two counts are compared.
 
 Faults already covered elsewhere are referenced, not repeated: header and body timeouts
 (slowloris) in ``test_connection_limits.py``, NaN and Inf in ``test_e2e_errors.py`` and
-``test_requests.py``, drain past its deadline in ``test_shutdown.py``.
+``test_rest_codec.py``, drain past its deadline in ``test_shutdown.py``.
 """
 
 from __future__ import annotations

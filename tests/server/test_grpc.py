@@ -342,8 +342,9 @@ def test_queue_full_and_queue_timeout_are_unavailable(
     client: triton.InferenceServerClient, server: Server, threads: ThreadPoolExecutor
 ) -> None:
     with server.gate_closed("flaky"):
+        started = len(server.batches_started("flaky"))  # counted before the call can start one
         running = threads.submit(client.infer, "flaky", one(1.0))
-        server.wait_started("flaky", len(server.batches_started("flaky")) + 1)
+        server.wait_started("flaky", started + 1)
         queued = threads.submit(client.infer, "flaky", one(2.0))
         server.wait_queued("flaky", pending=2, queued_rows=1)
         code, message = failure(client.infer, "flaky", one(3.0))
@@ -351,8 +352,9 @@ def test_queue_full_and_queue_timeout_are_unavailable(
     assert running.result().as_numpy("OUTPUT0").tolist() == [[2.0]]
     assert queued.result().as_numpy("OUTPUT0").tolist() == [[3.0]]
     with server.gate_closed("gated"):
+        started = len(server.batches_started("gated"))  # counted before the call can start one
         running = threads.submit(client.infer, "gated", one(1.0))
-        server.wait_started("gated", len(server.batches_started("gated")) + 1)
+        server.wait_started("gated", started + 1)
         code, message = failure(client.infer, "gated", one(2.0), timeout=50_000)  # 50 ms
         assert (code, "Request timeout expired" in message) == ("UNAVAILABLE", True)
     assert running.result().as_numpy("OUTPUT0").tolist() == [[1.0]]

@@ -1,338 +1,208 @@
-"""admit() and respond(): a decoded request checked against a model, the model's outputs
-shaped into response tensors. Pure: no server, no batcher."""
+"""The one inference path: readiness, decode, admit, batch (withdrawn when the client goes,
+the call is cancelled or its deadline passes), respond, encode, record and time, for any
+protocol. In process: a real registry and batcher, no server; events, not timers."""
 
 from __future__ import annotations
 
-import copy
-import json
-import pickle
+import asyncio
+import threading
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
 import pytest
 
-from carpool import Batching, CarpoolError, Model, Tensor
-from carpool.server.inference import AdmittedRequest, ModelOutputError, admit, respond
-from carpool.server.messages import InferRequest, ProtocolError
-from carpool.server.requests import parse_infer_request
+from carpool import Batching, Model
+from carpool.errors import BatcherClosed, DeadlineExceeded
+from carpool.server.inference import Answer, ClientGone, Inference, Withdrawal, _unless_gone
+from carpool.server.messages import InferInput, InferRequest, ProtocolError
+from carpool.server.registry import ModelNotFound, Registry, ServedModel
+from carpool.server.statuses import HTTPError, Status
 
 
-def _pair(batch: dict[str, Any]) -> dict[str, Any]:
-    return {"SUM": batch["A"] + batch["B"], "TWICE": batch["B"] * 2}
+class Gate:
+    """Holds every batch of the model until opened; says when one has started."""
+
+    def __init__(self) -> None:
+        self.open = threading.Event()
+        self.started = threading.Event()
+
+    def __call__(self, batch: Any) -> Any:
+        self.started.set()
+        self.open.wait(30.0)
+        return batch + 1
 
 
-def declared(**batching: Any) -> Model:
-    return Model(
-        _pair,
-        name="pair",
-        inputs=[Tensor("A", "FP32", (2, -1)), Tensor("B", "INT64", (2, -1))],
-        outputs=[Tensor("SUM", "FP32", (2, -1)), Tensor("TWICE", "INT64", (2, -1))],
-        batching=Batching(**batching),
+@pytest.fixture
+def gate() -> Gate:
+    return Gate()
+
+
+@pytest.fixture
+async def inference(gate: Gate) -> AsyncIterator[Inference]:
+    model = Model(gate, name="m", batching=Batching(max_batch_size=1))
+    path = Inference(Registry([model]))
+    (served,) = path.registry
+    async with served.batcher:
+        path.registry.ready = True
+        yield path
+        gate.open.set()
+
+
+def served(inference: Inference) -> ServedModel:
+    (model,) = inference.registry
+    return model
+
+
+def request(value: float, **parameters: Any) -> InferRequest:
+    data = np.full((1, 1), value, np.float32)
+    data.flags.writeable = False
+    tensor = InferInput("INPUT0", "FP32", (1, 1), data, {})
+    return InferRequest(
+        id="r", parameters=parameters, inputs=(tensor,), outputs=None, binary_data_output=False
     )
 
 
-def undeclared(**batching: Any) -> Model:
-    return Model(lambda batch: batch, name="free", batching=Batching(**batching))
+def decoding(decoded: InferRequest) -> Any:
+    async def decode(model: Model) -> InferRequest:
+        return decoded
+
+    return decode
 
 
-def request(doc: dict[str, Any]) -> InferRequest:
-    return parse_infer_request(json.dumps(doc).encode(), None, max_elements=1 << 20)
+def encode(answer: Answer) -> list[float]:
+    ((tensor, _),) = answer.outputs
+    return [float(v) for v in tensor.data.ravel()]
 
 
-def tensor(name: str, datatype: str, shape: list[int], fill: Any = 1) -> dict[str, Any]:
-    count = int(np.prod(shape))
-    return {"name": name, "datatype": datatype, "shape": shape, "data": [fill] * count}
+async def infer(inference: Inference, value: float, **options: Any) -> list[float]:
+    decode = options.pop("decode", decoding(request(value)))
+    return await inference.infer(
+        "m", None, protocol="test", decode=decode, encode=encode, **options
+    )
 
 
-def pair_doc(rows: int = 1, width: int = 3, **extra: Any) -> dict[str, Any]:
-    return {
-        "inputs": [
-            tensor("A", "FP32", [rows, 2, width], 1.5),
-            tensor("B", "INT64", [rows, 2, width], 2),
-        ],
-        **extra,
+async def until_started(gate: Gate) -> None:
+    assert await asyncio.to_thread(gate.started.wait, 30.0)
+
+
+async def until_pending(inference: Inference, requests: int) -> None:
+    # The batcher has no event for "accepted": look once per loop turn.
+    while served(inference).batcher.stats().pending != requests:  # noqa: ASYNC110
+        await asyncio.sleep(0)
+
+
+async def test_an_answered_request_is_counted_and_timed(inference: Inference, gate: Gate) -> None:
+    gate.open.set()
+    assert await infer(inference, 1.0) == [2.0]
+    assert served(inference).statuses == {"test": {Status.OK: 1}}
+    assert served(inference).request_seconds > 0.0
+
+
+async def test_what_the_path_refuses_counts_under_the_model(inference: Inference) -> None:
+    async def refuse(model: Model) -> InferRequest:
+        raise ProtocolError("bad body", field="body")
+
+    with pytest.raises(ProtocolError):
+        await infer(inference, 1.0, decode=refuse)
+    inference.registry.ready = False  # draining: refused before decoding
+    with pytest.raises(BatcherClosed):
+        await infer(inference, 1.0, decode=refuse)
+    with pytest.raises(ModelNotFound):  # no model to count it under
+        await inference.infer("x", None, protocol="test", decode=refuse, encode=encode)
+    assert served(inference).statuses == {"test": {Status.BAD_REQUEST: 1, Status.UNAVAILABLE: 1}}
+    assert served(inference).request_seconds == 0.0
+
+
+async def test_a_client_that_leaves_withdraws_its_queued_request(
+    inference: Inference, gate: Gate
+) -> None:
+    running = asyncio.ensure_future(infer(inference, 1.0))
+    await until_started(gate)
+    left = asyncio.Event()
+    queued = asyncio.ensure_future(infer(inference, 2.0, withdrawal=Withdrawal(left.wait)))
+    await until_pending(inference, 2)
+    left.set()
+    with pytest.raises(ClientGone):
+        await queued
+    gate.open.set()
+    assert await running == [2.0]
+    assert served(inference).batcher.stats().cancelled == 1  # withdrawn
+    assert served(inference).statuses == {"test": {Status.CLIENT_CLOSED: 1, Status.OK: 1}}
+
+
+@pytest.mark.parametrize(("counts_as", "counted"), [(Status.CLIENT_CLOSED, 1), (None, 0)])
+async def test_a_cancelled_caller_counts_as_its_withdrawal_says(
+    inference: Inference, gate: Gate, counts_as: int | None, counted: int
+) -> None:
+    running = asyncio.ensure_future(infer(inference, 1.0))
+    await until_started(gate)
+    withdrawal = Withdrawal(cancel_counts_as=counts_as)
+    queued = asyncio.ensure_future(infer(inference, 2.0, withdrawal=withdrawal))
+    await until_pending(inference, 2)
+    queued.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await queued
+    gate.open.set()
+    await running
+    assert served(inference).batcher.stats().cancelled == 1
+    assert served(inference).statuses["test"][Status.CLIENT_CLOSED] == counted
+
+
+async def test_a_deadline_shortens_the_queue_timeout_and_passes_as_a_gateway_timeout(
+    inference: Inference, gate: Gate
+) -> None:
+    running = asyncio.ensure_future(infer(inference, 1.0))
+    await until_started(gate)
+    with pytest.raises(HTTPError) as info:
+        await infer(inference, 2.0, withdrawal=Withdrawal(deadline_s=0.01))
+    assert info.value.status == Status.GATEWAY_TIMEOUT
+    assert "the call's deadline passed" in info.value.message
+    with pytest.raises(DeadlineExceeded):  # the request's own timeout (10 ms) comes first
+        await infer(
+            inference,
+            2.0,
+            decode=decoding(request(2.0, timeout=10_000)),
+            withdrawal=Withdrawal(deadline_s=30.0),
+        )
+    gate.open.set()
+    await running
+    assert served(inference).statuses["test"] == {
+        Status.GATEWAY_TIMEOUT: 1,
+        Status.UNAVAILABLE: 1,
+        Status.OK: 1,
     }
 
 
-def free_doc(**extra: Any) -> dict[str, Any]:
-    return {"inputs": [tensor("INPUT0", "INT32", [2, 3])], **extra}
+async def test_work_that_finishes_first_is_kept() -> None:
+    work: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    waiting = asyncio.ensure_future(_unless_gone(work, asyncio.Event().wait))
+    work.set_result(7)
+    assert await waiting == 7
 
 
-def refused(model: Model, doc: dict[str, Any]) -> ProtocolError:
-    with pytest.raises(ProtocolError) as info:
-        admit(model, request(doc))
-    assert info.value.status == 400
-    return info.value
+async def test_a_client_that_leaves_cancels_the_work() -> None:
+    started = asyncio.Event()
+
+    async def slow() -> None:
+        started.set()
+        await asyncio.Event().wait()  # until cancelled
+
+    work = asyncio.ensure_future(slow())
+    gone = asyncio.Event()
+    waiting = asyncio.ensure_future(_unless_gone(work, gone.wait))
+    await started.wait()
+    gone.set()
+    with pytest.raises(ClientGone):
+        await waiting
+    assert work.cancelled()
 
 
-# ---------------------------------------------------------------- inputs
-
-
-def test_admitting_a_request_for_a_declared_model() -> None:
-    admitted = admit(declared(), request(pair_doc(rows=3, width=5)))
-    assert isinstance(admitted, AdmittedRequest)
-    assert admitted.rows == 3
-    assert list(admitted.value) == ["A", "B"]
-    assert admitted.value["A"].shape == (3, 2, 5)
-    assert admitted.value["A"].dtype == np.float32
-    assert admitted.value["B"].dtype == np.int64
-    assert np.all(admitted.value["A"] == 1.5)
-    assert admitted.outputs == (("SUM", False), ("TWICE", False))
-    assert (admitted.priority, admitted.timeout_ms) == (1, None)
-
-
-def test_undeclared_model_takes_any_datatype_and_row_shape() -> None:
-    model = undeclared()
-    for datatype, shape in [("INT32", [2, 3]), ("BOOL", [1]), ("BYTES", [4, 1, 2])]:
-        fill = {"INT32": 7, "BOOL": True, "BYTES": "x"}[datatype]
-        doc = {"inputs": [tensor("INPUT0", datatype, shape, fill)]}
-        admitted = admit(model, request(doc))
-        assert admitted.rows == shape[0]
-        assert admitted.value["INPUT0"].shape == tuple(shape)
-        assert admitted.outputs == (("OUTPUT0", False),)
-
-
-def test_missing_input() -> None:
-    doc = pair_doc()
-    del doc["inputs"][0]
-    error = refused(declared(), doc)
-    assert error.field == "inputs"
-    assert str(error) == (
-        "expected 2 inputs but got 1 inputs for model 'pair'. Got input(s) ['B'], "
-        "but missing required input(s) ['A']"
-    )
-
-
-def test_unknown_input() -> None:
-    doc = pair_doc()
-    doc["inputs"].append(tensor("C", "FP32", [1, 2, 3]))
-    error = refused(declared(), doc)
-    assert error.field == "inputs"
-    assert str(error) == "unexpected inference input(s) ['C'] for model 'pair'; expected ['A', 'B']"
-    error = refused(undeclared(), {"inputs": [tensor("X", "FP32", [1])]})
-    assert "unexpected inference input(s) ['X'] for model 'free'" in str(error)
-
-
-def test_wrong_datatype_on_a_declared_model() -> None:
-    doc = pair_doc()
-    doc["inputs"][1] = tensor("B", "INT32", [1, 2, 3])
-    error = refused(declared(), doc)
-    assert error.field == "B"
-    assert str(error) == (
-        "inference input 'B' data-type is 'INT32', but model 'pair' expects 'INT64'"
-    )
-
-
-@pytest.mark.parametrize(
-    ("shape", "shown"),
-    [([1, 3, 3], "[1,3,3]"), ([1, 2], "[1,2]"), ([1, 2, 3, 1], "[1,2,3,1]")],
-)
-def test_row_shape_must_match_the_declared_one(shape: list[int], shown: str) -> None:
-    doc = pair_doc()
-    doc["inputs"][0] = tensor("A", "FP32", shape)
-    error = refused(declared(), doc)
-    assert error.field == "A"
-    assert str(error) == (
-        f"unexpected shape for input 'A' for model 'pair'. Expected [-1,2,-1], got {shown}"
-    )
-
-
-def test_variable_dimension_takes_any_size() -> None:
-    for width in (1, 7):
-        assert admit(declared(), request(pair_doc(width=width))).value["B"].shape == (1, 2, width)
-
-
-def test_a_shape_without_batch_dimension_is_refused() -> None:
-    error = refused(undeclared(), {"inputs": [tensor("INPUT0", "FP32", [])]})
-    assert error.field == "INPUT0"
-    assert "batches along the first dimension" in str(error)
-
-
-def test_inputs_must_agree_on_rows() -> None:
-    doc = pair_doc()
-    doc["inputs"][1] = tensor("B", "INT64", [2, 2, 3])
-    error = refused(declared(), doc)
-    assert error.field == "inputs"
-    assert str(error) == "inputs disagree on the batch size (first dimension): {'A': 1, 'B': 2}"
-
-
-def test_zero_rows() -> None:
-    error = refused(undeclared(), {"inputs": [tensor("INPUT0", "FP32", [0, 4])]})
-    assert str(error) == "the batch dimension must be at least 1, got 0"
-
-
-# ---------------------------------------------------------------- outputs
-
-
-def test_requested_outputs_in_request_order_with_their_encoding() -> None:
-    doc = pair_doc(
-        outputs=[
-            {"name": "TWICE", "parameters": {"binary_data": True}},
-            {"name": "SUM"},
-        ]
-    )
-    assert admit(declared(), request(doc)).outputs == (("TWICE", True), ("SUM", False))
-    doc["parameters"] = {"binary_data_output": True}
-    assert admit(declared(), request(doc)).outputs == (("TWICE", True), ("SUM", True))
-    doc["outputs"][0]["parameters"]["binary_data"] = False
-    assert admit(declared(), request(doc)).outputs == (("TWICE", False), ("SUM", True))
-
-
-def test_all_outputs_follow_binary_data_output() -> None:
-    doc = pair_doc(parameters={"binary_data_output": True})
-    assert admit(declared(), request(doc)).outputs == (("SUM", True), ("TWICE", True))
-
-
-def test_unknown_output() -> None:
-    error = refused(declared(), pair_doc(outputs=[{"name": "NOPE"}]))
-    assert error.field == "outputs.NOPE"
-    assert (
-        str(error) == "unexpected inference output 'NOPE' for model 'pair'; it has ['SUM', 'TWICE']"
-    )
-
-
-# ---------------------------------------------------------------- priority and timeout
-
-
-@pytest.mark.parametrize(
-    ("parameters", "batching", "level"),
-    [
-        ({}, {}, 1),
-        ({"priority": 0}, {}, 1),
-        ({"priority": 0}, {"priority_levels": 5, "default_priority_level": 3}, 3),
-        ({}, {"priority_levels": 5, "default_priority_level": 3}, 3),
-        ({"priority": 1}, {"priority_levels": 5, "default_priority_level": 3}, 1),
-        ({"priority": 5}, {"priority_levels": 5, "default_priority_level": 3}, 5),
-        ({"priority": 1000}, {}, 1000),  # no levels declared: any priority
-    ],
-)
-def test_priority(parameters: dict[str, Any], batching: dict[str, Any], level: int) -> None:
-    assert admit(undeclared(**batching), request(free_doc(parameters=parameters))).priority == level
-
-
-def test_priority_beyond_the_levels() -> None:
-    error = refused(undeclared(priority_levels=5), free_doc(parameters={"priority": 6}))
-    assert error.field == "parameters.priority"
-    assert str(error) == "parameter 'priority' must be in [0, 5] for model 'free', got 6"
-
-
-@pytest.mark.parametrize(
-    ("timeout_us", "default_ms", "expected_ms"),
-    [
-        (None, None, None),
-        (0, None, None),  # Triton: 0 means no timeout of its own
-        (2500, None, 2.5),
-        (None, 10.0, 10.0),
-        (0, 10.0, 10.0),
-        (5000, 10.0, 5.0),  # a request may shorten the default
-        (20000, 10.0, 10.0),  # ... never extend it
-        (10000, 10.0, 10.0),
-    ],
-)
-def test_timeout_in_microseconds_only_shortens_the_default(
-    timeout_us: int | None, default_ms: float | None, expected_ms: float | None
-) -> None:
-    parameters = {} if timeout_us is None else {"timeout": timeout_us}
-    model = undeclared(default_timeout_ms=default_ms)
-    assert admit(model, request(free_doc(parameters=parameters))).timeout_ms == expected_ms
-
-
-@pytest.mark.parametrize("name", ["priority", "timeout"])
-@pytest.mark.parametrize("value", [-1, 2.5, "3", True, False])
-def test_priority_and_timeout_must_be_non_negative_integers(name: str, value: Any) -> None:
-    error = refused(undeclared(), free_doc(parameters={name: value}))
-    assert error.field == f"parameters.{name}"
-    assert str(error) == f"parameter '{name}' must be a non-negative integer, got {value!r}"
-
-
-@pytest.mark.parametrize("name", ["sequence_id", "sequence_start", "sequence_end"])
-@pytest.mark.parametrize("value", [7, "abc", True])
-def test_sequence_parameters_are_refused(name: str, value: Any) -> None:
-    error = refused(declared(), pair_doc(parameters={name: value}))
-    assert error.field == f"parameters.{name}"
-    assert "is stateless; sequence batching is not supported" in str(error)
-
-
-def test_custom_parameters_are_allowed() -> None:
-    doc = free_doc(parameters={"temperature": 0.5, "label": "x", "flag": True})
-    assert admit(undeclared(), request(doc)).rows == 2
-
-
-# ---------------------------------------------------------------- respond
-
-
-def test_respond_casts_to_the_declared_datatypes() -> None:
-    model = declared()
-    admitted = admit(model, request(pair_doc(rows=2)))
-    result = model.batched_fn()(admitted.value)
-    assert result["SUM"].dtype == np.float64  # float32 + int64
-    tensors = respond(model, admitted, result)
-    assert [(t.name, t.datatype, t.shape, binary) for t, binary in tensors] == [
-        ("SUM", "FP32", (2, 2, 3), False),
-        ("TWICE", "INT64", (2, 2, 3), False),
-    ]
-    assert tensors[0][0].data.dtype == np.float32
-    assert np.all(tensors[0][0].data == 3.5)
-    assert np.all(tensors[1][0].data == 4)
-
-
-def test_respond_sends_only_what_was_requested_in_that_order() -> None:
-    model = declared()
-    doc = pair_doc(outputs=[{"name": "TWICE", "parameters": {"binary_data": True}}])
-    admitted = admit(model, request(doc))
-    tensors = respond(model, admitted, model.batched_fn()(admitted.value))
-    assert [(t.name, binary) for t, binary in tensors] == [("TWICE", True)]
-
-
-@pytest.mark.parametrize(
-    ("array", "datatype"),
-    [
-        (np.zeros((2, 3), np.int32), "INT32"),
-        (np.zeros((2,), np.float16), "FP16"),
-        (np.array([[True], [False]]), "BOOL"),
-        (np.array([b"a", b"bc"], object), "BYTES"),
-        (np.array(["a", "bc"]), "BYTES"),
-    ],
-)
-def test_respond_names_an_undeclared_output_by_its_dtype(
-    array: np.ndarray[Any, Any], datatype: str
-) -> None:
-    model = undeclared()
-    admitted = admit(model, request(free_doc()))
-    ((output, binary),) = respond(model, admitted, {"OUTPUT0": array})
-    assert (output.name, output.datatype, output.shape, binary) == (
-        "OUTPUT0",
-        datatype,
-        array.shape,
-        False,
-    )
-
-
-def test_respond_without_a_requested_output_is_a_model_error() -> None:
-    model = declared()
-    admitted = admit(model, request(pair_doc()))
-    with pytest.raises(ModelOutputError) as info:
-        respond(model, admitted, {"SUM": np.zeros((1, 2, 3))})
-    assert str(info.value) == "model 'pair' returned outputs ['SUM'], without 'TWICE'"
-    assert isinstance(info.value, RuntimeError)
-    assert isinstance(info.value, CarpoolError)
-
-
-@pytest.mark.parametrize(
-    "clone", [lambda e: pickle.loads(pickle.dumps(e)), copy.copy, copy.deepcopy]
-)
-def test_model_output_error_survives_pickling_and_copying(clone: Any) -> None:
-    error = ModelOutputError("model 'pair' returned outputs [], without 'SUM'")
-    again = clone(error)
-    assert type(again) is ModelOutputError
-    assert str(again) == again.message == "model 'pair' returned outputs [], without 'SUM'"
-
-
-@pytest.mark.parametrize("shape", [(1, 2, 3, 1), (1, 3, 3), (1, 2)])
-def test_respond_refuses_an_output_unlike_its_declaration(shape: tuple[int, ...]) -> None:
-    """Declared outputs are a promise made in metadata: rows of [2,-1] here."""
-    model = declared()
-    admitted = admit(model, request(pair_doc()))
-    result = {"SUM": np.zeros(shape, np.float32), "TWICE": np.zeros((1, 2, 3), np.int64)}
-    with pytest.raises(ModelOutputError, match="SUM"):
-        respond(model, admitted, result)
+async def test_cancelling_the_wait_cancels_the_work() -> None:
+    work: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    waiting = asyncio.ensure_future(_unless_gone(work, asyncio.Event().wait))
+    await asyncio.sleep(0)  # let it start waiting
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    assert waiting.cancelled()
+    assert work.cancelled()

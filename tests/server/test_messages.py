@@ -6,6 +6,7 @@ import copy
 import pickle
 from typing import Any
 
+import numpy as np
 import pytest
 
 from carpool.errors import CarpoolError
@@ -14,6 +15,10 @@ from carpool.server.messages import (
     ProtocolError,
     RequestedOutput,
     blame,
+    check_requested_output,
+    claim_name,
+    input_tensor,
+    refuse_shared_memory,
     wants_binary,
 )
 
@@ -83,3 +88,38 @@ def test_blame_keeps_a_protocol_error_and_lets_other_errors_through() -> None:
     assert info.value is original
     with pytest.raises(KeyError), blame("INPUT0"):
         raise KeyError("x")
+
+
+# -- the checks every decoder shares ------------------------------------------------------
+
+
+def test_input_tensor_shapes_the_data_read_only() -> None:
+    tensor = input_tensor("X", "INT32", (2, 2), np.arange(4, dtype=np.int32), {"k": 1})
+    assert (tensor.shape, tensor.data.shape, tensor.parameters) == ((2, 2), (2, 2), {"k": 1})
+    assert not tensor.data.flags.writeable
+
+
+def test_a_second_tensor_of_one_name_is_refused_in_triton_s_words() -> None:
+    taken: set[str] = set()
+    claim_name("X", taken, "output", "outputs[0]")
+    with pytest.raises(ProtocolError) as info:
+        claim_name("X", taken, "output", "outputs[1]")
+    assert (info.value.detail, info.value.field) == (
+        "output 'X' already exists in request",
+        "outputs[1].name",
+    )
+
+
+def test_shared_memory_and_classification_are_refused_naming_the_field() -> None:
+    refuse_shared_memory("input", "X", "inputs[0]", {"binary_data_size": 4})  # no region: fine
+    with pytest.raises(ProtocolError) as info:
+        refuse_shared_memory("input", "X", "inputs[0]", {"shared_memory_region": "r"})
+    assert info.value.field == "inputs[0].parameters"
+    assert "shared memory is not supported by this server (input 'X')" in info.value.detail
+    check_requested_output("Y", {"binary_data": True}, "outputs[0]")
+    with pytest.raises(ProtocolError) as info:
+        check_requested_output("Y", {"shared_memory_region": "r"}, "outputs[0]")
+    assert "(output 'Y')" in info.value.detail
+    with pytest.raises(ProtocolError) as info:
+        check_requested_output("Y", {"classification": 2}, "outputs[0]")
+    assert info.value.field == "outputs[0].parameters.classification"

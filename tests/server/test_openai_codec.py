@@ -14,7 +14,7 @@ import pytest
 
 from carpool import Model, Tensor
 from carpool.errors import QueueFull
-from carpool.server.inference import admit
+from carpool.server.admission import admit
 from carpool.server.messages import ProtocolError
 from carpool.server.openai import (
     EmbeddingsRequest,
@@ -30,8 +30,9 @@ from carpool.server.openai import (
     parse_embeddings,
     prompt_tokens,
 )
+from carpool.server.outcomes import error_status
 from carpool.server.registry import ModelNotFound, ModelUnavailable
-from carpool.server.statuses import HTTPError, error_status
+from carpool.server.statuses import HTTPError
 
 Array = np.ndarray[Any, Any]
 

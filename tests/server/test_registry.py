@@ -10,7 +10,14 @@ import pytest
 
 from carpool import Batching, CarpoolError, Model, Tensor
 from carpool.loading import LoadFailure
-from carpool.server.registry import ModelNotFound, ModelUnavailable, Registry, ServedModel
+from carpool.server.registry import (
+    VERSION,
+    ModelNotFound,
+    ModelUnavailable,
+    Registry,
+    ServedModel,
+    server_metadata,
+)
 
 
 def _fn(batch: Any) -> Any:
@@ -238,3 +245,29 @@ async def test_compute_phases_agree_as_perf_analyzer_requires() -> None:
     counts = {phases[k]["count"] for k in ("compute_input", "compute_infer", "compute_output")}
     assert counts == {3}  # one per request, as Triton counts them
     assert phases["success"]["count"] == 3
+
+
+async def test_readiness_is_the_registry_s_for_every_protocol() -> None:
+    registry = Registry([Model(_fn, name="a")], [LoadFailure("broken", "1", "no such file")])
+    (served,) = registry
+    assert (registry.is_ready(), registry.model_ready(served)) == (False, False)  # not started
+    async with served.batcher:
+        assert (registry.is_ready(), registry.model_ready(served)) == (False, False)
+        registry.ready = True  # the app's startup
+        assert (registry.is_ready(), registry.model_ready(served)) == (True, True)
+        registry.ready = False  # the drain
+        assert (registry.is_ready(), registry.model_ready(served)) == (False, False)
+
+
+def test_the_ready_index_leaves_out_the_models_that_failed() -> None:
+    registry = Registry([Model(_fn, name="b")], [LoadFailure("a", "1", "no such file")])
+    assert [entry["name"] for entry in registry.index()] == ["a", "b"]
+    assert registry.index(ready_only=True) == [
+        {"name": "b", "version": "1", "state": "READY", "reason": ""}
+    ]
+
+
+def test_server_metadata_names_carpool_its_version_and_extensions() -> None:
+    metadata = server_metadata()
+    assert (metadata["name"], metadata["version"]) == ("carpool", VERSION)
+    assert "binary_tensor_data" in metadata["extensions"]

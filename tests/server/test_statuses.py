@@ -1,97 +1,67 @@
-"""The one table from exceptions to HTTP statuses, and ``HTTPError``.
-
-The same table is exercised end to end over HTTP in ``test_e2e_errors.py``; here every row
-is checked directly, with the headers and message each status carries.
-"""
+"""The table of statuses: their names, what gRPC, /metrics and OpenAI call each, and
+``HTTPError``."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import pickle
 from typing import Any
 
 import pytest
 
-from carpool.errors import (
-    BatcherClosed,
-    BatchSizeMismatch,
-    CarpoolError,
-    CollationError,
-    DeadlineExceeded,
-    Overloaded,
-    QueueFull,
+from carpool.errors import CarpoolError
+from carpool.server.statuses import (
+    HTTPError,
+    Status,
+    grpc_code,
+    is_server_error,
+    openai_code,
+    openai_type,
+    outcome,
 )
-from carpool.server.inference import ModelOutputError
-from carpool.server.messages import ProtocolError
-from carpool.server.registry import ModelNotFound, ModelUnavailable
-from carpool.server.statuses import STOPPING, HTTPError, error_status
-
-RETRY = [(b"retry-after", b"1")]
 
 
 @pytest.mark.parametrize(
-    ("exc", "status", "message", "headers"),
+    ("status", "code"),
     [
-        (ProtocolError("bad shape", field="x"), 400, "bad shape", []),
-        (ProtocolError("too many", field="x", status=413), 413, "too many", []),
-        (ProtocolError("BYTES as FP32", field="y", status=500), 500, "BYTES as FP32", []),
-        (ModelNotFound("m"), 404, "Model 'm' is not found", []),
-        (ModelNotFound("m", "3"), 404, "Model 'm' version '3' is not found", []),
-        (
-            ModelUnavailable("m", "no such file"),
-            400,
-            "Model 'm' is not ready: failed to load: no such file",
-            [],
-        ),
-        (QueueFull(max_queue_size=2, queued=2, rows=1), 503, "Exceeds maximum queue size", RETRY),
-        (
-            Overloaded(predicted_ms=80.0, budget_ms=50.0, queued=9, rows=1),
-            503,
-            "Overloaded: 9 rows queued ahead",
-            RETRY,
-        ),
-        (
-            DeadlineExceeded(timeout_ms=20.0, stage="queued"),
-            503,
-            "Request timeout expired: timeout_ms=20 passed while queued",
-            RETRY,
-        ),
-        (BatcherClosed("m", "is stopping"), 503, STOPPING, []),
-        (
-            BatchSizeMismatch(expected=2, actual=3),
-            500,
-            "model error: model_fn returned 3 rows",
-            [],
-        ),
-        (ModelOutputError("model 'm' returned outputs []"), 500, "model error: model 'm'", []),
-        (ValueError("negative input"), 500, "model error: ValueError: negative input", []),
-        (
-            CollationError("ragged rows", field="output"),
-            500,
-            "model error: CollationError: output: ragged rows",
-            [],
-        ),
+        (Status.OK, "OK"),
+        (Status.BAD_REQUEST, "INVALID_ARGUMENT"),
+        (Status.NOT_FOUND, "NOT_FOUND"),
+        (Status.CONTENT_TOO_LARGE, "RESOURCE_EXHAUSTED"),
+        (Status.CLIENT_CLOSED, "CANCELLED"),
+        (Status.INTERNAL_ERROR, "INTERNAL"),
+        (Status.UNAVAILABLE, "UNAVAILABLE"),
+        (Status.GATEWAY_TIMEOUT, "DEADLINE_EXCEEDED"),
+        (Status.REQUEST_TIMEOUT, "INVALID_ARGUMENT"),  # unnamed: a client's error
+        (Status.UNAUTHORIZED, "INVALID_ARGUMENT"),
+        (502, "INTERNAL"),  # unnamed: a server's error
     ],
 )
-def test_every_outcome_has_one_status(
-    exc: Exception, status: int, message: str, headers: list[tuple[bytes, bytes]]
-) -> None:
-    error = error_status(exc)
-    assert error.status == status
-    assert error.message.startswith(message), error.message
-    assert error.headers == headers
+def test_every_status_has_a_grpc_code(status: int, code: str) -> None:
+    assert grpc_code(status) == code
 
 
-def test_an_http_error_is_its_own_answer() -> None:
-    error = HTTPError(405, "Method Not Allowed", [(b"allow", b"GET")])
-    assert error_status(error) is error
+def test_metrics_and_openai_name_statuses_by_the_table() -> None:
+    assert (outcome(Status.OK), outcome(Status.CLIENT_CLOSED), outcome(418)) == (
+        "success",
+        "client_closed",
+        "418",
+    )
+    assert (openai_code(Status.CONTENT_TOO_LARGE), openai_code(418)) == ("request_too_large", None)
+    assert (openai_type(Status.NOT_FOUND), openai_type(Status.UNAVAILABLE)) == (
+        "invalid_request_error",
+        "server_error",
+    )
+    assert not is_server_error(Status.CLIENT_CLOSED)
+    assert is_server_error(Status.GATEWAY_TIMEOUT)
 
 
-@pytest.mark.parametrize("exc", [asyncio.CancelledError(), KeyboardInterrupt()])
-def test_what_is_not_an_exception_is_not_an_outcome(exc: BaseException) -> None:
-    with pytest.raises(type(exc)):
-        error_status(exc)
+def test_statuses_are_the_numbers_on_the_wire() -> None:
+    assert (Status.NOT_FOUND == 404, str(Status.UNAVAILABLE), f"{Status.CLIENT_CLOSED}") == (
+        True,
+        "503",
+        "499",
+    )
 
 
 def test_http_error_is_a_carpool_error_with_status_message_and_headers() -> None:

@@ -1,13 +1,20 @@
 """The KServe v2 / Open Inference Protocol server: wire format, routes and process lifecycle.
 
-Its modules, each importing only from those above it:
+Its modules, each importing only from those above it (no cycles, function-level imports
+counted):
 
+- ``statuses``: THE table of statuses by name (``Status``), what gRPC, ``/metrics`` and
+  OpenAI call each; ``HTTPError``; pure.
 - ``tensors``: the tensor codecs (binary layouts, JSON data lists); pure.
-- ``messages``: the request and response records, ``ProtocolError``; pure.
-- ``requests`` / ``responses``: bodies to records, records to bodies; pure.
-- ``inference``: a request checked against its model, the model's outputs shaped; pure.
-- ``registry``: the served models, their batchers, metadata, config and statistics.
-- ``statuses``: the one table from exceptions to HTTP statuses (and gRPC codes); ``HTTPError``.
+- ``messages``: the request and response records, ``ProtocolError``, and the checks every
+  decoder shares (duplicate names, shared memory, classification, the element limit); pure.
+- ``rest_codec``: REST's v2 bodies to records and back; pure.
+- ``admission``: a request checked against its model, the model's outputs shaped; pure.
+- ``registry``: the served models, their batchers, metadata, config, statistics, and
+  readiness (``ready``, ``is_ready``, ``model_ready``, the ready-only index).
+- ``outcomes``: ``error_status``, the one classification of exceptions into statuses.
+- ``inference``: THE inference path, one request's life for every protocol: ready, decode,
+  admit, batch (withdrawn on disconnect, cancel or deadline), respond, encode, record, time.
 - ``grpc_codec``: Triton's gRPC messages (tritonclient's stubs) to those records and back; pure.
 - ``openai``: OpenAI's embeddings and models bodies to and from those records; pure.
 - ``openapi``: the OpenAPI 3 document of the REST routes, served at ``/v2/openapi.json``; pure.
@@ -16,10 +23,16 @@ Its modules, each importing only from those above it:
 - ``connections``: uvicorn's HTTP protocol with a header-read timeout and a JSON 503 past
   ``--limit-concurrency``.
 - ``buckets`` / ``metrics``: ``/metrics`` histogram buckets (pure); Prometheus exposition.
-- ``app``: the ASGI application: lifespan, routes, the inference endpoint.
 - ``grpc_access``: the gRPC API-key interceptor and its port, with TLS or without.
 - ``loop_bridge``: coroutines from the gRPC thread's loop run on the app's, in bursts.
-- ``grpc_service``: the gRPC API on the app's models, in a thread (the app starts it, importing
-  it only when the gRPC port is on).
-- ``config`` / ``serve``: the process's settings; bind, serve, drain on a signal.
+- ``grpc_service``: the gRPC front end: decodes and encodes, on the inference path it is
+  given, in a thread of its own; never imports the app.
+- ``app``: the ASGI application: lifespan, routes, the REST front ends (v2 and OpenAI) of
+  the inference path; starts and drains the gRPC server it is given.
+- ``config`` / ``serve``: the process's settings; wiring (registry -> inference path -> app,
+  and the gRPC server only when its port is on); bind, serve, drain on a signal.
+
+A request's walk goes one way: front end (``app`` or ``grpc_service``) -> ``inference``
+(-> ``registry``, the decoder it was given: ``rest_codec`` / ``openai`` / ``grpc_codec``,
+``admission``, the batcher, ``admission``, the encoder, ``outcomes``) -> front end.
 """

@@ -1,94 +1,92 @@
-"""The v2 REST API as a plain ASGI application: lifespan, routes and the inference endpoint.
+"""The REST API as a plain ASGI application: lifespan, routes, and the REST front ends of
+the inference path (v2 JSON, binary and raw; OpenAI's ``/v1/embeddings``).
 
 Routes are matched by splitting the path, not by a framework: the inference path is the hot
-path, and a handful of fixed routes needs no more. Whatever a request ends in is answered
-with the status :func:`~carpool.server.statuses.error_status` gives it, and an error body
-that is exactly ``{"error": "<message>"}``, which is what tritonclient reads (under ``/v1``,
-OpenAI's routes, the same status in OpenAI's shape: :mod:`carpool.server.openai`). Bodies are
-read by :mod:`carpool.server.bodies`; the wire format is :mod:`carpool.server.requests` and
-:mod:`carpool.server.responses`. Only :mod:`carpool.server.serve` imports it.
+path, and a handful of fixed routes needs no more. An inference request is only decoded and
+encoded here (:mod:`carpool.server.rest_codec`, :mod:`carpool.server.openai`); its life in
+between is :class:`~carpool.server.inference.Inference`'s. Whatever a request ends in is
+answered with the status :func:`~carpool.server.outcomes.error_status` gives it, and an
+error body that is exactly ``{"error": "<message>"}``, which is what tritonclient reads
+(under ``/v1``, the same status in OpenAI's shape). Bodies are read by
+:mod:`carpool.server.bodies`. The app also starts and drains the gRPC server it is given
+(built by :mod:`carpool.server.serve`), without importing grpc. Only
+:mod:`carpool.server.serve` imports it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from importlib.metadata import version as _version
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from carpool.errors import BatcherClosed, ConfigError, WorkerStartError
+from carpool.errors import ConfigError, WorkerStartError
 from carpool.model import Model
 from carpool.server import openai, openapi
-from carpool.server.asgi import (
-    JSON,
-    Receive,
-    Scope,
-    Send,
-    send_json,
-    send_response,
-    unless_disconnected,
-)
+from carpool.server.asgi import JSON, Receive, Scope, Send, disconnected, send_json, send_response
 from carpool.server.auth import UNAUTHORIZED, ApiKeys, is_open
 from carpool.server.bodies import read_body
-from carpool.server.inference import AdmittedRequest, admit, respond
-from carpool.server.messages import HEADER_LENGTH, InferRequest, ProtocolError
+from carpool.server.inference import Answer, ClientGone, Inference, Withdrawal
+from carpool.server.messages import HEADER_LENGTH, MAX_ELEMENTS, InferRequest, ProtocolError
 from carpool.server.metrics import Metrics
-from carpool.server.registry import Registry, ServedModel
-from carpool.server.requests import (
+from carpool.server.outcomes import error_status
+from carpool.server.registry import VERSION, ServedModel, server_metadata
+from carpool.server.rest_codec import (
     check_raw_content_type,
+    encode_error,
+    encode_infer_response,
     parse_header_length,
     parse_index_request,
     parse_infer_request,
     parse_raw_request,
 )
-from carpool.server.responses import encode_error, encode_infer_response
-from carpool.server.statuses import CLIENT_CLOSED, STOPPING, HTTPError, error_status
+from carpool.server.statuses import STOPPING, HTTPError, Status, is_server_error
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # built by serve, only when the gRPC port is on: grpc is not imported here
     from carpool.server.grpc_service import GrpcServer
 
 __all__ = ["App"]
 
 log = logging.getLogger("carpool.server")
-_VERSION = _version("carpool")  # from the installed metadata: pyproject.toml holds it once
 access_log = logging.getLogger("carpool.access")
-
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "schedule_policy"]
-# Elements one request may carry (2**31, Triton's limit): checked before anything is allocated.
-MAX_ELEMENTS = 2**31
+_HTTP = "http"  # the protocol label of v2 REST requests in /metrics
+_OPENAI = "openai"  # and of /v1/embeddings requests
 
 
 class App:
-    """ASGI application serving the models of ``registry``."""
+    """ASGI application serving the models of ``inference``'s registry; it starts and
+    drains ``grpc`` (None: REST only) with them."""
 
     def __init__(
         self,
-        registry: Registry,
+        inference: Inference,
         *,
         max_body_bytes: int,
         drain_timeout_s: float = 30.0,
         metrics: Metrics | None = None,
-        grpc_address: str | None = None,
+        grpc: GrpcServer | None = None,
         api_keys: ApiKeys | None = None,
         metrics_need_key: bool = False,
-        tls: tuple[str, str] | None = None,
         body_timeout_s: float | None = None,
     ) -> None:
-        self.registry = registry
-        self.grpc_address = grpc_address  # "host:port" of the gRPC API; None: REST only
+        self.inference = inference
+        self.registry = inference.registry
         self.api_keys = api_keys  # None: every route is open
         self.metrics_need_key = metrics_need_key
-        self.tls = tls  # (certfile, keyfile) REST's server serves; the gRPC port too
         self.body_timeout_s = body_timeout_s
         self.max_body_bytes = max_body_bytes
         self.drain_timeout_s = drain_timeout_s
-        self.metrics = metrics if metrics is not None else Metrics(registry)
-        self.ready = False  # true between startup and the start of shutdown
+        self.metrics = metrics if metrics is not None else Metrics(self.registry)
         self.startup_error: Exception | None = None  # why startup failed, if it did
         self._started: list[ServedModel] = []
         self._drain_deadline: float | None = None  # monotonic; set when draining begins
-        self._grpc: GrpcServer | None = None
+        self._grpc = grpc
+
+    @property
+    def grpc_address(self) -> str | None:
+        """``host:port`` of the gRPC API; None: REST only."""
+        return None if self._grpc is None else self._grpc.address
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -122,7 +120,19 @@ class App:
     async def startup(self) -> None:
         """Start every model's batcher on this loop. A model whose worker processes all
         failed to load is unavailable, with the reason, like a broken repository folder;
-        the others serve (and if none is left, startup fails)."""
+        the others serve (and if none is left, startup fails). A failed startup closes the
+        batchers it started (and with them their worker processes)."""
+        try:
+            await self._start()
+        except Exception:
+            await self.shutdown()  # the batchers just started, idle: they close at once
+            raise
+        for served in self.registry:
+            log.info("serving model %r: %s", served.name, served.describe())
+        for failure in self.registry.load_failures.values():
+            log.error("model %r is unavailable: %s", failure.name, failure.reason)
+
+    async def _start(self) -> None:
         for served in list(self.registry):
             try:
                 await served.batcher.__aenter__()
@@ -134,31 +144,19 @@ class App:
             failures = self.registry.load_failures.values()
             problems = "; ".join(f"{f.name}: {f.reason}" for f in failures)
             raise ConfigError(f"no model could start ({problems})")
-        if self.grpc_address is not None:
-            await self._start_grpc(self.grpc_address)
-        self.ready = True
-        for served in self.registry:
-            log.info("serving model %r: %s", served.name, served.describe())
-        for failure in self.registry.load_failures.values():
-            log.error("model %r is unavailable: %s", failure.name, failure.reason)
-
-    async def _start_grpc(self, address: str) -> None:
-        # Imported here: grpc and tritonclient load only when the gRPC port is on.
-        from carpool.server.grpc_service import GrpcServer
-
-        self._grpc = GrpcServer(self, address, max_message_bytes=self.max_body_bytes)
-        try:
-            await self._grpc.start()
-        except ConfigError:
-            self._grpc = None
-            await self.shutdown()  # the batchers just started, idle: they close at once
-            raise
+        if self._grpc is not None:
+            try:
+                await self._grpc.start()
+            except Exception:
+                self._grpc = None  # it never listened: nothing of it to drain
+                raise
+        self.registry.ready = True
 
     def begin_drain(self) -> None:
         """Not ready any more, and the drain timeout starts now: it bounds the whole drain
         (the HTTP server's wait for requests in flight, then the batchers' close), not
         each step of it."""
-        self.ready = False
+        self.registry.ready = False
         if self._drain_deadline is None:
             self._drain_deadline = time.monotonic() + self.drain_timeout_s
             if self._grpc is not None:  # stops accepting calls; the same deadline
@@ -187,21 +185,23 @@ class App:
         parts = scope["path"].strip("/").split("/")
         try:
             if self.api_keys is not None and self._refused(self.api_keys, parts, scope):
-                raise HTTPError(401, UNAUTHORIZED, [(b"www-authenticate", b"Bearer")])
+                bearer = [(b"www-authenticate", b"Bearer")]
+                raise HTTPError(Status.UNAUTHORIZED, UNAUTHORIZED, bearer)
             status = await self._route(method, parts, scope, receive, send)
         except asyncio.CancelledError:
             # The server gave up on this request (drain timeout): answer it with a 503, not
             # the server's plain-text 500 and an error traceback for an expected end.
+            stopping = HTTPError(Status.UNAVAILABLE, STOPPING)
             try:
-                stopping = HTTPError(503, STOPPING)
-                await send_response(send, 503, _error_body(parts, stopping, stopping), JSON)
+                body = _error_body(parts, stopping, stopping)
+                await send_response(send, stopping.status, body, JSON)
             except Exception:  # the client is gone too: nothing left to answer
                 raise asyncio.CancelledError from None
-            status = 503
+            status = stopping.status
         except Exception as exc:
             error = error_status(exc)
             status = error.status
-            if status >= 500 and not isinstance(exc, HTTPError):
+            if is_server_error(status) and not isinstance(exc, HTTPError):
                 log.warning("%s %s -> %d: %s", method, scope["path"], status, error.message)
             await send_response(send, status, _error_body(parts, exc, error), JSON + error.headers)
         if access_log.isEnabledFor(logging.INFO):
@@ -224,33 +224,30 @@ class App:
         if parts[0] == "v1":
             return await self._openai(method, parts[1:], scope, receive, send)
         if not parts or parts[0] != "v2":
-            raise HTTPError(404, f"Not Found: {scope['path']}")
+            raise _not_found(scope)
         rest = parts[1:]
         if not rest:
             _allow(method, "GET")
-            return await send_json(send, 200, self.server_metadata())
+            return await send_json(send, 200, server_metadata())
         if rest == ["openapi.json"]:
             _allow(method, "GET")
-            return await send_json(send, 200, openapi.document(_VERSION))
+            return await send_json(send, 200, openapi.document(VERSION))
         if rest[0] == "health" and len(rest) == 2 and rest[1] in ("live", "ready"):
             _allow(method, "GET")
             if rest[1] == "live":
                 return await send_json(send, 200, {"live": True})
-            if self.ready and all(m.batcher.workers_alive for m in self.registry):
+            if self.registry.is_ready():
                 return await send_json(send, 200, {"ready": True})
-            return await send_json(send, 503, {"ready": False, "error": "Server is not ready"})
+            not_ready = {"ready": False, "error": "Server is not ready"}
+            return await send_json(send, Status.UNAVAILABLE, not_ready)
         if rest[0] == "models":
             return await self._models(method, rest[1:], scope, receive, send)
         if rest == ["repository", "index"]:
             _allow(method, "POST")  # Triton's model repository extension, read-only
-            body = await read_body(
-                dict(scope["headers"]), receive, self.max_body_bytes, timeout_s=self.body_timeout_s
-            )
-            index = self.registry.index()
-            if parse_index_request(body):
-                index = [entry for entry in index if entry["state"] == "READY"]
+            body = await self._body(scope, receive)
+            index = self.registry.index(ready_only=parse_index_request(body))
             return await send_json(send, 200, index)
-        raise HTTPError(404, f"Not Found: {scope['path']}")
+        raise _not_found(scope)
 
     async def _models(
         self, method: str, rest: list[str], scope: Scope, receive: Receive, send: Send
@@ -261,61 +258,52 @@ class App:
                 send, 200, {"model_stats": [m.statistics() for m in self.registry]}
             )
         if not rest or not rest[0]:
-            raise HTTPError(404, f"Not Found: {scope['path']}")
+            raise _not_found(scope)
         name, tail = rest[0], rest[1:]
         version = None
         if len(tail) >= 2 and tail[0] == "versions":
             version, tail = tail[1], tail[2:]
         action = tail[0] if tail else ""
         if len(tail) > 1 or action not in ("", "infer", "ready", "config", "stats"):
-            raise HTTPError(404, f"Not Found: {scope['path']}")
+            raise _not_found(scope)
         if action == "ready" and name in self.registry.load_failures:
             _allow(method, "GET")
             reason = self.registry.load_failures[name].reason
-            return await send_json(send, 503, {"name": name, "ready": False, "error": reason})
+            failed = {"name": name, "ready": False, "error": reason}
+            return await send_json(send, Status.UNAVAILABLE, failed)
         served = self.registry.get(name, version)
         if action == "infer":
             _allow(method, "POST")
-            return await self._infer(served, scope, receive, send)
+            return await self._infer(name, version, scope, receive, send)
         _allow(method, "GET")
         if action == "":
             return await send_json(send, 200, served.metadata())
         if action == "ready":
-            if self.ready and served.batcher.workers_alive:
+            if self.registry.model_ready(served):
                 return await send_json(send, 200, {"name": served.name, "ready": True})
-            return await send_json(
-                send, 503, {"name": served.name, "ready": False, "error": "Model not ready"}
-            )
+            not_ready = {"name": served.name, "ready": False, "error": "Model not ready"}
+            return await send_json(send, Status.UNAVAILABLE, not_ready)
         if action == "config":
             return await send_json(send, 200, served.config())
         return await send_json(send, 200, {"model_stats": [served.statistics()]})
 
-    async def _infer(self, served: ServedModel, scope: Scope, receive: Receive, send: Send) -> int:
-        try:
-            return await self._infer_counted(served, scope, receive, send)
-        except Exception as exc:
-            served.record("http", error_status(exc).status)
-            raise
-
-    async def _infer_counted(
-        self, served: ServedModel, scope: Scope, receive: Receive, send: Send
+    async def _infer(
+        self, name: str, version: str | None, scope: Scope, receive: Receive, send: Send
     ) -> int:
-        started = time.perf_counter()
-        if not self.ready:
-            raise BatcherClosed(served.name, "is stopping")
-        request = await self._read_request(served.model, scope, receive)
-        admitted = admit(served.model, request)
-        outputs = await _batched(served, admitted, receive, "http")
-        if outputs is None:
-            return CLIENT_CLOSED
-        body, json_length = encode_infer_response(
-            model_name=served.name,
-            model_version=served.version,
-            request_id=request.id,
-            outputs=respond(served.model, admitted, outputs),
-        )
-        served.record("http", 200)
-        served.request_seconds += time.perf_counter() - started
+        """A v2 inference request (JSON, binary or raw): decoded and encoded here, its life
+        in between the inference path's."""
+        headers = dict(scope["headers"])
+
+        async def decode(model: Model) -> InferRequest:
+            return await self._read_request(model, headers, receive)
+
+        gone = Withdrawal(client_gone=functools.partial(disconnected, receive))
+        try:
+            body, json_length = await self.inference.infer(
+                name, version, protocol=_HTTP, decode=decode, encode=_encode, withdrawal=gone
+            )
+        except ClientGone:
+            return Status.CLIENT_CLOSED  # nobody to answer
         await send_response(send, 200, body, _infer_headers(json_length))
         return 200
 
@@ -337,48 +325,37 @@ class App:
             served = self.registry.get(rest[1])
             openai.check_opted_in(served.model)
             return await send_json(send, 200, openai.model_entry(served.name, served.created))
-        raise HTTPError(404, f"Not Found: {scope['path']}")
+        raise _not_found(scope)
 
     async def _embeddings(self, scope: Scope, receive: Receive, send: Send) -> int:
-        body = await read_body(
-            dict(scope["headers"]), receive, self.max_body_bytes, timeout_s=self.body_timeout_s
-        )
-        doc = openai.json_body(body)
+        """One request of k texts through the inference path the v2 route takes; OpenAI's
+        bodies in and out. The model is known (and counts the request) once named."""
+        doc = openai.json_body(await self._body(scope, receive))
         served = self.registry.get(openai.model_name(doc))
         openai.check_opted_in(served.model)
+        call = openai.EmbeddingsCall(doc)
+        gone = Withdrawal(client_gone=functools.partial(disconnected, receive))
         try:
-            return await self._embeddings_counted(served, doc, receive, send)
-        except Exception as exc:
-            served.record("openai", error_status(exc).status)
-            raise
-
-    async def _embeddings_counted(
-        self, served: ServedModel, doc: dict[str, Any], receive: Receive, send: Send
-    ) -> int:
-        """One request of k texts into the batcher path the v2 route takes: admit, batch,
-        respond; then OpenAI's body."""
-        started = time.perf_counter()
-        if not self.ready:
-            raise BatcherClosed(served.name, "is stopping")
-        request = openai.parse_embeddings(doc)
-        admitted = admit(served.model, openai.infer_request(served.model, request))
-        outputs = await _batched(served, admitted, receive, "openai")
-        if outputs is None:
-            return CLIENT_CLOSED
-        ((tensor, _),) = respond(served.model, admitted, outputs)
-        body = openai.encode_embeddings(
-            model=served.name,
-            vectors=tensor.data,
-            base64=request.base64,
-            prompt_tokens=openai.prompt_tokens(served.model, admitted),
-        )
-        served.record("openai", 200)
-        served.request_seconds += time.perf_counter() - started
+            body = await self.inference.infer(
+                served.name,
+                None,
+                protocol=_OPENAI,
+                decode=call.decode,
+                encode=call.encode,
+                withdrawal=gone,
+            )
+        except ClientGone:
+            return Status.CLIENT_CLOSED  # nobody to answer
         await send_response(send, 200, body, JSON)
         return 200
 
-    async def _read_request(self, model: Model, scope: Scope, receive: Receive) -> InferRequest:
+    async def _body(self, scope: Scope, receive: Receive) -> bytes:
         headers = dict(scope["headers"])
+        return await read_body(headers, receive, self.max_body_bytes, timeout_s=self.body_timeout_s)
+
+    async def _read_request(
+        self, model: Model, headers: dict[bytes, bytes], receive: Receive
+    ) -> InferRequest:
         body = await read_body(headers, receive, self.max_body_bytes, timeout_s=self.body_timeout_s)
         header_length = parse_header_length(
             _text(headers.get(b"inference-header-content-length")), len(body)
@@ -388,8 +365,14 @@ class App:
             return _raw_request(model, body)
         return parse_infer_request(body, header_length, max_elements=MAX_ELEMENTS)
 
-    def server_metadata(self) -> dict[str, Any]:
-        return {"name": "carpool", "version": _VERSION, "extensions": EXTENSIONS}
+
+def _encode(answer: Answer) -> tuple[bytes, int | None]:
+    return encode_infer_response(
+        model_name=answer.served.name,
+        model_version=answer.served.version,
+        request_id=answer.request.id,
+        outputs=answer.outputs,
+    )
 
 
 def _raw_request(model: Model, body: bytes) -> InferRequest:
@@ -447,22 +430,12 @@ def _text(value: bytes | None) -> str | None:
     return None if value is None else value.decode("latin-1")
 
 
+def _not_found(scope: Scope) -> HTTPError:
+    return HTTPError(Status.NOT_FOUND, f"Not Found: {scope['path']}")
+
+
 def _allow(method: str, allowed: str) -> None:
     if method != allowed:
-        raise HTTPError(405, "Method Not Allowed", [(b"allow", allowed.encode())])
-
-
-async def _batched(
-    served: ServedModel, admitted: AdmittedRequest, receive: Receive, protocol: str
-) -> Any:
-    """``admitted``'s rows through the model's batcher: their outputs, or None (counted as
-    499) when the client left first; its request was withdrawn if it was still queued."""
-    work = asyncio.ensure_future(
-        served.batcher.infer_many(
-            admitted.value, timeout_ms=admitted.timeout_ms, priority=admitted.priority
+        raise HTTPError(
+            Status.METHOD_NOT_ALLOWED, "Method Not Allowed", [(b"allow", allowed.encode())]
         )
-    )
-    if not await unless_disconnected(work, receive):
-        served.record(protocol, CLIENT_CLOSED)
-        return None
-    return work.result()

@@ -7,8 +7,6 @@ It must not import the app, the registry or the batcher.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -21,7 +19,7 @@ __all__ = [
     "JSON",
     "send_response",
     "send_json",
-    "unless_disconnected",
+    "disconnected",
 ]
 
 Scope = dict[str, Any]
@@ -51,22 +49,8 @@ async def send_json(send: Send, status: int, payload: Any) -> int:
     return status
 
 
-async def unless_disconnected(work: asyncio.Future[Any], receive: Receive) -> bool:
-    """Wait for ``work``; if the client goes away first, cancel it and return False."""
-    while True:
-        gone = asyncio.ensure_future(receive())
-        try:
-            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
-            work.cancel()
-            raise
-        finally:
-            gone.cancel()
-        if work.done():
-            return True
-        if gone.result().get("type") == "http.disconnect":
-            break
-    work.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await work
-    return False
+async def disconnected(receive: Receive) -> None:
+    """Until the client has gone (``http.disconnect``), once its body has been read: what
+    the inference path watches to withdraw a request nobody waits for any more."""
+    while (await receive()).get("type") != "http.disconnect":
+        pass

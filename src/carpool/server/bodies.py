@@ -16,7 +16,7 @@ import zlib
 from collections.abc import Mapping
 
 from carpool.server.asgi import Receive
-from carpool.server.statuses import HTTPError
+from carpool.server.statuses import HTTPError, Status
 
 __all__ = ["read_body", "decompress"]
 
@@ -30,13 +30,13 @@ async def read_body(
     400 for an encoding that cannot be inflated."""
     declared = headers.get(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise HTTPError(413, _too_large(int(declared), limit))
+        raise HTTPError(Status.CONTENT_TOO_LARGE, _too_large(int(declared), limit))
     try:
         async with asyncio.timeout(timeout_s):
             body = await _receive_all(receive, limit)
     except TimeoutError:
         raise HTTPError(
-            408,
+            Status.REQUEST_TIMEOUT,
             f"the request body did not arrive within {timeout_s:g} s; send it faster, or "
             "raise --body-timeout",
             [(b"connection", b"close")],  # what is left of the body is never read
@@ -52,11 +52,13 @@ async def _receive_all(receive: Receive, limit: int) -> bytes:
         message = await receive()
         if message["type"] == "http.disconnect":
             # nobody reads this answer: it counts as client_closed, not the client's mistake
-            raise HTTPError(499, "client disconnected before sending the whole body")
+            raise HTTPError(
+                Status.CLIENT_CLOSED, "client disconnected before sending the whole body"
+            )
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise HTTPError(413, _too_large(size, limit))
+            raise HTTPError(Status.CONTENT_TOO_LARGE, _too_large(size, limit))
         chunks.append(chunk)
         if not message.get("more_body", False):
             break
@@ -71,17 +73,25 @@ def decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
     if kind == b"identity":
         return body
     if kind not in (b"gzip", b"deflate"):
-        raise HTTPError(415, f"Content-Encoding {kind.decode(errors='replace')!r} is not "
-                        "supported; send gzip, deflate or an uncompressed body")  # fmt: skip
+        shown = kind.decode(errors="replace")
+        raise HTTPError(
+            Status.UNSUPPORTED_MEDIA_TYPE,
+            f"Content-Encoding {shown!r} is not supported; send gzip, deflate or an "
+            "uncompressed body",
+        )
     inflater = zlib.decompressobj(zlib.MAX_WBITS | (16 if kind == b"gzip" else 0))
     try:
         out = inflater.decompress(body, limit + 1)
         if len(out) > limit:
-            raise HTTPError(413, _too_large(len(out), limit) + " (after decompression)")
+            raise HTTPError(
+                Status.CONTENT_TOO_LARGE, _too_large(len(out), limit) + " (after decompression)"
+            )
         if not inflater.eof or inflater.unused_data:
             raise zlib.error("truncated or trailing data")
     except zlib.error as exc:
-        raise HTTPError(400, f"cannot decompress the {kind.decode()} body: {exc}") from None
+        raise HTTPError(
+            Status.BAD_REQUEST, f"cannot decompress the {kind.decode()} body: {exc}"
+        ) from None
     return out
 
 

@@ -21,6 +21,7 @@ from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from carpool.server.asgi import JSON, Receive, Scope, Send, send_response
+from carpool.server.statuses import Status
 
 __all__ = ["protocol_class"]
 
@@ -88,7 +89,7 @@ _TIMED_OUT_BODY = orjson.dumps(
 )
 _TIMED_OUT = b"".join(
     [
-        b"HTTP/1.1 408 Request Timeout\r\n",
+        b"HTTP/1.1 %d Request Timeout\r\n" % Status.REQUEST_TIMEOUT,
         b"content-type: application/json\r\n",
         b"content-length: %d\r\n" % len(_TIMED_OUT_BODY),
         b"connection: close\r\n\r\n",
@@ -104,6 +105,6 @@ def _overloaded_app(limit: int) -> Any:
     headers = [*JSON, (b"retry-after", b"1"), (b"connection", b"close")]
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        await send_response(send, 503, body, headers)
+        await send_response(send, Status.UNAVAILABLE, body, headers)
 
     return app

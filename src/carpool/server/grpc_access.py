@@ -11,21 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
 from carpool.server.auth import OPEN_RPCS, UNAUTHORIZED, ApiKeys
 
-if TYPE_CHECKING:
-    from carpool.server.app import App
-
 __all__ = ["ApiKeyInterceptor", "add_port", "interceptors"]
 
 
-def interceptors(app: App) -> list[grpc.aio.ServerInterceptor]:
-    """The server's interceptors: the key check when the app has keys, else none."""
-    return [] if app.api_keys is None else [ApiKeyInterceptor(app.api_keys)]
+def interceptors(api_keys: ApiKeys | None) -> list[grpc.aio.ServerInterceptor]:
+    """The server's interceptors: the key check when there are ``api_keys``, else none."""
+    return [] if api_keys is None else [ApiKeyInterceptor(api_keys)]
 
 
 def add_port(server: Any, address: str, tls: tuple[str, str] | None) -> int:

@@ -32,6 +32,10 @@ from carpool.server.messages import (
     blame,
     check_element_total,
     check_output_fits,
+    check_requested_output,
+    claim_name,
+    input_tensor,
+    refuse_shared_memory,
 )
 from carpool.server.tensors import array_from_wire, array_to_wire, check_shape
 
@@ -61,7 +65,6 @@ CONTENTS = {
     "FP64": "fp64_contents",
     "BYTES": "bytes_contents",
 }
-_NO_SHM = "shared memory is not supported by this server ({} '{}'); send the data in the request"
 
 
 def decode_infer_request(message: Any, *, max_elements: int) -> InferRequest:
@@ -69,8 +72,8 @@ def decode_infer_request(message: Any, *, max_elements: int) -> InferRequest:
 
     Raw contents, if any, hold one entry per input in order, and then no input has typed
     contents (Triton's rule). ``max_elements`` bounds the element count summed over the
-    inputs, checked before anything is allocated. Raises ``ProtocolError``: 400, or 413
-    over ``max_elements``.
+    inputs, checked before anything is allocated. Raises ``ProtocolError``: a bad request,
+    or content too large over ``max_elements``.
     """
     raw = list(message.raw_input_contents)
     if raw and len(raw) != len(message.inputs):
@@ -90,7 +93,7 @@ def decode_infer_request(message: Any, *, max_elements: int) -> InferRequest:
         check_element_total(total, name, shape, where, max_elements)
         data = _input_data(tensor, raw[index] if raw else None, count)
         params = parameters(tensor.parameters, f"{where}.parameters")
-        inputs.append(_input(name, tensor.datatype, shape, data, params))
+        inputs.append(input_tensor(name, tensor.datatype, shape, data, params))
     return InferRequest(
         id=message.id or None,
         parameters=parameters(message.parameters, "parameters"),
@@ -113,17 +116,14 @@ def parameters(values: Mapping[str, Any], field: str) -> Parameters:
 
 def _describe_input(tensor: Any, where: str, names: set[str]) -> tuple[str, tuple[int, ...]]:
     name = tensor.name
-    if name in names:
-        raise ProtocolError(f"input '{name}' already exists in request", field=f"{where}.name")
-    names.add(name)
+    claim_name(name, names, "input", where)
     if tensor.datatype not in DATATYPES:
         raise ProtocolError(
             f"invalid datatype {tensor.datatype!r} for input '{name}', expected one of "
             + ", ".join(DATATYPES),
             field=f"{where}.datatype",
         )
-    if "shared_memory_region" in tensor.parameters:
-        raise ProtocolError(_NO_SHM.format("input", name), field=f"{where}.parameters")
+    refuse_shared_memory("input", name, where, tensor.parameters)
     with blame(f"{where}.shape"):
         shape = check_shape(list(tensor.shape), name=name)
     return name, shape
@@ -185,32 +185,14 @@ def typed_contents(contents: Any, *, datatype: str, count: int, name: str) -> Ar
     return np.array(values, dtype=dtype)
 
 
-def _input(
-    name: str, datatype: str, shape: tuple[int, ...], data: Array, params: Parameters
-) -> InferInput:
-    data = data.reshape(shape)
-    data.flags.writeable = False  # as REST's inputs: views of the request, never written
-    return InferInput(name=name, datatype=datatype, shape=shape, data=data, parameters=params)
-
-
 def _outputs(requested: Sequence[Any]) -> tuple[RequestedOutput, ...] | None:
     names: set[str] = set()
     outputs: list[RequestedOutput] = []
     for index, output in enumerate(requested):
         where = f"outputs[{index}]"
-        if output.name in names:
-            raise ProtocolError(
-                f"output '{output.name}' already exists in request", field=f"{where}.name"
-            )
-        names.add(output.name)
+        claim_name(output.name, names, "output", where)
         params = parameters(output.parameters, f"{where}.parameters")
-        if "shared_memory_region" in params:
-            raise ProtocolError(_NO_SHM.format("output", output.name), field=f"{where}.parameters")
-        if "classification" in params:
-            raise ProtocolError(
-                f"the classification extension is not supported (output '{output.name}')",
-                field=f"{where}.parameters.classification",
-            )
+        check_requested_output(output.name, params, where)
         params.pop("binary_data", None)  # REST's; over gRPC every output is raw
         outputs.append(RequestedOutput(name=output.name, binary=True, parameters=params))
     return tuple(outputs) or None  # none named: every output, as in Triton

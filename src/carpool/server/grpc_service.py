@@ -3,13 +3,14 @@
 A ``grpc.aio`` server started in the app's lifespan startup, on a loop of its own in a
 thread of its own; each RPC's body runs on uvicorn's loop (through
 :class:`~carpool.server.loop_bridge.LoopBridge`), so that both protocols feed the same
-batchers. Inference takes REST's path: decoded by :mod:`carpool.server.grpc_codec`,
-checked by :func:`~carpool.server.inference.admit`, answered by
-:func:`~carpool.server.inference.respond`; failures are
-:func:`~carpool.server.statuses.error_status`'s, under :func:`~carpool.server.statuses.grpc_code`'s
-names. A call the client cancels, or whose deadline passes, withdraws its queued request.
-Only the app imports it, and only when ``--grpc-port`` is not 0: grpc is never imported
-otherwise.
+batchers. Inference is only decoded and encoded here (:mod:`carpool.server.grpc_codec`);
+its life in between is :class:`~carpool.server.inference.Inference`'s, REST's too: a call
+the client cancels, or whose deadline passes, withdraws its queued request. Failures are
+:func:`~carpool.server.outcomes.error_status`'s, under
+:func:`~carpool.server.statuses.grpc_code`'s names. It is given what it serves (the
+inference path, whose registry answers readiness and metadata) and never imports the app.
+Only :mod:`carpool.server.serve` imports it, and only when ``--grpc-port`` is not 0: grpc
+is never imported otherwise.
 """
 
 from __future__ import annotations
@@ -28,14 +29,17 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from carpool.errors import BatcherClosed, ConfigError, DeadlineExceeded
+from carpool.errors import ConfigError
+from carpool.model import Model
 from carpool.server import grpc_access
 from carpool.server import grpc_codec as codec
-from carpool.server.app import MAX_ELEMENTS, App
-from carpool.server.inference import admit, respond
+from carpool.server.auth import ApiKeys
+from carpool.server.inference import Answer, Inference, Withdrawal
 from carpool.server.loop_bridge import LoopBridge
-from carpool.server.registry import ModelNotFound, ModelUnavailable, ServedModel
-from carpool.server.statuses import CLIENT_CLOSED, HTTPError, error_status, grpc_code
+from carpool.server.messages import MAX_ELEMENTS, InferRequest
+from carpool.server.outcomes import error_status
+from carpool.server.registry import ModelNotFound, ModelUnavailable, ServedModel, server_metadata
+from carpool.server.statuses import HTTPError, Status, grpc_code, is_server_error
 
 __all__ = ["GrpcServer"]
 
@@ -73,7 +77,7 @@ def _on_app_loop(method: Handler) -> Handler:
 
 def _status(exc: Exception, rpc: str) -> tuple[grpc.StatusCode, str]:
     error = error_status(exc)
-    if error.status >= 500 and not isinstance(exc, HTTPError):
+    if is_server_error(error.status) and not isinstance(exc, HTTPError):
         log.warning("gRPC %s -> %d: %s", rpc, error.status, error.message)
     return grpc.StatusCode[grpc_code(error.status)], error.message
 
@@ -83,8 +87,9 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
 
     It runs on the gRPC thread's loop; each RPC's body runs on the app's loop."""
 
-    def __init__(self, app: App, app_loop: asyncio.AbstractEventLoop) -> None:
-        self._app = app
+    def __init__(self, inference: Inference, app_loop: asyncio.AbstractEventLoop) -> None:
+        self._inference = inference
+        self._registry = inference.registry
         self.on_app_loop = LoopBridge(app_loop).run
 
     @_on_app_loop
@@ -93,22 +98,20 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
 
     @_on_app_loop
     async def ServerReady(self, request: Any, left_s: float | None) -> Any:
-        app = self._app  # as REST's /v2/health/ready
-        ready = app.ready and all(m.batcher.workers_alive for m in app.registry)
-        return pb.ServerReadyResponse(ready=ready)
+        return pb.ServerReadyResponse(ready=self._registry.is_ready())
 
     @_on_app_loop
     async def ModelReady(self, request: Any, left_s: float | None) -> Any:
         # An unknown or failed model is not ready, not an error (tritonclient: False).
         try:
-            served = self._app.registry.get(request.name, request.version or None)
+            served = self._registry.get(request.name, request.version or None)
         except (ModelNotFound, ModelUnavailable):
             return pb.ModelReadyResponse(ready=False)
-        return pb.ModelReadyResponse(ready=self._app.ready and served.batcher.workers_alive)
+        return pb.ModelReadyResponse(ready=self._registry.model_ready(served))
 
     @_on_app_loop
     async def ServerMetadata(self, request: Any, left_s: float | None) -> Any:
-        return codec.server_metadata(self._app.server_metadata())
+        return codec.server_metadata(server_metadata())
 
     @_on_app_loop
     async def ModelMetadata(self, request: Any, left_s: float | None) -> Any:
@@ -121,15 +124,12 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     @_on_app_loop
     async def ModelStatistics(self, request: Any, left_s: float | None) -> Any:
         if not request.name:
-            return codec.model_statistics([m.statistics() for m in self._app.registry])
+            return codec.model_statistics([m.statistics() for m in self._registry])
         return codec.model_statistics([self._served(request).statistics()])
 
     @_on_app_loop
     async def RepositoryIndex(self, request: Any, left_s: float | None) -> Any:
-        index = self._app.registry.index()
-        if request.ready:
-            index = [entry for entry in index if entry["state"] == "READY"]
-        return codec.repository_index(index)
+        return codec.repository_index(self._registry.index(ready_only=request.ready))
 
     @_on_app_loop
     async def ModelInfer(self, request: Any, left_s: float | None) -> Any:
@@ -160,52 +160,34 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         async with writing:
             await context.write(answer)
 
-    def _served(self, request: Any, prefix: str = "") -> ServedModel:
-        name = getattr(request, f"{prefix}name")
-        version = getattr(request, f"{prefix}version")
-        return self._app.registry.get(name, version or None)
+    def _served(self, request: Any) -> ServedModel:
+        return self._registry.get(request.name, request.version or None)
 
     async def _infer(self, request: Any, left_s: float | None) -> Any:
-        """REST's inference path, on the app's loop: counted under ``grpc``; cancelled
-        (the client's cancel, its deadline), it withdraws the request if still queued."""
-        served = self._served(request, "model_")
-        started = time.perf_counter()
-        try:
-            response = await self._infer_counted(served, request, left_s)
-        except asyncio.CancelledError:
-            served.record(PROTOCOL, CLIENT_CLOSED)
-            raise
-        except Exception as exc:
-            served.record(PROTOCOL, error_status(exc).status)
-            raise
-        served.record(PROTOCOL, 200)
-        served.request_seconds += time.perf_counter() - started
-        return response
+        """One ``ModelInferRequest`` through the inference path, on the app's loop, counted
+        under ``grpc``: the call's deadline (``left_s``) shortens its queue timeout, and a
+        cancelled call (the client's cancel, its deadline) withdraws it and counts 499."""
 
-    async def _infer_counted(self, served: ServedModel, request: Any, left_s: float | None) -> Any:
-        if not self._app.ready:
-            raise BatcherClosed(served.name, "is stopping")
-        decoded = codec.decode_infer_request(request, max_elements=MAX_ELEMENTS)
-        admitted = admit(served.model, decoded)
-        timeout_ms = admitted.timeout_ms
-        deadline_ms = None if left_s is None else max(left_s * 1000.0, 1e-3)
-        if deadline_ms is not None and (timeout_ms is None or deadline_ms < timeout_ms):
-            timeout_ms = deadline_ms  # the call's deadline shortens the queue timeout
-        try:
-            result = await served.batcher.infer_many(
-                admitted.value, timeout_ms=timeout_ms, priority=admitted.priority
-            )
-        except DeadlineExceeded as exc:
-            if timeout_ms is not deadline_ms:
-                raise  # the queue timeout's UNAVAILABLE
-            # The client's own deadline: DEADLINE_EXCEEDED (a 504's kind), as grpc says.
-            raise HTTPError(504, f"the call's deadline passed: {exc}") from None
-        return codec.encode_infer_response(
-            model_name=served.name,
-            model_version=served.version,
-            request_id=decoded.id,
-            outputs=[tensor for tensor, _ in respond(served.model, admitted, result)],
+        async def decode(model: Model) -> InferRequest:
+            return codec.decode_infer_request(request, max_elements=MAX_ELEMENTS)
+
+        return await self._inference.infer(
+            request.model_name,
+            request.model_version or None,
+            protocol=PROTOCOL,
+            decode=decode,
+            encode=_encode,
+            withdrawal=Withdrawal(deadline_s=left_s, cancel_counts_as=Status.CLIENT_CLOSED),
         )
+
+
+def _encode(answer: Answer) -> Any:
+    return codec.encode_infer_response(
+        model_name=answer.served.name,
+        model_version=answer.served.version,
+        request_id=answer.request.id,
+        outputs=[tensor for tensor, _ in answer.outputs],
+    )
 
 
 def _unimplemented(rpc: str) -> Callable[..., Awaitable[Any]]:
@@ -235,10 +217,20 @@ class GrpcServer:
     completion-queue thread), so an eager batcher ran batches of 1-2 rows; from a thread
     of their own, calls arrive on the app's loop many at a time, as REST's do."""
 
-    def __init__(self, app: App, address: str, *, max_message_bytes: int) -> None:
-        self._app = app
+    def __init__(
+        self,
+        inference: Inference,
+        address: str,
+        *,
+        max_message_bytes: int,
+        api_keys: ApiKeys | None = None,
+        tls: tuple[str, str] | None = None,
+    ) -> None:
+        self._inference = inference
         self.address = address
-        self._max_message_bytes = max_message_bytes
+        self._max_message_bytes = max_message_bytes  # REST's --max-body-bytes
+        self._api_keys = api_keys  # REST's keys; None: every call is open
+        self._tls = tls  # (certfile, keyfile), REST's; None: plain
         self._deadline = 0.0  # monotonic; set by begin_drain
         self._loop: asyncio.AbstractEventLoop | None = None  # the gRPC thread's, once serving
         self._draining: asyncio.Event | None = None  # on that loop
@@ -270,7 +262,7 @@ class GrpcServer:
 
     async def _serve(self, app_loop: asyncio.AbstractEventLoop) -> None:
         server = grpc.aio.server(
-            interceptors=grpc_access.interceptors(self._app),  # --api-key
+            interceptors=grpc_access.interceptors(self._api_keys),  # --api-key
             options=[
                 # The body limit: a larger message is RESOURCE_EXHAUSTED, from grpc itself.
                 ("grpc.max_receive_message_length", self._max_message_bytes),
@@ -280,9 +272,10 @@ class GrpcServer:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(self._app, app_loop), server)
+        servicer = _Servicer(self._inference, app_loop)
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
         try:
-            bound = grpc_access.add_port(server, self.address, self._app.tls)  # TLS or not
+            bound = grpc_access.add_port(server, self.address, self._tls)  # TLS or not
         except RuntimeError:
             bound = 0
         if not bound:

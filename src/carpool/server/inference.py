@@ -1,281 +1,180 @@
-"""Between the wire and the batcher: check a request against the model, shape the answer.
+"""THE inference path: one request's life between its decoder and its encoder, for every
+protocol (REST v2 JSON, binary and raw; OpenAI embeddings; gRPC unary and streaming).
 
-Pure: decoded requests in, the batcher's value out; the model's outputs in, response tensors
-out. Everything a client can get wrong is refused here, before anything is queued, so a bad
-request never reaches a batch that other callers share. It must not import the app, the
-registry or anything that does I/O.
+A front end hands :meth:`Inference.infer` the model's name and version, its ``decode`` and
+``encode`` steps, its protocol label and how the request may be withdrawn
+(:class:`Withdrawal`); the path does the rest, in this order: readiness, decode, admit
+(:func:`~carpool.server.admission.admit`), batch (withdrawn when the client goes, the call
+is cancelled or its deadline passes), respond (:func:`~carpool.server.admission.respond`),
+encode, record the outcome (``served.record(protocol, status)``, statuses by
+:func:`~carpool.server.outcomes.error_status`) and time it (``served.request_seconds``).
+Decode and encode run inside the path so that a request refused while decoding, or whose
+answer cannot be encoded, counts under its model, as every other outcome does.
+
+Free of ASGI and grpc: "the client is gone" is an awaitable the front end passes, a
+deadline is seconds. So it is also the seam for front ends in other processes: one that
+decoded a request already passes a ``decode`` that returns it. It must not import the app,
+a front end or anything that sends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-import numpy as np
+from carpool.errors import BatcherClosed, DeadlineExceeded
+from carpool.model import Model
+from carpool.server.admission import AdmittedRequest, admit, respond
+from carpool.server.messages import InferRequest, OutputTensor
+from carpool.server.outcomes import error_status
+from carpool.server.registry import Registry, ServedModel
+from carpool.server.statuses import HTTPError, Status
 
-from carpool.datatypes import DATATYPES, datatype_of
-from carpool.errors import CarpoolError, CollationError
-from carpool.model import Model, Tensor
-from carpool.server.messages import (
-    InferInput,
-    InferRequest,
-    OutputTensor,
-    ProtocolError,
-    wants_binary,
-)
+__all__ = ["Answer", "ClientGone", "Inference", "Withdrawal"]
 
-__all__ = ["AdmittedRequest", "ModelOutputError", "admit", "respond"]
-
-# Triton's reserved parameter names this server understands or refuses.
-_SEQUENCE = ("sequence_id", "sequence_start", "sequence_end")
+T = TypeVar("T")
 
 
-class ModelOutputError(CarpoolError, RuntimeError):
-    """The model returned outputs that do not match its declared signature (a 500).
+class ClientGone(HTTPError):
+    """The client went away before its answer (counted as a 499): nobody is left to answer,
+    and its request was withdrawn from the queue if it was still there."""
 
-    The server's error, not the client's: the message names the model and what it broke.
-    """
-
-    def __init__(self, message: str) -> None:
-        self.message = message
-        super().__init__(message)
-
-    def _fields(self) -> dict[str, Any]:
-        return {"message": self.message}
+    def __init__(self) -> None:
+        super().__init__(Status.CLIENT_CLOSED, "the client went away before its answer")
 
 
 @dataclass(frozen=True, slots=True)
-class AdmittedRequest:
-    """A request checked against its model: what the batcher gets, and how to answer it.
+class Withdrawal:
+    """How a request may be withdrawn before its answer; every field may be left out.
 
-    (Not :class:`carpool.policy.Admission`, which is what an adaptive policy weighs when it
-    decides whether a request can still make its deadline.)
+    ``client_gone``: returns an awaitable that completes when the client has gone (REST: a
+    ``http.disconnect``); the request is then withdrawn and :class:`ClientGone` raised.
+    ``deadline_s``: the seconds the caller still waits (a gRPC call's deadline); it
+    shortens the queue timeout, and its expiry is a 504's kind (gRPC's
+    ``DEADLINE_EXCEEDED``), while the model's own queue timeout stays a 503.
+    ``cancel_counts_as``: the status a cancellation of the caller's task is counted as
+    (gRPC: a call the client cancelled, 499); None (REST, whose requests the server cancels
+    only at the drain timeout and answers itself) counts nothing.
     """
 
-    value: dict[str, np.ndarray[Any, Any]]  # input name -> k rows
-    rows: int
-    outputs: tuple[tuple[str, bool], ...]  # (output name, binary?) in response order
-    priority: int
-    timeout_ms: float | None
+    client_gone: Callable[[], Awaitable[Any]] | None = None
+    deadline_s: float | None = None
+    cancel_counts_as: int | None = None
 
 
-def _matches(shape: tuple[int, ...], spec: Tensor) -> bool:
-    return len(shape) == len(spec.shape) and all(
-        want in (-1, got) for want, got in zip(spec.shape, shape, strict=True)
-    )
+NOT_WITHDRAWN = Withdrawal()
 
 
-def _dims(shape: tuple[int, ...]) -> str:
-    return "[" + ",".join(str(d) for d in shape) + "]"
+@dataclass(frozen=True, slots=True, eq=False)
+class Answer:
+    """What a request's ``encode`` step gets: the request as decoded, as admitted, and its
+    response tensors, each with whether to send it binary, in the order asked for."""
+
+    served: ServedModel
+    request: InferRequest
+    admitted: AdmittedRequest
+    outputs: list[tuple[OutputTensor, bool]]
 
 
-def _check_inputs(model: Model, request: InferRequest) -> dict[str, np.ndarray[Any, Any]]:
-    specs = {t.name: t for t in model.input_specs}
-    _check_names(model, specs, [i.name for i in request.inputs])
-    return {
-        tensor.name: _input_value(model, tensor, specs[tensor.name]) for tensor in request.inputs
-    }
+class Inference:
+    """The one inference path over the models of ``registry`` (see the module docstring)."""
 
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
 
-def _check_names(model: Model, specs: Mapping[str, Tensor], got: list[str]) -> None:
-    missing = [n for n in specs if n not in got]
-    unknown = [n for n in got if n not in specs]
-    if unknown:
-        raise ProtocolError(
-            f"unexpected inference input(s) {unknown} for model '{model.name}'; "
-            f"expected {list(specs)}",
-            field="inputs",
-        )
-    if missing:
-        raise ProtocolError(
-            f"expected {len(specs)} inputs but got {len(got)} inputs for model "
-            f"'{model.name}'. Got input(s) {got}, but missing required input(s) {missing}",
-            field="inputs",
-        )
+    async def infer(
+        self,
+        name: str,
+        version: str | None,
+        *,
+        protocol: str,
+        decode: Callable[[Model], Awaitable[InferRequest]],
+        encode: Callable[[Answer], T],
+        withdrawal: Withdrawal = NOT_WITHDRAWN,
+    ) -> T:
+        """One request to model ``name`` (``version``, or None for the served one), which
+        came by ``protocol`` (a label in ``/metrics``): its encoded answer.
 
-
-def _input_value(model: Model, tensor: InferInput, spec: Tensor) -> np.ndarray[Any, Any]:
-    # The input as the batcher takes it: rows along the first axis, a batch of 1 added for
-    # a model that does not batch.
-    name = tensor.name
-    if model.declared and tensor.datatype != spec.datatype:
-        raise ProtocolError(
-            f"inference input '{name}' data-type is '{tensor.datatype}', but model "
-            f"'{model.name}' expects '{spec.datatype}'",
-            field=name,
-        )
-    if not model.batching.batched:
-        if model.declared and not _matches(tensor.shape, spec):
-            raise ProtocolError(
-                f"unexpected shape for input '{name}' for model '{model.name}'. "
-                f"Expected {_dims(spec.shape)}, got {_dims(tensor.shape)} (the model "
-                "does not batch: send exactly its shape)",
-                field=name,
-            )
-        return tensor.data.reshape((1, *tensor.shape))
-    if not tensor.shape:
-        raise ProtocolError(
-            f"input '{name}' has shape [], but model '{model.name}' batches along "
-            "the first dimension: send shape [rows, ...]",
-            field=name,
-        )
-    if model.declared and not _matches(tensor.shape[1:], spec):
-        raise ProtocolError(
-            f"unexpected shape for input '{name}' for model '{model.name}'. "
-            f"Expected [-1,{_dims(spec.shape)[1:]}, got {_dims(tensor.shape)}",
-            field=name,
-        )
-    return tensor.data.reshape(tensor.shape)
-
-
-def _preprocess(model: Model, value: dict[str, Any], rows: int) -> dict[str, Any]:
-    """The model's own per-request step (tokenizing, say); what it refuses is a 400."""
-    assert model.preprocess is not None
-    try:
-        result = dict(model.preprocess(value))
-    except (ValueError, TypeError, UnicodeError) as exc:
-        raise ProtocolError(
-            f"model '{model.name}' cannot use this request's inputs: {exc}", field="inputs"
-        ) from None
-    for name, array in result.items():
-        got = len(array) if hasattr(array, "__len__") else None
-        if got != rows:
-            raise ModelOutputError(
-                f"model '{model.name}': preprocess returned {got} rows for '{name}' from a "
-                f"request of {rows}; it must keep one row per input row"
-            )
-    return result
-
-
-def _rows(request: InferRequest) -> int:
-    counts = {i.name: i.shape[0] for i in request.inputs}
-    if len(set(counts.values())) > 1:
-        raise ProtocolError(
-            f"inputs disagree on the batch size (first dimension): {counts}", field="inputs"
-        )
-    rows = next(iter(counts.values()))
-    if rows < 1:
-        raise ProtocolError("the batch dimension must be at least 1, got 0", field="inputs")
-    return rows
-
-
-def _requested(model: Model, request: InferRequest) -> tuple[tuple[str, bool], ...]:
-    names = [t.name for t in model.output_specs]
-    if request.outputs is None:
-        return tuple((name, wants_binary(request, None)) for name in names)
-    chosen = []
-    for output in request.outputs:
-        if output.name not in names:
-            raise ProtocolError(
-                f"unexpected inference output '{output.name}' for model '{model.name}'; "
-                f"it has {names}",
-                field=f"outputs.{output.name}",
-            )
-        chosen.append((output.name, wants_binary(request, output)))
-    return tuple(chosen)
-
-
-def _int_parameter(request: InferRequest, name: str) -> int | None:
-    value = request.parameters.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ProtocolError(
-            f"parameter '{name}' must be a non-negative integer, got {value!r}",
-            field=f"parameters.{name}",
-        )
-    return value
-
-
-def admit(model: Model, request: InferRequest) -> AdmittedRequest:
-    """Check ``request`` against ``model``; raises :class:`ProtocolError` (a 400)."""
-    for name in _SEQUENCE:
-        if name in request.parameters:
-            raise ProtocolError(
-                f"parameter '{name}': model '{model.name}' is stateless; sequence batching "
-                "is not supported",
-                field=f"parameters.{name}",
-            )
-    value = _check_inputs(model, request)
-    rows = _rows(request) if model.batching.batched else 1
-    if model.preprocess is not None:
-        value = _preprocess(model, value, rows)
-    if model.padding is not None:
+        ``decode`` reads the request for the model (after the readiness check, so a server
+        that is stopping reads no body); ``encode`` turns the :class:`Answer` into what the
+        front end sends. Raises what the request ended in, already counted under its model:
+        :class:`ClientGone`, a cancellation, or any exception
+        :func:`~carpool.server.outcomes.error_status` classifies; an unknown or unavailable
+        model (:class:`~carpool.server.registry.ModelNotFound`,
+        :class:`~carpool.server.registry.ModelUnavailable`) is not counted: there is no
+        model to count it under.
+        """
+        served = self.registry.get(name, version)
+        started = time.perf_counter()
         try:
-            model.padding.check(value)
-        except CollationError as exc:
-            raise ProtocolError(str(exc), field=exc.field or "inputs") from None
-    outputs = _requested(model, request)
-    return AdmittedRequest(
-        value, rows, outputs, _priority(model, request), _timeout_ms(model, request)
+            encoded = encode(await self._answer(served, decode, withdrawal))
+        except asyncio.CancelledError:
+            if withdrawal.cancel_counts_as is not None:
+                served.record(protocol, withdrawal.cancel_counts_as)
+            raise
+        except Exception as exc:
+            served.record(protocol, error_status(exc).status)
+            raise
+        served.record(protocol, Status.OK)
+        served.request_seconds += time.perf_counter() - started
+        return encoded
+
+    async def _answer(
+        self,
+        served: ServedModel,
+        decode: Callable[[Model], Awaitable[InferRequest]],
+        withdrawal: Withdrawal,
+    ) -> Answer:
+        if not self.registry.ready:
+            raise BatcherClosed(served.name, "is stopping")
+        request = await decode(served.model)
+        admitted = admit(served.model, request)
+        outputs = await _batched(served, admitted, withdrawal)
+        return Answer(served, request, admitted, respond(served.model, admitted, outputs))
+
+
+async def _batched(served: ServedModel, admitted: AdmittedRequest, withdrawal: Withdrawal) -> Any:
+    """``admitted``'s rows through the model's batcher: their outputs. Withdrawn (the
+    batcher drops it if still queued) when the caller is cancelled, when the client goes
+    (:class:`ClientGone`), or when the caller's deadline passes (a 504's kind)."""
+    timeout_ms = admitted.timeout_ms
+    deadline_ms = None
+    if withdrawal.deadline_s is not None:
+        deadline_ms = max(withdrawal.deadline_s * 1000.0, 1e-3)
+        if timeout_ms is None or deadline_ms < timeout_ms:
+            timeout_ms = deadline_ms  # the caller's deadline shortens the queue timeout
+    work = served.batcher.infer_many(
+        admitted.value, timeout_ms=timeout_ms, priority=admitted.priority
     )
+    try:
+        if withdrawal.client_gone is None:
+            return await work
+        return await _unless_gone(asyncio.ensure_future(work), withdrawal.client_gone)
+    except DeadlineExceeded as exc:
+        if deadline_ms is None or timeout_ms is not deadline_ms:
+            raise  # the queue timeout's 503
+        raise HTTPError(Status.GATEWAY_TIMEOUT, f"the call's deadline passed: {exc}") from None
 
 
-def _priority(model: Model, request: InferRequest) -> int:
-    priority = _int_parameter(request, "priority") or 0
-    levels = model.batching.priority_levels
-    if levels and priority > levels:
-        raise ProtocolError(
-            f"parameter 'priority' must be in [0, {levels}] for model '{model.name}', "
-            f"got {priority}",
-            field="parameters.priority",
-        )
-    return priority or model.batching.default_priority_level
-
-
-def _timeout_ms(model: Model, request: InferRequest) -> float | None:
-    # The request's own timeout may shorten the model's default, never extend it.
-    timeout_us = _int_parameter(request, "timeout")  # Triton: microseconds, 0 = none
-    timeout_ms = model.batching.default_timeout_ms
-    if timeout_us:
-        requested_ms = timeout_us / 1000.0
-        timeout_ms = requested_ms if timeout_ms is None else min(timeout_ms, requested_ms)
-    return timeout_ms
-
-
-def respond(
-    model: Model, admitted: AdmittedRequest, result: Mapping[str, Any]
-) -> list[tuple[OutputTensor, bool]]:
-    """Response tensors for the requested outputs; :class:`ModelOutputError` if one is
-    missing or unlike the model's declaration."""
-    declared = {t.name: t for t in model.output_specs}
-    tensors = []
-    for name, binary in admitted.outputs:
-        if name not in result:
-            raise ModelOutputError(
-                f"model '{model.name}' returned outputs {sorted(result)}, without '{name}'"
-            )
-        tensors.append((_output_tensor(model, declared[name], result[name]), binary))
-    return tensors
-
-
-def _output_tensor(model: Model, spec: Tensor, value: Any) -> OutputTensor:
-    name = spec.name
-    array = np.asarray(value)
-    if not model.batching.batched:
-        array = array[0]  # the batch of one the batcher added
-        if model.outputs is not None and not _matches(tuple(array.shape), spec):
-            raise ModelOutputError(
-                f"model '{model.name}' returned output '{name}' with shape "
-                f"{_dims(tuple(array.shape))}, but declares {_dims(spec.shape)}"
-            )
-    elif model.outputs is not None and (
-        array.ndim == 0 or not _matches(tuple(array.shape[1:]), spec)
-    ):
-        raise ModelOutputError(
-            f"model '{model.name}' returned output '{name}' with shape "
-            f"{_dims(tuple(array.shape))}, but declares rows of {_dims(spec.shape)}"
-        )
-    if model.outputs is not None and spec.datatype != "BYTES":
-        try:  # a wider or narrower number is cast; a non-number is the model's mistake
-            array = array.astype(DATATYPES[spec.datatype], copy=False)  # BF16 travels as FP32
-        except (TypeError, ValueError) as exc:
-            raise ModelOutputError(
-                f"model '{model.name}' returned output '{name}' of {array.dtype} that is not "
-                f"{spec.datatype}: {exc}"
-            ) from exc
-        datatype = spec.datatype
-    else:
-        datatype = datatype_of(array)
-    return OutputTensor(name, datatype, tuple(array.shape), array)
+async def _unless_gone(work: asyncio.Future[Any], client_gone: Callable[[], Awaitable[Any]]) -> Any:
+    """``work``'s result; if the client goes first, ``work`` is cancelled and
+    :class:`ClientGone` raised. Cancelled itself, it cancels ``work``."""
+    gone = asyncio.ensure_future(client_gone())
+    try:
+        await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        work.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if work.done():
+        return work.result()
+    work.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await work
+    gone.result()  # what watching for the client raised, if anything
+    raise ClientGone

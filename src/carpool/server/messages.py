@@ -1,8 +1,10 @@
 """The v2 (KServe / Open Inference Protocol) messages as records, and the error they share.
 
-:mod:`carpool.server.requests` builds these records from bytes and
-:mod:`carpool.server.responses` turns them back into bytes. Every refusal of either is a
-:class:`ProtocolError` carrying the HTTP status and the field at fault. Pure: numpy and the
+:mod:`carpool.server.rest_codec` (REST bodies) and :mod:`carpool.server.grpc_codec` (Triton's
+gRPC messages) build these records and turn them back into the wire's; the checks every
+decoder makes alike live here once (an input's record, a duplicate name, shared memory and
+classification refused, the element limit, an output's fit). Every refusal is a
+:class:`ProtocolError` carrying the status and the field at fault. Pure: numpy and the
 standard library only; no sockets, no event loop, no framework.
 """
 
@@ -17,9 +19,11 @@ import numpy as np
 
 from carpool.datatypes import DATATYPES
 from carpool.errors import CarpoolError
+from carpool.server.statuses import Status
 
 __all__ = [
     "HEADER_LENGTH",
+    "MAX_ELEMENTS",
     "ProtocolError",
     "InferInput",
     "RequestedOutput",
@@ -30,10 +34,19 @@ __all__ = [
     "blame",
     "check_element_total",
     "check_output_fits",
+    "claim_name",
+    "input_tensor",
+    "check_requested_output",
+    "refuse_shared_memory",
 ]
 
 #: The header that splits a body into its JSON part and the binary blobs after it.
 HEADER_LENGTH = "Inference-Header-Content-Length"
+#: Elements one request may carry (2**31, Triton's limit): checked before anything is allocated.
+MAX_ELEMENTS = 2**31
+_NO_SHM = (
+    "shared memory is not supported by this server ({} '{}'); send the tensor's data in the request"
+)
 
 Parameters = dict[str, str | int | float | bool]
 Array = np.ndarray[Any, np.dtype[Any]]
@@ -44,11 +57,12 @@ class ProtocolError(CarpoolError, ValueError):
 
     ``field`` names what is at fault: a JSON path (``"inputs[0].shape"``), a tensor name
     (``"INPUT0"``), ``"body"``, or a header name. ``status`` is the HTTP status to answer
-    with: 400 for a malformed request, 413 for one over a size limit, 500 for a model
-    output the protocol cannot express. The message is what the client should read.
+    with (:class:`~carpool.server.statuses.Status`): a bad request for a malformed one,
+    content too large for one over a size limit, an internal error for a model output the
+    protocol cannot express. The message is what the client should read.
     """
 
-    def __init__(self, message: str, *, field: str, status: int = 400) -> None:
+    def __init__(self, message: str, *, field: str, status: int = Status.BAD_REQUEST) -> None:
         self.detail = message
         self.field = field
         self.status = status
@@ -120,7 +134,8 @@ class blame:  # lower case: used like a function, as contextlib.suppress is
     """Turn the tensor codecs' builtin errors into a :class:`ProtocolError` naming ``field``.
 
     The codecs (:mod:`carpool.server.tensors`) raise builtins with client-ready messages:
-    ``ValueError`` is the client's to fix (400), ``TypeError`` the server's (500). A class,
+    ``ValueError`` is the client's to fix (a bad request), ``TypeError`` the server's (an
+    internal error). A class,
     not ``@contextmanager``: it runs once per tensor of every request, and costs a third.
     """
 
@@ -140,30 +155,67 @@ class blame:  # lower case: used like a function, as contextlib.suppress is
         if isinstance(exc, ValueError):
             raise ProtocolError(str(exc), field=self._field) from None
         if isinstance(exc, TypeError):
-            raise ProtocolError(str(exc), field=self._field, status=500) from None
+            raise ProtocolError(str(exc), field=self._field, status=Status.INTERNAL_ERROR) from None
 
 
 def check_element_total(
     total: int, name: str, shape: tuple[int, ...], where: str, max_elements: int
 ) -> None:
-    """413 once input ``name`` brings a request's elements past ``max_elements``; every
-    wire format (JSON, binary, gRPC) checks this before allocating anything."""
+    """Content too large once input ``name`` brings a request's elements past
+    ``max_elements``; every wire format (JSON, binary, gRPC) checks this before allocating
+    anything."""
     if total > max_elements:
         raise ProtocolError(
             f"input '{name}' with shape {list(shape)} brings the request to {total} "
             f"elements, over this server's limit of {max_elements}",
             field=f"{where}.shape",
-            status=413,
+            status=Status.CONTENT_TOO_LARGE,
         )
 
 
 def check_output_fits(tensor: OutputTensor) -> None:
-    """500 for an output whose array does not fit its datatype and shape (the server's
+    """An internal error for an output whose array does not fit its datatype and shape (the server's
     fault, not the client's), before any wire format encodes it."""
     if tensor.datatype not in DATATYPES or math.prod(tensor.shape) != tensor.data.size:
         raise ProtocolError(
             f"output '{tensor.name}' ({tensor.data.size} elements) does not fit datatype "
             f"{tensor.datatype!r} and shape {list(tensor.shape)}",
             field=tensor.name,
-            status=500,
+            status=Status.INTERNAL_ERROR,
+        )
+
+
+def input_tensor(
+    name: str, datatype: str, shape: tuple[int, ...], data: Array, params: Parameters
+) -> InferInput:
+    """An input's record, its data shaped and read-only (views of the request are never
+    written, and copies follow suit)."""
+    data = data.reshape(shape)
+    data.flags.writeable = False
+    return InferInput(name=name, datatype=datatype, shape=shape, data=data, parameters=params)
+
+
+def claim_name(name: str, taken: set[str], kind: str, where: str) -> None:
+    """Add ``name`` to the names of its ``kind`` ("input", "output") ``taken`` so far; a
+    400 if an earlier tensor of that kind has it (Triton's words)."""
+    if name in taken:
+        raise ProtocolError(f"{kind} '{name}' already exists in request", field=f"{where}.name")
+    taken.add(name)
+
+
+def refuse_shared_memory(kind: str, name: str, where: str, params: Parameters) -> None:
+    """A 400 for a tensor whose ``params`` point at a shared memory region: this server
+    takes tensors in the request only."""
+    if "shared_memory_region" in params:
+        raise ProtocolError(_NO_SHM.format(kind, name), field=f"{where}.parameters")
+
+
+def check_requested_output(name: str, params: Parameters, where: str) -> None:
+    """A 400 for an output the client asks for in shared memory, or with the
+    classification extension: this server supports neither."""
+    refuse_shared_memory("output", name, where, params)
+    if "classification" in params:
+        raise ProtocolError(
+            f"the classification extension is not supported (output '{name}')",
+            field=f"{where}.parameters.classification",
         )

@@ -22,24 +22,13 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from carpool.server.buckets import batch_size_buckets, histogram_buckets
+from carpool.server.statuses import outcome
 from carpool.stats import BatcherStats
 
 if TYPE_CHECKING:
     from carpool.server.registry import Registry, ServedModel
 
 __all__ = ["Metrics"]
-
-_OUTCOMES = {
-    200: "success",
-    400: "invalid",
-    404: "not_found",
-    413: "too_large",
-    415: "unsupported_encoding",
-    499: "client_closed",
-    500: "error",
-    503: "unavailable",
-    504: "timeout",
-}
 
 
 def _counter(name: str, documentation: str, *labels: str) -> CounterMetricFamily:
@@ -119,10 +108,9 @@ class _Families:
 
     def add(self, served: ServedModel) -> None:
         name = served.name
-        for protocol, statuses in sorted(served.statuses.items()):
-            for status, count in sorted(statuses.items()):
-                outcome = _OUTCOMES.get(status, str(status))
-                self.requests.add_metric([name, outcome, protocol], count)
+        for protocol, counts in sorted(served.statuses.items()):
+            for status, count in sorted(counts.items()):
+                self.requests.add_metric([name, outcome(status), protocol], count)
         s = served.batcher.stats()
         self._add_batcher(name, s, served.model.batching.max_batch_size)
         if served.model.batching.latency_slo_ms is not None:
@@ -141,8 +129,8 @@ class _Families:
         self.running.add_metric([name], s.running_rows)
         self.pending.add_metric([name], s.pending)
         self.received.add_metric([name], s.submitted + s.rejected)
-        for outcome in ("completed", "failed", "expired", "cancelled", "rejected"):
-            self.outcomes.add_metric([name, outcome], getattr(s, outcome))
+        for kind in ("completed", "failed", "expired", "cancelled", "rejected"):
+            self.outcomes.add_metric([name, kind], getattr(s, kind))
         for reason, count in s.dispatch_reasons.items():
             self.reasons.add_metric([name, reason], count)
         self.alive.add_metric([name], s.workers_alive)

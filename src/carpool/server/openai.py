@@ -3,11 +3,12 @@
 ``POST /v1/embeddings`` is read by :func:`json_body`, :func:`model_name` and
 :func:`parse_embeddings`, turned by :func:`infer_request` into the v2
 :class:`~carpool.server.messages.InferRequest` of k rows that the inference path admits and
-batches like any other, and answered with :func:`encode_embeddings`; ``GET /v1/models``
-lists :func:`model_entry` records. Every error body is
-:func:`encode_error`'s ``{"error": {"message", "type", "param", "code"}}``, sent with the
-status :func:`~carpool.server.statuses.error_status` gives, as on the v2 routes. Pure: no
-sockets, no event loop, no clock; it must not import the app.
+batches like any other, and answered with :func:`encode_embeddings` (an
+:class:`EmbeddingsCall` holds the two steps the path runs); ``GET /v1/models`` lists
+:func:`model_entry` records. Every error body is :func:`encode_error`'s
+``{"error": {"message", "type", "param", "code"}}``, sent with the status
+:func:`~carpool.server.outcomes.error_status` gives, as on the v2 routes. Pure: no sockets,
+no event loop, no clock; it must not import the app.
 """
 
 from __future__ import annotations
@@ -22,14 +23,16 @@ import numpy as np
 import orjson
 
 from carpool.model import Model
-from carpool.server.inference import AdmittedRequest
+from carpool.server.admission import AdmittedRequest
+from carpool.server.inference import Answer
 from carpool.server.messages import InferInput, InferRequest, ProtocolError
 from carpool.server.registry import ModelNotFound, ModelUnavailable
-from carpool.server.statuses import HTTPError
+from carpool.server.statuses import HTTPError, Status, openai_code, openai_type
 
 __all__ = [
     "OpenAIError",
     "EmbeddingsRequest",
+    "EmbeddingsCall",
     "json_body",
     "model_name",
     "parse_embeddings",
@@ -52,18 +55,6 @@ _KINDS: tuple[tuple[type | tuple[type, ...], str], ...] = (
     (list, "a list"),
     (dict, "an object"),
 )
-# OpenAI's error codes for the refusals that are not its own (:class:`OpenAIError`), by status.
-_STATUS_CODES = {
-    400: "invalid_request",
-    401: "invalid_api_key",  # OpenAI's own code for a missing or wrong key
-    404: "not_found",
-    405: "method_not_allowed",
-    413: "request_too_large",
-    415: "unsupported_encoding",
-    500: "model_error",
-    503: "unavailable",
-    504: "timeout",
-}
 
 
 class OpenAIError(ProtocolError):
@@ -72,7 +63,9 @@ class OpenAIError(ProtocolError):
 
     A :class:`ProtocolError`, so the one status table answers it with ``status``."""
 
-    def __init__(self, message: str, *, param: str | None, code: str, status: int = 400) -> None:
+    def __init__(
+        self, message: str, *, param: str | None, code: str, status: int = Status.BAD_REQUEST
+    ) -> None:
         super().__init__(message, field=param or "body", status=status)
         self.param = param
         self.code = code
@@ -239,7 +232,7 @@ def check_opted_in(model: Model) -> None:
             f"text into one vector); use /v2/models/{model.name}/infer for it",
             param="model",
             code="model_not_found",
-            status=404,
+            status=Status.NOT_FOUND,
         )
 
 
@@ -293,6 +286,32 @@ def prompt_tokens(model: Model, admitted: AdmittedRequest) -> int:
     return int(model.count_tokens(admitted.value))
 
 
+class EmbeddingsCall:
+    """One ``POST /v1/embeddings`` body (:func:`json_body`'s) on the inference path: its
+    decode step (:func:`parse_embeddings`, :func:`infer_request`) and its encode step
+    (:func:`encode_embeddings`), which needs what the decode read."""
+
+    def __init__(self, doc: dict[str, Any]) -> None:
+        self._doc = doc
+        self._request: EmbeddingsRequest | None = None
+
+    async def decode(self, model: Model) -> InferRequest:
+        """The body as the v2 request of k rows for ``model``; raises :class:`OpenAIError`."""
+        self._request = parse_embeddings(self._doc)
+        return infer_request(model, self._request)
+
+    def encode(self, answer: Answer) -> bytes:
+        """The response body for the embeddings ``answer`` holds, one per text."""
+        assert self._request is not None, "encode follows decode"
+        ((tensor, _),) = answer.outputs
+        return encode_embeddings(
+            model=answer.served.name,
+            vectors=tensor.data,
+            base64=self._request.base64,
+            prompt_tokens=prompt_tokens(answer.served.model, answer.admitted),
+        )
+
+
 def encode_embeddings(
     *, model: str, vectors: np.ndarray[Any, Any], base64: bool, prompt_tokens: int
 ) -> bytes:
@@ -326,7 +345,7 @@ def encode_error(exc: BaseException, error: HTTPError) -> bytes:
     """OpenAI's error body for ``exc``, which :func:`error_status` answered with ``error``:
     the same message and status as the v2 routes, OpenAI's shape."""
     param, code = _blame(exc, error.status)
-    kind = "invalid_request_error" if error.status < 500 else "server_error"
+    kind = openai_type(error.status)
     body = {"error": {"message": error.message, "type": kind, "param": param, "code": code}}
     return json.dumps(body).encode()  # ASCII-escaped: any str encodes
 
@@ -339,6 +358,6 @@ def _blame(exc: BaseException, status: int) -> tuple[str | None, str | None]:
         return "model", "model_not_found"
     if isinstance(exc, ModelUnavailable):
         return "model", "model_not_ready"
-    if isinstance(exc, ProtocolError) and status == 400:  # the model refused the texts
+    if isinstance(exc, ProtocolError) and status == Status.BAD_REQUEST:  # the model refused
         return "input", "invalid_value"
-    return None, _STATUS_CODES.get(status)
+    return None, openai_code(status)

@@ -3,8 +3,11 @@
 Metadata follows the v2 protocol; ``config`` and ``statistics`` follow Triton's
 ``model_configuration`` and ``statistics`` extensions, which perf_analyzer and Triton's
 tooling read (``max_batch_size``, ``input``/``output`` dims without the batch dimension,
-``inference_count`` > ``execution_count`` when batching happens). It must not import the
-app or anything of HTTP.
+``inference_count`` > ``execution_count`` when batching happens). Readiness lives here too,
+so that every protocol answers it alike: :attr:`Registry.ready` (set when the app has
+started, cleared when the drain begins), :meth:`Registry.is_ready`,
+:meth:`Registry.model_ready` and the ready-only :meth:`Registry.index`. It must not import
+the app or anything of HTTP.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
+from importlib.metadata import version as _version
 from typing import Any
 
 from carpool.batcher import Batcher
@@ -20,7 +24,15 @@ from carpool.loading import LoadFailure
 from carpool.model import Model, Tensor
 from carpool.stats import BatcherStats
 
-__all__ = ["ModelNotFound", "ModelUnavailable", "Registry", "ServedModel"]
+__all__ = ["ModelNotFound", "ModelUnavailable", "Registry", "ServedModel", "server_metadata"]
+
+VERSION = _version("carpool")  # from the installed metadata: pyproject.toml holds it once
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "schedule_policy"]
+
+
+def server_metadata() -> dict[str, Any]:
+    """The server's v2 metadata: its name, version and the protocol extensions it serves."""
+    return {"name": "carpool", "version": VERSION, "extensions": EXTENSIONS}
 
 
 class ModelNotFound(CarpoolError, LookupError):
@@ -80,7 +92,7 @@ class ServedModel:
 
     def record(self, protocol: str, status: int) -> None:
         """One request that came by ``protocol`` (any name: a label in ``/metrics``) and
-        ended in ``status``, :func:`~carpool.server.statuses.error_status`'s."""
+        ended in ``status``, :func:`~carpool.server.outcomes.error_status`'s."""
         self.statuses[protocol][status] += 1
 
     def describe(self) -> str:
@@ -222,6 +234,7 @@ class Registry:
 
     def __init__(self, models: Sequence[Model], load_failures: Sequence[LoadFailure] = ()) -> None:
         self.load_failures = {failure.name: failure for failure in load_failures}
+        self.ready = False  # true between the app's startup and the start of its drain
         self._models: dict[str, ServedModel] = {}
         for model in models:
             served = ServedModel(model)
@@ -242,8 +255,19 @@ class Registry:
     def __len__(self) -> int:
         return len(self._models)
 
-    def index(self) -> list[dict[str, str]]:
-        """Triton's repository index: every model, loaded or not, by name."""
+    def is_ready(self) -> bool:
+        """The server is ready: started, not draining, and every model has a worker."""
+        return self.ready and all(m.batcher.workers_alive for m in self)
+
+    def model_ready(self, served: ServedModel) -> bool:
+        """``served`` is ready: the server started, is not draining, and it has a worker."""
+        return self.ready and bool(served.batcher.workers_alive)
+
+    def index(self, *, ready_only: bool = False) -> list[dict[str, str]]:
+        """Triton's repository index: every model, loaded or not, by name; with
+        ``ready_only``, the loaded ones only."""
+        if ready_only:
+            return [entry for entry in self.index() if entry["state"] == "READY"]
         entries = [
             {"name": m.name, "version": m.version, "state": "READY", "reason": ""} for m in self
         ] + [

@@ -3,13 +3,14 @@
 On a signal, readiness turns false at once (load balancers stop sending), the listening
 socket closes (new connections are refused), every request already received is answered,
 each batcher finishes what it accepted, and the process exits 0. Requests still running
-after ``drain_timeout_s`` are cut off so the process always exits in bounded time. With
-:mod:`carpool.server.connections` (its protocol), the only module that imports uvicorn.
+after ``drain_timeout_s`` are cut off so the process always exits in bounded time. It wires
+the server: the registry, the one inference path over it, the REST app and (only when the
+gRPC port is on, so that grpc is imported only then) the gRPC server, both given that path.
+With :mod:`carpool.server.connections` (its protocol), the only module that imports uvicorn.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import gc
 import json
@@ -21,7 +22,7 @@ import sys
 import threading
 import time
 from types import FrameType
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import uvicorn
 
@@ -30,7 +31,11 @@ from carpool.server.app import App
 from carpool.server.auth import ApiKeys
 from carpool.server.config import ServerConfig
 from carpool.server.connections import protocol_class
+from carpool.server.inference import Inference
 from carpool.server.registry import Registry
+
+if TYPE_CHECKING:
+    from carpool.server.grpc_service import GrpcServer
 
 __all__ = ["build_app", "configure_logging", "serve"]
 
@@ -38,17 +43,36 @@ log = logging.getLogger("carpool.server")
 
 
 def build_app(config: ServerConfig) -> App:
+    """The REST app for ``config``, holding the gRPC server when ``grpc_port`` is not 0."""
+    inference = Inference(Registry(config.models, load_failures=config.unavailable))
+    api_keys = ApiKeys(config.api_keys) if config.api_keys else None
     return App(
-        Registry(config.models, load_failures=config.unavailable),
+        inference,
         max_body_bytes=config.max_body_bytes,
         drain_timeout_s=config.drain_timeout_s,
-        grpc_address=_address(config.host, config.grpc_port) if config.grpc_port else None,
-        api_keys=ApiKeys(config.api_keys) if config.api_keys else None,
+        grpc=_grpc_server(config, inference, api_keys) if config.grpc_port else None,
+        api_keys=api_keys,
         metrics_need_key=config.metrics_need_key,
-        tls=(config.ssl_certfile, config.ssl_keyfile)
-        if config.ssl_certfile and config.ssl_keyfile
-        else None,
         body_timeout_s=config.body_timeout_s,
+    )
+
+
+def _grpc_server(
+    config: ServerConfig, inference: Inference, api_keys: ApiKeys | None
+) -> GrpcServer:
+    # Imported here, and only here: grpc and tritonclient load only when the gRPC port is
+    # on. (grpc_service imports neither this module nor the app: no cycle.)
+    from carpool.server.grpc_service import GrpcServer
+
+    tls = None  # REST's certificate, if it has one
+    if config.ssl_certfile and config.ssl_keyfile:
+        tls = (config.ssl_certfile, config.ssl_keyfile)
+    return GrpcServer(
+        inference,
+        _address(config.host, config.grpc_port),
+        max_message_bytes=config.max_body_bytes,  # REST's body limit, for gRPC's messages
+        api_keys=api_keys,
+        tls=tls,
     )
 
 
@@ -171,12 +195,13 @@ def serve(config: ServerConfig) -> NoReturn:
 
 
 def _exit_now(code: int) -> NoReturn:
-    """End the process once everything is drained: the atexit handlers run and the logs
-    are flushed, then the interpreter's own teardown is skipped. Native libraries' static
-    destructors (onnxruntime's and torch's thread pools) can abort that teardown
-    ("terminate called without an active exception", SIGABRT), turning a clean drain
-    into exit code -6 for the process supervisor."""
-    atexit._run_exitfuncs()
+    """End the process once everything is drained: the logs are flushed, then the
+    interpreter's own teardown is skipped. Native libraries' static destructors
+    (onnxruntime's and torch's thread pools) can abort that teardown ("terminate called
+    without an active exception", SIGABRT), turning a clean drain into exit code -6 for the
+    process supervisor. What the process opened is closed by its owners before this: the
+    app's shutdown (or its failed startup) closed every batcher it started, and with them
+    their worker processes and Ray actors; so no atexit handler is left with work to do."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed or broken pipe: nothing to flush

@@ -1,48 +1,90 @@
-"""THE table from exceptions to HTTP statuses, and :class:`HTTPError`, an answer other than 200.
+"""THE table of statuses: every HTTP status this server answers with, by name, and what each
+is called by gRPC, by ``/metrics`` and by OpenAI's error bodies; and :class:`HTTPError`.
 
-Every status a request can end in is decided by :func:`error_status`, and only there: the app
-sends what it returns, the access log and ``/metrics`` count what it says. gRPC answers the
-same classification under its own names (:func:`grpc_code`), so the two protocols cannot
-disagree. Pure: it only classifies, and must not import the app, grpc or anything that sends.
+Every other module names a status through :class:`Status` (never a number), so a status
+and its renderings are written once, here. Which status an exception ends in is decided by
+:func:`~carpool.server.outcomes.error_status`, with these names. Pure: it must not import
+anything of the server (every server module may import it), nor grpc.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from typing import Any
 
-from carpool.errors import (
-    BatcherClosed,
-    BatchSizeMismatch,
-    BatchTimeout,
-    CarpoolError,
-    DeadlineExceeded,
-    QueueFull,
-    WorkerDied,
-)
-from carpool.server.inference import ModelOutputError
-from carpool.server.messages import ProtocolError
-from carpool.server.registry import ModelNotFound, ModelUnavailable
+from carpool.errors import CarpoolError
 
-__all__ = ["CLIENT_CLOSED", "STOPPING", "HTTPError", "error_status", "grpc_code"]
+__all__ = [
+    "RETRY",
+    "STOPPING",
+    "HTTPError",
+    "Status",
+    "grpc_code",
+    "is_server_error",
+    "openai_code",
+    "openai_type",
+    "outcome",
+]
 
-CLIENT_CLOSED = 499  # nginx's status for a client that closed the connection first
+
+class Status(enum.IntEnum):
+    """The HTTP statuses a request can end in (``int``s: they go on the wire as they are)."""
+
+    OK = 200
+    BAD_REQUEST = 400  # a malformed request, a sequence_* parameter, a failed model
+    UNAUTHORIZED = 401  # no API key, or not one of the server's
+    NOT_FOUND = 404  # an unknown route, model or version
+    METHOD_NOT_ALLOWED = 405
+    REQUEST_TIMEOUT = 408  # the headers or the body did not arrive in time
+    CONTENT_TOO_LARGE = 413  # a body or element count over its limit
+    UNSUPPORTED_MEDIA_TYPE = 415  # a Content-Encoding other than gzip or deflate
+    CLIENT_CLOSED = 499  # nginx's status for a client that closed the connection first
+    INTERNAL_ERROR = 500  # a model error, a worker that died
+    UNAVAILABLE = 503  # queue full, overloaded, queue timeout, stopping, not ready
+    GATEWAY_TIMEOUT = 504  # the batch ran past batch_timeout_ms; a gRPC call's deadline
+
+
 STOPPING = "Server is stopping, scheduler for model has stopped accepting new inference requests"
-_RETRY = [(b"retry-after", b"1")]  # a full queue or a missed deadline may pass in a second
+RETRY = [(b"retry-after", b"1")]  # a full queue or a missed deadline may pass in a second
 
-# error_status's HTTP statuses as gRPC status codes (``grpc.StatusCode`` names: this module
-# must not import grpc), as the KServe v2 gRPC spec pairs them.
-_GRPC_CODES = {
-    200: "OK",
-    400: "INVALID_ARGUMENT",  # a malformed request, a sequence_* parameter, a failed model
-    404: "NOT_FOUND",  # an unknown model or version
-    405: "UNIMPLEMENTED",
-    413: "RESOURCE_EXHAUSTED",  # over a size limit: what grpc itself says of a large message
-    415: "INVALID_ARGUMENT",
-    CLIENT_CLOSED: "CANCELLED",
-    500: "INTERNAL",  # a model error, a worker that died
-    503: "UNAVAILABLE",  # queue full, overloaded, queue timeout, stopping
-    504: "DEADLINE_EXCEEDED",  # the batch ran past batch_timeout_ms
+# The statuses as gRPC status codes (``grpc.StatusCode`` names: this module must not import
+# grpc), as the KServe v2 gRPC spec pairs them.
+_GRPC_CODES: dict[int, str] = {
+    Status.OK: "OK",
+    Status.BAD_REQUEST: "INVALID_ARGUMENT",
+    Status.NOT_FOUND: "NOT_FOUND",
+    Status.METHOD_NOT_ALLOWED: "UNIMPLEMENTED",
+    Status.CONTENT_TOO_LARGE: "RESOURCE_EXHAUSTED",  # what grpc itself says of a large message
+    Status.UNSUPPORTED_MEDIA_TYPE: "INVALID_ARGUMENT",
+    Status.CLIENT_CLOSED: "CANCELLED",
+    Status.INTERNAL_ERROR: "INTERNAL",
+    Status.UNAVAILABLE: "UNAVAILABLE",
+    Status.GATEWAY_TIMEOUT: "DEADLINE_EXCEEDED",
+}
+# The ``outcome`` label of ``carpool_requests_total`` in /metrics.
+_OUTCOMES: dict[int, str] = {
+    Status.OK: "success",
+    Status.BAD_REQUEST: "invalid",
+    Status.NOT_FOUND: "not_found",
+    Status.CONTENT_TOO_LARGE: "too_large",
+    Status.UNSUPPORTED_MEDIA_TYPE: "unsupported_encoding",
+    Status.CLIENT_CLOSED: "client_closed",
+    Status.INTERNAL_ERROR: "error",
+    Status.UNAVAILABLE: "unavailable",
+    Status.GATEWAY_TIMEOUT: "timeout",
+}
+# OpenAI's error codes for the refusals that are not its own (``OpenAIError``'s), by status.
+_OPENAI_CODES: dict[int, str] = {
+    Status.BAD_REQUEST: "invalid_request",
+    Status.UNAUTHORIZED: "invalid_api_key",  # OpenAI's own code for a missing or wrong key
+    Status.NOT_FOUND: "not_found",
+    Status.METHOD_NOT_ALLOWED: "method_not_allowed",
+    Status.CONTENT_TOO_LARGE: "request_too_large",
+    Status.UNSUPPORTED_MEDIA_TYPE: "unsupported_encoding",
+    Status.INTERNAL_ERROR: "model_error",
+    Status.UNAVAILABLE: "unavailable",
+    Status.GATEWAY_TIMEOUT: "timeout",
 }
 
 
@@ -66,38 +108,30 @@ class HTTPError(CarpoolError):
         return {"status": self.status, "message": self.message, "headers": self.headers}
 
 
-def error_status(exc: BaseException) -> HTTPError:
-    """THE table: every exception a request can end in, as the status a client sees.
-
-    Anything that is not an ``Exception`` (cancellation, ``KeyboardInterrupt``) is
-    re-raised: it is not a request's outcome.
-    """
-    if isinstance(exc, HTTPError):
-        return exc
-    if isinstance(exc, ProtocolError):
-        return HTTPError(exc.status, str(exc))
-    if isinstance(exc, ModelNotFound):
-        return HTTPError(404, str(exc))
-    if isinstance(exc, ModelUnavailable):
-        return HTTPError(400, str(exc))
-    if isinstance(exc, QueueFull | DeadlineExceeded):
-        return HTTPError(503, str(exc), _RETRY)
-    if isinstance(exc, BatcherClosed):
-        return HTTPError(503, STOPPING)
-    if isinstance(exc, BatchTimeout):  # the model ran too long: a gateway timeout's kind
-        return HTTPError(504, str(exc))
-    if isinstance(exc, WorkerDied):
-        return HTTPError(500, str(exc))
-    if isinstance(exc, BatchSizeMismatch | ModelOutputError):
-        return HTTPError(500, f"model error: {exc}")
-    if isinstance(exc, Exception):  # the model's own exception, isolated to its rows
-        return HTTPError(500, f"model error: {type(exc).__name__}: {exc}")
-    raise exc
+def is_server_error(status: int) -> bool:
+    """A 5xx: the server's failure, not the client's (logged; OpenAI's ``server_error``)."""
+    return status >= Status.INTERNAL_ERROR
 
 
 def grpc_code(status: int) -> str:
-    """The ``grpc.StatusCode`` name for an HTTP ``status`` :func:`error_status` gave."""
+    """The ``grpc.StatusCode`` name for an HTTP ``status``."""
     code = _GRPC_CODES.get(status)
     if code is None:
-        return "INTERNAL" if status >= 500 else "INVALID_ARGUMENT"
+        return "INTERNAL" if is_server_error(status) else "INVALID_ARGUMENT"
     return code
+
+
+def outcome(status: int) -> str:
+    """The ``outcome`` label ``/metrics`` counts a request that ended in ``status`` under."""
+    return _OUTCOMES.get(status, str(status))
+
+
+def openai_code(status: int) -> str | None:
+    """OpenAI's error ``code`` for a refusal of ``status`` that OpenAI's API has no own
+    code for; None for a status it does not name."""
+    return _OPENAI_CODES.get(status)
+
+
+def openai_type(status: int) -> str:
+    """OpenAI's error ``type``: the server's fault or the request's."""
+    return "server_error" if is_server_error(status) else "invalid_request_error"

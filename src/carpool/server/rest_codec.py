@@ -1,11 +1,13 @@
-"""Inference request bodies of the v2 protocol, parsed into :class:`InferRequest` records.
+"""REST's v2 bodies to :class:`~carpool.server.messages.InferRequest` records, and response
+tensors back to bodies: the REST twin of :mod:`carpool.server.grpc_codec`.
 
-The ASGI layer reads the body and the ``Inference-Header-Content-Length`` header, calls
+Requests: the app reads the body and the ``Inference-Header-Content-Length`` header, calls
 :func:`parse_header_length`, then :func:`parse_infer_request` (or :func:`parse_raw_request`
-when the length is 0). Every refusal is a :class:`ProtocolError` carrying the HTTP status
-and the field at fault; messages keep Triton's wording where it has one, because clients and
-operators grep for it. Pure and sans-I/O: it must not import the ASGI app, the batcher or
-anything that touches a socket.
+when the length is 0). Responses: :func:`encode_infer_response` for the tensors the
+inference path answered, :func:`encode_error` for every error body. Every refusal is a
+:class:`ProtocolError` carrying the status and the field at fault; messages keep Triton's
+wording where it has one, because clients and operators grep for it. Pure and sans-I/O: it
+must not import the ASGI app, the batcher or anything that touches a socket.
 """
 
 from __future__ import annotations
@@ -24,15 +26,24 @@ from carpool.server.messages import (
     Array,
     InferInput,
     InferRequest,
+    OutputTensor,
     Parameters,
     ProtocolError,
     RequestedOutput,
     blame,
     check_element_total,
+    check_output_fits,
+    check_requested_output,
+    claim_name,
+    input_tensor,
+    refuse_shared_memory,
 )
+from carpool.server.statuses import Status
 from carpool.server.tensors import (
     array_from_json,
     array_from_wire,
+    array_to_json,
+    array_to_wire,
     check_shape,
     raw_shape,
 )
@@ -43,9 +54,9 @@ __all__ = [
     "parse_raw_request",
     "parse_index_request",
     "check_raw_content_type",
+    "encode_infer_response",
+    "encode_error",
 ]
-
-_NO_SHM = "shared memory is not supported by this server ({} '{}'); send the data in the body"
 
 
 def parse_header_length(value: str | None, body_length: int) -> int | None:
@@ -143,7 +154,7 @@ def parse_raw_request(
     return InferRequest(
         id=None,
         parameters={},
-        inputs=(_input(name, datatype, shape, data, {}),),
+        inputs=(input_tensor(name, datatype, shape, data, {}),),
         outputs=None,
         binary_data_output=True,
     )
@@ -207,7 +218,7 @@ def _inputs(
             size = _binary_size(params.pop("binary_data_size"), where, name)
             data = _blob(blobs, offset, size, framed, datatype, count, name)
             offset += size
-        inputs.append(_input(name, datatype, shape, data, params))
+        inputs.append(input_tensor(name, datatype, shape, data, params))
     if offset != len(blobs):
         raise ProtocolError(
             f"unexpected additional input data: {len(blobs) - offset} bytes follow the last "
@@ -257,9 +268,7 @@ def _name(item: Any, where: str, taken: set[str], kind: str) -> str:
     if type(name) is not str:
         field = f"{where}.name"
         raise ProtocolError(f"Unable to parse '{field}': expected a string", field=field)
-    if name in taken:
-        raise ProtocolError(f"{kind} '{name}' already exists in request", field=f"{where}.name")
-    taken.add(name)
+    claim_name(name, taken, kind, where)
     return name
 
 
@@ -325,16 +334,7 @@ def _check_content_fields(has_data: bool, params: Parameters, name: str, where: 
             f"'{name}')",
             field=where,
         )
-    if given == ["shared_memory_region"]:
-        raise ProtocolError(_NO_SHM.format("input", name), field=f"{where}.parameters")
-
-
-def _input(
-    name: str, datatype: str, shape: tuple[int, ...], data: Array, params: Parameters
-) -> InferInput:
-    data = data.reshape(shape)
-    data.flags.writeable = False  # mostly views of the request body; copies follow suit
-    return InferInput(name=name, datatype=datatype, shape=shape, data=data, parameters=params)
+    refuse_shared_memory("input", name, where, params)
 
 
 def _outputs(value: Any) -> tuple[RequestedOutput, ...] | None:
@@ -348,15 +348,93 @@ def _outputs(value: Any) -> tuple[RequestedOutput, ...] | None:
         where = f"outputs[{index}]"
         name = _name(item, where, names, "output")
         params = _parameters(item.get("parameters"), f"{where}.parameters")
-        if "shared_memory_region" in params:
-            raise ProtocolError(_NO_SHM.format("output", name), field=f"{where}.parameters")
-        if "classification" in params:
-            raise ProtocolError(
-                f"the classification extension is not supported (output '{name}')",
-                field=f"{where}.parameters.classification",
-            )
+        check_requested_output(name, params, where)
         binary = params.pop("binary_data", None)
         if binary is not None:
             binary = _expect_bool(binary, f"{where}.parameters.binary_data")
         outputs.append(RequestedOutput(name=name, binary=binary, parameters=params))
     return tuple(outputs) or None  # Triton answers an empty list with every output
+
+
+# ------------------------------------------------------------------ responses
+
+
+def encode_infer_response(
+    *,
+    model_name: str,
+    model_version: str | None,
+    request_id: str | None,
+    outputs: Sequence[tuple[OutputTensor, bool]],
+    parameters: Parameters | None = None,
+) -> tuple[bytes, int | None]:
+    """The response body, and the JSON header's length when any output is binary.
+
+    ``outputs`` pairs each tensor with whether to send it binary (see
+    :func:`~carpool.server.messages.wants_binary`); binary blobs follow the JSON in output
+    order, each announced by ``binary_data_size``. A NaN or infinity in a JSON output
+    switches to the stdlib encoder, which writes ``NaN``/``Infinity`` as Python's ``json``
+    reads them (orjson would write ``null``). Raises ``ProtocolError``: a bad request for an
+    output JSON cannot carry (BF16, non-UTF-8 BYTES), so the client should ask for it
+    binary; an internal error for an array that does not fit its datatype or shape.
+    """
+    header: dict[str, Any] = {"model_name": model_name}
+    if model_version is not None:
+        header["model_version"] = model_version
+    if request_id is not None:
+        header["id"] = request_id
+    if parameters is not None:
+        header["parameters"] = parameters
+    blobs: list[bytes | memoryview] = []
+    entries = [_output_entry(tensor, binary, blobs) for tensor, binary in outputs]
+    header["outputs"] = entries
+    text = _dump_json(header, entries)
+    if not blobs:  # no output is binary
+        return text, None
+    return b"".join([text, *blobs]), len(text)
+
+
+def encode_error(message: str) -> bytes:
+    """The body of every error response, ``{"error": message}``, as tritonclient reads it."""
+    return json.dumps({"error": message}).encode()  # ASCII-escaped: any str encodes
+
+
+def _output_entry(
+    tensor: OutputTensor, binary: bool, blobs: list[bytes | memoryview]
+) -> dict[str, Any]:
+    # The output's JSON entry; its data either inline or appended to ``blobs``.
+    name, datatype = tensor.name, tensor.datatype
+    entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(tensor.shape)}
+    check_output_fits(tensor)
+    with blame(name):
+        if binary:
+            blob = array_to_wire(tensor.data, datatype=datatype, name=name)
+            blobs.append(blob)
+            entry["parameters"] = {"binary_data_size": len(blob)}
+        else:
+            entry["data"] = array_to_json(tensor.data, datatype=datatype, name=name)
+    return entry
+
+
+def _dump_json(header: dict[str, Any], entries: list[dict[str, Any]]) -> bytes:
+    # orjson, unless a float output holds NaN or infinity, which only the stdlib writes.
+    try:
+        if _finite(entries):
+            return orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
+        for entry in entries:
+            if isinstance(entry.get("data"), np.ndarray):
+                entry["data"] = entry["data"].tolist()
+        return json.dumps(header, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
+        raise ProtocolError(
+            f"the response cannot be encoded as JSON: {exc}",
+            field="body",
+            status=Status.INTERNAL_ERROR,
+        ) from None
+
+
+def _finite(entries: list[dict[str, Any]]) -> bool:
+    for entry in entries:
+        data = entry.get("data")
+        if isinstance(data, np.ndarray) and data.dtype.kind == "f" and not np.isfinite(data).all():
+            return False
+    return True

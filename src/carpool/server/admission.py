@@ -1,0 +1,281 @@
+"""Between the wire and the batcher: check a request against the model, shape the answer.
+
+Pure: decoded requests in, the batcher's value out; the model's outputs in, response tensors
+out. Everything a client can get wrong is refused here, before anything is queued, so a bad
+request never reaches a batch that other callers share. It must not import the app, the
+registry or anything that does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from carpool.datatypes import DATATYPES, datatype_of
+from carpool.errors import CarpoolError, CollationError
+from carpool.model import Model, Tensor
+from carpool.server.messages import (
+    InferInput,
+    InferRequest,
+    OutputTensor,
+    ProtocolError,
+    wants_binary,
+)
+
+__all__ = ["AdmittedRequest", "ModelOutputError", "admit", "respond"]
+
+# Triton's reserved parameter names this server understands or refuses.
+_SEQUENCE = ("sequence_id", "sequence_start", "sequence_end")
+
+
+class ModelOutputError(CarpoolError, RuntimeError):
+    """The model returned outputs that do not match its declared signature (a 500).
+
+    The server's error, not the client's: the message names the model and what it broke.
+    """
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        super().__init__(message)
+
+    def _fields(self) -> dict[str, Any]:
+        return {"message": self.message}
+
+
+@dataclass(frozen=True, slots=True)
+class AdmittedRequest:
+    """A request checked against its model: what the batcher gets, and how to answer it.
+
+    (Not :class:`carpool.policy.Admission`, which is what an adaptive policy weighs when it
+    decides whether a request can still make its deadline.)
+    """
+
+    value: dict[str, np.ndarray[Any, Any]]  # input name -> k rows
+    rows: int
+    outputs: tuple[tuple[str, bool], ...]  # (output name, binary?) in response order
+    priority: int
+    timeout_ms: float | None
+
+
+def _matches(shape: tuple[int, ...], spec: Tensor) -> bool:
+    return len(shape) == len(spec.shape) and all(
+        want in (-1, got) for want, got in zip(spec.shape, shape, strict=True)
+    )
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _check_inputs(model: Model, request: InferRequest) -> dict[str, np.ndarray[Any, Any]]:
+    specs = {t.name: t for t in model.input_specs}
+    _check_names(model, specs, [i.name for i in request.inputs])
+    return {
+        tensor.name: _input_value(model, tensor, specs[tensor.name]) for tensor in request.inputs
+    }
+
+
+def _check_names(model: Model, specs: Mapping[str, Tensor], got: list[str]) -> None:
+    missing = [n for n in specs if n not in got]
+    unknown = [n for n in got if n not in specs]
+    if unknown:
+        raise ProtocolError(
+            f"unexpected inference input(s) {unknown} for model '{model.name}'; "
+            f"expected {list(specs)}",
+            field="inputs",
+        )
+    if missing:
+        raise ProtocolError(
+            f"expected {len(specs)} inputs but got {len(got)} inputs for model "
+            f"'{model.name}'. Got input(s) {got}, but missing required input(s) {missing}",
+            field="inputs",
+        )
+
+
+def _input_value(model: Model, tensor: InferInput, spec: Tensor) -> np.ndarray[Any, Any]:
+    # The input as the batcher takes it: rows along the first axis, a batch of 1 added for
+    # a model that does not batch.
+    name = tensor.name
+    if model.declared and tensor.datatype != spec.datatype:
+        raise ProtocolError(
+            f"inference input '{name}' data-type is '{tensor.datatype}', but model "
+            f"'{model.name}' expects '{spec.datatype}'",
+            field=name,
+        )
+    if not model.batching.batched:
+        if model.declared and not _matches(tensor.shape, spec):
+            raise ProtocolError(
+                f"unexpected shape for input '{name}' for model '{model.name}'. "
+                f"Expected {_dims(spec.shape)}, got {_dims(tensor.shape)} (the model "
+                "does not batch: send exactly its shape)",
+                field=name,
+            )
+        return tensor.data.reshape((1, *tensor.shape))
+    if not tensor.shape:
+        raise ProtocolError(
+            f"input '{name}' has shape [], but model '{model.name}' batches along "
+            "the first dimension: send shape [rows, ...]",
+            field=name,
+        )
+    if model.declared and not _matches(tensor.shape[1:], spec):
+        raise ProtocolError(
+            f"unexpected shape for input '{name}' for model '{model.name}'. "
+            f"Expected [-1,{_dims(spec.shape)[1:]}, got {_dims(tensor.shape)}",
+            field=name,
+        )
+    return tensor.data.reshape(tensor.shape)
+
+
+def _preprocess(model: Model, value: dict[str, Any], rows: int) -> dict[str, Any]:
+    """The model's own per-request step (tokenizing, say); what it refuses is a 400."""
+    assert model.preprocess is not None
+    try:
+        result = dict(model.preprocess(value))
+    except (ValueError, TypeError, UnicodeError) as exc:
+        raise ProtocolError(
+            f"model '{model.name}' cannot use this request's inputs: {exc}", field="inputs"
+        ) from None
+    for name, array in result.items():
+        got = len(array) if hasattr(array, "__len__") else None
+        if got != rows:
+            raise ModelOutputError(
+                f"model '{model.name}': preprocess returned {got} rows for '{name}' from a "
+                f"request of {rows}; it must keep one row per input row"
+            )
+    return result
+
+
+def _rows(request: InferRequest) -> int:
+    counts = {i.name: i.shape[0] for i in request.inputs}
+    if len(set(counts.values())) > 1:
+        raise ProtocolError(
+            f"inputs disagree on the batch size (first dimension): {counts}", field="inputs"
+        )
+    rows = next(iter(counts.values()))
+    if rows < 1:
+        raise ProtocolError("the batch dimension must be at least 1, got 0", field="inputs")
+    return rows
+
+
+def _requested(model: Model, request: InferRequest) -> tuple[tuple[str, bool], ...]:
+    names = [t.name for t in model.output_specs]
+    if request.outputs is None:
+        return tuple((name, wants_binary(request, None)) for name in names)
+    chosen = []
+    for output in request.outputs:
+        if output.name not in names:
+            raise ProtocolError(
+                f"unexpected inference output '{output.name}' for model '{model.name}'; "
+                f"it has {names}",
+                field=f"outputs.{output.name}",
+            )
+        chosen.append((output.name, wants_binary(request, output)))
+    return tuple(chosen)
+
+
+def _int_parameter(request: InferRequest, name: str) -> int | None:
+    value = request.parameters.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ProtocolError(
+            f"parameter '{name}' must be a non-negative integer, got {value!r}",
+            field=f"parameters.{name}",
+        )
+    return value
+
+
+def admit(model: Model, request: InferRequest) -> AdmittedRequest:
+    """Check ``request`` against ``model``; raises :class:`ProtocolError` (a 400)."""
+    for name in _SEQUENCE:
+        if name in request.parameters:
+            raise ProtocolError(
+                f"parameter '{name}': model '{model.name}' is stateless; sequence batching "
+                "is not supported",
+                field=f"parameters.{name}",
+            )
+    value = _check_inputs(model, request)
+    rows = _rows(request) if model.batching.batched else 1
+    if model.preprocess is not None:
+        value = _preprocess(model, value, rows)
+    if model.padding is not None:
+        try:
+            model.padding.check(value)
+        except CollationError as exc:
+            raise ProtocolError(str(exc), field=exc.field or "inputs") from None
+    outputs = _requested(model, request)
+    return AdmittedRequest(
+        value, rows, outputs, _priority(model, request), _timeout_ms(model, request)
+    )
+
+
+def _priority(model: Model, request: InferRequest) -> int:
+    priority = _int_parameter(request, "priority") or 0
+    levels = model.batching.priority_levels
+    if levels and priority > levels:
+        raise ProtocolError(
+            f"parameter 'priority' must be in [0, {levels}] for model '{model.name}', "
+            f"got {priority}",
+            field="parameters.priority",
+        )
+    return priority or model.batching.default_priority_level
+
+
+def _timeout_ms(model: Model, request: InferRequest) -> float | None:
+    # The request's own timeout may shorten the model's default, never extend it.
+    timeout_us = _int_parameter(request, "timeout")  # Triton: microseconds, 0 = none
+    timeout_ms = model.batching.default_timeout_ms
+    if timeout_us:
+        requested_ms = timeout_us / 1000.0
+        timeout_ms = requested_ms if timeout_ms is None else min(timeout_ms, requested_ms)
+    return timeout_ms
+
+
+def respond(
+    model: Model, admitted: AdmittedRequest, result: Mapping[str, Any]
+) -> list[tuple[OutputTensor, bool]]:
+    """Response tensors for the requested outputs; :class:`ModelOutputError` if one is
+    missing or unlike the model's declaration."""
+    declared = {t.name: t for t in model.output_specs}
+    tensors = []
+    for name, binary in admitted.outputs:
+        if name not in result:
+            raise ModelOutputError(
+                f"model '{model.name}' returned outputs {sorted(result)}, without '{name}'"
+            )
+        tensors.append((_output_tensor(model, declared[name], result[name]), binary))
+    return tensors
+
+
+def _output_tensor(model: Model, spec: Tensor, value: Any) -> OutputTensor:
+    name = spec.name
+    array = np.asarray(value)
+    if not model.batching.batched:
+        array = array[0]  # the batch of one the batcher added
+        if model.outputs is not None and not _matches(tuple(array.shape), spec):
+            raise ModelOutputError(
+                f"model '{model.name}' returned output '{name}' with shape "
+                f"{_dims(tuple(array.shape))}, but declares {_dims(spec.shape)}"
+            )
+    elif model.outputs is not None and (
+        array.ndim == 0 or not _matches(tuple(array.shape[1:]), spec)
+    ):
+        raise ModelOutputError(
+            f"model '{model.name}' returned output '{name}' with shape "
+            f"{_dims(tuple(array.shape))}, but declares rows of {_dims(spec.shape)}"
+        )
+    if model.outputs is not None and spec.datatype != "BYTES":
+        try:  # a wider or narrower number is cast; a non-number is the model's mistake
+            array = array.astype(DATATYPES[spec.datatype], copy=False)  # BF16 travels as FP32
+        except (TypeError, ValueError) as exc:
+            raise ModelOutputError(
+                f"model '{model.name}' returned output '{name}' of {array.dtype} that is not "
+                f"{spec.datatype}: {exc}"
+            ) from exc
+        datatype = spec.datatype
+    else:
+        datatype = datatype_of(array)
+    return OutputTensor(name, datatype, tuple(array.shape), array)

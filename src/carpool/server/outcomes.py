@@ -1,0 +1,54 @@
+"""Which status every exception a request can end in answers with: :func:`error_status`.
+
+The one classification: the app sends what it returns, the access log and ``/metrics``
+count what it says, and gRPC answers it under :func:`~carpool.server.statuses.grpc_code`'s
+names, so no two protocols can disagree. Statuses are named by
+:class:`~carpool.server.statuses.Status`. Pure: it only classifies, and must not import the
+app, grpc or anything that sends.
+"""
+
+from __future__ import annotations
+
+from carpool.errors import (
+    BatcherClosed,
+    BatchSizeMismatch,
+    BatchTimeout,
+    DeadlineExceeded,
+    QueueFull,
+    WorkerDied,
+)
+from carpool.server.admission import ModelOutputError
+from carpool.server.messages import ProtocolError
+from carpool.server.registry import ModelNotFound, ModelUnavailable
+from carpool.server.statuses import RETRY, STOPPING, HTTPError, Status
+
+__all__ = ["error_status"]
+
+
+def error_status(exc: BaseException) -> HTTPError:
+    """Every exception a request can end in, as the status a client sees.
+
+    Anything that is not an ``Exception`` (cancellation, ``KeyboardInterrupt``) is
+    re-raised: it is not a request's outcome.
+    """
+    if isinstance(exc, HTTPError):
+        return exc
+    if isinstance(exc, ProtocolError):
+        return HTTPError(exc.status, str(exc))
+    if isinstance(exc, ModelNotFound):
+        return HTTPError(Status.NOT_FOUND, str(exc))
+    if isinstance(exc, ModelUnavailable):
+        return HTTPError(Status.BAD_REQUEST, str(exc))
+    if isinstance(exc, QueueFull | DeadlineExceeded):
+        return HTTPError(Status.UNAVAILABLE, str(exc), RETRY)
+    if isinstance(exc, BatcherClosed):
+        return HTTPError(Status.UNAVAILABLE, STOPPING)
+    if isinstance(exc, BatchTimeout):  # the model ran too long: a gateway timeout's kind
+        return HTTPError(Status.GATEWAY_TIMEOUT, str(exc))
+    if isinstance(exc, WorkerDied):
+        return HTTPError(Status.INTERNAL_ERROR, str(exc))
+    if isinstance(exc, BatchSizeMismatch | ModelOutputError):
+        return HTTPError(Status.INTERNAL_ERROR, f"model error: {exc}")
+    if isinstance(exc, Exception):  # the model's own exception, isolated to its rows
+        return HTTPError(Status.INTERNAL_ERROR, f"model error: {type(exc).__name__}: {exc}")
+    raise exc
