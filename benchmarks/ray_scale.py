@@ -184,7 +184,7 @@ async def kill_one(batcher: carpool.Batcher, replicas: int) -> float:
     workers' state is a thread's, no event)."""
     pool = batcher._workers  # the RayReplicas behind the batcher: its actors' pids
     assert pool is not None
-    victim = pool.stats().processes[-1].pid
+    victim = pool.stats().replicas[-1].pid
     assert victim is not None
     restarts = batcher.stats().worker_restarts
     os.kill(victim, signal.SIGKILL)
@@ -200,64 +200,9 @@ async def fault_run(replicas: int, warmup_s: float, seconds: float) -> dict[str,
     """A fresh batcher of ``replicas`` actors under the same load: a fault-free window of
     ``seconds``, then SIGKILL of one actor's process and a window as long. Every request is
     accounted for: a result, a typed error, or (a defect) lost."""
-<<<<<<< HEAD
-    outcomes: Counter[str] = Counter()
-    sent = 0
-    running = True
-    back_after = float("nan")
-    batcher = ray_batcher(replicas)
-
-    async def caller(index: int) -> None:
-        nonlocal sent
-        row = np.full(4, float(index), np.float32)
-        while running:
-            sent += 1
-            try:
-                out = await batcher.infer(row)
-            except carpool.CarpoolError as exc:
-                outcomes[type(exc).__name__] += 1
-            except Exception as exc:  # not a typed carpool error: a defect, counted apart
-                outcomes[f"untyped {type(exc).__name__}"] += 1
-            else:
-                outcomes["answered" if np.array_equal(out, row * 2) else "wrong"] += 1
-
-    async def watch_restart(killed_at: float, restarts: int) -> None:
-        nonlocal back_after
-        while running:
-            stats = batcher.stats()
-            if stats.worker_restarts > restarts and stats.workers_alive == replicas:
-                back_after = time.perf_counter() - killed_at
-                return
-            await asyncio.sleep(0.05)  # the workers' state is a thread's: polled, no event
-
-    hung = False
-    async with batcher:
-        pool = batcher._workers  # the RayReplicas behind the batcher: its actors' pids
-        assert pool is not None
-        try:
-            async with asyncio.timeout(None) as drain, asyncio.TaskGroup() as tg:
-                for i in range(CALLERS_PER_REPLICA * replicas):
-                    tg.create_task(caller(i))
-                await asyncio.sleep(warmup_s)
-                a0, t0 = outcomes["answered"], time.perf_counter()
-                await asyncio.sleep(seconds)
-                a1, t1 = outcomes["answered"], time.perf_counter()
-                victim = pool.stats().replicas[-1].pid
-                assert victim is not None
-                restarts = batcher.stats().worker_restarts
-                os.kill(victim, signal.SIGKILL)
-                tg.create_task(watch_restart(time.perf_counter(), restarts))
-                await asyncio.sleep(seconds)
-                a2, t2 = outcomes["answered"], time.perf_counter()
-                running = False
-                drain.reschedule(asyncio.get_running_loop().time() + DRAIN_S)
-        except TimeoutError:  # some request never came back: counted as lost below
-            hung = True
-=======
     async with ray_batcher(replicas) as batcher:
         outcomes = Outcomes(batcher, CALLERS_PER_REPLICA * replicas)
         marks, back_after, hung = await under_fault(outcomes, replicas, warmup_s, seconds)
->>>>>>> bench
         stats = batcher.stats()
     (a0, t0), (a1, t1), (a2, t2) = marks
     return {

@@ -29,10 +29,12 @@ working in code that does not know carpool::
     │                                     that name: a 404
     ├── ModelUnavailable                  carpool.server.registry: the model failed to load at
     │                                     start: a 400
-    ├── ModelOutputError (RuntimeError)   carpool.server.inference: outputs that do not match
+    ├── ModelOutputError (RuntimeError)   carpool.server.admission: outputs that do not match
     │                                     the model's declared signature: a 500
     ├── HTTPError                         carpool.server.statuses: an answer other than 200,
-    │                                     with its status and headers
+    │   │                                 with its status and headers
+    │   └── ClientGone                    carpool.server.inference: the client left before
+    │                                     its answer (a 499, withdrawn if still queued)
     ├── BenchError (ValueError)           carpool.bench.targets: a bench target, flag or file
     │                                     that cannot be used
     └── ReportError (ValueError)          carpool.bench.report: a file that is not a carpool
