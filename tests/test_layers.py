@@ -46,7 +46,26 @@ LAYERS: list[tuple[str, ...]] = [
     ("model", "decorator", "compat"),  # what builds batchers
     ("backends",),  # models: onnxruntime, torch, minilm, the demo
     ("loading",),  # targets, files, repositories, settings -> Models
-    ("server",),  # the v2 HTTP and gRPC server
+    # the v2 HTTP and gRPC server: a request goes down these layers and comes back up once
+    ("server",),  # its map, in the package's docstring
+    (  # the table of statuses, tensor codecs, plumbing: pure or nearly
+        "server.statuses",
+        "server.tensors",
+        "server.asgi",
+        "server.auth",
+        "server.buckets",
+        "server.config",
+        "server.loop_bridge",
+        "server.openapi",
+        "server.registry",
+    ),
+    ("server.messages", "server.bodies", "server.connections", "server.grpc_access"),
+    ("server.admission", "server.rest_codec", "server.grpc_codec"),  # wire <-> records
+    ("server.outcomes", "server.metrics"),  # exceptions -> statuses; Prometheus
+    ("server.inference",),  # the one path: ready, admit, batch, respond, record, time
+    ("server.openai",),  # OpenAI's bodies on that path
+    ("server.app", "server.grpc_service"),  # the REST and gRPC front ends
+    ("server.serve",),  # the process: bind, serve, drain
     ("bench",),  # the load generator (a v2 client; runs models in process too)
     ("tour", "cli", "__main__"),  # commands
 ]
