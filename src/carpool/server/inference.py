@@ -1,4 +1,4 @@
-"""THE inference path: one request's life between its decoder and its encoder, for every
+"""The inference path: one request's life between its decoder and its encoder, for every
 protocol (REST v2 JSON, binary and raw; OpenAI embeddings; gRPC unary and streaming).
 
 A front end hands :meth:`Inference.infer` the model's name and version, its ``decode`` and
