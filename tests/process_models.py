@@ -91,6 +91,14 @@ def not_a_model() -> Any:
     return 42
 
 
+def loads_until(marker: str) -> Any:
+    """A factory whose model loads until the file ``marker`` exists (a replica restarted
+    after that cannot load it)."""
+    if os.path.exists(marker):
+        raise RuntimeError(f"the model is gone ({marker} exists)")
+    return pid_and_double
+
+
 def broken_factory() -> Any:
     """A factory that cannot load its model."""
     raise RuntimeError("weights file /nowhere/model.bin is missing")

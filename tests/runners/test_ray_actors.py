@@ -207,6 +207,27 @@ def test_a_model_no_actor_can_load_fails_the_start(cluster: Any) -> None:
         run(batcher, [row(1.0)])
 
 
+def test_actors_that_cannot_load_again_after_a_restart_fail_their_callers(
+    cluster: Any, tmp_path: Path
+) -> None:
+    """Nothing waits forever: with no replica left that loads the model (and no batch
+    timeout), a request gets WorkerStartError with the reason."""
+    marker = tmp_path / "gone"
+
+    async def main() -> None:
+        spec = functools.partial(pm.loads_until, str(marker))
+        batcher = carpool.Batcher(spec, runner="ray", workers=1, runner_options={"num_cpus": 0.5})
+        async with batcher:
+            victim = int((await batcher.infer(row(1.0)))["pid"])
+            marker.touch()
+            os.kill(victim, signal.SIGKILL)
+            await asyncio.to_thread(wait_until, lambda: batcher.workers_alive == 0, "the loss")
+            with pytest.raises(carpool.WorkerStartError, match="the model is gone"):
+                await asyncio.wait_for(batcher.infer(row(2.0)), timeout=90)
+
+    asyncio.run(main())
+
+
 def test_an_unreachable_cluster_is_named_and_carpool_alone_never_imports_ray() -> None:
     script = textwrap.dedent(
         """

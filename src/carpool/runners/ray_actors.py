@@ -318,9 +318,9 @@ class _Watch:
             slot.restarts += restarted
             if failure is None:
                 roster.ready(slot)
-            else:
+            else:  # callers get WorkerStartError once no replica is left to load it
                 slot.state = STOPPED
-                slot.last_exit = failure
+                slot.last_exit = slot.load_error = failure
                 roster.cond.notify_all()
         if failure is not None:
             log.error("model worker %s could not load its model again: %s", slot.name, failure)
