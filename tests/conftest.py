@@ -262,6 +262,22 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) 
         time.sleep(0.01)
 
 
+def replica_children(parent: int) -> set[int]:
+    """PIDs of ``parent``'s live replica processes: spawned children running spawn_main."""
+    found = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (proc / "cmdline").read_bytes()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[1]) == parent and fields[0] != "Z" and b"spawn_main" in cmdline:
+            found.add(int(proc.name))
+    return found
+
+
 def running(pid: int) -> bool:
     """Whether ``pid`` is a live process (a zombie waiting to be reaped is not)."""
     try:

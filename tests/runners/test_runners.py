@@ -20,24 +20,12 @@ import carpool
 import process_models as pm
 from carpool.loading import load_target
 from carpool.runners import RUNNERS
-from conftest import wait_until
+from conftest import replica_children, wait_until
 
 
 def children() -> set[int]:
-    """PIDs of this process's live model workers: spawned children running spawn_main."""
-    found = set()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-            cmdline = (proc / "cmdline").read_bytes()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        state, ppid = fields[0], int(fields[1])
-        if ppid == os.getpid() and state != "Z" and b"spawn_main" in cmdline:
-            found.add(int(proc.name))
-    return found
+    """PIDs of this process's live model replicas."""
+    return replica_children(os.getpid())
 
 
 def row(first: float, n: int = 3) -> np.ndarray[Any, Any]:

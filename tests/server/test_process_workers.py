@@ -19,6 +19,7 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from backends import onnx_graphs
+from conftest import replica_children
 
 from .conftest import Launcher, Server, wait_until
 from .models import HANG, POISON, SLOW
@@ -28,18 +29,7 @@ pytestmark = pytest.mark.slow
 
 def children(pid: int) -> set[int]:
     """Live worker processes of the server ``pid``."""
-    found = set()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-            cmdline = (proc / "cmdline").read_bytes()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z" and b"spawn_main" in cmdline:
-            found.add(int(proc.name))
-    return found
+    return replica_children(pid)
 
 
 def alive(pid: int) -> bool:
