@@ -39,7 +39,7 @@ def fetch(base: str, method: str, path: str, body: bytes = b"", headers: Any = N
     """One request; the answer's headers (lower-case, less per-answer ones) and body.
     ``RuntimeError`` for a status other than 200."""
     parts = urlsplit(base)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=30)
     try:
         conn.request(method, path, body=body or None, headers=dict(headers or {}))
         response = conn.getresponse()

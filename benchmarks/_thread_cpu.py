@@ -71,14 +71,14 @@ def read(pid: int) -> Reading:
 def used(before: Reading, after: Reading) -> dict[str, float]:
     """CPU seconds each named thread used between two readings, by name, most first; a
     name shared by several threads is summed and labelled with their number."""
-    seconds: Counter[str] = Counter()
+    seconds: dict[str, float] = {}
     threads: Counter[str] = Counter()
     for key, (name, cpu) in after.items():
-        seconds[name] += cpu - before.get(key, (name, 0.0))[1]
+        seconds[name] = seconds.get(name, 0.0) + cpu - before.get(key, (name, 0.0))[1]
         threads[name] += 1
     return {
         (name if threads[name] == 1 else f"{name} x{threads[name]}"): s
-        for name, s in seconds.most_common()
+        for name, s in sorted(seconds.items(), key=lambda item: -item[1])
     }
 
 

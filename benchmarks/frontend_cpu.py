@@ -32,6 +32,7 @@ Prints ``met``/``MISSED``; exits 0.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import sys
@@ -44,6 +45,8 @@ import _bench  # before numpy: one BLAS thread for everything numpy in this proc
 import _frontend_check
 import _process
 import _thread_cpu
+import numpy as np
+from _frontend_refs import vectors
 
 NEEDED = ("aiohttp", "orjson", "uvicorn", "grpc", "tritonclient", "numpy")
 HERE = Path(__file__).resolve().parent
@@ -192,11 +195,6 @@ def measure(
 def check(servers: dict[str, _process.Server], ports: dict[str, int], sent: Any) -> bool:
     """Each reference's answer to each protocol's request against carpool's; prints one
     line each. False when any differs."""
-    import json
-
-    import numpy as np
-    from _frontend_refs import vectors
-
     text = json.loads(sent.embeddings)["input"].encode()
     ok = True
     for protocol in PROTOCOLS:
@@ -219,6 +217,7 @@ def check(servers: dict[str, _process.Server], ports: dict[str, int], sent: Any)
 
 
 def report(results: dict[tuple[str, int], list[dict[str, Run]]], args: Any) -> None:
+    """The table (carpool's top threads by median CPU per request) and a line per goal."""
     med = _bench.median
     rows, verdicts = [], []
     for protocol in PROTOCOLS:
@@ -226,10 +225,8 @@ def report(results: dict[tuple[str, int], list[dict[str, Run]]], args: Any) -> N
         for clients in CLIENTS:
             pairs = results[(protocol.name, clients)]
             carpool = [p["carpool"] for p in pairs]
-            threads = {
-                name: med(run.threads.get(name, 0.0) for run in carpool)
-                for name in carpool[0].threads
-            }
+            names = {name for run in carpool for name in run.threads}
+            threads = {name: med(run.threads.get(name, 0.0) for run in carpool) for name in names}
             busiest = dict(sorted(threads.items(), key=lambda kv: -kv[1]))
             ratio = med(p["carpool"].us_per_request / p[ref].us_per_request for p in pairs)
             goal = "(information)"
