@@ -26,7 +26,7 @@ pairs. Goals (issue 18): REST binary <= 3x bare ASGI, REST JSON <= 1.5x orjson+n
 ASGI, gRPC <= 1.5x bare grpc.aio; ``/v1/embeddings`` against orjson+numpy is information.
 Prints ``met``/``MISSED``; exits 0.
 
-    python benchmarks/frontend_cpu.py            # ~5 min
+    python benchmarks/frontend_cpu.py            # ~4 min
     python benchmarks/frontend_cpu.py --quick    # smoke run, numbers meaningless
 """
 
