@@ -143,7 +143,7 @@ def orjson_app() -> Callable[[Scope, Receive, Send], Awaitable[None]]:
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         route = routes.get(scope["path"]) if scope["type"] == "http" else None
-        binary = route and any(name == HEADER_LENGTH for name, _ in scope["headers"])
+        binary = route is not None and any(name == HEADER_LENGTH for name, _ in scope["headers"])
         if route is None or binary or scope["method"] != "POST":
             return await replay(scope, receive, send)
         body = route(orjson.loads(await _body(receive)))
