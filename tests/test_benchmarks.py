@@ -50,6 +50,18 @@ def quick_run(script: str, *args: str, timeout: float = 120) -> str:
         ),
         ("bench_ceiling.py", ["carpool bench ceiling", "2/1 req/s", "ceiling: "]),
         ("preprocess_cost.py", ["preprocess us/request", "preprocess share = "]),
+        (
+            "frontend_cpu.py",
+            [
+                "check REST JSON vs orjson+numpy ASGI: ok",
+                "check REST binary vs bare ASGI: ok",
+                "check gRPC (raw tensors) vs bare grpc.aio: ok",
+                "check /v1/embeddings vs orjson+numpy ASGI: ok",
+                "carpool's top threads, us/req",
+                "goal: REST binary <= 3x bare ASGI, 64 clients: ",
+                "goal: gRPC (raw tensors) <= 1.5x bare grpc.aio, 1 client: ",
+            ],
+        ),
     ],
 )
 def test_benchmark_quick_run(script: str, expected: list[str]) -> None:

@@ -1,0 +1,320 @@
+"""What ``carpool serve``'s front end costs per request: server CPU microseconds per answer,
+by process and thread, beside references that do the least the same answer needs.
+
+What: one ``carpool serve`` of two models that cost nothing (``_frontend_models.py``:
+``identity``, 512 FP32 in and out; ``embed``, a text in and 512 floats out, opted in to
+OpenAI), gRPC on, on the server core; ``carpool bench`` (closed loop, 1 and 64 clients, one
+request repeated: ``--distinct 1 --seed 0``) on the client core, over REST JSON, REST
+binary, gRPC (raw tensors) and ``/v1/embeddings``. Beside it, on the same core, the
+references (``_frontend_refs.py``), each answering the very requests carpool bench sends
+(checked against carpool's answers before any timing):
+
+* bare ASGI: uvicorn (carpool serve's own flags) reading the body and answering carpool's
+  recorded response bytes and headers;
+* orjson+numpy ASGI: the same, also decoding the JSON body into numpy with orjson and
+  encoding the same JSON answer from numpy with orjson;
+* bare grpc.aio: a servicer of Triton's ``ModelInfer`` answering carpool's recorded
+  ``ModelInferResponse``.
+
+Measured: each server's threads (``/proc/<pid>/task/<tid>/stat``, utime + stime, named by
+``comm``) read before and after one ``carpool bench --warmup 0 --duration D`` run, after a
+warm-up run; CPU used / requests answered = CPU us per request. The run's window is the
+whole load; the server idles while carpool bench starts, and the <= 64 requests in flight
+as it stops are served but not counted (< 1 % at these rates). Each repeat runs carpool and
+its reference back to back (alternating which goes first); ratios are medians over those
+pairs. Goals (issue 18): REST binary <= 3x bare ASGI, REST JSON <= 1.5x orjson+numpy
+ASGI, gRPC <= 1.5x bare grpc.aio; ``/v1/embeddings`` against orjson+numpy is information.
+Prints ``met``/``MISSED``; exits 0.
+
+    python benchmarks/frontend_cpu.py            # ~4 min
+    python benchmarks/frontend_cpu.py --quick    # smoke run, numbers meaningless
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import _bench  # before numpy: one BLAS thread for everything numpy in this process tree
+import _frontend_check
+import _process
+import _thread_cpu
+import numpy as np
+from _frontend_refs import vectors
+
+NEEDED = ("aiohttp", "orjson", "uvicorn", "grpc", "tritonclient", "numpy")
+HERE = Path(__file__).resolve().parent
+CLIENTS = (1, 64)
+MODEL, EMBED = "identity", "embed"
+SAME_REQUEST = ("--distinct", "1", "--seed", "0")  # the one request the references answer
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """One way in: its label, the reference it is held to, and the goal (None: none)."""
+
+    name: str
+    label: str
+    reference: str
+    goal: float | None
+
+
+PROTOCOLS = (
+    Protocol("json", "REST JSON", "orjson", 1.5),
+    Protocol("binary", "REST binary", "bare", 3.0),
+    Protocol("grpc", "gRPC (raw tensors)", "grpc", 1.5),
+    Protocol("openai", "/v1/embeddings", "orjson", None),
+)
+REFERENCES = {"bare": "bare ASGI", "orjson": "orjson+numpy ASGI", "grpc": "bare grpc.aio"}
+
+
+# ------------------------------------------------------------------------------ servers
+
+
+def env() -> dict[str, str]:
+    """The children's environment, ``benchmarks/`` on the path (``_frontend_*`` modules)."""
+    paths = [str(HERE), str(_process.REPO), str(_process.SRC), os.environ.get("PYTHONPATH", "")]
+    return _process.child_env(PYTHONPATH=os.pathsep.join(p for p in paths if p))
+
+
+def start_carpool(cores: _process.Cores, grpc_port: int) -> _process.Server:
+    """``carpool serve`` of both models, gRPC on ``grpc_port``."""
+    port = _process.free_port()
+    argv = [sys.executable, "-m", "carpool", "serve", f"_frontend_models:{MODEL}",
+            f"_frontend_models:{EMBED}", "--port", str(port), "--grpc-port", str(grpc_port),
+            "--access-log", "false", "--log-level", "warning"]  # fmt: skip
+    return _process.Server("carpool serve", argv, port, cores.server, env())
+
+
+def start_references(
+    cores: _process.Cores, fixture: Path, grpc_port: int
+) -> dict[str, _process.Server]:
+    """The two ASGI references under uvicorn and the gRPC one, started (not yet ready)."""
+    servers: dict[str, _process.Server] = {}
+    for name in ("bare", "orjson"):
+        port = _process.free_port()
+        argv = [sys.executable, "-m", "uvicorn", "--factory", "--app-dir", str(HERE),
+                f"_frontend_refs:{name}_app", "--port", str(port),
+                *_process.UVICORN_FLAGS]  # fmt: skip
+        servers[name] = _process.Server(
+            REFERENCES[name], argv, port, cores.server, {**env(), "FRONTEND_FIXTURE": str(fixture)}
+        )
+    argv = [sys.executable, str(HERE / "_frontend_refs.py"), str(grpc_port), str(fixture)]
+    servers["grpc"] = _process.Server(REFERENCES["grpc"], argv, grpc_port, cores.server, env())
+    return servers
+
+
+# ------------------------------------------------------------------------------ runs
+
+
+@dataclass(frozen=True)
+class Run:
+    """One bench run against one server: answers per second, and CPU per answer."""
+
+    rps: float
+    errors: int
+    us_per_request: float
+    threads: dict[str, float]  # name -> CPU us per request
+
+
+def bench(
+    server: _process.Server,
+    protocol: str,
+    grpc_port: int,
+    clients: int,
+    duration: float,
+    cores: _process.Cores,
+) -> Run:
+    """One ``carpool bench`` run (no warm-up of its own); the server's threads read
+    before and after it. ``grpc_port``: the server's gRPC port."""
+    targets = {
+        "json": (None, ["--encoding", "json"]),
+        "binary": (None, ["--encoding", "binary"]),
+        "grpc": (f"grpc://127.0.0.1:{grpc_port}", ["--model", MODEL]),
+        "openai": (server.base + "/v1/embeddings", ["--model", EMBED, "--encoding", "float"]),
+    }
+    target, flags = targets[protocol]
+    before = _thread_cpu.read(server.pid)
+    run = _process.carpool_bench(
+        server, MODEL, [clients], warmup=0, duration=duration, cpus=cores.client,
+        flags=[*flags, *SAME_REQUEST], target=target,
+    )  # fmt: skip
+    after = _thread_cpu.read(server.pid)
+    (step,) = run.report.steps
+    answered = step.throughput_rps * step.duration_s
+    threads = {
+        name: seconds * 1e6 / answered if answered else float("nan")
+        for name, seconds in _thread_cpu.used(before, after).items()
+    }
+    total = sum(threads.values()) if answered else float("nan")
+    return Run(step.throughput_rps, sum(step.errors.values()), total, threads)
+
+
+def warm_up(
+    servers: dict[str, _process.Server], ports: dict[str, int], args: Any, cores: Any
+) -> None:
+    """A short 64-client run of every protocol on carpool and on its reference."""
+    for protocol in PROTOCOLS:
+        for name in ("carpool", protocol.reference):
+            bench(servers[name], protocol.name, ports[name], CLIENTS[-1], args.warmup, cores)
+
+
+def measure(
+    servers: dict[str, _process.Server], ports: dict[str, int], args: Any, cores: Any
+) -> dict[tuple[str, int], list[dict[str, Run]]]:
+    """Every repeat: each protocol and client count, carpool and its reference in turn."""
+    results: dict[tuple[str, int], list[dict[str, Run]]] = {}
+    for r in range(args.repeats):
+        for protocol in PROTOCOLS:
+            for clients in CLIENTS:
+                order = ["carpool", protocol.reference][:: 1 if r % 2 == 0 else -1]
+                pair = {
+                    name: bench(
+                        servers[name], protocol.name, ports[name], clients, args.duration, cores
+                    )
+                    for name in order
+                }
+                results.setdefault((protocol.name, clients), []).append(pair)
+                print(f"  repeat {r + 1}/{args.repeats}  {protocol.label:18s} {clients:2d} "
+                      f"clients  " + "  ".join(
+                          f"{REFERENCES.get(n, n)} {run.rps:6.0f} req/s {run.us_per_request:5.0f}"
+                          f" us/req" + (f" ERRORS {run.errors}" if run.errors else "")
+                          for n, run in pair.items()))  # fmt: skip
+    return results
+
+
+# ------------------------------------------------------------------------------ checks
+
+
+def check(servers: dict[str, _process.Server], ports: dict[str, int], sent: Any) -> bool:
+    """Each reference's answer to each protocol's request against carpool's; prints one
+    line each. False when any differs."""
+    text = json.loads(sent.embeddings)["input"].encode()
+    ok = True
+    for protocol in PROTOCOLS:
+        expected = vectors(np.array([[text]], object)) if protocol.name == "openai" else sent.data
+        got = {
+            name: _frontend_check.answer(
+                protocol.name, servers[name].base, ports[name], MODEL, sent
+            )
+            for name in ("carpool", protocol.reference)
+        }
+        verdict = _frontend_check.compare(
+            protocol.name, got[protocol.reference], got["carpool"], expected
+        )
+        print(f"check {protocol.label} vs {REFERENCES[protocol.reference]}: {verdict}")
+        ok = ok and verdict == "ok"
+    return ok
+
+
+# ------------------------------------------------------------------------------ report
+
+
+def report(results: dict[tuple[str, int], list[dict[str, Run]]], args: Any) -> None:
+    """The table (carpool's top threads by median CPU per request) and a line per goal."""
+    med = _bench.median
+    rows, verdicts = [], []
+    for protocol in PROTOCOLS:
+        ref = protocol.reference
+        for clients in CLIENTS:
+            pairs = results[(protocol.name, clients)]
+            carpool = [p["carpool"] for p in pairs]
+            names = {name for run in carpool for name in run.threads}
+            threads = {name: med(run.threads.get(name, 0.0) for run in carpool) for name in names}
+            busiest = dict(sorted(threads.items(), key=lambda kv: -kv[1]))
+            ratio = med(p["carpool"].us_per_request / p[ref].us_per_request for p in pairs)
+            goal = "(information)"
+            if protocol.goal is not None:
+                goal = f"<= {protocol.goal:g}x: {_bench.verdict(ratio, protocol.goal, False)}"
+                verdicts.append(f"{protocol.label} <= {protocol.goal:g}x {REFERENCES[ref]}, "
+                                f"{clients} client{'s' * (clients > 1)}: {ratio:.2f}x "
+                                f"[{_bench.verdict(ratio, protocol.goal, False)}]")  # fmt: skip
+            rows.append([
+                protocol.label, REFERENCES[ref], clients,
+                _bench.fmt_num(med(r.rps for r in carpool)),
+                _bench.fmt_num(med(p[ref].rps for p in pairs)),
+                _bench.fmt_num(med(r.us_per_request for r in carpool)),
+                _bench.fmt_num(med(p[ref].us_per_request for p in pairs)),
+                f"{ratio:.2f}x", goal, sum(r.errors for p in pairs for r in p.values()),
+                _thread_cpu.top(busiest, 3, 1.0),
+            ])  # fmt: skip
+    warm = f"a {args.warmup:g}s warm-up run" if args.warmup else "no warm-up run"
+    print(f"\nserver CPU us per request, carpool serve against its reference (medians over "
+          f"{args.repeats} repeats; {args.duration:g}s windows after {warm}; closed loop, one "
+          "request repeated; req/s and us/req: carpool's, then the reference's)")  # fmt: skip
+    headers = ["protocol", "reference", "clients", "req/s", "ref req/s", "us/req",
+               "ref us/req", "carpool/ref", "goal", "errors",
+               "carpool's top threads, us/req"]  # fmt: skip
+    print(_bench.table(headers, rows, left=2))
+    print()
+    for line in verdicts:
+        print(f"  goal: {line}")
+
+
+# ------------------------------------------------------------------------------ main
+
+
+def run(args: Any) -> None:
+    missing = _bench.missing_modules(NEEDED)
+    if missing:
+        print(f"frontend_cpu: {sys.executable} lacks {', '.join(missing)}")
+        return
+    cores = _process.split_cpus(args.cpus)
+    _process.pin_self(cores.client)  # the orchestrator mostly waits: keep it off the servers'
+    _bench.header(
+        "carpool serve's front end: server CPU per request against bare references",
+        {"cpus": str(cores), "repeats": args.repeats, "clients": ",".join(map(str, CLIENTS))},
+    )
+    ports = {"carpool": _process.free_port(), "grpc": _process.free_port(), "bare": 0, "orjson": 0}
+    servers = {"carpool": start_carpool(cores, ports["carpool"])}
+    with tempfile.TemporaryDirectory(prefix="carpool-frontend-") as tmp:
+        try:
+            servers["carpool"].wait_ready()
+            base = servers["carpool"].base
+            sent = _frontend_check.requests(base, MODEL, EMBED)
+            fixture = Path(tmp) / "recording.pickle"
+            recording = _frontend_check.record(base, ports["carpool"], MODEL, sent)
+            fixture.write_bytes(pickle.dumps(recording))
+            servers.update(start_references(cores, fixture, ports["grpc"]))
+            _process.wait_all(s for n, s in servers.items() if n != "grpc")
+            wait_grpc(servers["grpc"], ports["grpc"])
+            if not check(servers, ports, sent):
+                print("frontend_cpu: a reference does not answer as carpool does; not timed")
+                return
+            if not args.quick:
+                warm_up(servers, ports, args, cores)
+            report(measure(servers, ports, args, cores), args)
+        finally:
+            for server in servers.values():
+                server.stop()
+
+
+def wait_grpc(server: _process.Server, port: int, timeout: float = _process.READY_S) -> None:
+    """Until the gRPC reference accepts a connection; ``RuntimeError`` if it exits."""
+    import grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        try:
+            grpc.channel_ready_future(channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise RuntimeError(f"{server.name} not ready:\n{server.tail()}") from None
+
+
+def main() -> int:
+    p = _bench.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
+    p.add_argument("--duration", type=float, default=None, help="measured s per run (3)")
+    args = p.parse_args()
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    args.duration = args.duration or (0.3 if args.quick else 3.0)
+    args.warmup = 0.0 if args.quick else 1.0
+    return _bench.run_reported("frontend_cpu", lambda: run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
