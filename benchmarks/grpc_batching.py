@@ -1,0 +1,183 @@
+"""Does gRPC batch like REST? The same concurrent calls over both, on one ``carpool serve``.
+
+What: one ``carpool serve`` (default policy, eager) of ``demo`` and of two doubling models
+(``_grpc_models.py``: ``double`` costs nothing, ``double_2ms`` 2 ms a batch; both at the
+default batching, 32 rows, eager), REST and gRPC on, on the server core; every client on the
+client core.
+
+(a) Bursts: 200 concurrent calls of one row at once (``_grpc_burst.py``), over
+``tritonclient.grpc.aio`` (one channel) and over ``tritonclient.http.aio`` (binary tensors,
+one connection per call), one after the other, the order alternating by repeat. Model calls
+and mean batch from ``/v2/models/{m}/stats`` (``execution_count``, ``inference_count``)
+read before and after each burst (its one warm-up call, alone, taken off); ratio gRPC/REST.
+
+(b) Closed loop: ``carpool bench`` (``--distinct 1 --seed 0``) at 1 and 64 clients on
+``demo`` over gRPC and over REST binary: req/s and mean batch (carpool's ``/metrics``),
+ratios gRPC/REST.
+
+Each figure is the median of ``--repeats`` (3). Goals (issue 18, item 4): (a) ``double``'s
+mean batch over gRPC >= 0.7x REST's; (b) at 64 clients gRPC's mean batch >= 0.8x REST's
+and its req/s >= 0.7x REST binary's. Prints ``met``/``MISSED``; exits 0.
+
+    python benchmarks/grpc_batching.py            # ~2 min
+    python benchmarks/grpc_batching.py --quick    # smoke run, numbers meaningless
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import _bench
+import _process
+
+NEEDED = ("grpc", "tritonclient", "aiohttp", "numpy")
+HERE = Path(__file__).resolve().parent
+BURST = 200  # calls at once, as in issue 18
+BURST_MODELS = ("double", "double_2ms")
+DEMO = "demo"
+CLIENTS = (1, 64)
+PROTOCOLS = {"grpc": "gRPC", "rest": "REST binary"}
+GOALS = {"burst": 0.7, "batch64": 0.8, "rps64": 0.7}
+
+
+def start(cores: _process.Cores, grpc_port: int) -> _process.Server:
+    """``carpool serve demo _grpc_models:double _grpc_models:double_2ms``, gRPC on."""
+    port = _process.free_port()
+    argv = [sys.executable, "-m", "carpool", "serve", DEMO, "_grpc_models:double",
+            "_grpc_models:double_2ms", "--port", str(port), "--grpc-port", str(grpc_port),
+            "--access-log", "false", "--log-level", "warning"]  # fmt: skip
+    paths = [str(HERE), os.environ.get("PYTHONPATH", "")]
+    env = _process.child_env(PYTHONPATH=os.pathsep.join(p for p in paths if p))
+    env["PYTHONPATH"] = os.pathsep.join([str(_process.SRC), env["PYTHONPATH"]])
+    return _process.Server("carpool serve", argv, port, cores.server, env)
+
+
+def counts(server: _process.Server, model: str) -> tuple[int, int]:
+    """The model's (inference_count, execution_count) so far."""
+    with urllib.request.urlopen(server.url(model) + "/stats", timeout=10) as r:
+        (stats,) = json.load(r)["model_stats"]
+    return int(stats["inference_count"]), int(stats["execution_count"])
+
+
+def burst(server: _process.Server, grpc_port: int, protocol: str, model: str, cores: Any) -> float:
+    """One burst of ``BURST`` calls over ``protocol``: its mean batch (calls per model call)."""
+    address = (
+        f"127.0.0.1:{grpc_port}" if protocol == "grpc" else server.base.removeprefix("http://")
+    )
+    calls0, batches0 = counts(server, model)
+    args = [protocol, address, model, str(BURST), "1"]
+    _process.run_json(HERE / "_grpc_burst.py", args, cores.client, timeout=120)
+    calls1, batches1 = counts(server, model)
+    calls, batches = calls1 - calls0 - 1, batches1 - batches0 - 1  # the warm-up call, alone
+    if calls != BURST:
+        raise RuntimeError(f"{model} over {protocol}: {calls} calls counted, {BURST} sent")
+    return calls / max(batches, 1)
+
+
+def closed_loop(
+    server: _process.Server, grpc_port: int, protocol: str, args: Any, cores: Any
+) -> dict[int, dict[str, float]]:
+    """``carpool bench`` over ``protocol`` at each of ``CLIENTS``: req/s and mean batch."""
+    if protocol == "grpc":
+        target, flags = f"grpc://127.0.0.1:{grpc_port}", ["--model", DEMO]
+    else:
+        target, flags = None, ["--encoding", "binary"]
+    run = _process.carpool_bench(
+        server, DEMO, CLIENTS, warmup=args.warmup, duration=args.duration, cpus=cores.client,
+        flags=[*flags, "--distinct", "1", "--seed", "0"], target=target,
+    )  # fmt: skip
+    return {
+        row["clients"]: {"rps": row["throughput"], "batch": row["mean_batch"]} for row in run.rows()
+    }
+
+
+def run(args: Any) -> None:
+    cores = _process.split_cpus(args.cpus)
+    _process.pin_self(cores.client)
+    _bench.header("gRPC batching against REST (issue 18, item 4)", {
+        "cpus": str(cores), "repeats": args.repeats, "burst": BURST,
+        "carpool": str(_process.SRC),
+    })  # fmt: skip
+    grpc_port = _process.free_port()
+    server = start(cores, grpc_port)
+    bursts: dict[tuple[str, str], list[float]] = {}
+    loops: dict[tuple[str, int, str], list[float]] = {}
+    try:
+        server.wait_ready()
+        for r in range(args.repeats):
+            order = list(PROTOCOLS)[:: 1 if r % 2 == 0 else -1]
+            for model in BURST_MODELS:
+                for protocol in order:
+                    mean = burst(server, grpc_port, protocol, model, cores)
+                    bursts.setdefault((model, protocol), []).append(mean)
+                print(f"  repeat {r + 1}/{args.repeats}  {BURST} calls to {model:10s}  "
+                      + "  ".join(f"{PROTOCOLS[p]} mean batch {bursts[model, p][-1]:5.1f}"
+                                  for p in PROTOCOLS))  # fmt: skip
+            for protocol in order:
+                for clients, figures in closed_loop(
+                    server, grpc_port, protocol, args, cores
+                ).items():
+                    for key, value in figures.items():
+                        loops.setdefault((protocol, clients, key), []).append(value)
+            print(f"  repeat {r + 1}/{args.repeats}  carpool bench {DEMO}  " + "  ".join(
+                f"{PROTOCOLS[p]} {c} clients {loops[p, c, 'rps'][-1]:6.0f} req/s batch "
+                f"{loops[p, c, 'batch'][-1]:4.1f}"
+                for p in PROTOCOLS for c in CLIENTS))  # fmt: skip
+    finally:
+        server.stop()
+    report(bursts, loops)
+
+
+def report(
+    bursts: dict[tuple[str, str], list[float]], loops: dict[tuple[str, int, str], list[float]]
+) -> None:
+    med = _bench.median
+    print()
+    print(f"(a) {BURST} concurrent calls at once (model calls = {BURST} / mean batch)")
+    rows = []
+    for model in BURST_MODELS:
+        g, r = med(bursts[model, "grpc"]), med(bursts[model, "rest"])
+        goal = GOALS["burst"] if model == "double" else None
+        rows.append([model, f"{BURST / g:.0f}", f"{g:.1f}", f"{BURST / r:.0f}", f"{r:.1f}",
+                     f"{g / r:.2f}x", _verdict(g / r, goal)])  # fmt: skip
+    print(_bench.table(["model", "gRPC calls", "gRPC batch", "REST calls", "REST batch",
+                        "batch gRPC/REST", "goal >= 0.7x"], rows))  # fmt: skip
+    print()
+    print(f"(b) carpool bench on {DEMO}, gRPC against REST binary")
+    rows = []
+    for clients in CLIENTS:
+        rps = [med(loops[p, clients, "rps"]) for p in PROTOCOLS]
+        batch = [med(loops[p, clients, "batch"]) for p in PROTOCOLS]
+        big = clients == CLIENTS[-1]
+        rows.append([str(clients), f"{rps[0]:.0f}", f"{rps[1]:.0f}", f"{rps[0] / rps[1]:.2f}x",
+                     _verdict(rps[0] / rps[1], GOALS["rps64"] if big else None),
+                     f"{batch[0]:.1f}", f"{batch[1]:.1f}", f"{batch[0] / batch[1]:.2f}x",
+                     _verdict(batch[0] / batch[1], GOALS["batch64"] if big else None)])  # fmt: skip
+    print(_bench.table(["clients", "gRPC req/s", "REST req/s", "gRPC/REST", "goal >= 0.7x",
+                        "gRPC batch", "REST batch", "gRPC/REST", "goal >= 0.8x"],
+                       rows))  # fmt: skip
+
+
+def _verdict(value: float, goal: float | None) -> str:
+    return "-" if goal is None else _bench.verdict(value, goal)
+
+
+def main() -> int:
+    parser = _bench.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
+    args = parser.parse_args()
+    missing = _bench.missing_modules(NEEDED)
+    if missing:
+        print(f"grpc_batching: needs {', '.join(missing)}: pip install -e '.[test]'")
+        return 0
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    args.warmup, args.duration = (0.3, 0.7) if args.quick else (1.0, 4.0)
+    return _bench.run_reported("grpc_batching", lambda: run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
