@@ -84,3 +84,58 @@ async def test_a_call_cancelled_before_it_starts_never_runs() -> None:
         thread.join()
         target.close()
     assert not ran.is_set()
+
+
+async def test_a_lone_call_goes_at_once_even_when_it_may_be_held(
+    target: asyncio.AbstractEventLoop,
+) -> None:
+    bridge = LoopBridge(target, quiet_s=3600.0, max_hold_s=3600.0)  # a held call would hang
+    assert await bridge.run(asyncio.sleep(0, "alone"), gather=True) == "alone"
+
+
+async def test_calls_arriving_together_are_held_and_go_over_as_one_burst(
+    target: asyncio.AbstractEventLoop,
+) -> None:
+    bridge = LoopBridge(target, max_burst=3, quiet_s=3600.0, max_hold_s=3600.0)
+    running, release = threading.Event(), threading.Event()
+    started: list[int] = []
+
+    async def blocker() -> None:  # keeps a call in flight: the next ones are not alone
+        running.set()
+        await asyncio.to_thread(release.wait)
+
+    async def body(i: int) -> int:
+        started.append(i)
+        return i
+
+    in_flight = asyncio.ensure_future(bridge.run(blocker()))
+    await asyncio.to_thread(running.wait)  # it went at once, alone, and the outbox is empty
+    held = [asyncio.ensure_future(bridge.run(body(i), gather=True)) for i in range(2)]
+    await asyncio.sleep(0)
+    # Anything handed over by now has started once the target loop ran one more callback.
+    await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(asyncio.sleep(0), target))
+    assert started == []  # two of three: held
+    third = asyncio.ensure_future(bridge.run(body(2), gather=True))
+    assert await asyncio.gather(*held, third) == [0, 1, 2]
+    assert sorted(started) == [0, 1, 2]
+    release.set()
+    await in_flight
+
+
+async def test_a_held_burst_goes_when_calls_stop_coming(target: asyncio.AbstractEventLoop) -> None:
+    bridge = LoopBridge(target, quiet_s=0.0, max_hold_s=3600.0)
+    results = await asyncio.gather(
+        *(bridge.run(asyncio.sleep(0, i), gather=True) for i in range(20))
+    )
+    assert results == list(range(20))
+
+
+def test_limits_are_checked() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(ValueError, match="max_burst must be >= 1"):
+            LoopBridge(loop, max_burst=0)
+        with pytest.raises(ValueError, match="quiet_s and max_hold_s must be >= 0"):
+            LoopBridge(loop, quiet_s=-1.0)
+    finally:
+        loop.close()

@@ -131,9 +131,14 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     async def RepositoryIndex(self, request: Any, left_s: float | None) -> Any:
         return codec.repository_index(self._registry.index(ready_only=request.ready))
 
-    @_on_app_loop
-    async def ModelInfer(self, request: Any, left_s: float | None) -> Any:
-        return await self._infer(request, left_s)
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        try:
+            return await self.on_app_loop(
+                self._infer(request, context.time_remaining()), gather=True
+            )
+        except Exception as exc:
+            code, message = _status(exc, "ModelInfer")
+            await context.abort(code, message)
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> None:
         """Each request on the stream answered on the stream, as it completes (requests
@@ -146,7 +151,8 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
 
     async def _stream_one(self, request: Any, context: Any, writing: asyncio.Lock) -> None:
         try:
-            response = await self.on_app_loop(self._infer(request, context.time_remaining()))
+            left_s = context.time_remaining()
+            response = await self.on_app_loop(self._infer(request, left_s), gather=True)
             answer = pb.ModelStreamInferResponse(infer_response=response)
         except Exception as exc:
             _, message = _status(exc, "ModelStreamInfer")
