@@ -160,7 +160,7 @@ def warm_up(
     servers: dict[str, _process.Server], ports: dict[str, int], args: Any, cores: Any
 ) -> None:
     """A short 64-client run of every protocol on carpool and on its reference."""
-    for protocol in PROTOCOLS:
+    for protocol in args.protocols:
         for name in ("carpool", protocol.reference):
             bench(servers[name], protocol.name, ports[name], CLIENTS[-1], args.warmup, cores)
 
@@ -171,7 +171,7 @@ def measure(
     """Every repeat: each protocol and client count, carpool and its reference in turn."""
     results: dict[tuple[str, int], list[dict[str, Run]]] = {}
     for r in range(args.repeats):
-        for protocol in PROTOCOLS:
+        for protocol in args.protocols:
             for clients in CLIENTS:
                 order = ["carpool", protocol.reference][:: 1 if r % 2 == 0 else -1]
                 pair = {
@@ -192,12 +192,14 @@ def measure(
 # ------------------------------------------------------------------------------ checks
 
 
-def check(servers: dict[str, _process.Server], ports: dict[str, int], sent: Any) -> bool:
+def check(
+    servers: dict[str, _process.Server], ports: dict[str, int], sent: Any, args: Any
+) -> bool:
     """Each reference's answer to each protocol's request against carpool's; prints one
     line each. False when any differs."""
     text = json.loads(sent.embeddings)["input"].encode()
     ok = True
-    for protocol in PROTOCOLS:
+    for protocol in args.protocols:
         expected = vectors(np.array([[text]], object)) if protocol.name == "openai" else sent.data
         got = {
             name: _frontend_check.answer(
@@ -220,7 +222,7 @@ def report(results: dict[tuple[str, int], list[dict[str, Run]]], args: Any) -> N
     """The table (carpool's top threads by median CPU per request) and a line per goal."""
     med = _bench.median
     rows, verdicts = [], []
-    for protocol in PROTOCOLS:
+    for protocol in args.protocols:
         ref = protocol.reference
         for clients in CLIENTS:
             pairs = results[(protocol.name, clients)]
@@ -284,7 +286,7 @@ def run(args: Any) -> None:
             servers.update(start_references(cores, fixture, ports["grpc"]))
             _process.wait_all(s for n, s in servers.items() if n != "grpc")
             wait_grpc(servers["grpc"], ports["grpc"])
-            if not check(servers, ports, sent):
+            if not check(servers, ports, sent, args):
                 print("frontend_cpu: a reference does not answer as carpool does; not timed")
                 return
             if not args.quick:
@@ -309,7 +311,17 @@ def wait_grpc(server: _process.Server, port: int, timeout: float = _process.READ
 def main() -> int:
     p = _bench.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
     p.add_argument("--duration", type=float, default=None, help="measured s per run (3)")
+    p.add_argument(
+        "--protocols",
+        default=",".join(p.name for p in PROTOCOLS),
+        help="which to measure, comma-separated (all: %(default)s)",
+    )
     args = p.parse_args()
+    wanted = args.protocols.split(",")
+    unknown = set(wanted) - {p.name for p in PROTOCOLS}
+    if unknown:
+        p.error(f"--protocols: unknown {sorted(unknown)}; choose from the default")
+    args.protocols = tuple(p for p in PROTOCOLS if p.name in wanted)
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.duration = args.duration or (0.3 if args.quick else 3.0)
     args.warmup = 0.0 if args.quick else 1.0

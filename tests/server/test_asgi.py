@@ -6,7 +6,16 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from carpool.server.asgi import JSON, disconnected, send_json, send_response
+from carpool.server.asgi import (
+    JSON,
+    WATCH,
+    RequestWatch,
+    disconnected,
+    gone_signal,
+    request_watch,
+    send_json,
+    send_response,
+)
 
 
 class Channel:
@@ -55,3 +64,62 @@ async def test_disconnected_returns_when_the_client_has_gone_and_not_before() ->
     assert channel.incoming.empty()
     await channel.incoming.put({"type": "http.disconnect"})
     assert await waiting is None
+
+
+def test_a_watch_tells_its_watcher_once_and_not_after_it_stopped() -> None:
+    watch = RequestWatch()
+    told: list[str] = []
+    stop = watch.on_gone(lambda: told.append("first"))
+    watch.mark_gone()
+    watch.mark_gone()  # the connection is lost once; a second mark tells nobody
+    assert (watch.gone, told) == (True, ["first"])
+    stop()
+    quiet = RequestWatch()
+    quiet.on_gone(lambda: told.append("stopped"))()  # stops watching at once
+    quiet.mark_gone()
+    assert told == ["first"]
+
+
+def test_a_watch_of_a_client_already_gone_tells_at_once() -> None:
+    watch = RequestWatch()
+    watch.mark_gone()
+    told: list[int] = []
+    watch.on_gone(lambda: told.append(1))
+    assert told == [1]
+
+
+async def test_gone_signal_uses_the_connections_watch_when_there_is_one() -> None:
+    watch = RequestWatch()
+    scope = {"type": "http", "extensions": {WATCH: watch}}
+    assert request_watch(scope) is watch
+    assert request_watch({"type": "http"}) is None
+    channel = Channel()
+    told: list[int] = []
+    gone_signal(scope, channel.receive)(lambda: told.append(1))
+    watch.mark_gone()
+    assert told == [1]
+    assert channel.incoming.empty()  # nothing was read from the client for it
+
+
+async def test_gone_signal_without_a_watch_awaits_the_disconnect() -> None:
+    channel = Channel()
+    told = asyncio.Event()
+    stop = gone_signal({"type": "http"}, channel.receive)(told.set)
+    await channel.incoming.put({"type": "http.request", "body": b"", "more_body": False})
+    await asyncio.sleep(0)
+    assert not told.is_set()
+    await channel.incoming.put({"type": "http.disconnect"})
+    await asyncio.wait_for(told.wait(), 5.0)
+    stop()  # after the fact: harmless
+
+
+async def test_gone_signal_without_a_watch_stops_watching_when_told() -> None:
+    channel = Channel()
+    told: list[int] = []
+    stop = gone_signal({"type": "http"}, channel.receive)(lambda: told.append(1))
+    await asyncio.sleep(0)
+    stop()
+    await asyncio.sleep(0)
+    await channel.incoming.put({"type": "http.disconnect"})
+    await asyncio.sleep(0)
+    assert told == []

@@ -82,6 +82,26 @@ async def infer(inference: Inference, value: float, **options: Any) -> list[floa
     )
 
 
+class Leaving:
+    """A :data:`GoneSignal` the test fires: what it was told to run, and whether it was
+    told to stop watching."""
+
+    def __init__(self) -> None:
+        self.callback: Any = None
+        self.stopped = False
+
+    def __call__(self, callback: Any) -> Any:
+        self.callback = callback
+        return self.stop
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def leave(self) -> None:
+        assert self.callback is not None, "nobody watched"
+        self.callback()
+
+
 async def until_started(gate: Gate) -> None:
     assert await asyncio.to_thread(gate.started.wait, 30.0)
 
@@ -119,12 +139,13 @@ async def test_a_client_that_leaves_withdraws_its_queued_request(
 ) -> None:
     running = asyncio.ensure_future(infer(inference, 1.0))
     await until_started(gate)
-    left = asyncio.Event()
-    queued = asyncio.ensure_future(infer(inference, 2.0, withdrawal=Withdrawal(left.wait)))
+    leaving = Leaving()
+    queued = asyncio.ensure_future(infer(inference, 2.0, withdrawal=Withdrawal(leaving)))
     await until_pending(inference, 2)
-    left.set()
+    leaving.leave()
     with pytest.raises(ClientGone):
         await queued
+    assert leaving.stopped
     gate.open.set()
     assert await running == [2.0]
     assert served(inference).batcher.stats().cancelled == 1  # withdrawn
@@ -176,9 +197,13 @@ async def test_a_deadline_shortens_the_queue_timeout_and_passes_as_a_gateway_tim
 
 async def test_work_that_finishes_first_is_kept() -> None:
     work: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    waiting = asyncio.ensure_future(_unless_gone(work, asyncio.Event().wait))
+    leaving = Leaving()
+    waiting = asyncio.ensure_future(_unless_gone(work, leaving))
+    await asyncio.sleep(0)
     work.set_result(7)
     assert await waiting == 7
+    assert leaving.stopped  # no callback left behind on the connection
+    leaving.leave()  # the client going afterwards changes nothing
 
 
 async def test_a_client_that_leaves_cancels_the_work() -> None:
@@ -189,20 +214,47 @@ async def test_a_client_that_leaves_cancels_the_work() -> None:
         await asyncio.Event().wait()  # until cancelled
 
     work = asyncio.ensure_future(slow())
-    gone = asyncio.Event()
-    waiting = asyncio.ensure_future(_unless_gone(work, gone.wait))
+    leaving = Leaving()
+    waiting = asyncio.ensure_future(_unless_gone(work, leaving))
     await started.wait()
-    gone.set()
+    await asyncio.sleep(0)  # waiting watches now
+    leaving.leave()
     with pytest.raises(ClientGone):
         await waiting
     assert work.cancelled()
 
 
+async def test_a_client_gone_before_the_wait_cancels_the_work_at_once() -> None:
+    work: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    def already_gone(callback: Any) -> Any:
+        callback()
+        return lambda: None
+
+    with pytest.raises(ClientGone):
+        await _unless_gone(work, already_gone)
+    assert work.cancelled()
+
+
 async def test_cancelling_the_wait_cancels_the_work() -> None:
     work: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    waiting = asyncio.ensure_future(_unless_gone(work, asyncio.Event().wait))
+    leaving = Leaving()
+    waiting = asyncio.ensure_future(_unless_gone(work, leaving))
     await asyncio.sleep(0)  # let it start waiting
     waiting.cancel()
     await asyncio.gather(waiting, return_exceptions=True)
     assert waiting.cancelled()
+    assert work.cancelled()
+    assert leaving.stopped
+
+
+async def test_a_cancel_beside_the_client_going_stays_a_cancel() -> None:
+    work: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    leaving = Leaving()
+    waiting = asyncio.ensure_future(_unless_gone(work, leaving))
+    await asyncio.sleep(0)
+    leaving.leave()
+    waiting.cancel()  # the server's own cancel (the drain timeout) in the same turn
+    await asyncio.gather(waiting, return_exceptions=True)
+    assert waiting.cancelled()  # not ClientGone: the drain answers it
     assert work.cancelled()

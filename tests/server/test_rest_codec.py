@@ -250,6 +250,40 @@ def test_binary_inputs_are_zero_copy_views_of_the_body() -> None:
     assert data.tolist() == array.tolist()
 
 
+def test_a_repeated_binary_header_reads_each_requests_own_bytes() -> None:
+    # The second parse of a header is remembered, not re-read: each request still gets its
+    # own data and its own parameter dicts, and the same fields as the first.
+    doc = {
+        "id": "same",
+        "parameters": {"priority": 2, "binary_data_output": True},
+        "inputs": [{**binary_input("X", "INT32", np.zeros(3, np.int32)), "parameters": {
+            "binary_data_size": 12, "tag": "t"}}],
+        "outputs": [{"name": "Y", "parameters": {"binary_data": False}}],
+    }  # fmt: skip
+    first, second = (parse(doc, np.array([i, i + 1, i + 2], np.int32).tobytes()) for i in (1, 10))
+    assert first.inputs[0].data.tolist() == [1, 2, 3]
+    assert second.inputs[0].data.tolist() == [10, 11, 12]
+    for got in (first, second):
+        assert (got.id, got.parameters, got.binary_data_output) == ("same", {"priority": 2}, True)
+        assert got.inputs[0].parameters == {"tag": "t"}
+        assert got.outputs is not None and got.outputs[0].binary is False
+    assert first.parameters is not second.parameters
+    assert first.inputs[0].parameters is not second.inputs[0].parameters
+
+
+def test_a_repeated_binary_header_with_other_sizes_is_refused_as_the_first_was() -> None:
+    doc = {"inputs": [binary_input("X", "FP32", np.zeros(2, np.float32))]}
+    assert parse(doc, bytes(8)).inputs[0].data.tolist() == [0.0, 0.0]
+    short = refused(doc, bytes(4))
+    assert (short.field, short.detail) == ("X", "unexpected size for input 'X', expecting 4 "
+                                           "additional bytes")  # fmt: skip
+    long = refused(doc, bytes(12))
+    assert long.field == "body"
+    assert "4 bytes follow the last binary input" in long.detail
+    over = refused(doc, bytes(8), max_elements=1)  # the limit is part of what is remembered
+    assert over.status == 413
+
+
 def test_zero_size_binary_input_needs_no_header() -> None:
     doc: dict[str, Any] = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [0, 3]}]}
     doc["inputs"][0]["parameters"] = {"binary_data_size": 0}

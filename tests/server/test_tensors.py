@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import struct
 from typing import Any
 
@@ -387,3 +388,46 @@ def test_raw_shape(dims: list[int], datatype: str, nbytes: int, expected: list[i
 def test_raw_shape_refuses(dims: list[int], datatype: str, nbytes: int, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         raw_shape(dims, datatype=datatype, nbytes=nbytes, name="X")
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "FP64"])
+@pytest.mark.parametrize(
+    "data",
+    [
+        [0.5, -1.25, 3, 0, 1e-40],
+        [[1.0, 2.0], [3.0, 4.0]],
+        [float("nan"), float("inf"), -float("inf"), 1.0],
+        [2**24 + 1, -(2**31), 7],
+        [],
+    ],
+    ids=["mixed", "nested", "non-finite", "integers", "empty"],
+)
+def test_numbers_without_booleans_read_as_the_checked_path_reads_them(
+    datatype: str, data: list[Any]
+) -> None:
+    count = len(data) * (len(data[0]) if data and type(data[0]) is list else 1)
+    fast = array_from_json(data, datatype=datatype, count=count, name="x", booleans=False)
+    checked = array_from_json(data, datatype=datatype, count=count, name="x")
+    assert fast.dtype == checked.dtype
+    assert fast.shape == checked.shape == (count,)
+    np.testing.assert_array_equal(fast, checked)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ([1.0, "2"], "FP32 needs numbers; element 1 is a string"),
+        ([1.0, None], "FP32 needs numbers; element 1 is null"),
+        ([1.0, {"a": 1}], "FP32 needs numbers; element 1 is an object"),
+        ([[1.0], 2.0], "it holds 2 elements but the shape needs 3"),
+        ([1e300, 1.0], "a value is out of range for FP32"),
+        ([1e300, float("inf")], "a value is out of range for FP32"),
+        ([2**1100, 1.0], "a value is out of range for FP32"),
+    ],
+)
+def test_numbers_without_booleans_refuse_what_the_checked_path_refuses(
+    data: list[Any], message: str
+) -> None:
+    count = 3 if type(data[0]) is list else len(data)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        array_from_json(data, datatype="FP32", count=count, name="x", booleans=False)

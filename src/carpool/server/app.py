@@ -16,7 +16,6 @@ error body that is exactly ``{"error": "<message>"}``, which is what tritonclien
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -24,7 +23,16 @@ from typing import TYPE_CHECKING
 from carpool.errors import ConfigError, WorkerStartError
 from carpool.model import Model
 from carpool.server import openai, openapi
-from carpool.server.asgi import JSON, Receive, Scope, Send, disconnected, send_json, send_response
+from carpool.server.asgi import (
+    JSON,
+    Receive,
+    Scope,
+    Send,
+    gone_signal,
+    request_watch,
+    send_json,
+    send_response,
+)
 from carpool.server.auth import UNAUTHORIZED, ApiKeys, is_open
 from carpool.server.bodies import read_body
 from carpool.server.inference import Answer, ClientGone, Inference, Withdrawal
@@ -292,12 +300,11 @@ class App:
     ) -> int:
         """A v2 inference request (JSON, binary or raw): decoded and encoded here, its life
         in between the inference path's."""
-        headers = dict(scope["headers"])
 
         async def decode(model: Model) -> InferRequest:
-            return await self._read_request(model, headers, receive)
+            return await self._read_request(model, scope, receive)
 
-        gone = Withdrawal(client_gone=functools.partial(disconnected, receive))
+        gone = Withdrawal(client_gone=gone_signal(scope, receive))
         try:
             body, json_length = await self.inference.infer(
                 name, version, protocol=_HTTP, decode=decode, encode=_encode, withdrawal=gone
@@ -334,7 +341,7 @@ class App:
         served = self.registry.get(openai.model_name(doc))
         openai.check_opted_in(served.model)
         call = openai.EmbeddingsCall(doc)
-        gone = Withdrawal(client_gone=functools.partial(disconnected, receive))
+        gone = Withdrawal(client_gone=gone_signal(scope, receive))
         try:
             body = await self.inference.infer(
                 served.name,
@@ -350,13 +357,20 @@ class App:
         return 200
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes:
-        headers = dict(scope["headers"])
-        return await read_body(headers, receive, self.max_body_bytes, timeout_s=self.body_timeout_s)
+        return await self._read_body(dict(scope["headers"]), scope, receive)
 
-    async def _read_request(
-        self, model: Model, headers: dict[bytes, bytes], receive: Receive
-    ) -> InferRequest:
-        body = await read_body(headers, receive, self.max_body_bytes, timeout_s=self.body_timeout_s)
+    async def _read_body(
+        self, headers: dict[bytes, bytes], scope: Scope, receive: Receive
+    ) -> bytes:
+        watch = request_watch(scope)
+        arrived = watch is not None and watch.body_complete
+        return await read_body(
+            headers, receive, self.max_body_bytes, timeout_s=self.body_timeout_s, arrived=arrived
+        )
+
+    async def _read_request(self, model: Model, scope: Scope, receive: Receive) -> InferRequest:
+        headers = dict(scope["headers"])
+        body = await self._read_body(headers, scope, receive)
         header_length = parse_header_length(
             _text(headers.get(b"inference-header-content-length")), len(body)
         )

@@ -3,10 +3,17 @@ that went away while its request waited.
 
 No framework: a handful of routes needs no more, and the inference path is the hot path.
 It must not import the app, the registry or the batcher.
+
+:class:`RequestWatch` is what ``carpool serve``'s connection (:mod:`carpool.server.connections`)
+tells the app of a request in the scope's ``extensions`` (under :data:`WATCH`): whether its
+body has all arrived, and when its client goes. Under another ASGI server the app learns
+both from ``receive`` (:func:`gone_signal` falls back to a task awaiting
+:func:`disconnected`), which costs a task and a timer per request that the watch does not.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -17,9 +24,13 @@ __all__ = [
     "Receive",
     "Send",
     "JSON",
+    "WATCH",
+    "RequestWatch",
     "send_response",
     "send_json",
     "disconnected",
+    "gone_signal",
+    "request_watch",
 ]
 
 Scope = dict[str, Any]
@@ -27,6 +38,45 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 JSON = [(b"content-type", b"application/json")]
+WATCH = "carpool.watch"  # the scope extension holding a request's RequestWatch
+
+
+class RequestWatch:
+    """One request as its connection sees it: ``body_complete`` once its whole body has
+    arrived (reading it then cannot stall, so it needs no timer), ``gone`` once its client
+    has disconnected; :meth:`on_gone` runs a callback then."""
+
+    __slots__ = ("_on_gone", "body_complete", "gone")
+
+    def __init__(self) -> None:
+        self.body_complete = False
+        self.gone = False
+        self._on_gone: Callable[[], None] | None = None
+
+    def on_gone(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Run ``callback`` when the client goes (at once if it has); returns what stops
+        watching. (The inference path's ``Withdrawal.client_gone``.)"""
+        if self.gone:
+            callback()
+        else:
+            self._on_gone = callback
+        return self._forget
+
+    def mark_gone(self) -> None:
+        """The connection is lost: the watcher, if any, is told once."""
+        self.gone = True
+        callback, self._on_gone = self._on_gone, None
+        if callback is not None:
+            callback()
+
+    def _forget(self) -> None:
+        self._on_gone = None
+
+
+def request_watch(scope: Scope) -> RequestWatch | None:
+    """The connection's watch of this request; None under a server that gives none."""
+    extensions = scope.get("extensions")
+    return None if extensions is None else extensions.get(WATCH)
 
 
 async def send_response(
@@ -54,3 +104,26 @@ async def disconnected(receive: Receive) -> None:
     the inference path watches to withdraw a request nobody waits for any more."""
     while (await receive()).get("type") != "http.disconnect":
         pass
+
+
+def gone_signal(
+    scope: Scope, receive: Receive
+) -> Callable[[Callable[[], None]], Callable[[], None]]:
+    """How the inference path learns that this request's client went: from the connection's
+    watch when there is one, else from a task awaiting :func:`disconnected` (an error while
+    awaiting it counts as gone: nothing more can be read from that client)."""
+    watch = request_watch(scope)
+    if watch is not None:
+        return watch.on_gone
+
+    def subscribe(callback: Callable[[], None]) -> Callable[[], None]:
+        def finished(task: asyncio.Task[None]) -> None:
+            if not task.cancelled():
+                task.exception()  # retrieved: failing to read the client is its going
+                callback()
+
+        task = asyncio.ensure_future(disconnected(receive))
+        task.add_done_callback(finished)
+        return task.cancel
+
+    return subscribe

@@ -22,18 +22,33 @@ __all__ = ["read_body", "decompress"]
 
 
 async def read_body(
-    headers: Mapping[bytes, bytes], receive: Receive, limit: int, *, timeout_s: float | None = None
+    headers: Mapping[bytes, bytes],
+    receive: Receive,
+    limit: int,
+    *,
+    timeout_s: float | None = None,
+    arrived: bool = False,
 ) -> bytes:
     """The whole request body, inflated if ``Content-Encoding`` says so, of at most ``limit``
-    bytes, all of it within ``timeout_s`` seconds. Raises ``HTTPError``: 413 over the limit,
-    400 if the client leaves mid-body, 408 (closing the connection) past the timeout, 415 or
-    400 for an encoding that cannot be inflated."""
+    bytes, all of it within ``timeout_s`` seconds. ``arrived``: the connection already holds
+    all of it (reading cannot stall, so no timer is armed). Raises ``HTTPError``: 413 over
+    the limit, 400 if the client leaves mid-body, 408 (closing the connection) past the
+    timeout, 415 or 400 for an encoding that cannot be inflated."""
     declared = headers.get(b"content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise HTTPError(Status.CONTENT_TOO_LARGE, _too_large(int(declared), limit))
+    if arrived or timeout_s is None:
+        body = await _receive_all(receive, limit)
+    else:
+        body = await _receive_within(receive, limit, timeout_s)
+    encoding = headers.get(b"content-encoding")
+    return body if encoding is None else decompress(body, encoding, limit)
+
+
+async def _receive_within(receive: Receive, limit: int, timeout_s: float) -> bytes:
     try:
         async with asyncio.timeout(timeout_s):
-            body = await _receive_all(receive, limit)
+            return await _receive_all(receive, limit)
     except TimeoutError:
         raise HTTPError(
             Status.REQUEST_TIMEOUT,
@@ -41,8 +56,6 @@ async def read_body(
             "raise --body-timeout",
             [(b"connection", b"close")],  # what is left of the body is never read
         ) from None
-    encoding = headers.get(b"content-encoding")
-    return body if encoding is None else decompress(body, encoding, limit)
 
 
 async def _receive_all(receive: Receive, limit: int) -> bytes:

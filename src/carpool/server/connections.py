@@ -7,8 +7,13 @@ a request line stayed open indefinitely, and enough of them exhaust file descrip
 a timer starts when a connection opens and when a request's first byte arrives, and stops
 when its headers are complete; on expiry the connection closes, with a 408 if part of a
 request came and nothing is being answered. The body's own timeout is the app's
-(:mod:`carpool.server.bodies`). Only :mod:`carpool.server.serve` imports it; it must not
-import the app.
+(:mod:`carpool.server.bodies`).
+
+Each request's scope also carries a :class:`~carpool.server.asgi.RequestWatch` (under
+``extensions``): the parser marks it when the body is complete, and a lost connection marks
+every request on it gone, so the app neither arms a body timer for a body already here nor
+spends a task per request awaiting ``http.disconnect``. Only :mod:`carpool.server.serve`
+imports it; it must not import the app.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import orjson
 from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from carpool.server.asgi import JSON, Receive, Scope, Send, send_response
+from carpool.server.asgi import JSON, WATCH, Receive, RequestWatch, Scope, Send, send_response
 from carpool.server.statuses import Status
 
 __all__ = ["protocol_class"]
@@ -42,20 +47,40 @@ class _LimitedProtocol(HttpToolsProtocol):
     _overloaded: Any = None
     _header_timer: asyncio.TimerHandle | None = None
     _partial = False  # part of a request's head has arrived
+    # The watches of this connection's requests not yet answered, oldest first (more than
+    # one only when requests are pipelined).
+    _watches: list[RequestWatch]
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._watches = []
         self._start_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_header_timer()
         super().connection_lost(exc)
+        watches, self._watches = self._watches, []
+        for watch in watches:
+            watch.mark_gone()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        watch = RequestWatch()
+        self._watches.append(watch)
+        self.scope["extensions"] = {WATCH: watch}
         self._partial = True
         if self._header_timer is None:  # a request after another on the same connection
             self._start_header_timer()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        if self._watches:
+            self._watches[-1].body_complete = True
+
+    def on_response_complete(self) -> None:
+        if self._watches:
+            del self._watches[0]  # answered: its client may go now without a word
+        super().on_response_complete()
 
     def on_headers_complete(self) -> None:
         self._partial = False

@@ -20,7 +20,6 @@ a front end or anything that sends.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -34,9 +33,12 @@ from carpool.server.outcomes import error_status
 from carpool.server.registry import Registry, ServedModel
 from carpool.server.statuses import HTTPError, Status
 
-__all__ = ["Answer", "ClientGone", "Inference", "Withdrawal"]
+__all__ = ["Answer", "ClientGone", "GoneSignal", "Inference", "Withdrawal"]
 
 T = TypeVar("T")
+
+# Called with what to run when the client goes (at most once); returns what stops watching.
+GoneSignal = Callable[[Callable[[], None]], Callable[[], None]]
 
 
 class ClientGone(HTTPError):
@@ -51,8 +53,9 @@ class ClientGone(HTTPError):
 class Withdrawal:
     """How a request may be withdrawn before its answer; every field may be left out.
 
-    ``client_gone``: returns an awaitable that completes when the client has gone (REST: a
-    ``http.disconnect``); the request is then withdrawn and :class:`ClientGone` raised.
+    ``client_gone``: a :data:`GoneSignal`, told what to run when the client goes (REST: its
+    connection is lost); the request is then withdrawn and :class:`ClientGone` raised. A
+    callback, not an awaitable: watching costs no task of its own.
     ``deadline_s``: the seconds the caller still waits (a gRPC call's deadline); it
     shortens the queue timeout, and its expiry is a 504's kind (gRPC's
     ``DEADLINE_EXCEEDED``), while the model's own queue timeout stays a 503.
@@ -61,7 +64,7 @@ class Withdrawal:
     only at the drain timeout and answers itself) counts nothing.
     """
 
-    client_gone: Callable[[], Awaitable[Any]] | None = None
+    client_gone: GoneSignal | None = None
     deadline_s: float | None = None
     cancel_counts_as: int | None = None
 
@@ -153,28 +156,33 @@ async def _batched(served: ServedModel, admitted: AdmittedRequest, withdrawal: W
     try:
         if withdrawal.client_gone is None:
             return await work
-        return await _unless_gone(asyncio.ensure_future(work), withdrawal.client_gone)
+        return await _unless_gone(work, withdrawal.client_gone)
     except DeadlineExceeded as exc:
         if deadline_ms is None or timeout_ms is not deadline_ms:
             raise  # the queue timeout's 503
         raise HTTPError(Status.GATEWAY_TIMEOUT, f"the call's deadline passed: {exc}") from None
 
 
-async def _unless_gone(work: asyncio.Future[Any], client_gone: Callable[[], Awaitable[Any]]) -> Any:
-    """``work``'s result; if the client goes first, ``work`` is cancelled and
-    :class:`ClientGone` raised. Cancelled itself, it cancels ``work``."""
-    gone = asyncio.ensure_future(client_gone())
+async def _unless_gone(work: Awaitable[T], client_gone: GoneSignal) -> T:
+    """``work``'s result, awaited in the caller's own task; if the client goes first, that
+    task is cancelled (so is ``work``, which withdraws the request) and :class:`ClientGone`
+    raised instead. Another cancellation of the caller passes through as it came."""
+    task = asyncio.current_task()
+    assert task is not None
+    went = False
+
+    def gone() -> None:
+        nonlocal went
+        if not went:
+            went = True
+            task.cancel()
+
+    stop = client_gone(gone)
     try:
-        await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        return await work
     except asyncio.CancelledError:
-        work.cancel()
+        if went and task.uncancel() == 0:
+            raise ClientGone from None
         raise
     finally:
-        gone.cancel()
-    if work.done():
-        return work.result()
-    work.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await work
-    gone.result()  # what watching for the client raised, if anything
-    raise ClientGone
+        stop()

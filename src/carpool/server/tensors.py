@@ -189,13 +189,21 @@ def raw_shape(dims: Sequence[int], *, datatype: str, nbytes: int, name: str) -> 
     return shape
 
 
-def array_from_json(data: Any, *, datatype: str, count: int, name: str) -> Array:
+def array_from_json(
+    data: Any, *, datatype: str, count: int, name: str, booleans: bool = True
+) -> Array:
     """A flat array from input ``name``'s JSON ``data`` (flat or nested) of ``count`` elements.
 
     Elements must be of the JSON type the datatype takes: true/false for BOOL, integers in
     range for integer types, numbers for floats, strings for BYTES (UTF-8 encoded). Nothing
-    wraps or truncates silently. BF16 has no JSON form. Raises ``ValueError``.
+    wraps or truncates silently. BF16 has no JSON form. ``booleans=False`` says the JSON
+    text held no ``true`` or ``false`` at all, which lets numbers skip a per-element type
+    check. Raises ``ValueError``.
     """
+    if not booleans and datatype in _FLOAT_TYPES and type(data) is list:
+        fast = _floats_without_booleans(data, datatype, count)
+        if fast is not None:
+            return fast
     where = f"Unable to parse 'data' of input '{name}'"
     if datatype == "BF16":
         raise ValueError(
@@ -224,6 +232,31 @@ def array_from_json(data: Any, *, datatype: str, count: int, name: str) -> Array
     if FIXED_DTYPES[datatype].kind in "iu":
         return _integers_from_json(flat, types, datatype, where)
     return _floats_from_json(flat, types, datatype, where)
+
+
+_FLOAT_TYPES = frozenset({"FP32", "FP64"})  # FP16's rounding stays on the checked path
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _floats_without_booleans(data: list[Any], datatype: str, count: int) -> Array | None:
+    """JSON numbers known to hold no booleans, read by numpy's own type discovery: what
+    is not all numbers (strings, nulls, objects) or not ``count`` of them, ragged nesting,
+    and integers past 64 bits come back None, for the checked path to refuse with its
+    message."""
+    try:
+        raw = np.array(data)
+    except (ValueError, OverflowError, RecursionError):
+        return None
+    if raw.dtype.kind not in "fi" or raw.size != count:
+        return None
+    flat = raw.reshape(-1)
+    if datatype == "FP64":
+        return flat.astype(np.float64, copy=False)
+    # Past float32's range (an infinity too) goes the checked way, which refuses a finite
+    # number too large and keeps the infinities; NaN is ignored here and kept.
+    if raw.dtype.kind == "f" and np.fmax.reduce(np.abs(flat), initial=0.0) > _F32_MAX:
+        return None
+    return flat.astype(np.float32)
 
 
 def _integers_from_json(flat: list[Any], types: set[type], datatype: str, where: str) -> Array:
