@@ -49,6 +49,9 @@ PROTOCOL = "grpc"  # the protocol label of its requests in /metrics
 # After the drain deadline the batchers answer what is left with UNAVAILABLE; the gRPC
 # server waits this much longer for those answers to go out before it cancels the calls.
 _ANSWER_S = 1.0
+# A call whose deadline is nearer than this goes to the batcher at once, never held back
+# for its burst: the hold (at most loop_bridge.MAX_HOLD_S, 5 ms) stays a small share of it.
+_HOLD_DEADLINE_S = 0.05
 _UNIMPLEMENTED = {
     "SharedMemory": "shared memory is not supported by this server; send tensors in the "
     "request (raw_input_contents)",
@@ -73,6 +76,11 @@ def _on_app_loop(method: Handler) -> Handler:
             await context.abort(code, message)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _may_wait(left_s: float | None) -> bool:
+    """Whether a call with ``left_s`` seconds to its deadline may be held for its burst."""
+    return left_s is None or left_s > _HOLD_DEADLINE_S
 
 
 def _status(exc: Exception, rpc: str) -> tuple[grpc.StatusCode, str]:
@@ -132,10 +140,11 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         return codec.repository_index(self._registry.index(ready_only=request.ready))
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
+        """Held back a little while other calls arrive (:mod:`carpool.server.loop_bridge`),
+        so that calls sent together reach the batcher together, as REST's do."""
         try:
-            return await self.on_app_loop(
-                self._infer(request, context.time_remaining()), gather=True
-            )
+            left_s = context.time_remaining()
+            return await self.on_app_loop(self._infer(request, left_s), gather=_may_wait(left_s))
         except Exception as exc:
             code, message = _status(exc, "ModelInfer")
             await context.abort(code, message)
@@ -152,7 +161,9 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     async def _stream_one(self, request: Any, context: Any, writing: asyncio.Lock) -> None:
         try:
             left_s = context.time_remaining()
-            response = await self.on_app_loop(self._infer(request, left_s), gather=True)
+            response = await self.on_app_loop(
+                self._infer(request, left_s), gather=_may_wait(left_s)
+            )
             answer = pb.ModelStreamInferResponse(infer_response=response)
         except Exception as exc:
             _, message = _status(exc, "ModelStreamInfer")
