@@ -62,6 +62,10 @@ def quick_run(script: str, *args: str, timeout: float = 120) -> str:
                 "goal: gRPC (raw tensors) <= 1.5x bare grpc.aio, 1 client: ",
             ],
         ),
+        (
+            "grpc_batching.py",
+            ["(a) 200 concurrent calls at once", "double_2ms", "(b) carpool bench on demo"],
+        ),
     ],
 )
 def test_benchmark_quick_run(script: str, expected: list[str]) -> None:
