@@ -192,9 +192,7 @@ def measure(
 # ------------------------------------------------------------------------------ checks
 
 
-def check(
-    servers: dict[str, _process.Server], ports: dict[str, int], sent: Any, args: Any
-) -> bool:
+def check(servers: dict[str, _process.Server], ports: dict[str, int], sent: Any, args: Any) -> bool:
     """Each reference's answer to each protocol's request against carpool's; prints one
     line each. False when any differs."""
     text = json.loads(sent.embeddings)["input"].encode()

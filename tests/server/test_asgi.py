@@ -90,7 +90,7 @@ def test_a_watch_of_a_client_already_gone_tells_at_once() -> None:
 
 async def test_gone_signal_uses_the_connections_watch_when_there_is_one() -> None:
     watch = RequestWatch()
-    scope = {"type": "http", "extensions": {WATCH: watch}}
+    scope = {"type": "http", "extensions": {WATCH: {"request": watch}}}
     assert request_watch(scope) is watch
     assert request_watch({"type": "http"}) is None
     channel = Channel()

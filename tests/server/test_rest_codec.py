@@ -266,7 +266,8 @@ def test_a_repeated_binary_header_reads_each_requests_own_bytes() -> None:
     for got in (first, second):
         assert (got.id, got.parameters, got.binary_data_output) == ("same", {"priority": 2}, True)
         assert got.inputs[0].parameters == {"tag": "t"}
-        assert got.outputs is not None and got.outputs[0].binary is False
+        assert got.outputs is not None
+        assert got.outputs[0].binary is False
     assert first.parameters is not second.parameters
     assert first.inputs[0].parameters is not second.inputs[0].parameters
 

@@ -38,7 +38,7 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 JSON = [(b"content-type", b"application/json")]
-WATCH = "carpool.watch"  # the scope extension holding a request's RequestWatch
+WATCH = "carpool.watch"  # the scope extension: {"request": RequestWatch}, as ASGI's are dicts
 
 
 class RequestWatch:
@@ -75,8 +75,8 @@ class RequestWatch:
 
 def request_watch(scope: Scope) -> RequestWatch | None:
     """The connection's watch of this request; None under a server that gives none."""
-    extensions = scope.get("extensions")
-    return None if extensions is None else extensions.get(WATCH)
+    extension = scope.get("extensions", {}).get(WATCH)
+    return None if extension is None else extension.get("request")
 
 
 async def send_response(
@@ -122,8 +122,11 @@ def gone_signal(
                 task.exception()  # retrieved: failing to read the client is its going
                 callback()
 
+        def stop() -> None:
+            task.cancel()
+
         task = asyncio.ensure_future(disconnected(receive))
         task.add_done_callback(finished)
-        return task.cancel
+        return stop
 
     return subscribe

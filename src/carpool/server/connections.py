@@ -67,7 +67,7 @@ class _LimitedProtocol(HttpToolsProtocol):
         super().on_message_begin()
         watch = RequestWatch()
         self._watches.append(watch)
-        self.scope["extensions"] = {WATCH: watch}
+        self.scope["extensions"] = {WATCH: {"request": watch}}
         self._partial = True
         if self._header_timer is None:  # a request after another on the same connection
             self._start_header_timer()
