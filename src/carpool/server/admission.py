@@ -61,9 +61,13 @@ class AdmittedRequest:
 
 
 def _matches(shape: tuple[int, ...], spec: Tensor) -> bool:
-    return len(shape) == len(spec.shape) and all(
-        want in (-1, got) for want, got in zip(spec.shape, shape, strict=True)
-    )
+    want = spec.shape
+    if len(shape) != len(want):
+        return False
+    for index, dim in enumerate(want):  # noqa: SIM110 (a loop: 3x all() with a generator)
+        if dim != -1 and dim != shape[index]:
+            return False
+    return True
 
 
 def _dims(shape: tuple[int, ...]) -> str:
@@ -71,11 +75,13 @@ def _dims(shape: tuple[int, ...]) -> str:
 
 
 def _check_inputs(model: Model, request: InferRequest) -> dict[str, np.ndarray[Any, Any]]:
-    specs = {t.name: t for t in model.input_specs}
-    _check_names(model, specs, [i.name for i in request.inputs])
-    return {
-        tensor.name: _input_value(model, tensor, specs[tensor.name]) for tensor in request.inputs
-    }
+    specs = model.input_specs
+    inputs = request.inputs
+    if len(specs) == 1 == len(inputs) and specs[0].name == inputs[0].name:  # the common case
+        return {specs[0].name: _input_value(model, inputs[0], specs[0])}
+    by_name = {t.name: t for t in specs}
+    _check_names(model, by_name, [i.name for i in inputs])
+    return {tensor.name: _input_value(model, tensor, by_name[tensor.name]) for tensor in inputs}
 
 
 def _check_names(model: Model, specs: Mapping[str, Tensor], got: list[str]) -> None:
@@ -149,7 +155,10 @@ def _preprocess(model: Model, value: dict[str, Any], rows: int) -> dict[str, Any
 
 
 def _rows(request: InferRequest) -> int:
-    counts = {i.name: i.shape[0] for i in request.inputs}
+    if len(request.inputs) == 1:
+        counts = {request.inputs[0].name: request.inputs[0].shape[0]}
+    else:
+        counts = {i.name: i.shape[0] for i in request.inputs}
     if len(set(counts.values())) > 1:
         raise ProtocolError(
             f"inputs disagree on the batch size (first dimension): {counts}", field="inputs"
@@ -190,8 +199,9 @@ def _int_parameter(request: InferRequest, name: str) -> int | None:
 
 def admit(model: Model, request: InferRequest) -> AdmittedRequest:
     """Check ``request`` against ``model``; raises :class:`ProtocolError` (a 400)."""
-    for name in _SEQUENCE:
-        if name in request.parameters:
+    parameters = request.parameters
+    for name in _SEQUENCE if parameters else ():
+        if name in parameters:
             raise ProtocolError(
                 f"parameter '{name}': model '{model.name}' is stateless; sequence batching "
                 "is not supported",
@@ -213,6 +223,8 @@ def admit(model: Model, request: InferRequest) -> AdmittedRequest:
 
 
 def _priority(model: Model, request: InferRequest) -> int:
+    if not request.parameters:
+        return model.batching.default_priority_level
     priority = _int_parameter(request, "priority") or 0
     levels = model.batching.priority_levels
     if levels and priority > levels:
@@ -226,7 +238,7 @@ def _priority(model: Model, request: InferRequest) -> int:
 
 def _timeout_ms(model: Model, request: InferRequest) -> float | None:
     # The request's own timeout may shorten the model's default, never extend it.
-    timeout_us = _int_parameter(request, "timeout")  # Triton: microseconds, 0 = none
+    timeout_us = request.parameters and _int_parameter(request, "timeout")  # us, 0 = none
     timeout_ms = model.batching.default_timeout_ms
     if timeout_us:
         requested_ms = timeout_us / 1000.0
@@ -239,7 +251,8 @@ def respond(
 ) -> list[tuple[OutputTensor, bool]]:
     """Response tensors for the requested outputs; :class:`ModelOutputError` if one is
     missing or unlike the model's declaration."""
-    declared = {t.name: t for t in model.output_specs}
+    specs = model.output_specs
+    declared = {specs[0].name: specs[0]} if len(specs) == 1 else {t.name: t for t in specs}
     tensors = []
     for name, binary in admitted.outputs:
         if name not in result:

@@ -42,6 +42,8 @@ Array = npt.NDArray[Any]
 _MAX_DIMS = 32  # numpy 1.x's limit (numpy 2 allows 64); no model input needs more
 _MAX_EXTENT = (2**63 - 1) // 8  # numpy refuses shapes whose nonzero dims * itemsize overflow
 _U32 = struct.Struct("<I")
+# The wire's little-endian dtypes, made once: newbyteorder() builds a new dtype per call.
+_LITTLE = {name: dtype.newbyteorder("<") for name, dtype in FIXED_DTYPES.items()}
 _JSON_TYPES = {bool: "a boolean", int: "a number", float: "a number", str: "a string"}
 
 
@@ -128,7 +130,7 @@ def array_from_wire(buf: bytes | memoryview, *, datatype: str, count: int, name:
             raise ValueError(f"Unable to parse BYTES data of input '{name}': {exc}") from None
     if datatype == "BF16":
         return deserialize_bf16_tensor(buf)
-    array = np.frombuffer(buf, dtype=FIXED_DTYPES[datatype].newbyteorder("<"))
+    array = np.frombuffer(buf, dtype=_LITTLE[datatype])
     if datatype == "BOOL" and count and array.view(np.uint8).max() > 1:
         raise ValueError(f"BOOL data of input '{name}' must be bytes 0 or 1")
     if not array.flags.aligned:
@@ -341,14 +343,15 @@ def array_to_wire(array: Array, *, datatype: str, name: str) -> bytes | memoryvi
         if array.dtype.name != "bfloat16":
             _check_kind(array, datatype, "fiu", name)
         return serialize_bf16_tensor(array)
-    little = FIXED_DTYPES[datatype].newbyteorder("<")
-    wire = np.ascontiguousarray(_cast(array, datatype, name), dtype=little)
+    wire = np.ascontiguousarray(_cast(array, datatype, name), dtype=_LITTLE[datatype])
     return wire.reshape(-1).view(np.uint8).data
 
 
 def _cast(array: Array, datatype: str, name: str) -> Array:
     # Same-kind casts only (float64 -> FP32 yes, float -> INT32 no): silently truncating a
     # model's output would send a wrong answer, not an encoding detail.
+    if array.dtype is FIXED_DTYPES[datatype]:  # nothing to cast (the usual answer)
+        return array
     if array.dtype.kind not in "biuf" or not np.can_cast(
         array.dtype, FIXED_DTYPES[datatype], casting="same_kind"
     ):
