@@ -1,11 +1,12 @@
 """The v2 gRPC API (``inference.GRPCInferenceService``) on the REST app's models.
 
-A ``grpc.aio`` server started in the app's lifespan startup, on a loop of its own in a
-thread of its own; each RPC's body runs on uvicorn's loop (through
-:class:`~carpool.server.loop_bridge.LoopBridge`), so that both protocols feed the same
-batchers. Inference is only decoded and encoded here (:mod:`carpool.server.grpc_codec`);
-its life in between is :class:`~carpool.server.inference.Inference`'s, REST's too: a call
-the client cancels, or whose deadline passes, withdraws its queued request. Failures are
+A ``grpc.aio`` server started in the app's lifespan startup, on the app's (uvicorn's) loop,
+where the batchers live, so that both protocols feed the same batchers with no thread in
+between. Inference calls wait for their burst (:class:`~carpool.server.loop_bridge.Bursts`)
+so that calls sent together reach the batcher together, as REST's do. Inference is only
+decoded and encoded here (:mod:`carpool.server.grpc_codec`); its life in between is
+:class:`~carpool.server.inference.Inference`'s, REST's too: a call the client cancels, or
+whose deadline passes, withdraws its queued request. Failures are
 :func:`~carpool.server.outcomes.error_status`'s, under
 :func:`~carpool.server.statuses.grpc_code`'s names. It is given what it serves (the
 inference path, whose registry answers readiness and metadata) and never imports the app.
@@ -16,11 +17,8 @@ is never imported otherwise.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
 import functools
 import logging
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
@@ -35,7 +33,7 @@ from carpool.server import grpc_access
 from carpool.server import grpc_codec as codec
 from carpool.server.auth import ApiKeys
 from carpool.server.inference import Answer, Inference, Withdrawal
-from carpool.server.loop_bridge import LoopBridge
+from carpool.server.loop_bridge import MAX_HOLD_S, Bursts
 from carpool.server.messages import MAX_ELEMENTS, InferRequest
 from carpool.server.outcomes import error_status
 from carpool.server.registry import ModelNotFound, ModelUnavailable, ServedModel, server_metadata
@@ -50,8 +48,8 @@ PROTOCOL = "grpc"  # the protocol label of its requests in /metrics
 # server waits this much longer for those answers to go out before it cancels the calls.
 _ANSWER_S = 1.0
 # A call whose deadline is nearer than this goes to the batcher at once, never held back
-# for its burst: the hold (at most loop_bridge.MAX_HOLD_S, 5 ms) stays a small share of it.
-_HOLD_DEADLINE_S = 0.05
+# for its burst: the hold (at most MAX_HOLD_S, 8 ms) stays a small share of it.
+_HOLD_DEADLINE_S = 10 * MAX_HOLD_S
 _UNIMPLEMENTED = {
     "SharedMemory": "shared memory is not supported by this server; send tensors in the "
     "request (raw_input_contents)",
@@ -62,15 +60,14 @@ _UNIMPLEMENTED = {
 Handler = TypeVar("Handler", bound=Callable[..., Coroutine[Any, Any, Any]])
 
 
-def _on_app_loop(method: Handler) -> Handler:
-    """A unary RPC whose body runs on the app's loop, where the batchers and their
-    statistics live, and whose exceptions end the call with the status the one table
-    gives. The body gets the call's time left (seconds, or None), read here."""
+def _unary(method: Handler) -> Handler:
+    """A unary RPC whose exceptions end the call with the status the one table gives.
+    The body gets the call's time left (seconds, or None), read here."""
 
     @functools.wraps(method)
     async def wrapper(self: _Servicer, request: Any, context: Any) -> Any:
         try:
-            return await self.on_app_loop(method(self, request, context.time_remaining()))
+            return await method(self, request, context.time_remaining())
         except Exception as exc:
             code, message = _status(exc, method.__name__)
             await context.abort(code, message)
@@ -91,24 +88,22 @@ def _status(exc: Exception, rpc: str) -> tuple[grpc.StatusCode, str]:
 
 
 class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
-    """Every RPC of the service; those carpool has no use for answer UNIMPLEMENTED.
+    """Every RPC of the service; those carpool has no use for answer UNIMPLEMENTED."""
 
-    It runs on the gRPC thread's loop; each RPC's body runs on the app's loop."""
-
-    def __init__(self, inference: Inference, app_loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, inference: Inference) -> None:
         self._inference = inference
         self._registry = inference.registry
-        self.on_app_loop = LoopBridge(app_loop).run
+        self._bursts = Bursts()
 
-    @_on_app_loop
+    @_unary
     async def ServerLive(self, request: Any, left_s: float | None) -> Any:
         return pb.ServerLiveResponse(live=True)
 
-    @_on_app_loop
+    @_unary
     async def ServerReady(self, request: Any, left_s: float | None) -> Any:
         return pb.ServerReadyResponse(ready=self._registry.is_ready())
 
-    @_on_app_loop
+    @_unary
     async def ModelReady(self, request: Any, left_s: float | None) -> Any:
         # An unknown or failed model is not ready, not an error (tritonclient: False).
         try:
@@ -117,25 +112,25 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=self._registry.model_ready(served))
 
-    @_on_app_loop
+    @_unary
     async def ServerMetadata(self, request: Any, left_s: float | None) -> Any:
         return codec.server_metadata(server_metadata())
 
-    @_on_app_loop
+    @_unary
     async def ModelMetadata(self, request: Any, left_s: float | None) -> Any:
         return codec.model_metadata(self._served(request).metadata())
 
-    @_on_app_loop
+    @_unary
     async def ModelConfig(self, request: Any, left_s: float | None) -> Any:
         return codec.model_config(self._served(request).config())
 
-    @_on_app_loop
+    @_unary
     async def ModelStatistics(self, request: Any, left_s: float | None) -> Any:
         if not request.name:
             return codec.model_statistics([m.statistics() for m in self._registry])
         return codec.model_statistics([self._served(request).statistics()])
 
-    @_on_app_loop
+    @_unary
     async def RepositoryIndex(self, request: Any, left_s: float | None) -> Any:
         return codec.repository_index(self._registry.index(ready_only=request.ready))
 
@@ -144,7 +139,8 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         so that calls sent together reach the batcher together, as REST's do."""
         try:
             left_s = context.time_remaining()
-            return await self.on_app_loop(self._infer(request, left_s), gather=_may_wait(left_s))
+            async with self._bursts.slot(may_wait=_may_wait(left_s)):
+                return await self._infer(request, left_s)
         except Exception as exc:
             code, message = _status(exc, "ModelInfer")
             await context.abort(code, message)
@@ -161,9 +157,8 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     async def _stream_one(self, request: Any, context: Any, writing: asyncio.Lock) -> None:
         try:
             left_s = context.time_remaining()
-            response = await self.on_app_loop(
-                self._infer(request, left_s), gather=_may_wait(left_s)
-            )
+            async with self._bursts.slot(may_wait=_may_wait(left_s)):
+                response = await self._infer(request, left_s)
             answer = pb.ModelStreamInferResponse(infer_response=response)
         except Exception as exc:
             _, message = _status(exc, "ModelStreamInfer")
@@ -181,7 +176,7 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         return self._registry.get(request.name, request.version or None)
 
     async def _infer(self, request: Any, left_s: float | None) -> Any:
-        """One ``ModelInferRequest`` through the inference path, on the app's loop, counted
+        """One ``ModelInferRequest`` through the inference path, counted
         under ``grpc``: the call's deadline (``left_s``) shortens its queue timeout, and a
         cancelled call (the client's cancel, its deadline) withdraws it and counts 499."""
 
@@ -228,11 +223,10 @@ class GrpcServer:
     """The gRPC server's life: listen at startup, stop accepting when the drain begins,
     give calls in flight the same drain deadline as REST's.
 
-    grpc.aio runs on its own loop in a thread of its own; every RPC's body runs on the
-    app's loop (:meth:`_Servicer.on_app_loop`). On uvicorn's loop, grpc.aio handed the
-    batcher about one call per loop turn (it accepts calls one at a time, each through its
-    completion-queue thread), so an eager batcher ran batches of 1-2 rows; from a thread
-    of their own, calls arrive on the app's loop many at a time, as REST's do."""
+    grpc.aio runs on the app's loop, the batchers' (it used to have a thread and loop of
+    its own, every call handed across and back: two thread wake-ups a call, and calls
+    reached the batcher one by one all the same; :class:`~carpool.server.loop_bridge.Bursts`
+    is what gathers them)."""
 
     def __init__(
         self,
@@ -248,36 +242,13 @@ class GrpcServer:
         self._max_message_bytes = max_message_bytes  # REST's --max-body-bytes
         self._api_keys = api_keys  # REST's keys; None: every call is open
         self._tls = tls  # (certfile, keyfile), REST's; None: plain
-        self._deadline = 0.0  # monotonic; set by begin_drain
-        self._loop: asyncio.AbstractEventLoop | None = None  # the gRPC thread's, once serving
-        self._draining: asyncio.Event | None = None  # on that loop
-        self._thread: threading.Thread | None = None
-        self._started: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._stopped: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._server: grpc.aio.Server | None = None  # once listening
+        self._loop: asyncio.AbstractEventLoop | None = None  # the app's, once listening
+        self._stopping: asyncio.Task[None] | None = None  # the server's stop, once begun
+        self._stopped: asyncio.Future[None] | None = None  # done when it has stopped
 
     async def start(self) -> None:
         """Listen on ``address``; :class:`ConfigError` when it cannot (the port is taken)."""
-        app_loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(
-            target=self._run, args=(app_loop, type(app_loop)), name="carpool-grpc", daemon=True
-        )
-        self._thread.start()
-        await asyncio.wrap_future(self._started)
-        log.info("gRPC listening on %s", self.address)
-
-    def _run(self, app_loop: asyncio.AbstractEventLoop, loop_type: type[Any]) -> None:
-        """The gRPC thread: a loop of the app's loop's kind (uvloop's under uvicorn)."""
-        try:
-            with asyncio.Runner(loop_factory=loop_type) as runner:
-                runner.run(self._serve(app_loop))
-        except BaseException as exc:
-            if not self._started.done():
-                self._started.set_exception(exc)
-            self._stopped.set_exception(exc)
-        else:
-            self._stopped.set_result(None)
-
-    async def _serve(self, app_loop: asyncio.AbstractEventLoop) -> None:
         server = grpc.aio.server(
             interceptors=grpc_access.interceptors(self._api_keys),  # --api-key
             options=[
@@ -289,36 +260,49 @@ class GrpcServer:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        servicer = _Servicer(self._inference, app_loop)
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(self._inference), server)
         try:
             bound = grpc_access.add_port(server, self.address, self._tls)  # TLS or not
         except RuntimeError:
             bound = 0
         if not bound:
+            await server.stop(None)
             raise ConfigError(
                 f"cannot listen for gRPC on {self.address} (is the port in use?); choose "
                 "another --grpc-port, or 0 to turn gRPC off"
             )
         await server.start()
-        self._draining = asyncio.Event()
         self._loop = asyncio.get_running_loop()
-        self._started.set_result(None)
-        await self._draining.wait()
-        grace = max(0.0, self._deadline - time.monotonic()) + _ANSWER_S
-        await server.stop(grace)
+        self._stopped = self._loop.create_future()
+        self._server = server
+        log.info("gRPC listening on %s", self.address)
 
     def begin_drain(self, deadline: float) -> None:
         """Stop accepting calls now; those in flight have until ``deadline`` (monotonic).
-        Safe from a signal handler: the stop itself runs on the gRPC thread's loop."""
-        self._deadline = deadline
-        loop, draining = self._loop, self._draining
-        if loop is not None and draining is not None:
-            with contextlib.suppress(RuntimeError):  # its loop is gone: stopped already
-                loop.call_soon_threadsafe(draining.set)
+        Safe from a signal handler: the stop itself starts in a callback of the loop."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._stop, deadline)
+
+    def _stop(self, deadline: float) -> None:
+        if self._server is None or self._stopping is not None:
+            return
+        grace = max(0.0, deadline - time.monotonic()) + _ANSWER_S
+        self._stopping = asyncio.get_running_loop().create_task(self._server.stop(grace))
+        self._stopping.add_done_callback(self._has_stopped)
+
+    def _has_stopped(self, task: asyncio.Task[None]) -> None:
+        assert self._stopped is not None  # set with _server
+        if self._stopped.done():
+            return
+        if task.cancelled():
+            self._stopped.cancel()
+        elif (exc := task.exception()) is not None:
+            self._stopped.set_exception(exc)
+        else:
+            self._stopped.set_result(None)
 
     async def wait_stopped(self) -> None:
         """Until the server stopped, which :meth:`begin_drain` set off."""
-        if self._thread is not None:
-            await asyncio.wrap_future(self._stopped)
-            self._thread.join()
+        if self._stopped is not None:
+            await self._stopped
