@@ -136,11 +136,12 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         """Held back a little while other calls arrive (:mod:`carpool.server.loop_bridge`),
-        so that calls sent together reach the batcher together, as REST's do."""
+        so that calls sent together reach the batcher together, as REST's do. A call
+        cancelled while held never reached the inference path and is not counted."""
         try:
-            left_s = context.time_remaining()
-            async with self._bursts.slot(may_wait=_may_wait(left_s)):
-                return await self._infer(request, left_s)
+            async with self._bursts.slot(may_wait=_may_wait(context.time_remaining())):
+                # Read after the hold: the queue's timeout is what is left of the deadline.
+                return await self._infer(request, context.time_remaining())
         except Exception as exc:
             code, message = _status(exc, "ModelInfer")
             await context.abort(code, message)
@@ -156,9 +157,8 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
 
     async def _stream_one(self, request: Any, context: Any, writing: asyncio.Lock) -> None:
         try:
-            left_s = context.time_remaining()
-            async with self._bursts.slot(may_wait=_may_wait(left_s)):
-                response = await self._infer(request, left_s)
+            async with self._bursts.slot(may_wait=_may_wait(context.time_remaining())):
+                response = await self._infer(request, context.time_remaining())
             answer = pb.ModelStreamInferResponse(infer_response=response)
         except Exception as exc:
             _, message = _status(exc, "ModelStreamInfer")
