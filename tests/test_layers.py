@@ -55,6 +55,7 @@ LAYERS: list[tuple[str, ...]] = [
         "server.auth",
         "server.buckets",
         "server.config",
+        "server.logs",
         "server.loop_bridge",
         "server.openapi",
         "server.registry",

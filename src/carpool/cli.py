@@ -259,7 +259,7 @@ def _server_settings(file: dict[str, Any], args: argparse.Namespace) -> dict[str
     """The config file's [server] table, the flags over it; logging configured from them
     now, so that loading the models logs as asked (bad values are refused later, by
     ``ServerConfig``)."""
-    from carpool.server.serve import configure_logging
+    from carpool.server.logs import configure_logging
 
     server = dict(file.get("server", {}))
     for flag, key in _SERVER_KEYS.items():

@@ -24,6 +24,8 @@ counted):
   ``--limit-concurrency``.
 - ``buckets`` / ``metrics``: ``/metrics`` histogram buckets (pure); Prometheus exposition.
 - ``grpc_access``: the gRPC API-key interceptor and its port, with TLS or without.
+- ``logs``: one log handler and format for every logger, and the access log, written once
+  per event-loop turn.
 - ``loop_bridge``: coroutines from the gRPC thread's loop run on the app's, in bursts.
 - ``grpc_service``: the gRPC front end: decodes and encodes, on the inference path it is
   given, in a thread of its own; never imports the app.

@@ -36,6 +36,7 @@ from carpool.server.asgi import (
 from carpool.server.auth import UNAUTHORIZED, ApiKeys, is_open
 from carpool.server.bodies import read_body
 from carpool.server.inference import Answer, ClientGone, Inference, Withdrawal
+from carpool.server.logs import access_log, log_access
 from carpool.server.messages import HEADER_LENGTH, MAX_ELEMENTS, InferRequest, ProtocolError
 from carpool.server.metrics import Metrics
 from carpool.server.outcomes import error_status
@@ -57,7 +58,6 @@ if TYPE_CHECKING:  # built by serve, only when the gRPC port is on: grpc is not 
 __all__ = ["App"]
 
 log = logging.getLogger("carpool.server")
-access_log = logging.getLogger("carpool.access")
 _HTTP = "http"  # the protocol label of v2 REST requests in /metrics
 _OPENAI = "openai"  # and of /v1/embeddings requests
 
@@ -213,7 +213,7 @@ class App:
                 log.warning("%s %s -> %d: %s", method, scope["path"], status, error.message)
             await send_response(send, status, _error_body(parts, exc, error), JSON + error.headers)
         if access_log.isEnabledFor(logging.INFO):
-            _log_access(scope, status, started)
+            log_access(scope.get("client"), method, scope["path"], status, started)
 
     def _refused(self, keys: ApiKeys, parts: list[str], scope: Scope) -> bool:
         """Whether a request needs a key and presents none of ``keys`` (401, no detail)."""
@@ -417,27 +417,6 @@ def _infer_headers(json_length: int | None) -> list[tuple[bytes, bytes]]:
         (b"content-type", b"application/octet-stream"),
         (b"inference-header-content-length", str(json_length).encode()),
     ]
-
-
-def _log_access(scope: Scope, status: int, started: float) -> None:
-    client = scope.get("client") or ("-", 0)
-    duration_ms = round((time.perf_counter() - started) * 1000.0, 3)
-    access_log.info(
-        '%s:%s "%s %s" %d %.2fms',
-        client[0],
-        client[1],
-        scope["method"],
-        scope["path"],
-        status,
-        duration_ms,
-        extra={
-            "client": f"{client[0]}:{client[1]}",
-            "method": scope["method"],
-            "path": scope["path"],
-            "status": status,
-            "duration_ms": duration_ms,
-        },
-    )
 
 
 def _text(value: bytes | None) -> str | None:

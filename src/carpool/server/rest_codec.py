@@ -26,7 +26,6 @@ from carpool.datatypes import DATATYPES
 from carpool.server.messages import (
     HEADER_LENGTH,
     Array,
-    InferInput,
     InferRequest,
     OutputTensor,
     Parameters,
@@ -106,91 +105,67 @@ def parse_infer_request(
     if max_elements < 1:
         raise ValueError(f"max_elements must be >= 1, got {max_elements}")
     view = memoryview(body)
-    if header_length is not None:
-        _check_header_range(header_length, len(view), allow_zero=False)
-        if header_length <= _PLANNED_HEADER_BYTES:
-            plan = _plan(bytes(view[:header_length]), max_elements)
-            if plan is not None and plan.blob_bytes == len(view) - header_length:
-                return plan.request(view[header_length:])
-    split = len(view) if header_length is None else header_length
-    doc = _json_object(view[:split])
-    request_id = doc.get("id")
-    if request_id is not None and type(request_id) is not str:
-        raise ProtocolError("Unable to parse 'id': expected a string", field="id")
-    parameters = _parameters(doc.get("parameters"), "parameters")
-    binary_output = _expect_bool(
-        parameters.pop("binary_data_output", False), "parameters.binary_data_output"
-    )
-    framed = header_length is not None
-    booleans = _has_booleans(view[:split])
-    inputs = _inputs(doc.get("inputs"), view[split:], framed, max_elements, booleans)
-    return InferRequest(
-        id=request_id,
-        parameters=parameters,
-        inputs=inputs,
-        outputs=_outputs(doc.get("outputs")),
-        binary_data_output=binary_output,
-    )
-
-
-# A binary request's JSON header is the same for every request of one shape (tritonclient
-# and perf_analyzer send it so), so what it says is checked once and remembered: a header
-# of at most this many bytes, the last this many headers. A header that fails its checks
-# is not remembered, and raises from the full parse below as any other would.
-_PLANNED_HEADER_BYTES = 4096
-_PLANS = 256
+    if header_length is None:  # all JSON (read from bytes: the boolean search copies nothing)
+        text = body if isinstance(body, bytes) else bytes(view)
+        return _read_header(text, max_elements).request(view[len(view) :], framed=False)
+    _check_header_range(header_length, len(view), allow_zero=False)
+    if header_length <= _REMEMBERED_HEADER_BYTES:
+        header = _remembered_header(bytes(view[:header_length]), max_elements)
+    else:
+        header = _read_header(view[:header_length], max_elements)
+    return header.request(view[header_length:], framed=True)
 
 
 @dataclass(frozen=True, slots=True)
-class _BinaryInput:
+class _Input:
+    """One input as the JSON says it: its JSON ``data`` read, or the size of its binary."""
+
     name: str
     datatype: str
     shape: tuple[int, ...]
     count: int
-    size: int  # bytes
     parameters: Parameters
+    data: Array | None  # None: binary, ``size`` bytes of the body after the JSON
+    size: int
 
 
 @dataclass(frozen=True, slots=True)
-class _Plan:
-    """A checked header whose inputs are all binary: the request but for their bytes."""
+class _Header:
+    """A request's JSON, checked: everything but the binary inputs' bytes."""
 
     id: str | None
     parameters: Parameters
-    inputs: tuple[_BinaryInput, ...]
+    inputs: tuple[_Input, ...]
     outputs: tuple[RequestedOutput, ...] | None
     binary_data_output: bool
-    blob_bytes: int  # the binary inputs' sizes summed: the body after the header
 
-    def request(self, blobs: memoryview) -> InferRequest:
-        """The request, its inputs read from ``blobs`` (exactly ``blob_bytes`` long)."""
+    def request(self, blobs: memoryview, *, framed: bool) -> InferRequest:
+        """The request, binary inputs read from ``blobs`` in input order; ``framed``: the
+        request has the header that says where its JSON ends. Each request gets its own
+        parameter dicts (arrays are read-only, so a remembered header's may be shared)."""
         inputs = []
         offset = 0
         for item in self.inputs:
-            name, size = item.name, item.size
-            with blame(name):
-                data = array_from_wire(
-                    blobs[offset : offset + size], datatype=item.datatype, count=item.count,
-                    name=name,
-                )  # fmt: skip
-            offset += size
-            inputs.append(
-                input_tensor(name, item.datatype, item.shape, data, dict(item.parameters))
+            data = item.data
+            if data is None:
+                data = _blob(blobs, offset, item.size, framed, item.datatype, item.count, item.name)
+                offset += item.size
+            parameters = dict(item.parameters)
+            inputs.append(input_tensor(item.name, item.datatype, item.shape, data, parameters))
+        if offset != len(blobs):
+            raise ProtocolError(
+                f"unexpected additional input data: {len(blobs) - offset} bytes follow the "
+                "last binary input",
+                field="body",
             )
+        parameters = dict(self.parameters)
         return InferRequest(
-            id=self.id,
-            parameters=dict(self.parameters),
-            inputs=tuple(inputs),
-            outputs=self.outputs,
-            binary_data_output=self.binary_data_output,
+            self.id, parameters, tuple(inputs), self.outputs, self.binary_data_output
         )
 
 
-@functools.lru_cache(maxsize=_PLANS)
-def _plan(header: bytes, max_elements: int) -> _Plan | None:
-    """``header`` checked as the full parse checks it; None when an input carries JSON
-    data (then only the full parse reads it). Raises what the full parse would."""
-    doc = _json_object(memoryview(header))
+def _read_header(text: bytes | memoryview, max_elements: int) -> _Header:
+    doc = _json_object(memoryview(text))
     request_id = doc.get("id")
     if request_id is not None and type(request_id) is not str:
         raise ProtocolError("Unable to parse 'id': expected a string", field="id")
@@ -198,27 +173,17 @@ def _plan(header: bytes, max_elements: int) -> _Plan | None:
     binary_output = _expect_bool(
         parameters.pop("binary_data_output", False), "parameters.binary_data_output"
     )
-    value = doc.get("inputs")
-    if type(value) is not list:
-        raise ProtocolError("Unable to parse 'inputs': expected an array", field="inputs")
-    inputs = []
-    names: set[str] = set()
-    total = size_total = 0
-    for index, item in enumerate(value):
-        where = f"inputs[{index}]"
-        name, datatype, shape, params = _describe_input(item, where, names)
-        count = math.prod(shape)
-        total += count
-        check_element_total(total, name, shape, where, max_elements)
-        if "data" in item:
-            return None
-        size = _binary_size(params.pop("binary_data_size"), where, name)
-        inputs.append(_BinaryInput(name, datatype, shape, count, size, params))
-        size_total += size
-    return _Plan(
-        request_id, parameters, tuple(inputs), _outputs(doc.get("outputs")), binary_output,
-        size_total,
-    )  # fmt: skip
+    inputs = _inputs(doc.get("inputs"), max_elements, _has_booleans(text))
+    return _Header(request_id, parameters, inputs, _outputs(doc.get("outputs")), binary_output)
+
+
+# A binary request's JSON header is the same for every request of one shape (tritonclient
+# and perf_analyzer send it so), so it is read and checked once and remembered: a header of
+# at most this many bytes, the last this many headers (1 MiB at most). A header that fails
+# its checks is not remembered, and raises again as any other would.
+_REMEMBERED_HEADER_BYTES = 4096
+_REMEMBERED_HEADERS = 256
+_remembered_header = functools.lru_cache(maxsize=_REMEMBERED_HEADERS)(_read_header)
 
 
 def parse_raw_request(
@@ -291,22 +256,20 @@ def _json_with_non_finite(header: memoryview, error: orjson.JSONDecodeError) -> 
     raise ProtocolError(f"failed to parse the request JSON buffer: {error}", field="body")
 
 
-def _has_booleans(text: memoryview) -> bool:
-    # Whether a JSON text may hold a boolean anywhere: one pass in C, so that number
-    # tensors can skip a type check per element when it holds none.
-    raw = text.obj if isinstance(text.obj, bytes) and len(text) == len(text.obj) else bytes(text)
+def _has_booleans(text: bytes | memoryview) -> bool:
+    # Whether a JSON text may hold a boolean anywhere: a search in C, so that number tensors
+    # can skip a type check per element when it holds none.
+    raw = text if isinstance(text, bytes) else bytes(text)  # a header: small
     return b"true" in raw or b"false" in raw
 
 
-def _inputs(
-    value: Any, blobs: memoryview, framed: bool, max_elements: int, booleans: bool = True
-) -> tuple[InferInput, ...]:
-    # Every input with its data, JSON or binary; binary inputs take ``blobs`` in input order.
+def _inputs(value: Any, max_elements: int, booleans: bool) -> tuple[_Input, ...]:
+    # Every input as the JSON says it, JSON data read; binary inputs' sizes, not yet read.
     if type(value) is not list:
         raise ProtocolError("Unable to parse 'inputs': expected an array", field="inputs")
-    inputs: list[InferInput] = []
+    inputs: list[_Input] = []
     names: set[str] = set()
-    total = offset = 0
+    total = 0
     for index, item in enumerate(value):
         where = f"inputs[{index}]"
         name, datatype, shape, params = _describe_input(item, where, names)
@@ -318,17 +281,10 @@ def _inputs(
                 data = array_from_json(
                     item["data"], datatype=datatype, count=count, name=name, booleans=booleans
                 )
+            inputs.append(_Input(name, datatype, shape, count, params, data, 0))
         else:
             size = _binary_size(params.pop("binary_data_size"), where, name)
-            data = _blob(blobs, offset, size, framed, datatype, count, name)
-            offset += size
-        inputs.append(input_tensor(name, datatype, shape, data, params))
-    if offset != len(blobs):
-        raise ProtocolError(
-            f"unexpected additional input data: {len(blobs) - offset} bytes follow the last "
-            "binary input",
-            field="body",
-        )
+            inputs.append(_Input(name, datatype, shape, count, params, None, size))
     return tuple(inputs)
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import logging
 import math
 import os
@@ -32,12 +31,13 @@ from carpool.server.auth import ApiKeys
 from carpool.server.config import ServerConfig
 from carpool.server.connections import protocol_class
 from carpool.server.inference import Inference
+from carpool.server.logs import configure_logging
 from carpool.server.registry import Registry
 
 if TYPE_CHECKING:
     from carpool.server.grpc_service import GrpcServer
 
-__all__ = ["build_app", "configure_logging", "serve"]
+__all__ = ["build_app", "serve"]
 
 log = logging.getLogger("carpool.server")
 
@@ -102,38 +102,6 @@ class _Server(uvicorn.Server):
                 self.config.timeout_graceful_shutdown or 0,
             )
             self.should_exit = True
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line, with the access log's fields as keys, for log pipelines."""
-
-    _RESERVED = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "color_message"}
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        entry.update((k, v) for k, v in vars(record).items() if k not in self._RESERVED)
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
-
-
-def configure_logging(level: str, access_log: bool, log_format: str) -> None:
-    """carpool's log handler and format; the CLI sets them before models load, so that what
-    loading logs (a graph served without batching, say) reads like the rest."""
-    handler = logging.StreamHandler()
-    if log_format == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    logging.getLogger("carpool.access").setLevel(logging.INFO if access_log else logging.WARNING)
 
 
 def _stuck_threads(within_s: float) -> list[str]:
