@@ -56,7 +56,7 @@ LAYERS: list[tuple[str, ...]] = [
         "server.buckets",
         "server.config",
         "server.logs",
-        "server.loop_bridge",
+        "server.bursts",
         "server.openapi",
         "server.registry",
     ),

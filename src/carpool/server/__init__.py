@@ -19,16 +19,18 @@ counted):
 - ``openai``: OpenAI's embeddings and models bodies to and from those records; pure.
 - ``openapi``: the OpenAPI 3 document of the REST routes, served at ``/v2/openapi.json``; pure.
 - ``auth``: API keys: which a request presents, constant-time checks, the open routes; pure.
-- ``asgi`` / ``bodies``: ASGI plumbing; request bodies within the size limit and body timeout.
-- ``connections``: uvicorn's HTTP protocol with a header-read timeout and a JSON 503 past
-  ``--limit-concurrency``.
+- ``asgi`` / ``bodies``: ASGI plumbing (and the connection's watch of each request);
+  request bodies within the size limit and body timeout.
+- ``connections``: uvicorn's HTTP protocol with a header-read timeout, a JSON 503 past
+  ``--limit-concurrency``, and each request's watch (body complete, client gone).
 - ``buckets`` / ``metrics``: ``/metrics`` histogram buckets (pure); Prometheus exposition.
 - ``grpc_access``: the gRPC API-key interceptor and its port, with TLS or without.
 - ``logs``: one log handler and format for every logger, and the access log, written once
   per event-loop turn.
-- ``loop_bridge``: coroutines from the gRPC thread's loop run on the app's, in bursts.
+- ``bursts``: gRPC inference calls held back while more arrive, let go together, so that
+  they reach the batcher together as REST's do.
 - ``grpc_service``: the gRPC front end: decodes and encodes, on the inference path it is
-  given, in a thread of its own; never imports the app.
+  given, on the app's loop (its inference calls through ``bursts``); never imports the app.
 - ``app``: the ASGI application: lifespan, routes, the REST front ends (v2 and OpenAI) of
   the inference path; starts and drains the gRPC server it is given.
 - ``config`` / ``serve``: the process's settings; wiring (registry -> inference path -> app,

@@ -2,7 +2,7 @@
 
 A ``grpc.aio`` server started in the app's lifespan startup, on the app's (uvicorn's) loop,
 where the batchers live, so that both protocols feed the same batchers with no thread in
-between. Inference calls wait for their burst (:class:`~carpool.server.loop_bridge.Bursts`)
+between. Inference calls wait for their burst (:class:`~carpool.server.bursts.Bursts`)
 so that calls sent together reach the batcher together, as REST's do. Inference is only
 decoded and encoded here (:mod:`carpool.server.grpc_codec`); its life in between is
 :class:`~carpool.server.inference.Inference`'s, REST's too: a call the client cancels, or
@@ -32,8 +32,8 @@ from carpool.model import Model
 from carpool.server import grpc_access
 from carpool.server import grpc_codec as codec
 from carpool.server.auth import ApiKeys
+from carpool.server.bursts import MAX_HOLD_S, Bursts
 from carpool.server.inference import Answer, Inference, Withdrawal
-from carpool.server.loop_bridge import MAX_HOLD_S, Bursts
 from carpool.server.messages import MAX_ELEMENTS, InferRequest
 from carpool.server.outcomes import error_status
 from carpool.server.registry import ModelNotFound, ModelUnavailable, ServedModel, server_metadata
@@ -135,7 +135,7 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         return codec.repository_index(self._registry.index(ready_only=request.ready))
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
-        """Held back a little while other calls arrive (:mod:`carpool.server.loop_bridge`),
+        """Held back a little while other calls arrive (:mod:`carpool.server.bursts`),
         so that calls sent together reach the batcher together, as REST's do. A call
         cancelled while held never reached the inference path and is not counted."""
         try:
@@ -225,7 +225,7 @@ class GrpcServer:
 
     grpc.aio runs on the app's loop, the batchers' (it used to have a thread and loop of
     its own, every call handed across and back: two thread wake-ups a call, and calls
-    reached the batcher one by one all the same; :class:`~carpool.server.loop_bridge.Bursts`
+    reached the batcher one by one all the same; :class:`~carpool.server.bursts.Bursts`
     is what gathers them)."""
 
     def __init__(
