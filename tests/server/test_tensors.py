@@ -12,6 +12,7 @@ import pytest
 from carpool.datatypes import FIXED_DTYPES
 from carpool.server.tensors import (
     array_from_json,
+    json_may_hold_booleans,
     array_from_wire,
     array_to_json,
     array_to_wire,
@@ -431,3 +432,21 @@ def test_numbers_without_booleans_refuse_what_the_checked_path_refuses(
     count = 3 if type(data[0]) is list else len(data)
     with pytest.raises(ValueError, match=re.escape(message)):
         array_from_json(data, datatype="FP32", count=count, name="x", booleans=False)
+
+
+@pytest.mark.parametrize(
+    ("text", "may"),
+    [
+        (b'{"data": [1.0, 2.0]}', False),
+        (b'{"parameters": {"binary_data_output": false}, "data": [1.0]}', False),  # tritonclient
+        (b'{"id": "is true", "data": [1]}', False),  # inside a string, after a space
+        (b'{"id": "[true", "data": [1]}', True),  # a string may fool it: the checked path
+        (b'{"data": [true]}', True),
+        (b'{"data": [1.0,\n  false]}', True),
+        (b'{"a": true, "data": [[0.5], [ true ]]}', True),
+        (b"", False),
+    ],
+)
+def test_json_may_hold_booleans_only_where_an_array_could(text: bytes, may: bool) -> None:
+    assert json_may_hold_booleans(text) is may
+    assert json_may_hold_booleans(memoryview(text)) is may

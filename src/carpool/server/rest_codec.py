@@ -46,6 +46,7 @@ from carpool.server.tensors import (
     array_to_json,
     array_to_wire,
     check_shape,
+    json_may_hold_booleans,
     raw_shape,
 )
 
@@ -173,7 +174,7 @@ def _read_header(text: bytes | memoryview, max_elements: int) -> _Header:
     binary_output = _expect_bool(
         parameters.pop("binary_data_output", False), "parameters.binary_data_output"
     )
-    inputs = _inputs(doc.get("inputs"), max_elements, _has_booleans(text))
+    inputs = _inputs(doc.get("inputs"), max_elements, json_may_hold_booleans(text))
     return _Header(request_id, parameters, inputs, _outputs(doc.get("outputs")), binary_output)
 
 
@@ -254,13 +255,6 @@ def _json_with_non_finite(header: memoryview, error: orjson.JSONDecodeError) -> 
         except (ValueError, RecursionError):  # a nesting bomb: the stdlib recurses
             pass
     raise ProtocolError(f"failed to parse the request JSON buffer: {error}", field="body")
-
-
-def _has_booleans(text: bytes | memoryview) -> bool:
-    # Whether a JSON text may hold a boolean anywhere: a search in C, so that number tensors
-    # can skip a type check per element when it holds none.
-    raw = text if isinstance(text, bytes) else bytes(text)  # a header: small
-    return b"true" in raw or b"false" in raw
 
 
 def _inputs(value: Any, max_elements: int, booleans: bool) -> tuple[_Input, ...]:
