@@ -12,13 +12,13 @@ import pytest
 from carpool.datatypes import FIXED_DTYPES
 from carpool.server.tensors import (
     array_from_json,
-    json_may_hold_booleans,
     array_from_wire,
     array_to_json,
     array_to_wire,
     check_shape,
     deserialize_bf16_tensor,
     deserialize_bytes_tensor,
+    json_may_hold_booleans,
     raw_shape,
     serialize_bf16_tensor,
     serialize_bytes_tensor,
