@@ -92,6 +92,17 @@ class Server:
     def stderr(self) -> str:
         return self.stderr_path.read_text(errors="replace")
 
+    def stderr_showing(self, text: str, count: int = 1) -> str:
+        """Its stderr once ``text`` is in it ``count`` times: access lines are written at the
+        end of the loop turn that answered, so a client can see its answer first."""
+        return str(
+            wait_until(
+                lambda: (log := self.stderr()).count(text) >= count and log,
+                f"{count} x {text!r} in the server's stderr",
+                within=10.0,
+            )
+        )
+
     # ------------------------------------------------------------ lifecycle
 
     def wait_ready(self) -> None:
