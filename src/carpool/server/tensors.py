@@ -267,15 +267,18 @@ def json_may_hold_booleans(text: bytes | memoryview) -> bool:
     ``[`` or ``,``; a parameter's follows ``:``): a few searches in C, so that
     :func:`array_from_json` can read numbers without a type check per element when not."""
     raw = text if isinstance(text, bytes) else bytes(text)
-    for token in (b"true", b"false"):
-        at = raw.find(token)
+    # A one-byte find is memchr, ten times a four-byte find over digits: look for the token's
+    # first letter, which numbers never hold, then at what is there.
+    for first, token in ((b"t", b"true"), (b"f", b"false")):
+        at = raw.find(first)
         while at != -1:
-            before = at - 1
-            while before >= 0 and raw[before] in b" \t\r\n":
-                before -= 1
-            if before >= 0 and raw[before] in b"[,":
-                return True
-            at = raw.find(token, at + 1)
+            if raw.startswith(token, at):
+                before = at - 1
+                while before >= 0 and raw[before] in b" \t\r\n":
+                    before -= 1
+                if before >= 0 and raw[before] in b"[,":
+                    return True
+            at = raw.find(first, at + 1)
     return False
 
 
