@@ -80,15 +80,24 @@ async def test_a_cancelled_held_call_leaves_the_others_waiting_and_its_slot() ->
 
     first = asyncio.ensure_future(in_flight())
     await asyncio.sleep(0)
-    gone = asyncio.ensure_future(call(bursts, order, 0))
-    kept = asyncio.ensure_future(call(bursts, order, 1))
+    withdrawn: list[int] = []
+
+    async def counted(i: int) -> int:
+        async with bursts.slot(may_wait=True, withdrawn=lambda: withdrawn.append(i)):
+            order.append(i)
+            return i
+
+    gone = asyncio.ensure_future(counted(0))
+    kept = asyncio.ensure_future(counted(1))
     await asyncio.sleep(0)
     gone.cancel()
     with pytest.raises(asyncio.CancelledError):
         await gone
+    assert withdrawn == [0]  # told, so the server counts it
     assert bursts.in_flight == 2
     assert await asyncio.gather(kept, call(bursts, order, 2)) == [1, 2]
     assert sorted(order) == [1, 2]  # the cancelled call never ran
+    assert withdrawn == [0]  # the others, let go, were not withdrawn
     blocker.set()
     await first
     assert bursts.in_flight == 0

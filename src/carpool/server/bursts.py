@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from types import TracebackType
 
 __all__ = ["MAX_BURST", "MAX_HOLD_S", "QUIET_S", "Bursts"]
@@ -57,10 +58,11 @@ class Bursts:
         self._timer: asyncio.TimerHandle | None = None  # ends it
         self._first = self._last = 0.0  # monotonic: its first and last arrivals
 
-    def slot(self, *, may_wait: bool) -> _Slot:
+    def slot(self, *, may_wait: bool, withdrawn: Callable[[], None] | None = None) -> _Slot:
         """``async with bursts.slot(may_wait=...):`` a call's life; entering it waits for
-        the call's burst when ``may_wait`` and other calls are in flight."""
-        return _Slot(self, may_wait)
+        the call's burst when ``may_wait`` and other calls are in flight. ``withdrawn`` is
+        called if the call is cancelled while it waits (so it can still be counted)."""
+        return _Slot(self, may_wait, withdrawn)
 
     def _join(self) -> asyncio.Future[None]:
         loop = asyncio.get_running_loop()
@@ -100,11 +102,14 @@ class Bursts:
 class _Slot:
     """One call's place in :class:`Bursts` (an async context manager)."""
 
-    __slots__ = ("_bursts", "_may_wait")
+    __slots__ = ("_bursts", "_may_wait", "_withdrawn")
 
-    def __init__(self, bursts: Bursts, may_wait: bool) -> None:
+    def __init__(
+        self, bursts: Bursts, may_wait: bool, withdrawn: Callable[[], None] | None
+    ) -> None:
         self._bursts = bursts
         self._may_wait = may_wait
+        self._withdrawn = withdrawn
 
     async def __aenter__(self) -> None:
         bursts = self._bursts
@@ -112,8 +117,10 @@ class _Slot:
         if self._may_wait and bursts.in_flight > 1:
             try:
                 await bursts._join()
-            except BaseException:
+            except BaseException as exc:
                 bursts.in_flight -= 1
+                if isinstance(exc, asyncio.CancelledError) and self._withdrawn is not None:
+                    self._withdrawn()
                 raise
 
     async def __aexit__(

@@ -137,9 +137,9 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         """Held back a little while other calls arrive (:mod:`carpool.server.bursts`),
         so that calls sent together reach the batcher together, as REST's do. A call
-        cancelled while held never reached the inference path and is not counted."""
+        cancelled while held never reached the inference path: it is counted here."""
         try:
-            async with self._bursts.slot(may_wait=_may_wait(context.time_remaining())):
+            async with self._slot(request, context):
                 # Read after the hold: the queue's timeout is what is left of the deadline.
                 return await self._infer(request, context.time_remaining())
         except Exception as exc:
@@ -157,7 +157,7 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
 
     async def _stream_one(self, request: Any, context: Any, writing: asyncio.Lock) -> None:
         try:
-            async with self._bursts.slot(may_wait=_may_wait(context.time_remaining())):
+            async with self._slot(request, context):
                 response = await self._infer(request, context.time_remaining())
             answer = pb.ModelStreamInferResponse(infer_response=response)
         except Exception as exc:
@@ -171,6 +171,19 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
             )  # fmt: skip
         async with writing:
             await context.write(answer)
+
+    def _slot(self, request: Any, context: Any) -> Any:
+        """The call's place in its burst; a call cancelled there counts as the inference
+        path counts a cancelled call (499), under its model if it has one."""
+        withdrawn = functools.partial(self._withdrawn_while_held, request)
+        return self._bursts.slot(may_wait=_may_wait(context.time_remaining()), withdrawn=withdrawn)
+
+    def _withdrawn_while_held(self, request: Any) -> None:
+        try:
+            served = self._registry.get(request.model_name, request.model_version or None)
+        except (ModelNotFound, ModelUnavailable):
+            return  # nothing to count it under, as for a call that reached the path
+        served.record(PROTOCOL, Status.CLIENT_CLOSED)
 
     def _served(self, request: Any) -> ServedModel:
         return self._registry.get(request.name, request.version or None)
