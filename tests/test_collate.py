@@ -552,3 +552,36 @@ def test_carpool_does_not_import_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("many", [True, False])
+@pytest.mark.parametrize(
+    "array",
+    [np.zeros((3, 4), np.float32), np.arange(2), np.float32(1.5)],
+    ids=["2-d", "1-d", "scalar"],
+)
+def test_a_one_array_dict_keys_and_counts_as_every_dict_does(
+    c: Collator, array: Any, many: bool
+) -> None:
+    # The one-array case has a shortcut (the server's every request): the same answers.
+    if many and np.ndim(array) == 0:
+        with pytest.raises(CollationError, match="needs a batch axis"):
+            c.key({"x": array}, many=True)
+        return
+    pair = c.key({"x": array, "y": array}, many)
+    assert c.key({"x": array}, many) == (dict, pair[1])
+    if np.ndim(array):
+        assert c.rows({"x": array}) == c.rows({"x": array, "y": array}) == len(array)
+
+
+def test_a_one_array_dict_takes_a_custom_array_handler() -> None:
+    class Tagged:
+        def key(self, collator: Collator, value: Any, many: bool, field: str) -> Hashable:
+            return ("tagged", value.dtype)
+
+        def rows(self, collator: Collator, value: Any, field: str) -> int:
+            return 7
+
+    collator = Collator(handlers={np.ndarray: Tagged()})  # type: ignore[dict-item]
+    assert collator.key({"x": np.zeros(3)}, many=True) == (dict, ("x", ("tagged", np.float64)))
+    assert collator.rows({"x": np.zeros(3)}) == 7

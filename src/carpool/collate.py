@@ -217,6 +217,10 @@ class _DictHandler:
     """Mappings: every key is collated on its own; all keys must carry the same rows."""
 
     def key(self, collator: Collator, value: Any, many: bool, field: str) -> Hashable:
+        if len(value) == 1:  # one array by name (every one-input model the server runs)
+            ((name, array),) = value.items()
+            if type(collator.handler(array)) is _ArrayHandler and (not many or array.ndim):
+                return (dict, (name, (np.ndarray, array.shape[many:], array.dtype)))
         # Sorted, so the same fields in another order (JSON from different clients) share a
         # batch; stack() reads values by key, never by position.
         try:
@@ -226,6 +230,10 @@ class _DictHandler:
         return (dict, *((k, collator.key(value[k], many, f"{field}[{k!r}]")) for k in names))
 
     def rows(self, collator: Collator, value: Any, field: str) -> int:
+        if len(value) == 1:
+            (array,) = value.values()
+            if type(collator.handler(array)) is _ArrayHandler and array.ndim:
+                return int(array.shape[0])
         counts = {k: collator.rows(v, f"{field}[{k!r}]") for k, v in value.items()}
         if not counts:
             raise CollationError("an empty dict carries no rows", field=field)
