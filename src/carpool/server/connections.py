@@ -4,10 +4,10 @@ connection limit.
 uvicorn closes a connection idle between requests (``timeout_keep_alive``, 5 s) but never
 one that is slow to send a request's headers: before this, 60 connections that sent half
 a request line stayed open indefinitely, and enough of them exhaust file descriptors. Here
-a timer starts when a connection opens and when a request's first byte arrives, and stops
-when its headers are complete; on expiry the connection closes, with a 408 if part of a
-request came and nothing is being answered. The body's own timeout is the app's
-(:mod:`carpool.server.bodies`).
+a timer starts when a connection opens and when a request's first bytes arrive without all
+of its headers, and stops when its headers are complete; on expiry the connection closes,
+with a 408 if part of a request came and nothing is being answered. The body's own
+timeout is the app's (:mod:`carpool.server.bodies`).
 
 Each request's scope also carries a :class:`~carpool.server.asgi.RequestWatch` (under
 ``extensions``): the parser marks it when the body is complete, and a lost connection marks
@@ -68,8 +68,13 @@ class _LimitedProtocol(HttpToolsProtocol):
         watch = RequestWatch()
         self._watches.append(watch)
         self.scope["extensions"] = {WATCH: {"request": watch}}
-        self._partial = True
-        if self._header_timer is None:  # a request after another on the same connection
+        self._partial = True  # the timer starts when this data is parsed (data_received)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        # A request after another on the same connection whose head is not all here: time
+        # it from now. One whose head came whole (the usual) never arms a timer at all.
+        if self._partial and self._header_timer is None and not self.transport.is_closing():
             self._start_header_timer()
 
     def on_message_complete(self) -> None:
