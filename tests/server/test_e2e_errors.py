@@ -673,6 +673,33 @@ def test_a_client_that_disconnects_while_queued_is_withdrawn(
     assert len(limited.batches_started("gated")) == started + 1
 
 
+def test_pipelined_requests_of_a_client_that_leaves_are_withdrawn(
+    limited: Server, threads: ThreadPoolExecutor
+) -> None:
+    """Two requests pipelined on one connection, then the connection closes while the first
+    waits in the queue: it is withdrawn, and the second never reaches the model."""
+    started = len(limited.batches_started("gated"))
+    with limited.gate_closed("gated"):
+        held = threads.submit(limited.infer_alone, "gated", float_request(7.0))
+        limited.wait_queued("gated", pending=1, queued_rows=0)
+        pipelined = b""
+        for value in (8.0, 9.0):
+            body = json.dumps(float_request(value)).encode()
+            pipelined += (
+                "POST /v2/models/gated/infer HTTP/1.1\r\nHost: x\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode() + body
+        with socket.create_connection(("127.0.0.1", limited.port)) as sock:
+            sock.sendall(pipelined)
+            limited.wait_queued("gated", pending=2, queued_rows=1)
+        wait_until(
+            lambda: limited.stats("gated")["pending"] == 1, "the request to be withdrawn", 5.0
+        )
+    assert held.result().json()["outputs"][0]["data"] == [7.0]
+    assert len(limited.batches_started("gated")) == started + 1  # 8.0 and 9.0 never ran
+    assert limited.stats("gated")["pending"] == 0
+
+
 # ---------------------------------------------------------------- compressed bodies
 
 
