@@ -219,8 +219,10 @@ class _DictHandler:
     def key(self, collator: Collator, value: Any, many: bool, field: str) -> Hashable:
         if len(value) == 1:  # one array by name (every one-input model the server runs)
             ((name, array),) = value.items()
-            if type(collator.handler(array)) is _ArrayHandler and (not many or array.ndim):
-                return (dict, (name, (np.ndarray, array.shape[many:], array.dtype)))
+            handler = collator.handler(array)
+            if type(handler) is _ArrayHandler and (not many or array.ndim):
+                # The array's own key, without the sort and the field name only errors use.
+                return (dict, (name, handler.key(collator, array, many, field)))
         # Sorted, so the same fields in another order (JSON from different clients) share a
         # batch; stack() reads values by key, never by position.
         try:
@@ -232,8 +234,9 @@ class _DictHandler:
     def rows(self, collator: Collator, value: Any, field: str) -> int:
         if len(value) == 1:
             (array,) = value.values()
-            if type(collator.handler(array)) is _ArrayHandler and array.ndim:
-                return int(array.shape[0])
+            handler = collator.handler(array)
+            if type(handler) is _ArrayHandler and array.ndim:
+                return handler.rows(collator, array, field)
         counts = {k: collator.rows(v, f"{field}[{k!r}]") for k, v in value.items()}
         if not counts:
             raise CollationError("an empty dict carries no rows", field=field)

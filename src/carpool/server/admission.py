@@ -155,10 +155,7 @@ def _preprocess(model: Model, value: dict[str, Any], rows: int) -> dict[str, Any
 
 
 def _rows(request: InferRequest) -> int:
-    if len(request.inputs) == 1:
-        counts = {request.inputs[0].name: request.inputs[0].shape[0]}
-    else:
-        counts = {i.name: i.shape[0] for i in request.inputs}
+    counts = {i.name: i.shape[0] for i in request.inputs}
     if len(set(counts.values())) > 1:
         raise ProtocolError(
             f"inputs disagree on the batch size (first dimension): {counts}", field="inputs"
@@ -251,8 +248,7 @@ def respond(
 ) -> list[tuple[OutputTensor, bool]]:
     """Response tensors for the requested outputs; :class:`ModelOutputError` if one is
     missing or unlike the model's declaration."""
-    specs = model.output_specs
-    declared = {specs[0].name: specs[0]} if len(specs) == 1 else {t.name: t for t in specs}
+    declared = {t.name: t for t in model.output_specs}
     tensors = []
     for name, binary in admitted.outputs:
         if name not in result:

@@ -199,9 +199,9 @@ def array_from_json(
 
     Elements must be of the JSON type the datatype takes: true/false for BOOL, integers in
     range for integer types, numbers for floats, strings for BYTES (UTF-8 encoded). Nothing
-    wraps or truncates silently. BF16 has no JSON form. ``booleans=False`` says the JSON
-    text held no ``true`` or ``false`` at all, which lets numbers skip a per-element type
-    check. Raises ``ValueError``.
+    wraps or truncates silently. BF16 has no JSON form. ``booleans=False`` says no array of
+    the JSON text holds a ``true`` or ``false`` (:func:`json_may_hold_booleans`), which
+    lets numbers skip a per-element type check. Raises ``ValueError``.
     """
     if not booleans and datatype in _FLOAT_TYPES and type(data) is list:
         fast = _floats_without_booleans(data, datatype, count)
