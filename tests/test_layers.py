@@ -32,7 +32,16 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "carpool"
 # name that contains it (``runners.threads`` before ``runners``).
 LAYERS: list[tuple[str, ...]] = [
     # stdlib and numpy only
-    ("errors", "datatypes", "envflags", "cost", "blocking", "transport", "runners.threads"),
+    (
+        "errors",
+        "datatypes",
+        "envflags",
+        "cost",
+        "blocking",
+        "transport",
+        "lifelines",
+        "runners.threads",
+    ),
     ("stats", "collate", "queue", "padding"),  # pure data structures
     ("policy", "adaptive"),  # when to dispatch: pure decisions
     ("inflight", "executor"),  # the books of batches in flight; running one batch
@@ -57,6 +66,8 @@ LAYERS: list[tuple[str, ...]] = [
         "server.config",
         "server.logs",
         "server.bursts",
+        "server.links",
+        "server.zygote",
         "server.openapi",
         "server.registry",
     ),
@@ -64,8 +75,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("server.admission", "server.rest_codec", "server.grpc_codec"),  # wire <-> records
     ("server.outcomes", "server.metrics"),  # exceptions -> statuses; Prometheus
     ("server.inference",),  # the one path: ready, admit, batch, respond, record, time
+    ("server.hub", "server.remote"),  # front-end processes: the main's end, a front end's
     ("server.openai",),  # OpenAI's bodies on that path
     ("server.app", "server.grpc_service"),  # the REST and gRPC front ends
+    ("server.spread",),  # the main process with front ends: fork, replace, drain
     ("server.serve",),  # the process: bind, serve, drain
     ("bench",),  # the load generator (a v2 client; runs models in process too)
     ("tour", "cli", "__main__"),  # commands

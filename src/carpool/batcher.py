@@ -363,17 +363,33 @@ class Batcher:
         Its rows share batches with other requests; more than ``max_batch_size`` rows are
         split over several batches and reassembled in order.
         """
-        loop = self._check_loop()
-        rows = self._collator.rows(xs)
-        if rows < 1:
-            raise CollationError("infer_many needs at least one row, got 0", field="input")
-        fut = loop.create_future()
-        request = self._admit(xs, timeout_ms, priority, fut, rows)
+        fut = self._check_loop().create_future()
+        withdraw = self.enqueue(xs, fut, timeout_ms=timeout_ms, priority=priority)
         try:
             return await fut
         except asyncio.CancelledError:
-            self._resolver.cancel(request)
+            withdraw()
             raise
+
+    def enqueue(
+        self,
+        xs: Any,
+        future: asyncio.Future[Any],
+        *,
+        timeout_ms: float | None = None,
+        priority: int = 0,
+    ) -> Callable[[], None]:
+        """``infer_many`` without a coroutine: ``xs``'s outputs (or its error) arrive
+        through ``future``, a future of this batcher's loop; call what it returns to
+        withdraw the request (dropped if still queued). For a caller that answers many
+        requests from one task (front-end processes, :mod:`carpool.server.hub`): a task a
+        request would cost more than the rest of its trip. Raises as ``infer_many``
+        refuses at admission."""
+        self._check_loop()
+        rows = self._collator.rows(xs)
+        if rows < 1:
+            raise CollationError("infer_many needs at least one row, got 0", field="input")
+        return partial(self._resolver.cancel, self._admit(xs, timeout_ms, priority, future, rows))
 
     def submit(
         self, x: Any, *, timeout_ms: float | None = None, priority: int = 0

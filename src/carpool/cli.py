@@ -126,6 +126,13 @@ _SETTING_FLAGS: tuple[Flag, ...] = (
         int,
         "HTTP connections served at once; requests on more get 503; 0: no limit [1000]",
     ),
+    (
+        "--frontends",
+        int,
+        "front-end processes that serve HTTP and gRPC connections (reading, keys, decoding, "
+        "encoding) around one batcher per model in the main process; one per spare core "
+        "when the server's own CPU is the limit; 1: one process does both [1]",
+    ),
     ("--log-level", str, "debug, info, warning, error or critical [info]"),
     ("--log-format", str, "text, or json for one object per line [text]"),
     ("--access-log", parse_bool, "log every request (true/false) [true]"),
@@ -153,6 +160,7 @@ _SERVER_KEYS = {
     "header_timeout": "header_timeout_s",
     "body_timeout": "body_timeout_s",
     "limit_concurrency": "limit_concurrency",
+    "frontends": "frontends",
 }
 API_KEY_ENV = "CARPOOL_API_KEY"  # comma-separated; from a Secret, out of sight of `ps`
 _BATCHING_KEYS = (

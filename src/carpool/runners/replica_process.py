@@ -17,26 +17,20 @@ Messages (tuples over the pipe), parent -> replica: ``("run", inputs, out_name)`
 
 from __future__ import annotations
 
-import ctypes
-import importlib
 import os
 import pickle
 import signal
 import sys
-import threading
-import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from carpool.lifelines import die_with_parent, set_title
 from carpool.runners.replicas import load_replica
 from carpool.transport import Attached, Channel, decode, plan
 
 __all__ = ["replica_main"]
-
-PR_SET_NAME = 15
-PR_SET_PDEATHSIG = 1
 
 
 def replica_main(
@@ -51,7 +45,7 @@ def replica_main(
     ``warmup`` come pickled so that a spec that cannot be unpickled here is reported as a
     load failure with its reason."""
     conn = Channel(*ends)
-    _die_with_parent(parent)
+    die_with_parent(parent)
     _set_title(title)
     # Ctrl-C, and a SIGTERM sent to the whole process group (``kill -- -PGID``, an init
     # system), reach the replicas too: the parent drains, then stops them itself.
@@ -114,38 +108,6 @@ def _pickled(exc: Exception) -> bytes:
         return pickle.dumps(RuntimeError(f"{name}: {exc}"))
 
 
-def _die_with_parent(parent: int) -> None:
-    """Exit when the parent dies, even if it is SIGKILLed while the model is busy."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
-            if os.getppid() != parent:  # it died before prctl took effect
-                os._exit(1)
-            return
-    except (OSError, AttributeError):
-        pass
-    watcher = threading.Thread(target=_watch_parent, args=(parent,), daemon=True)
-    watcher.start()
-
-
-def _watch_parent(parent: int) -> None:
-    while os.getppid() == parent:
-        time.sleep(0.5)
-    os._exit(1)
-
-
 def _set_title(title: str) -> None:
-    """Name the process for ``ps``: setproctitle when installed (the full title in
-    ``ps aux``), else the kernel's 15-character name (``ps -e``, ``top``)."""
-    try:
-        setproctitle = importlib.import_module("setproctitle")
-        setproctitle.setproctitle(title)
-    except ImportError:
-        pass
-    try:
-        libc = ctypes.CDLL(None)
-        name = title.removeprefix("carpool-worker ")
-        short = f"carpool {name}" if len(name) <= 7 else name  # the kernel keeps 15 bytes
-        libc.prctl(PR_SET_NAME, short.encode()[:15], 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    name = title.removeprefix("carpool-worker ")
+    set_title(title, f"carpool {name}" if len(name) <= 7 else name)  # the kernel keeps 15

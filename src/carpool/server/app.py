@@ -20,7 +20,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from carpool.errors import ConfigError, WorkerStartError
+from carpool.errors import ConfigError
 from carpool.model import Model
 from carpool.server import openai, openapi
 from carpool.server.asgi import (
@@ -126,39 +126,23 @@ class App:
                 return
 
     async def startup(self) -> None:
-        """Start every model's batcher on this loop. A model whose worker processes all
-        failed to load is unavailable, with the reason, like a broken repository folder;
-        the others serve (and if none is left, startup fails). A failed startup closes the
-        batchers it started (and with them their worker processes)."""
+        """Start every model's batcher on this loop (:meth:`Registry.start`), then the
+        gRPC server. A failed startup closes the batchers it started (and with them their
+        worker processes)."""
+        self._started = await self.registry.start()
         try:
-            await self._start()
+            if self._grpc is not None:
+                try:
+                    await self._grpc.start()
+                except Exception:
+                    self._grpc = None  # it never listened: nothing of it to drain
+                    raise
         except Exception:
             await self.shutdown()  # the batchers just started, idle: they close at once
             raise
-        for served in self.registry:
-            log.info("serving model %r: %s", served.name, served.describe())
-        for failure in self.registry.load_failures.values():
-            log.error("model %r is unavailable: %s", failure.name, failure.reason)
-
-    async def _start(self) -> None:
-        for served in list(self.registry):
-            try:
-                await served.batcher.__aenter__()
-            except WorkerStartError as exc:
-                self.registry.fail(served.name, exc.reason)
-                continue
-            self._started.append(served)
-        if not self._started:
-            failures = self.registry.load_failures.values()
-            problems = "; ".join(f"{f.name}: {f.reason}" for f in failures)
-            raise ConfigError(f"no model could start ({problems})")
-        if self._grpc is not None:
-            try:
-                await self._grpc.start()
-            except Exception:
-                self._grpc = None  # it never listened: nothing of it to drain
-                raise
         self.registry.ready = True
+        if self.registry.local:  # else the main process said it, once for every front end
+            self.registry.describe()
 
     def begin_drain(self) -> None:
         """Not ready any more, and the drain timeout starts now: it bounds the whole drain
@@ -178,12 +162,9 @@ class App:
         assert self._drain_deadline is not None
         left = max(0.0, self._drain_deadline - time.monotonic())
         started, self._started = self._started, []
-        await asyncio.gather(*(served.batcher.aclose(timeout=left) for served in started))
+        await self.registry.close(started, timeout=left)
         if self._grpc is not None:  # its calls were answered as their batchers closed
             await self._grpc.wait_stopped()
-        for served in started:
-            if served.model.batching.latency_slo_ms is not None:
-                log.info("model %r learned: %s", served.name, served.batcher.learned())
 
     # ------------------------------------------------------------- http
 
@@ -226,6 +207,7 @@ class App:
     ) -> int:
         if parts == ["metrics"]:
             _allow(method, "GET")
+            await self.registry.refresh()
             body = self.metrics.render()
             await send_response(send, 200, body, [(b"content-type", self.metrics.content_type)])
             return 200
@@ -262,6 +244,7 @@ class App:
     ) -> int:
         if rest == ["stats"]:
             _allow(method, "GET")
+            await self.registry.refresh()
             return await send_json(
                 send, 200, {"model_stats": [m.statistics() for m in self.registry]}
             )
@@ -293,6 +276,7 @@ class App:
             return await send_json(send, Status.UNAVAILABLE, not_ready)
         if action == "config":
             return await send_json(send, 200, served.config())
+        await self.registry.refresh()
         return await send_json(send, 200, {"model_stats": [served.statistics()]})
 
     async def _infer(

@@ -16,6 +16,8 @@ from carpool.model import Model
 
 __all__ = ["ServerConfig"]
 
+_MAX_FRONTENDS = 256  # processes; more is a typo, not a host
+
 
 @dataclass(frozen=True)
 class ServerConfig:
@@ -37,6 +39,9 @@ class ServerConfig:
     header_timeout_s: float = 10.0  # a slow client's headers: 10 s (Apache's is 20-40 s)
     body_timeout_s: float = 30.0  # the whole body: 64 MiB at ~2 MB/s, as long as a drain
     limit_concurrency: int = 1000  # connections at once, then 503; under 1024 fds; 0: none
+    # Processes that serve connections, around one batcher per model (carpool.server.spread);
+    # 1: this process does both, as before front ends existed.
+    frontends: int = 1
     models: tuple[Model, ...] = field(default_factory=tuple)
     unavailable: tuple[LoadFailure, ...] = ()  # repository models that failed to load
 
@@ -91,6 +96,13 @@ def _check_access(config: ServerConfig) -> None:
     ):
         if not seconds > 0:
             raise ConfigError(f"{flag} must be > 0 seconds, got {seconds}")
+    if isinstance(config.frontends, bool) or not isinstance(config.frontends, int):
+        raise ConfigError(f"--frontends must be a whole number, got {config.frontends!r}")
+    if not 1 <= config.frontends <= _MAX_FRONTENDS:
+        raise ConfigError(
+            f"--frontends must be in 1..{_MAX_FRONTENDS} (1: one process serves and batches), "
+            f"got {config.frontends}"
+        )
     if config.limit_concurrency < 0:
         raise ConfigError(
             f"--limit-concurrency must be >= 0 (0: no limit), got {config.limit_concurrency}"

@@ -126,6 +126,7 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
 
     @_unary
     async def ModelStatistics(self, request: Any, left_s: float | None) -> Any:
+        await self._registry.refresh()
         if not request.name:
             return codec.model_statistics([m.statistics() for m in self._registry])
         return codec.model_statistics([self._served(request).statistics()])
@@ -249,8 +250,10 @@ class GrpcServer:
         max_message_bytes: int,
         api_keys: ApiKeys | None = None,
         tls: tuple[str, str] | None = None,
+        share_port: bool = False,
     ) -> None:
         self._inference = inference
+        self._share_port = share_port  # front-end processes: each listens on the one port
         self.address = address
         self._max_message_bytes = max_message_bytes  # REST's --max-body-bytes
         self._api_keys = api_keys  # REST's keys; None: every call is open
@@ -269,8 +272,9 @@ class GrpcServer:
                 ("grpc.max_receive_message_length", self._max_message_bytes),
                 ("grpc.max_send_message_length", -1),  # as REST: responses are not limited
                 # Never share a port with another process (grpc's default on Linux would
-                # split the calls between two servers without a word).
-                ("grpc.so_reuseport", 0),
+                # split the calls between two servers without a word), except with the
+                # server's other front ends, among which the kernel spreads connections.
+                ("grpc.so_reuseport", int(self._share_port)),
             ],
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(self._inference), server)

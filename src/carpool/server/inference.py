@@ -6,8 +6,8 @@ A front end hands :meth:`Inference.infer` the model's name and version, its ``de
 (:class:`Withdrawal`); the path does the rest, in this order: readiness, decode, admit
 (:func:`~carpool.server.admission.admit`), batch (withdrawn when the client goes, the call
 is cancelled or its deadline passes), respond (:func:`~carpool.server.admission.respond`),
-encode, record the outcome (``served.record(protocol, status)``, statuses by
-:func:`~carpool.server.outcomes.error_status`) and time it (``served.request_seconds``).
+encode, record the outcome and time it (``served.record(protocol, status, seconds)``,
+statuses by :func:`~carpool.server.outcomes.error_status`).
 Decode and encode run inside the path so that a request refused while decoding, or whose
 answer cannot be encoded, counts under its model, as every other outcome does.
 
@@ -122,8 +122,7 @@ class Inference:
         except Exception as exc:
             served.record(protocol, error_status(exc).status)
             raise
-        served.record(protocol, Status.OK)
-        served.request_seconds += time.perf_counter() - started
+        served.record(protocol, Status.OK, time.perf_counter() - started)
         return encoded
 
     async def _answer(

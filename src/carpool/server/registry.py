@@ -12,20 +12,22 @@ the app or anything of HTTP.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from importlib.metadata import version as _version
-from typing import Any
+from typing import Any, Protocol
 
-from carpool.batcher import Batcher
-from carpool.errors import CarpoolError
+from carpool.errors import CarpoolError, ConfigError, WorkerStartError
 from carpool.loading import LoadFailure
 from carpool.model import Model, Tensor
 from carpool.stats import BatcherStats
 
 __all__ = ["ModelNotFound", "ModelUnavailable", "Registry", "ServedModel", "server_metadata"]
 
+log = logging.getLogger("carpool.server")
 VERSION = _version("carpool")  # from the installed metadata: pyproject.toml holds it once
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "schedule_policy"]
 
@@ -75,25 +77,43 @@ def _duration(count: int, seconds: float) -> dict[str, int]:
     return {"count": count, "ns": int(seconds * 1e9)}
 
 
+class ServedBatcher(Protocol):
+    """What the server asks of a model's batcher: a :class:`~carpool.batcher.Batcher`, or
+    in a front-end process its link to the one in the main process
+    (:class:`carpool.server.remote.RemoteBatcher`)."""
+
+    async def __aenter__(self) -> Any: ...
+    async def aclose(self, *, timeout: float | None = None) -> None: ...  # noqa: ASYNC109
+    async def infer_many(
+        self, xs: Any, *, timeout_ms: float | None = None, priority: int = 0
+    ) -> Any: ...
+    def stats(self) -> BatcherStats: ...
+    def learned(self) -> str: ...
+    @property
+    def workers_alive(self) -> int: ...
+
+
 class ServedModel:
     """One model behind the server: its signature, its batcher, its request outcomes."""
 
-    def __init__(self, model: Model) -> None:
+    def __init__(self, model: Model, batcher: ServedBatcher | None = None) -> None:
         if model.name is None:
             raise ValueError("a served model needs a name")
         self.model = model
         self.name: str = model.name
         self.version = model.version
-        self.batcher: Batcher = model.batcher()
+        self.batcher: ServedBatcher = model.batcher() if batcher is None else batcher
         # protocol ("http", "grpc", ...) -> HTTP status (gRPC's too: its code follows) -> requests
         self.statuses: defaultdict[str, Counter[int]] = defaultdict(Counter)
         self.request_seconds = 0.0  # summed over successful requests, for Triton's stats
         self.created = int(time.time())  # Unix seconds: OpenAI's /v1/models "created"
 
-    def record(self, protocol: str, status: int) -> None:
+    def record(self, protocol: str, status: int, seconds: float = 0.0) -> None:
         """One request that came by ``protocol`` (any name: a label in ``/metrics``) and
-        ended in ``status``, :func:`~carpool.server.outcomes.error_status`'s."""
+        ended in ``status``, :func:`~carpool.server.outcomes.error_status`'s, after
+        ``seconds`` (counted for successes only, as Triton's statistics do)."""
         self.statuses[protocol][status] += 1
+        self.request_seconds += seconds
 
     def describe(self) -> str:
         model = self.model
@@ -232,12 +252,19 @@ class Registry:
     listed in the index, and asked for by name they are :class:`ModelUnavailable`.
     """
 
-    def __init__(self, models: Sequence[Model], load_failures: Sequence[LoadFailure] = ()) -> None:
+    local = True  # the batchers are in this process (a front end's are the main one's)
+
+    def __init__(
+        self,
+        models: Sequence[Model],
+        load_failures: Sequence[LoadFailure] = (),
+        serve: Callable[[Model], ServedModel] = ServedModel,
+    ) -> None:
         self.load_failures = {failure.name: failure for failure in load_failures}
         self.ready = False  # true between the app's startup and the start of its drain
         self._models: dict[str, ServedModel] = {}
         for model in models:
-            served = ServedModel(model)
+            served = serve(model)
             if served.name in self._models:
                 raise ValueError(
                     f"two models are named {served.name!r}; give one another name (--name)"
@@ -254,6 +281,48 @@ class Registry:
 
     def __len__(self) -> int:
         return len(self._models)
+
+    async def start(self) -> list[ServedModel]:
+        """Start every model's batcher on this loop: the started ones. A model whose worker
+        processes all failed to load is unavailable from now on (:meth:`fail`), with the
+        reason, like a broken repository folder; if none is left, ConfigError. An
+        unexpected failure closes the batchers already started."""
+        started: list[ServedModel] = []
+        try:
+            for served in list(self):
+                try:
+                    await served.batcher.__aenter__()
+                except WorkerStartError as exc:
+                    self.fail(served.name, exc.reason)
+                    continue
+                started.append(served)
+        except BaseException:
+            await self.close(started, timeout=0.0)
+            raise
+        if not started:
+            problems = "; ".join(f"{f.name}: {f.reason}" for f in self.load_failures.values())
+            raise ConfigError(f"no model could start ({problems})")
+        return started
+
+    async def close(self, started: Sequence[ServedModel], *, timeout: float) -> None:  # noqa: ASYNC109 - a drain bound
+        """Close the batchers of ``started``: each finishes what it accepted within
+        ``timeout`` seconds, then answers what is left with 503. Logs what an adaptive
+        policy learned."""
+        await asyncio.gather(*(served.batcher.aclose(timeout=timeout) for served in started))
+        for served in started:
+            if self.local and served.model.batching.latency_slo_ms is not None:
+                log.info("model %r learned: %s", served.name, served.batcher.learned())
+
+    def describe(self) -> None:
+        """Log what is served, how, and what is not and why."""
+        for served in self:
+            log.info("serving model %r: %s", served.name, served.describe())
+        for failure in self.load_failures.values():
+            log.error("model %r is unavailable: %s", failure.name, failure.reason)
+
+    async def refresh(self) -> None:
+        """Bring the counts up to date before they are shown: here they always are; a
+        front-end process's registry gathers every front end's from the main process."""
 
     def is_ready(self) -> bool:
         """The server is ready: started, not draining, and every model has a worker."""

@@ -17,15 +17,19 @@ import logging
 import math
 import os
 import signal
+import socket
 import sys
 import threading
 import time
+from functools import partial
 from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
 import uvicorn
 
 from carpool.errors import ConfigError
+from carpool.lifelines import set_title
+from carpool.loading import LoadFailure
 from carpool.server.app import App
 from carpool.server.auth import ApiKeys
 from carpool.server.config import ServerConfig
@@ -33,6 +37,8 @@ from carpool.server.connections import protocol_class
 from carpool.server.inference import Inference
 from carpool.server.logs import configure_logging
 from carpool.server.registry import Registry
+from carpool.server.remote import FrontEndRegistry, Upstream
+from carpool.server.spread import serve_spread
 
 if TYPE_CHECKING:
     from carpool.server.grpc_service import GrpcServer
@@ -48,9 +54,20 @@ log = logging.getLogger("carpool.server")
 _GC_THRESHOLDS = (10_000, 10, 10)
 
 
-def build_app(config: ServerConfig) -> App:
-    """The REST app for ``config``, holding the gRPC server when ``grpc_port`` is not 0."""
-    inference = Inference(Registry(config.models, load_failures=config.unavailable))
+def _loop() -> str:
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return "asyncio"
+    return "uvloop"
+
+
+def build_app(config: ServerConfig, registry: Registry | None = None) -> App:
+    """The REST app for ``config``, holding the gRPC server when ``grpc_port`` is not 0;
+    over ``registry`` (a front end's), else a registry of ``config``'s models."""
+    if registry is None:
+        registry = Registry(config.models, load_failures=config.unavailable)
+    inference = Inference(registry)
     api_keys = ApiKeys(config.api_keys) if config.api_keys else None
     return App(
         inference,
@@ -79,6 +96,7 @@ def _grpc_server(
         max_message_bytes=config.max_body_bytes,  # REST's body limit, for gRPC's messages
         api_keys=api_keys,
         tls=tls,
+        share_port=config.frontends > 1,  # every front end listens on the one port
     )
 
 
@@ -123,23 +141,48 @@ def _stuck_threads(within_s: float) -> list[str]:
 def serve(config: ServerConfig) -> NoReturn:
     """Run the server until a signal, then end the process with its exit code."""
     configure_logging(config.log_level, config.access_log, config.log_format)
+    if config.frontends > 1:
+        try:
+            code = serve_spread(config, _front_end)
+        except ConfigError as exc:  # the port is taken
+            log.error("startup failed: %s", exc)
+            code = 2
+        _exit_now(_after_drain(code))
     app = build_app(config)
-    # The models' weights, tokenizers and modules live as long as the process: out of the
-    # collector's sight, a full collection no longer walks them (on minilm that was a
-    # 100-160 ms pause of every request in flight, every ~12 s).
-    gc.freeze()
-    gc.set_threshold(*_GC_THRESHOLDS)
-    try:
-        import uvloop  # noqa: F401
+    server = _server(app, config)
+    _run(server)
+    # A start that failed on settings (no model could start: Ray unreachable, say) is a
+    # usage error, like a bad flag: 2.
+    code = 0 if server.started else 2 if isinstance(app.startup_error, ConfigError) else 1
+    _exit_now(_after_drain(code))
 
-        loop = "uvloop"
-    except ImportError:
-        loop = "asyncio"
+
+def _front_end(
+    config: ServerConfig,
+    listening: socket.socket,
+    index: int,
+    link: socket.socket,
+    failures: list[LoadFailure],
+) -> NoReturn:
+    """A front-end process (forked by the zygote): the whole server on ``listening``, its
+    models' batchers the main process's, over ``link``."""
+    set_title(f"carpool: frontend#{index}", f"frontend#{index}")
+    upstream = Upstream()
+    app = build_app(config, FrontEndRegistry(config.models, failures, upstream, link))
+    server = _server(app, config)
+    # The main process is gone: nothing is left to serve; drain (every request in flight
+    # was answered 503 as the link went) and end.
+    upstream.on_lost = partial(server.handle_exit, signal.SIGTERM, None)
+    _run(server, sockets=[listening])
+    _exit_now(0 if server.started else 1)
+
+
+def _server(app: App, config: ServerConfig) -> _Server:
     uv_config = uvicorn.Config(
         app,
         host=config.host,
         port=config.port,
-        loop=loop,
+        loop=_loop(),
         http=protocol_class(
             header_timeout_s=config.header_timeout_s, limit_concurrency=config.limit_concurrency
         ),
@@ -155,18 +198,27 @@ def serve(config: ServerConfig) -> NoReturn:
         timeout_graceful_shutdown=math.ceil(config.drain_timeout_s),
         server_header=False,
     )
-    server = _Server(uv_config, app)
+    return _Server(uv_config, app)
+
+
+def _run(server: _Server, sockets: list[socket.socket] | None = None) -> None:
+    """Serve until a signal and its drain: on ``sockets``, else on the configured port."""
+    # The models' weights, tokenizers and modules live as long as the process: out of the
+    # collector's sight, a full collection no longer walks them (on minilm that was a
+    # 100-160 ms pause of every request in flight, every ~12 s).
+    gc.freeze()
+    gc.set_threshold(*_GC_THRESHOLDS)
     with contextlib.suppress(SystemExit):  # uvicorn exits 3 when startup fails; we say why
-        server.run()
-    # A start that failed on settings (no model could start: Ray unreachable, say) is a
-    # usage error, like a bad flag: 2.
-    code = 0 if server.started else 2 if isinstance(app.startup_error, ConfigError) else 1
+        server.run(sockets=sockets)
+
+
+def _after_drain(code: int) -> int:
     stuck = _stuck_threads(within_s=1.0)
     if stuck:
         # A model call that never returned: its worker thread would keep the interpreter
         # from exiting, and the drain already answered its requests with 503.
         log.error("model calls still running in %s after the drain; exiting anyway", stuck)
-    _exit_now(code)
+    return code
 
 
 def _exit_now(code: int) -> NoReturn:
