@@ -47,6 +47,7 @@ FLAGS = {
     "--header-timeout": "CARPOOL_HEADER_TIMEOUT",
     "--body-timeout": "CARPOOL_BODY_TIMEOUT",
     "--limit-concurrency": "CARPOOL_LIMIT_CONCURRENCY",
+    "--frontends": "CARPOOL_FRONTENDS",
 }
 
 

@@ -72,7 +72,7 @@ def serve_spread(config: ServerConfig, entry: Entry) -> int:
     # One shared-memory tracker for every process: each segment is unlinked by its writer,
     # and whatever a killed process leaves is unlinked when the last of them ends.
     resource_tracker.ensure_running()
-    zygote = Zygote(partial(entry, config, listening))
+    zygote = Zygote(partial(entry, config), listening)
     listening.close()  # the zygote and the front ends hold it; here nothing accepts
     try:
         registry = Registry(config.models, load_failures=config.unavailable)
@@ -181,6 +181,7 @@ class _Primary:
         for task in self._respawns:
             task.cancel()
         self._kill_front_ends(signal.SIGTERM)
+        self._zygote.close_listening()
         if not self._pids:
             self._all_gone.set()
         self._stop.set()
