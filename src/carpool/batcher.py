@@ -28,7 +28,7 @@ from dataclasses import replace
 from functools import partial
 from threading import get_ident as _get_ident
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Protocol, Self
 
 from carpool.blocking import Portal
 from carpool.collate import Collator
@@ -47,6 +47,14 @@ from carpool.warmup import ModelTimes, learned, warm_up
 __all__ = ["Batcher"]
 
 log = logging.getLogger("carpool")
+
+
+class Settable(Protocol):
+    """Where a request's outcome goes: an asyncio future, or a caller's own receiver."""
+
+    def set_result(self, value: Any, /) -> None: ...
+    def set_exception(self, exception: BaseException, /) -> None: ...
+
 
 _Future = asyncio.Future  # what loop.create_future() makes, without its Python frame
 _ANY_PRIORITY = -(2**63)  # priorities are any int; the check is for the type
@@ -374,13 +382,14 @@ class Batcher:
     def enqueue(
         self,
         xs: Any,
-        future: asyncio.Future[Any],
+        future: Settable,
         *,
         timeout_ms: float | None = None,
         priority: int = 0,
     ) -> Callable[[], None]:
         """``infer_many`` without a coroutine: ``xs``'s outputs (or its error) arrive
-        through ``future``, a future of this batcher's loop; call what it returns to
+        through ``future``: an asyncio future of this batcher's loop, or anything with its
+        ``set_result`` and ``set_exception``, called on the loop; call what it returns to
         withdraw the request (dropped if still queued). For a caller that answers many
         requests from one task (front-end processes, :mod:`carpool.server.hub`): a task a
         request would cost more than the rest of its trip. Raises as ``infer_many``

@@ -69,6 +69,28 @@ class _Query:
         self.timer: asyncio.TimerHandle | None = None
 
 
+class _Answer:
+    """Where the batcher puts one request's outcome: straight onto its front end's link
+    (no asyncio future, no callback a turn later)."""
+
+    __slots__ = ("front_end", "rid")
+
+    def __init__(self, front_end: _FrontEnd, rid: int) -> None:
+        self.front_end = front_end
+        self.rid = rid
+
+    def set_result(self, value: Any) -> None:
+        front_end = self.front_end
+        if front_end.inflight.pop(self.rid, None) is not None:
+            front_end.link.post_value((RESULT, self.rid), value)  # type: ignore[union-attr]
+
+    def set_exception(self, exc: BaseException) -> None:
+        front_end = self.front_end
+        front_end.inflight.pop(self.rid, None)
+        if front_end.link is not None and not front_end.link.lost:
+            front_end.link.post((ERROR, self.rid, pickled_error(exc)))
+
+
 class Hub:
     """The links to the front ends, over the started batchers of ``registry``."""
 
@@ -127,28 +149,14 @@ class Hub:
 
     def _infer(self, front_end: _FrontEnd, op: Op, value: Any) -> None:
         _, rid, name, timeout_ms, priority = op
-        link = front_end.link
-        assert link is not None
-        future = asyncio.get_running_loop().create_future()
+        answer = _Answer(front_end, rid)
         try:
             batcher = cast(Batcher, self.registry.get(name).batcher)  # the main's are real
-            withdraw = batcher.enqueue(value, future, timeout_ms=timeout_ms, priority=priority)
+            withdraw = batcher.enqueue(value, answer, timeout_ms=timeout_ms, priority=priority)
         except Exception as exc:  # refused at admission: full, closing, overloaded
-            link.post((ERROR, rid, pickled_error(exc)))
+            answer.set_exception(exc)
             return
         front_end.inflight[rid] = withdraw
-        future.add_done_callback(partial(self._answer, front_end, rid))
-
-    def _answer(self, front_end: _FrontEnd, rid: int, future: asyncio.Future[Any]) -> None:
-        if front_end.inflight.pop(rid, None) is None or future.cancelled():
-            return  # withdrawn, or its front end is gone
-        link = front_end.link
-        assert link is not None
-        exc = future.exception()
-        if exc is None:
-            link.post_value((RESULT, rid), future.result())
-        else:
-            link.post((ERROR, rid, pickled_error(exc)))
 
     def _unsendable(self, front_end: _FrontEnd, op: Op, exc: Exception) -> None:
         """The outputs of request ``op[1]`` do not pickle: its answer is the error."""

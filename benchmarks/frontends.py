@@ -1,0 +1,222 @@
+"""``carpool serve --frontends N``: who spends the CPU, how full batches stay, and what the
+main process's share implies for a larger host.
+
+What: ``carpool serve _frontend_models:identity --frontends N`` (the model costs nothing:
+512 FP32 in, the same out, so every microsecond is the server's own) for each N of
+``--frontends`` (1 is today's single process), pinned to ``--server-cpus``; ``carpool
+bench`` (closed loop, ``--clients`` callers, one request repeated, REST binary and gRPC) on
+``--client-cpus`` with ``--client-processes`` load processes. Each run reads every thread
+of the server's process tree (``/proc/<pid>/task/<tid>/stat``) before and after, and
+groups them by process: ``main`` (the batcher, the hub, the model's worker thread) and each
+``frontend#i``. Per run: req/s, mean batch (carpool's ``/metrics``), and CPU us per request
+for the main process and for the front ends together.
+
+Accounting: with N front ends the main process is the one part that does not grow; its
+CPU per request ``m`` caps the server at ``1e6 / m`` req/s, whatever the cores. Front ends
+at ``f`` us per request on ``c - 1`` cores give ``(c - 1) * 1e6 / f``. The projection for
+4, 8 and 16 cores is the lesser of the two. Goals (issue 18): at the most front ends, they
+use well over half of the server's CPU and the main process <= 15 us per request; the mean
+batch with 2 front ends >= 0.9x that with 1 at the same load. Repeats alternate the order
+of the settings; figures are medians. Prints ``met``/``MISSED``; exits 0.
+
+    python benchmarks/frontends.py                   # 2-core box: ~2 min
+    python benchmarks/frontends.py --frontends 1,2,4,8 --server-cpus 0-11 \\
+        --client-cpus 12-15 --client-processes 4 --clients 256   # a 16-core host
+    python benchmarks/frontends.py --quick           # smoke run, numbers meaningless
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import _bench  # before numpy: one BLAS thread for everything numpy in this process tree
+import _process
+import _thread_cpu
+
+HERE = Path(__file__).resolve().parent
+MODEL = "identity"
+SAME_REQUEST = ("--distinct", "1", "--seed", "0")
+PROTOCOLS = {"binary": "REST binary", "grpc": "gRPC"}
+PROJECTED_CORES = (4, 8, 16)
+MAIN_GOAL_US = 15.0
+BATCH_GOAL = 0.9
+
+
+def env() -> dict[str, str]:
+    paths = [str(HERE), str(_process.REPO), str(_process.SRC), os.environ.get("PYTHONPATH", "")]
+    return _process.child_env(PYTHONPATH=os.pathsep.join(p for p in paths if p))
+
+
+def start(frontends: int, cpus: frozenset[int] | None, grpc_port: int) -> _process.Server:
+    port = _process.free_port()
+    argv = [sys.executable, "-m", "carpool", "serve", f"_frontend_models:{MODEL}",
+            "--port", str(port), "--grpc-port", str(grpc_port), "--frontends", str(frontends),
+            "--access-log", "false", "--log-level", "warning"]  # fmt: skip
+    return _process.Server(f"--frontends {frontends}", argv, port, cpus, env())
+
+
+@dataclass(frozen=True)
+class Run:
+    rps: float
+    mean_batch: float
+    errors: int
+    main_us: float  # the main process, every thread, per request
+    frontends_us: float  # every front-end process (and the zygote) together, per request
+
+
+def bench(server: _process.Server, protocol: str, grpc_port: int, args: Any) -> Run:
+    target = f"grpc://127.0.0.1:{grpc_port}" if protocol == "grpc" else None
+    flags = ["--model", MODEL] if protocol == "grpc" else ["--encoding", "binary"]
+    flags += ["--client-processes", str(args.client_processes), *SAME_REQUEST]
+    before = _thread_cpu.read(server.pid)
+    run = _process.carpool_bench(
+        server, MODEL, [args.clients], warmup=0, duration=args.duration,
+        cpus=args.client_cpus, flags=flags, target=target,
+    )  # fmt: skip
+    after = _thread_cpu.read(server.pid)
+    (step,) = run.report.steps
+    answered = step.throughput_rps * step.duration_s or float("nan")
+    main = others = 0.0
+    for name, seconds in _thread_cpu.used(before, after).items():
+        if "/" in name:  # a thread of a child process: a front end, the zygote, a tracker
+            others += seconds
+        else:
+            main += seconds
+    batch = step.server.batch_size_mean if step.server else float("nan")
+    errors = sum(step.errors.values())
+    return Run(step.throughput_rps, batch, errors, main * 1e6 / answered, others * 1e6 / answered)
+
+
+def measure(args: Any) -> dict[tuple[str, int], list[Run]]:
+    results: dict[tuple[str, int], list[Run]] = {}
+    ports = {n: _process.free_port() for n in args.frontends}
+    servers = {n: start(n, args.server_cpus, ports[n]) for n in args.frontends}
+    try:
+        _process.wait_all(servers.values())
+        for n, server in servers.items():  # warm-up: every setting, every protocol
+            for protocol in args.protocols:
+                if not args.quick:
+                    bench(server, protocol, ports[n], _short(args))
+        for r in range(args.repeats):
+            order = args.frontends if r % 2 == 0 else args.frontends[::-1]
+            for protocol in args.protocols:
+                for n in order:
+                    run = bench(servers[n], protocol, ports[n], args)
+                    results.setdefault((protocol, n), []).append(run)
+                    errors = f"  ERRORS {run.errors}" if run.errors else ""
+                    print(f"  repeat {r + 1}/{args.repeats}  {PROTOCOLS[protocol]:11s} "
+                          f"--frontends {n:<2d} {run.rps:7.0f} req/s  batch {run.mean_batch:5.1f}"
+                          f"  main {run.main_us:5.1f} us/req  front ends {run.frontends_us:6.1f}"
+                          f" us/req{errors}")  # fmt: skip
+    finally:
+        for server in servers.values():
+            server.stop()
+    return results
+
+
+def _short(args: Any) -> Any:
+    class Short:
+        pass
+
+    short = Short()
+    vars(short).update(vars(args))
+    short.duration = 1.0  # type: ignore[attr-defined]
+    return short
+
+
+def _median(runs: Sequence[Run], field: str) -> float:
+    return _bench.median(getattr(run, field) for run in runs)
+
+
+def report(results: dict[tuple[str, int], list[Run]], args: Any) -> None:
+    most = max(args.frontends)
+    for protocol in args.protocols:
+        print(f"\n{PROTOCOLS[protocol]}, {args.clients} clients (medians of {args.repeats}):")
+        rows = []
+        for n in args.frontends:
+            runs = results[(protocol, n)]
+            main, fes = _median(runs, "main_us"), _median(runs, "frontends_us")
+            share = fes / (main + fes) if main + fes else float("nan")
+            projected = [_projection(main, fes, n, cores) for cores in PROJECTED_CORES]
+            rows.append([f"--frontends {n}", _bench.fmt_num(_median(runs, "rps")),
+                         f"{_median(runs, 'mean_batch'):.1f}", f"{main:.1f}", f"{fes:.1f}",
+                         f"{share:.0%}", _bench.fmt_num(1e6 / main if main else float("nan")),
+                         *(_bench.fmt_num(p) for p in projected)])  # fmt: skip
+        print(_bench.table(
+            ["setting", "req/s", "mean batch", "main us/req", "front ends us/req",
+             "front ends' share", "main's ceiling req/s",
+             *(f"{c} cores req/s" for c in PROJECTED_CORES)], rows))  # fmt: skip
+        if most > 1:
+            runs = results[(protocol, most)]
+            main = _median(runs, "main_us")
+            fes = _median(runs, "frontends_us")
+            print(
+                f"  main process at --frontends {most}: {main:.1f} us/req "
+                f"(goal <= {MAIN_GOAL_US:g}): {_bench.verdict(main, MAIN_GOAL_US, False)}"
+            )
+            print(f"  front ends' share of the server's CPU: {fes / (main + fes):.0%} "
+                  f"(goal > 50%): {_bench.verdict(fes / (main + fes), 0.5)}")  # fmt: skip
+        if 1 in args.frontends and 2 in args.frontends:
+            one = _median(results[(protocol, 1)], "mean_batch")
+            two = _median(results[(protocol, 2)], "mean_batch")
+            ratio = two / one if one else float("nan")
+            print(f"  mean batch, 2 front ends / 1: {ratio:.2f}x (goal >= {BATCH_GOAL:g}x): "
+                  f"{_bench.verdict(ratio, BATCH_GOAL)}")  # fmt: skip
+
+
+def _projection(main_us: float, frontends_us: float, frontends: int, cores: int) -> float:
+    """req/s on ``cores`` cores: the main process on one, front ends on the rest; with one
+    process (no front ends), that process is the whole server, on one core."""
+    if frontends == 1 or not frontends_us:
+        return 1e6 / main_us if main_us else float("nan")
+    return min(1e6 / main_us, (cores - 1) * 1e6 / frontends_us)
+
+
+def run(args: Any) -> None:
+    missing = _bench.missing_modules(("aiohttp", "uvicorn", "grpc", "tritonclient", "numpy"))
+    if missing:
+        print(f"frontends: {sys.executable} lacks {', '.join(missing)}")
+        return
+    _process.pin_self(args.client_cpus)
+    _bench.header(
+        "carpool serve --frontends N: CPU per request by process, batches, projection",
+        {"server cpus": _show(args.server_cpus), "client cpus": _show(args.client_cpus),
+         "clients": args.clients, "client processes": args.client_processes,
+         "repeats": args.repeats, "frontends": ",".join(map(str, args.frontends))},
+    )  # fmt: skip
+    report(measure(args), args)
+
+
+def _show(cpus: frozenset[int] | None) -> str:
+    return "any" if not cpus else ",".join(map(str, sorted(cpus)))
+
+
+def main() -> int:
+    p = _bench.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
+    p.add_argument("--frontends", default="1,2", help="settings to compare (%(default)s)")
+    p.add_argument("--server-cpus", default=None, help="the server's CPUs (lowest of --cpus)")
+    p.add_argument("--client-cpus", default=None, help="the load's CPUs (highest of --cpus)")
+    p.add_argument("--clients", type=int, default=64, help="closed-loop callers (64)")
+    p.add_argument("--client-processes", type=int, default=1, help="load processes (1)")
+    p.add_argument("--protocols", default="binary,grpc", help="binary, grpc (%(default)s)")
+    p.add_argument("--duration", type=float, default=None, help="measured s per run (3)")
+    args = p.parse_args()
+    cores = _process.split_cpus(args.cpus)
+    args.server_cpus = frozenset(_bench.parse_cpus(args.server_cpus) or ()) or cores.server
+    args.client_cpus = frozenset(_bench.parse_cpus(args.client_cpus) or ()) or cores.client
+    args.frontends = [int(n) for n in args.frontends.split(",")]
+    args.protocols = [name for name in args.protocols.split(",") if name]
+    if set(args.protocols) - set(PROTOCOLS):
+        p.error(f"--protocols: choose from {', '.join(PROTOCOLS)}")
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    args.duration = args.duration or (0.3 if args.quick else 3.0)
+    return _bench.run_reported("frontends", lambda: run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

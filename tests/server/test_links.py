@@ -1,0 +1,161 @@
+"""carpool.server.links: two ends over a real Unix socket pair on one loop. Values arrive
+as private copies; one frame of values is in flight at a time and what waits goes in the
+next frame together; bare ops never wait; a value that does not pickle is refused alone;
+a closed end is lost on both sides and frees its shared memory."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+from typing import Any
+
+import numpy as np
+
+from carpool.server.links import TAKEN, Link, Op, pickled_error
+
+
+class End:
+    """A link end that records what reaches it."""
+
+    def __init__(self) -> None:
+        self.frames: list[tuple[list[Op], list[Any]]] = []
+        self.lost = 0
+        self.refused: list[tuple[Op, Exception]] = []
+        self.arrived = asyncio.Event()
+        self.link = Link(self._ops, self._lost, lambda op, exc: self.refused.append((op, exc)))
+
+    def _ops(self, ops: list[Op], values: list[Any]) -> None:
+        self.frames.append((ops, values))
+        self.arrived.set()
+
+    def _lost(self) -> None:
+        self.lost += 1
+        self.arrived.set()
+
+    async def next(self) -> tuple[list[Op], list[Any]]:
+        while not self.frames:
+            self.arrived.clear()
+            await asyncio.wait_for(self.arrived.wait(), 5)
+        return self.frames.pop(0)
+
+
+async def pair() -> tuple[End, End]:
+    loop = asyncio.get_running_loop()
+    left, right = socket.socketpair()
+    a, b = End(), End()
+    await loop.create_unix_connection(lambda: a.link, sock=left)
+    await loop.create_unix_connection(lambda: b.link, sock=right)
+    return a, b
+
+
+async def test_values_arrive_as_private_copies_with_their_ops() -> None:
+    a, b = await pair()
+    sent = {"x": np.arange(6, dtype=np.float32).reshape(2, 3), "t": np.array([b"hi"], object)}
+    a.link.post_value(("infer", 1), sent)
+    a.link.post(("cancel", 7))
+    ops, values = await b.next()
+    assert ops == [("infer", 1), ("cancel", 7)]
+    (got,) = values
+    np.testing.assert_array_equal(got["x"], sent["x"])
+    assert got["t"].tolist() == [b"hi"]
+    assert got["x"].flags.writeable
+    assert got["x"].base is not sent["x"]
+    got["x"][:] = -1  # a private copy: the arena under it may be written again at once
+    a.link.post_value(("infer", 2), {"x": np.ones((1, 3), np.float32)})
+    ops, values = await b.next()
+    assert ops == [("infer", 2)]
+    assert values[0]["x"].tolist() == [[1, 1, 1]]
+    a.link.close()
+    b.link.close()
+
+
+async def test_values_wait_for_taken_and_go_together_while_bare_ops_do_not_wait() -> None:
+    a, b = await pair()
+    a.link.post_value(("v", 1), np.zeros(2))
+    await asyncio.sleep(0)  # it left at the end of that turn: a now waits for b's TAKEN
+    a.link.post_value(("v", 2), np.full(2, 2.0))
+    a.link.post_value(("v", 3), np.full(2, 3.0))
+    a.link.post(("bare", 0))
+    frames = [await b.next() for _ in range(3)]
+    assert [ops for ops, _ in frames] == [[("v", 1)], [("bare", 0)], [("v", 2), ("v", 3)]]
+    assert [v.tolist() for v in frames[2][1]] == [[2.0, 2.0], [3.0, 3.0]]
+    assert all(op[0] != TAKEN for ops, _ in b.frames + a.frames for op in ops)  # the link's own
+    a.link.close()
+    b.link.close()
+
+
+async def test_a_value_waiting_may_be_withdrawn() -> None:
+    a, b = await pair()
+    first, second = ("v", 1), ("v", 2)
+    a.link.post_value(first, np.zeros(1))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # the first is in flight: the second waits for TAKEN
+    a.link.post_value(second, np.ones(1))
+    assert a.link.withdraw(second) is True
+    assert a.link.withdraw(second) is False
+    a.link.post(("bare", 1))
+    assert [ops for ops, _ in [await b.next(), await b.next()]] == [[first], [("bare", 1)]]
+    await asyncio.sleep(0.05)
+    assert b.frames == []  # the withdrawn value never left
+    a.link.close()
+    b.link.close()
+
+
+async def test_a_value_that_does_not_pickle_is_refused_alone() -> None:
+    a, b = await pair()
+    a.link.post_value(("v", 1), {"x": np.ones(1), "lock": threading.Lock()})
+    a.link.post_value(("v", 2), {"x": np.full(1, 2.0)})
+    ops, values = await b.next()
+    assert ops == [("v", 2)]
+    assert values[0]["x"].tolist() == [2.0]
+    ((op, exc),) = a.refused
+    assert op == ("v", 1)
+    assert "pickle" in str(exc)
+    a.link.close()
+    b.link.close()
+
+
+async def test_a_large_value_grows_the_arena() -> None:
+    a, b = await pair()
+    big = np.arange(1 << 19, dtype=np.float64)  # 4 MiB: more than the first arena
+    a.link.post_value(("v", 1), np.zeros(4))
+    assert (await b.next())[0] == [("v", 1)]
+    a.link.post_value(("v", 2), big)
+    ops, values = await b.next()
+    assert ops == [("v", 2)]
+    np.testing.assert_array_equal(values[0], big)
+    a.link.close()
+    b.link.close()
+
+
+async def test_closing_one_end_loses_both_and_unlinks_shared_memory() -> None:
+    a, b = await pair()
+    before = set(os.listdir("/dev/shm"))
+    a.link.post_value(("v", 1), np.zeros(4))
+    b.link.post_value(("v", 2), np.zeros(4))
+    await b.next()
+    await a.next()
+    assert len(set(os.listdir("/dev/shm")) - before) == 2  # one arena each way
+    a.link.close()
+    while not b.lost:
+        b.arrived.clear()
+        await asyncio.wait_for(b.arrived.wait(), 5)
+    assert (a.lost, b.lost) == (1, 1)
+    assert a.link.lost
+    assert b.link.lost
+    assert set(os.listdir("/dev/shm")) - before == set()
+    a.link.post(("late", 0))  # a lost link drops what is posted
+    await asyncio.sleep(0.01)
+
+
+def test_an_exception_that_does_not_pickle_becomes_a_runtime_error() -> None:
+    class Local(Exception):
+        pass
+
+    kept = ValueError("bad row")
+    assert pickled_error(kept) is kept
+    changed = pickled_error(Local("boom"))
+    assert type(changed) is RuntimeError
+    assert str(changed) == "Local: boom"
