@@ -291,17 +291,22 @@ def carpool_bench(
     cpus: frozenset[int] | None,
     flags: Sequence[str] = (),
     target: str | None = None,
+    rate: float | None = None,
 ) -> BenchRun:
     """``python -m carpool bench URL --concurrency C,... --json FILE`` pinned to ``cpus``:
-    closed loop, one step per concurrency. ``target``: another TARGET on ``server`` than its
+    closed loop, one step per concurrency (``rate``: one open-loop step at that many
+    requests/s instead). ``target``: another TARGET on ``server`` than its
     v2 model URL (``grpc://...``, ``.../v1/embeddings``). ``RuntimeError`` with its stderr if
     it fails."""
     from carpool.bench.report import Report
 
     with tempfile.TemporaryDirectory(prefix="carpool-bench-") as folder:
         out = Path(folder) / "report.json"
+        load = (
+            ["--rate", f"{rate:g}"] if rate else ["--concurrency", ",".join(map(str, concurrency))]
+        )
         argv = [sys.executable, "-m", "carpool", "bench", target or server.url(model),
-                "--concurrency", ",".join(map(str, concurrency)), "--warmup", f"{warmup:g}",
+                *load, "--warmup", f"{warmup:g}",
                 "--duration", f"{duration:g}", "--json", str(out), *flags]  # fmt: skip
         cpu0 = cpu_seconds(server.pid)
         done = subprocess.run(

@@ -63,6 +63,15 @@ def quick_run(script: str, *args: str, timeout: float = 120) -> str:
             ],
         ),
         (
+            "frontends.py",
+            [
+                "REST binary, 64 clients",
+                "gRPC, 64 clients",
+                "main process at --frontends 2: ",
+                "mean batch, 2 front ends / 1: ",
+            ],
+        ),
+        (
             "grpc_batching.py",
             ["(a) 200 concurrent calls at once", "double_2ms", "(b) carpool bench on demo"],
         ),
