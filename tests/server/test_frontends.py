@@ -1,16 +1,16 @@
 """``carpool serve --frontends 2``, end to end: front-end processes around one batcher per
 model in the main process.
 
-Which front end takes a connection is the kernel's choice; to send requests through a
-chosen one, the test stops the other (SIGSTOP), connects and makes a first request, then
-lets it run again: a keep-alive connection stays with the process that accepted it. Models
+Which front end takes a connection is the kernel's choice (each listens with
+``SO_REUSEPORT``); to send requests through a chosen one, the test opens connections until
+enough are held by it (``/proc``): a keep-alive connection stays with the process that
+accepted it. Models
 are gated (``tests/server/models.py``), so "queued" and "running" are states the test
 observes, never races it hopes to win.
 """
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
 import os
@@ -77,28 +77,38 @@ def alive(pid: int) -> bool:
     return _title(pid) != "" and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
 
 
-@contextlib.contextmanager
-def only(server: Server, index: int) -> Iterator[None]:
-    """Inside the block, new connections are accepted by front end ``index`` only."""
-    others = [pid for i, pid in front_ends(server).items() if i != index]
-    for pid in others:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for pid in others:
-            os.kill(pid, signal.SIGCONT)
+def _accepted_by(server: Server, conn: http.client.HTTPConnection) -> int | None:
+    """Which front end holds the server's end of ``conn``: the socket whose local port is
+    the server's and whose remote port is ``conn``'s (``/proc/net/tcp``), among its fds."""
+    assert conn.sock is not None
+    client_port = conn.sock.getsockname()[1]
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote = (int(address.split(":")[1], 16) for address in fields[1:3])
+        if (local, remote) == (server.port, client_port):
+            inode = f"socket:[{fields[9]}]"
+            for index, pid in front_ends(server).items():
+                fds = Path(f"/proc/{pid}/fd")
+                if any(os.readlink(fd) == inode for fd in fds.iterdir()):
+                    return index
+    return None
 
 
 def connections(server: Server, index: int, count: int) -> list[http.client.HTTPConnection]:
-    """``count`` keep-alive connections accepted by front end ``index``."""
-    made = []
-    with only(server, index):
-        for _ in range(count):
-            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-            conn.request("GET", "/v2/health/live")  # answered: so it was accepted
-            assert conn.getresponse().read() == b'{"live":true}'
+    """``count`` keep-alive connections accepted by front end ``index`` (the kernel spreads
+    connections over the front ends: open them until enough land there)."""
+    made: list[http.client.HTTPConnection] = []
+    for _ in range(200):
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        conn.request("GET", "/v2/health/live")  # answered: so it was accepted
+        assert conn.getresponse().read() == b'{"live":true}'
+        if _accepted_by(server, conn) == index:
             made.append(conn)
+            if len(made) == count:
+                break
+        else:
+            conn.close()
+    assert len(made) == count, f"front end #{index} accepted {len(made)} of 200 connections"
     _OPENED.extend(made)
     return made
 

@@ -38,7 +38,7 @@ from carpool.server.inference import Inference
 from carpool.server.logs import configure_logging
 from carpool.server.registry import Registry
 from carpool.server.remote import FrontEndRegistry, Upstream
-from carpool.server.spread import serve_spread
+from carpool.server.spread import bind, serve_spread
 
 if TYPE_CHECKING:
     from carpool.server.grpc_service import GrpcServer
@@ -158,15 +158,13 @@ def serve(config: ServerConfig) -> NoReturn:
 
 
 def _front_end(
-    config: ServerConfig,
-    listening: socket.socket,
-    index: int,
-    link: socket.socket,
-    failures: list[LoadFailure],
+    config: ServerConfig, index: int, link: socket.socket, failures: list[LoadFailure]
 ) -> NoReturn:
-    """A front-end process (forked by the zygote): the whole server on ``listening``, its
-    models' batchers the main process's, over ``link``."""
+    """A front-end process (forked by the zygote): the whole server, listening on the
+    ports beside the other front ends, its models' batchers the main process's, over
+    ``link``."""
     set_title(f"carpool: frontend#{index}", f"frontend#{index}")
+    listening = bind(config.host, config.port, listen=True)
     upstream = Upstream()
     app = build_app(config, FrontEndRegistry(config.models, failures, upstream, link))
     server = _server(app, config)

@@ -1,8 +1,8 @@
 """The main process of ``carpool serve --frontends N``: the batchers, N front-end processes
 (``carpool: frontend#1`` ... in ``ps``) and their lives.
 
-At start: bind the HTTP port (and reserve the gRPC one, which the front ends share with
-``SO_REUSEPORT``), fork the zygote (:mod:`carpool.server.zygote`) while the process is
+At start: hold the HTTP and gRPC ports (every front end listens on them with a socket of its
+own, ``SO_REUSEPORT``), fork the zygote (:mod:`carpool.server.zygote`) while the process is
 single-threaded, start the batchers, then fork the front ends, each linked to the
 :class:`~carpool.server.hub.Hub`. A front end that dies is replaced, after a pause that
 grows while they keep dying young; only its own connections are lost, and its requests
@@ -40,40 +40,41 @@ _YOUNG_S = 5.0  # a front end that dies sooner died young: the next one waits lo
 _PAUSE_S = (0.0, 0.5, 1.0, 2.0, 5.0)  # the wait before a replacement, by deaths in a row
 _BACKLOG = 2048  # uvicorn's
 
-# The front end's own main: (config, listening socket, number, link, models that failed).
-Entry = Callable[[ServerConfig, socket.socket, int, socket.socket, Any], NoReturn]
+# The front end's own main: (config, its number, its link, the models that failed).
+Entry = Callable[[ServerConfig, int, socket.socket, Any], NoReturn]
 
 
-def bind(host: str, port: int, *, share: bool = False) -> socket.socket:
-    """A socket bound to ``host:port``: listening, or with ``share`` only holding the port
-    for processes that listen with ``SO_REUSEPORT``. ConfigError when the port is taken."""
+def bind(host: str, port: int, *, listen: bool) -> socket.socket:
+    """A socket bound to ``host:port`` with ``SO_REUSEPORT``, so that every front end
+    listens on the port with a socket of its own (the kernel spreads new connections among
+    them; one socket shared by all would let whichever process woke first take them all).
+    Without ``listen`` it only holds the port: taken by nothing else while the server
+    lives, refusing connections once no front end listens. ConfigError when the port is
+    taken."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if share:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
-        if not share:
+        if listen:
             sock.listen(_BACKLOG)
     except OSError as exc:
         sock.close()
         raise ConfigError(
             f"cannot listen on {host}:{port} ({exc.strerror}); choose another port"
         ) from None
-    sock.set_inheritable(True)
     return sock
 
 
 def serve_spread(config: ServerConfig, entry: Entry) -> int:
     """Serve ``config`` with ``config.frontends`` front ends running ``entry``; the exit code."""
-    listening = bind(config.host, config.port)
-    reserved = bind(config.host, config.grpc_port, share=True) if config.grpc_port else None
+    ports = [config.port] + ([config.grpc_port] if config.grpc_port else [])
+    reserved = [bind(config.host, port, listen=False) for port in ports]
     # One shared-memory tracker for every process: each segment is unlinked by its writer,
     # and whatever a killed process leaves is unlinked when the last of them ends.
     resource_tracker.ensure_running()
-    zygote = Zygote(partial(entry, config), listening)
-    listening.close()  # the zygote and the front ends hold it; here nothing accepts
+    zygote = Zygote(partial(entry, config))
     try:
         registry = Registry(config.models, load_failures=config.unavailable)
         try:
@@ -86,8 +87,8 @@ def serve_spread(config: ServerConfig, entry: Entry) -> int:
             return runner.run(_Primary(config, registry, zygote).run())
     finally:
         zygote.stop()
-        if reserved is not None:
-            reserved.close()
+        for sock in reserved:
+            sock.close()
 
 
 class _Primary:
@@ -181,7 +182,6 @@ class _Primary:
         for task in self._respawns:
             task.cancel()
         self._kill_front_ends(signal.SIGTERM)
-        self._zygote.close_listening()
         if not self._pids:
             self._all_gone.set()
         self._stop.set()

@@ -6,8 +6,8 @@ model workers, the batchers' pools) into one with only the forking thread, whose
 be held forever. This process is forked at the start instead, while the main process is
 single-threaded, and stays so: it waits for requests, forks, and reaps. A front end so made
 inherits the models as loaded (their signatures, preprocessing and tokenizers, never run
-weights) and the listening socket, and gets its link to the main process as a file
-descriptor passed with the request. It dies with the main process (``PR_SET_PDEATHSIG``),
+weights), and gets its link to the main process as a file descriptor passed with the
+request. It dies with the main process (``PR_SET_PDEATHSIG``),
 and its front ends with it. Stdlib only.
 """
 
@@ -26,27 +26,23 @@ from carpool.lifelines import die_with_parent, set_title
 
 __all__ = ["FrontEndEntry", "Zygote"]
 
-# What a front end runs: the listening socket, its number, its end of the link, and what
-# the main process tells it.
-FrontEndEntry = Callable[[socket.socket, int, socket.socket, Any], NoReturn]
+# What a front end runs: its number, its end of the link, and what the main process tells it.
+FrontEndEntry = Callable[[int, socket.socket, Any], NoReturn]
 _REAP_S = 0.5  # how often it reaps the front ends that ended, when nothing else happens
-_CLOSE = b"close"  # the main process's word to close the listening socket
 _MESSAGE = 1 << 20  # bytes: one spawn request (a number and the models that failed)
 
 
 class Zygote:
     """Forks the zygote now (call it before any thread starts); ``spawn`` asks it for a
-    front end that runs ``entry`` on ``listening``. The zygote holds ``listening`` for the
-    front ends to come until :meth:`close_listening` (the drain: new connections are then
-    refused once the front ends closed theirs)."""
+    front end that runs ``entry``."""
 
-    def __init__(self, entry: FrontEndEntry, listening: socket.socket) -> None:
+    def __init__(self, entry: FrontEndEntry) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         parent = os.getpid()
         pid = os.fork()
         if pid == 0:  # the zygote
             ours.close()
-            _zygote(theirs, entry, listening, parent)
+            _zygote(theirs, entry, parent)
         theirs.close()
         self.pid = pid
         self._sock = ours
@@ -63,24 +59,17 @@ class Zygote:
         pid = int(answer or 0)
         if pid <= 0:
             ours.close()
-            raise RuntimeError("the front ends' zygote process is gone, or draining")
+            raise RuntimeError("the front ends' zygote process is gone")
         return pid, ours
 
-    def close_listening(self) -> None:
-        """No front end will be started any more: the zygote closes the listening socket."""
-        with contextlib.suppress(OSError):
-            self._sock.send(_CLOSE)
-
     def stop(self) -> None:
-        """End the zygote (it holds the listening socket: closed with it) and reap it."""
+        """End the zygote and reap it."""
         self._sock.close()
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
 
 
-def _zygote(
-    sock: socket.socket, entry: FrontEndEntry, listening: socket.socket | None, parent: int
-) -> NoReturn:
+def _zygote(sock: socket.socket, entry: FrontEndEntry, parent: int) -> NoReturn:
     die_with_parent(parent)
     set_title("carpool: frontends", "carpool zygote")
     # Ctrl-C and a group's SIGTERM reach it too; it ends when the main process says so.
@@ -97,24 +86,14 @@ def _zygote(
             break
         if not data:
             break  # the main process closed its end, or died
-        if data == _CLOSE:
-            if listening is not None:
-                listening.close()  # the drain: no front end is started any more
-                listening = None
-            continue
         index, message = pickle.loads(data)
-        if listening is None:
-            for fd in fds:
-                os.close(fd)
-            sock.send(b"0")  # no pid: nothing was started
-            continue
         pid = os.fork()
         if pid == 0:
             sock.close()
             die_with_parent(me)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            entry(listening, index, socket.socket(fileno=fds[0]), message)
+            entry(index, socket.socket(fileno=fds[0]), message)
         for fd in fds:
             os.close(fd)
         sock.send(str(pid).encode())
