@@ -263,7 +263,8 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) 
 
 
 def replica_children(parent: int) -> set[int]:
-    """PIDs of ``parent``'s live replica processes: spawned children running spawn_main."""
+    """PIDs of ``parent``'s live replica processes: spawned children running spawn_main
+    (``carpool-worker ...`` in ``ps`` once setproctitle renamed them)."""
     found = set()
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -273,7 +274,8 @@ def replica_children(parent: int) -> set[int]:
             cmdline = (proc / "cmdline").read_bytes()
         except (FileNotFoundError, ProcessLookupError):
             continue
-        if int(fields[1]) == parent and fields[0] != "Z" and b"spawn_main" in cmdline:
+        replica = b"spawn_main" in cmdline or cmdline.startswith(b"carpool-worker ")
+        if int(fields[1]) == parent and fields[0] != "Z" and replica:
             found.add(int(proc.name))
     return found
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from carpool.server.links import TAKEN, Link, Op, pickled_error
+from carpool.server.links import Link, Op, pickled_error
 
 
 class End:
@@ -71,17 +71,44 @@ async def test_values_arrive_as_private_copies_with_their_ops() -> None:
     b.link.close()
 
 
-async def test_values_wait_for_taken_and_go_together_while_bare_ops_do_not_wait() -> None:
+async def test_two_frames_of_values_fly_then_values_wait_together_and_bare_ops_never_wait() -> None:
     a, b = await pair()
-    a.link.post_value(("v", 1), np.zeros(2))
-    await asyncio.sleep(0)  # it left at the end of that turn: a now waits for b's TAKEN
-    a.link.post_value(("v", 2), np.full(2, 2.0))
-    a.link.post_value(("v", 3), np.full(2, 3.0))
+    for value in (1.0, 2.0):  # one frame each: both arenas in flight, nothing TAKEN yet
+        a.link.post_value(("v", value), np.full(2, value))
+        await asyncio.sleep(0)
+    a.link.post_value(("v", 3.0), np.full(2, 3.0))
+    a.link.post_value(("v", 4.0), np.full(2, 4.0))
     a.link.post(("bare", 0))
-    frames = [await b.next() for _ in range(3)]
-    assert [ops for ops, _ in frames] == [[("v", 1)], [("bare", 0)], [("v", 2), ("v", 3)]]
-    assert [v.tolist() for v in frames[2][1]] == [[2.0, 2.0], [3.0, 3.0]]
-    assert all(op[0] != TAKEN for ops, _ in b.frames + a.frames for op in ops)  # the link's own
+    frames = [await b.next() for _ in range(4)]
+    # The bare op left at once (with a WANT); b answered with its TAKEN alone, since it had
+    # nothing else to send; then the two waiting values went in one frame.
+    assert [ops for ops, _ in frames] == [
+        [("v", 1.0)],
+        [("v", 2.0)],
+        [("bare", 0)],
+        [("v", 3.0), ("v", 4.0)],
+    ]
+    assert [v.tolist() for v in frames[3][1]] == [[3.0, 3.0], [4.0, 4.0]]
+    assert a.frames == []  # TAKEN and WANT are the link's own: never handed on
+    a.link.close()
+    b.link.close()
+
+
+async def test_a_taken_rides_on_the_readers_own_traffic() -> None:
+    a, b = await pair()
+    for value in (1.0, 2.0):
+        a.link.post_value(("v", value), np.full(1, value))
+        await asyncio.sleep(0)
+    await b.next()
+    await b.next()
+    b.link.post(("answer", 1))  # b's own op carries its TAKEN for both frames
+    assert await a.next() == ([("answer", 1)], [])
+    a.link.post_value(("v", 3.0), np.full(1, 3.0))
+    a.link.post_value(("v", 4.0), np.full(1, 4.0))
+    await asyncio.sleep(0)
+    a.link.post_value(("v", 5.0), np.full(1, 5.0))
+    frames = [await b.next() for _ in range(2)]
+    assert [ops for ops, _ in frames] == [[("v", 3.0), ("v", 4.0)], [("v", 5.0)]]
     a.link.close()
     b.link.close()
 

@@ -2,7 +2,7 @@
 real tritonclient. Each fault has one outcome, and every request gets exactly one answer.
 
 Worker processes are found by PID: the server's children that run multiprocessing's
-``spawn_main``.
+``spawn_main`` (``carpool-worker ...`` in ``ps``).
 """
 
 from __future__ import annotations

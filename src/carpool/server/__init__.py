@@ -33,10 +33,22 @@ counted):
   given, on the app's loop (its inference calls through ``bursts``); never imports the app.
 - ``app``: the ASGI application: lifespan, routes, the REST front ends (v2 and OpenAI) of
   the inference path; starts and drains the gRPC server it is given.
+- ``links``: a front-end process's link to the main one: framed ops over a Unix socket,
+  their arrays through shared memory, one frame of arrays in flight each way.
+- ``zygote``: the single-threaded process, forked at the start, that forks the front ends.
+- ``hub`` / ``remote``: ``--frontends N``: the main process's end (requests into the one
+  batcher per model, answers back, every front end's counts summed) and a front end's
+  (``FrontEndRegistry``, whose batchers are ``RemoteBatcher``, the main's over the link).
+- ``spread``: the main process with front ends: hold the ports, start the batchers, fork,
+  replace a front end that dies, drain them all on a signal.
 - ``config`` / ``serve``: the process's settings; wiring (registry -> inference path -> app,
-  and the gRPC server only when its port is on); bind, serve, drain on a signal.
+  and the gRPC server only when its port is on); bind, serve, drain on a signal; with
+  ``--frontends N``, the main process (``spread``) and each front end's server.
 
 A request's walk goes one way: front end (``app`` or ``grpc_service``) -> ``inference``
 (-> ``registry``, the decoder it was given: ``rest_codec`` / ``openai`` / ``grpc_codec``,
-``admission``, the batcher, ``admission``, the encoder, ``outcomes``) -> front end.
+``admission``, the batcher, ``admission``, the encoder, ``outcomes``) -> front end. With
+front-end processes, "the batcher" is a ``RemoteBatcher``: the admitted inputs cross the
+link to the main process's batcher and the outputs come back (``remote`` -> ``links`` ->
+``hub``).
 """

@@ -1,17 +1,22 @@
 """The link between a front-end process and the main one: framed messages over a Unix
-socket, their arrays through shared memory (:mod:`carpool.transport`'s arena and layout).
+socket, their arrays through shared memory.
 
-A frame is ``(segment, tree, ops)``, pickled behind its length. ``ops`` are small tuples; the
-first ``len(values)`` of them each carry a value (a request's inputs one way, its outputs the
-other), whose arrays the sender lays out in its own arena and ``tree`` describes. One frame
-with values is in flight each way at a time: the reader copies the arrays out as the frame
-arrives and answers ``TAKEN``; until then the sender holds back further values (they go
-together in the next frame) but not bare ops, which leave at once. So the arena is never
-written while it is being read, each array is copied once in and once out, and a busy
-reader gets larger frames rather than more of them.
+A frame is ``(arena, segment, nbytes, layout, ops)``, pickled behind its length. ``ops`` are
+small tuples; the first ``len(values)`` of them each carry a value (a request's inputs one
+way, its outputs the other), whose arrays the sender writes into one of its two arenas
+and ``layout`` describes. The reader copies the frame's bytes out of the arena in one copy
+as the frame arrives (the values are views of that private copy) and owes a ``TAKEN``,
+which rides on the next frame it sends anyway. Two frames of values may be in flight each
+way, one per arena; a sender with both in flight holds further values back (they go
+together in the next frame) and asks for its ``TAKEN`` (``WANT``), which the reader then
+sends at once. Bare ops never wait. So an arena is never written while it is read, each
+array is copied once in and once out, a busy reader gets larger frames rather than more of
+them, and under load no frame is sent for an acknowledgement alone.
 
+The common value, a dict of numeric arrays, is laid out here (``_Layout``): names, dtypes,
+shapes and offsets; anything else goes through :mod:`carpool.transport`'s general layout.
 Whatever is posted in one turn of the loop leaves in one frame, after that turn. Only
-asyncio, pickle and the transport: no batcher, no server.
+asyncio, numpy, pickle and the transport: no batcher, no server.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ import struct
 from collections.abc import Callable
 from typing import Any, cast
 
-from carpool.transport import Arena, Attached, decode, plan
+import numpy as np
+
+from carpool.transport import ALIGN, Arena, Attached, decode, plan
 
 __all__ = [
     "CANCEL",
@@ -47,14 +54,80 @@ __all__ = [
 # (FLUSH,): send your COUNTS now.
 INFER, CANCEL, COUNTS, QUERY = "infer", "cancel", "counts", "query"
 RESULT, ERROR, STATE, SNAPSHOT, FLUSH = "result", "error", "state", "snapshot", "flush"
-TAKEN = "taken"  # the reader copied the last frame's arrays out: the arena is free again
+# The link's own: (TAKEN, n): the reader copied the next n frames of values out, their
+# arenas are free again; (WANT,): the writer waits for its TAKEN, send it now.
+TAKEN, WANT = "taken", "want"
 _LENGTH = struct.Struct("!I")
 _DUMPS = pickle.dumps
 _LOADS = pickle.loads
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 MAX_FRAME = 1 << 30  # bytes of one pickled frame: more is a broken peer, not a message
+_ARENAS = 2  # frames of values in flight each way
+_FAST, _TREE = 0, 1  # how a frame's values are laid out
 
 Op = tuple[Any, ...]
+_DTYPES: dict[Any, str] = {}  # dtype -> its name, for the dtypes a name rebuilds exactly
+
+
+def _dtype_name(dtype: np.dtype[Any]) -> str | None:
+    name = _DTYPES.get(dtype)
+    if name is None:
+        if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
+            return None
+        name = _DTYPES[dtype] = dtype.str
+    return name
+
+
+def _lay_out(values: list[Any]) -> tuple[int, Any, list[tuple[Any, int]]] | None:
+    """Where each array of ``values`` goes when every value is a dict of numeric arrays:
+    the bytes in all, each value's ``((name, dtype, shape, offset), ...)``, and what to
+    write where; None for anything else."""
+    offset = 0
+    layout = []
+    writes = []
+    for value in values:
+        if type(value) is not dict:
+            return None
+        arrays = []
+        for name, array in value.items():
+            if type(array) is not np.ndarray:
+                return None
+            dtype = _dtype_name(array.dtype)
+            if dtype is None:
+                return None
+            arrays.append((name, dtype, array.shape, offset))
+            if array.nbytes:
+                writes.append((array, offset))
+                offset += -(-array.nbytes // ALIGN) * ALIGN
+        layout.append(arrays)
+    return offset, layout, writes
+
+
+def _write(buf: memoryview, writes: list[tuple[Any, int]]) -> None:
+    for array, offset in writes:
+        if array.flags.c_contiguous:
+            buf[offset : offset + array.nbytes] = array.reshape(-1).view(np.uint8).data
+        else:
+            np.copyto(
+                np.frombuffer(buf, array.dtype, array.size, offset).reshape(array.shape), array
+            )
+
+
+def _read(private: bytearray, layout: Any) -> list[Any]:
+    frombuffer = np.frombuffer
+    values = []
+    for arrays in layout:
+        value = {}
+        for name, dtype, shape, offset in arrays:
+            count = 1
+            for n in shape:
+                count *= n
+            if count:
+                value[name] = frombuffer(private, dtype, count, offset).reshape(shape)
+            else:
+                value[name] = np.empty(shape, dtype)
+        values.append(value)
+    return values
 
 
 def pickled_error(exc: BaseException) -> BaseException:
@@ -87,11 +160,15 @@ class Link(_StreamProtocol):
         self._refused = refused
         self._transport: asyncio.Transport | None = None
         self._inbox = bytearray()
-        self._attached = Attached()
-        self._arena: Arena | None = None  # created on the first value sent
-        self._values: list[tuple[Op, Any]] = []  # waiting for the arena
+        self._attached = [Attached() for _ in range(_ARENAS)]
+        self._arenas: list[Arena | None] = [None] * _ARENAS  # made on first use
+        self._next = 0  # the arena the next frame of values goes in
+        self._in_flight = 0  # frames of values sent and not yet TAKEN
+        self._wanted = False  # a WANT is out, its TAKEN not back
+        self._owed = 0  # frames of values read here and not yet TAKEN back
+        self._asked = False  # the writer sent WANT: send the TAKEN owed even alone
+        self._values: list[tuple[Op, Any]] = []  # waiting for an arena
         self._ops: list[Op] = []  # bare, leave with the next frame
-        self._in_flight = False  # a frame of values not yet TAKEN
         self._flushing = False
         self.lost = False
 
@@ -103,8 +180,8 @@ class Link(_StreamProtocol):
         self._schedule()
 
     def post_value(self, op: Op, value: Any) -> None:
-        """Send ``op`` with ``value`` (arrays and what holds them) as soon as the arena is
-        free: after this turn of the loop, or when the last frame is TAKEN."""
+        """Send ``op`` with ``value`` (arrays and what holds them) as soon as an arena is
+        free: after this turn of the loop, or when a frame in flight is TAKEN."""
         self._values.append((op, value))
         self._schedule()
 
@@ -126,13 +203,21 @@ class Link(_StreamProtocol):
         if self._transport is None or self.lost:
             return
         ops, self._ops = self._ops, []
-        if not self._values or self._in_flight:
+        sending = bool(self._values) and self._in_flight < _ARENAS
+        if self._values and not sending and not self._wanted:
+            self._wanted = True
+            ops.append((WANT,))
+        if self._owed and (ops or sending or self._asked):  # never a frame for TAKEN alone,
+            ops.append((TAKEN, self._owed))  # unless the writer asked for it
+            self._owed = 0
+        self._asked = False
+        if not sending:
             if ops:
-                self._write(None, None, ops)
+                self._send(None, ops)
             return
         waiting, self._values = self._values, []
         try:
-            self._write_values(waiting, ops)
+            self._send_values(waiting, ops)
         except Exception as exc:  # a value that does not pickle: the rest still go
             sendable = []
             for op, value in waiting:
@@ -142,25 +227,40 @@ class Link(_StreamProtocol):
                     self._refused(op, exc)
                 else:
                     sendable.append((op, value))
-            self._write_values(sendable, ops)
+            if sendable:
+                self._send_values(sendable, ops)
+            elif ops:
+                self._send(None, ops)
 
-    def _write_values(self, waiting: list[tuple[Op, Any]], ops: list[Op]) -> None:
-        if not waiting:
-            if ops:
-                self._write(None, None, ops)
-            return
-        laid = plan([value for _, value in waiting])
-        arena = self._arena
-        if arena is None:
-            arena = self._arena = Arena(laid.nbytes)
+    def _send_values(self, waiting: list[tuple[Op, Any]], ops: list[Op]) -> None:
+        values = [value for _, value in waiting]
+        laid = _lay_out(values)
+        if laid is not None:
+            nbytes, layout, writes = laid
+            arena = self._arena(nbytes)
+            _write(arena.segment.shm.buf, writes)  # type: ignore[arg-type]
+            kind = _FAST
         else:
-            arena.fit(laid.nbytes)
-        laid.write(arena.buf)
-        self._write(arena.name, laid.tree, [op for op, _ in waiting] + ops)
-        self._in_flight = True
+            general = plan(values)
+            nbytes, layout = general.nbytes, general.tree
+            arena = self._arena(nbytes)
+            general.write(arena.buf)
+            kind = _TREE
+        header = (self._next, arena.name, nbytes, kind, layout)
+        self._send(header, [op for op, _ in waiting] + ops)
+        self._next = (self._next + 1) % _ARENAS
+        self._in_flight += 1
 
-    def _write(self, segment: str | None, tree: Any, ops: list[Op]) -> None:
-        payload = _DUMPS((segment, tree, ops), _PROTOCOL)
+    def _arena(self, nbytes: int) -> Arena:
+        arena = self._arenas[self._next]
+        if arena is None:
+            arena = self._arenas[self._next] = Arena(nbytes)
+        else:
+            arena.fit(nbytes)  # free: its last frame was TAKEN
+        return arena
+
+    def _send(self, header: Any, ops: list[Op]) -> None:
+        payload = _DUMPS((header, ops), _PROTOCOL)
         assert self._transport is not None
         self._transport.write(_LENGTH.pack(len(payload)) + payload)
 
@@ -184,23 +284,42 @@ class Link(_StreamProtocol):
             if end - start - 4 < size:
                 break
             with memoryview(inbox) as view:
-                frame = _LOADS(view[start + 4 : start + 4 + size])
+                header, ops = _LOADS(view[start + 4 : start + 4 + size])
             start += 4 + size
-            self._frame(*frame)
+            self._frame(header, ops)
         del inbox[:start]
 
-    def _frame(self, segment: str | None, tree: Any, ops: list[Op]) -> None:
+    def _frame(self, header: Any, ops: list[Op]) -> None:
         values: list[Any] = []
-        if segment is not None:
-            values = decode(tree, self._attached.buf(segment), copy=True)
-            self.post((TAKEN,))
-        if any(op[0] == TAKEN for op in ops):  # the link's own op, among the bare ones
-            ops = [op for op in ops if op[0] != TAKEN]
-            self._in_flight = False
-            if self._values:
-                self._schedule()
+        if header is not None:
+            index, segment, nbytes, kind, layout = header
+            buf = self._attached[index].buf(segment)
+            private = bytearray(buf[:nbytes].data)  # the one copy out: the arena is free
+            if kind == _FAST:
+                values = _read(private, layout)
+            else:
+                values = decode(layout, np.frombuffer(private, np.uint8))
+            self._owed += 1  # its TAKEN rides on the next frame that leaves
+        if ops and ops[-1][0] in (TAKEN, WANT):  # the link's own ops, after the others
+            ops = self._own(ops)
         if ops:
             self._on_ops(ops, values)
+
+    def _own(self, ops: list[Op]) -> list[Op]:
+        kept = []
+        for op in ops:
+            kind = op[0]
+            if kind == TAKEN:
+                self._in_flight -= op[1]
+                self._wanted = False
+                if self._values:
+                    self._schedule()
+            elif kind == WANT:
+                self._asked = True
+                self._schedule()
+            else:
+                kept.append(op)
+        return kept
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._close()
@@ -219,8 +338,10 @@ class Link(_StreamProtocol):
         self.lost = True
         if self._transport is not None:
             self._transport.close()
-        self._attached.close()
-        if self._arena is not None:
-            with contextlib.suppress(Exception):
-                self._arena.close()
+        for attached in self._attached:
+            attached.close()
+        for arena in self._arenas:
+            if arena is not None:
+                with contextlib.suppress(Exception):
+                    arena.close()
         self._on_lost()
