@@ -100,6 +100,7 @@ class Hub:
         self._retired: list[Counts] = []  # the last counts of front ends that ended
         self._queries: list[_Query] = []
         self._state: dict[str, int] = {}
+        self._batchers: dict[str, Batcher] = {}
         self._watch: asyncio.TimerHandle | None = None
 
     @property
@@ -151,7 +152,7 @@ class Hub:
         _, rid, name, timeout_ms, priority = op
         answer = _Answer(front_end, rid)
         try:
-            batcher = cast(Batcher, self.registry.get(name).batcher)  # the main's are real
+            batcher = self._batchers.get(name) or self._batcher(name)
             withdraw = batcher.enqueue(value, answer, timeout_ms=timeout_ms, priority=priority)
         except Exception as exc:  # refused at admission: full, closing, overloaded
             answer.set_exception(exc)
@@ -163,6 +164,12 @@ class Hub:
         assert front_end.link is not None
         error = TypeError(f"the model's outputs cannot be sent to the front end: {exc}")
         front_end.link.post((ERROR, op[1], error))
+
+    def _batcher(self, name: str) -> Batcher:
+        """Model ``name``'s batcher (the main process's are real ones), remembered; raises
+        as the registry does for a model it does not serve."""
+        batcher = self._batchers[name] = cast(Batcher, self.registry.get(name).batcher)
+        return batcher
 
     def _lost(self, front_end: _FrontEnd, lost: Callable[[int], None]) -> None:
         withdrawals = list(front_end.inflight.values())
