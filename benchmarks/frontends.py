@@ -72,6 +72,7 @@ def start(frontends: int, cpus: frozenset[int] | None, grpc_port: int) -> _proce
 @dataclass(frozen=True)
 class Run:
     rps: float
+    p50_ms: float
     mean_batch: float
     errors: int
     main_us: float  # the main process, every thread, per request
@@ -100,7 +101,9 @@ def bench(server: _process.Server, protocol: str, grpc_port: int, args: Any) -> 
             main += seconds
     batch = step.server.batch_size_mean if step.server else float("nan")
     errors = sum(step.errors.values())
-    return Run(step.throughput_rps, batch, errors, main * 1e6 / answered, others * 1e6 / answered)
+    p50 = step.latency.p50 if step.latency else float("nan")
+    per = 1e6 / answered
+    return Run(step.throughput_rps, p50, batch, errors, main * per, others * per)
 
 
 def measure(args: Any) -> dict[tuple[str, int], list[Run]]:
@@ -156,11 +159,12 @@ def report(results: dict[tuple[str, int], list[Run]], args: Any) -> None:
             share = fes / (main + fes) if main + fes else float("nan")
             projected = [_projection(main, fes, n, cores) for cores in PROJECTED_CORES]
             rows.append([f"--frontends {n}", _bench.fmt_num(_median(runs, "rps")),
-                         f"{_median(runs, 'mean_batch'):.1f}", f"{main:.1f}", f"{fes:.1f}",
+                         f"{_median(runs, 'p50_ms'):.2f}", f"{_median(runs, 'mean_batch'):.1f}",
+                         f"{main:.1f}", f"{fes:.1f}",
                          f"{share:.0%}", _bench.fmt_num(1e6 / main if main else float("nan")),
                          *(_bench.fmt_num(p) for p in projected)])  # fmt: skip
         print(_bench.table(
-            ["setting", "req/s", "mean batch", "main us/req", "front ends us/req",
+            ["setting", "req/s", "p50 ms", "mean batch", "main us/req", "front ends us/req",
              "front ends' share", "main's ceiling req/s",
              *(f"{c} cores req/s" for c in PROJECTED_CORES)], rows))  # fmt: skip
         if most > 1:

@@ -168,11 +168,18 @@ def _front_end(
     upstream = Upstream()
     app = build_app(config, FrontEndRegistry(config.models, failures, upstream, link))
     server = _server(app, config)
-    # The main process is gone: nothing is left to serve; drain (every request in flight
-    # was answered 503 as the link went) and end.
-    upstream.on_lost = partial(server.handle_exit, signal.SIGTERM, None)
+    upstream.on_lost = partial(_main_gone, server)
     _run(server, sockets=[listening])
     _exit_now(0 if server.started else 1)
+
+
+def _main_gone(server: _Server) -> None:
+    """The main process is gone: nothing is left to serve; drain (every request in flight
+    was answered 503 as the link went) and end. (At the front end's own end, it closed
+    the link itself: nothing to do.)"""
+    if not server.should_exit:
+        log.error("the server's main process is gone: this front end ends")
+        server.handle_exit(signal.SIGTERM, None)
 
 
 def _server(app: App, config: ServerConfig) -> _Server:
