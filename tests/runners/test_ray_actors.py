@@ -287,8 +287,11 @@ def workers(client: Any) -> Any:
     return client.get_inference_statistics("demo")["model_stats"][0]["workers"]
 
 
-def test_carpool_serve_runs_its_model_in_ray_actors(cluster: Any, tmp_path: Path) -> None:
-    with serving(cluster, tmp_path) as (client, _):
+@pytest.mark.parametrize("frontends", ["1", "2"])
+def test_carpool_serve_runs_its_model_in_ray_actors(
+    cluster: Any, tmp_path: Path, frontends: str
+) -> None:
+    with serving(cluster, tmp_path, "--frontends", frontends) as (client, _):
         assert infers_as_the_demo(client)
         assert workers(client) == {
             "runner": "ray",

@@ -15,6 +15,7 @@ import http.client
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,9 +23,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import trustme
 
 from .conftest import HERE, Launcher, Server, float_request, free_port, wait_until
 
@@ -266,3 +269,34 @@ def test_frontends_from_env_and_config_file_and_bad_values_refused(
         )
         assert done.returncode == 2, done.stderr
         assert "--frontends" in done.stderr
+
+
+def test_tls_applies_in_every_front_end(serve: Launcher, tmp_path: Path) -> None:
+    ca = trustme.CA()
+    certificate = ca.issue_cert("127.0.0.1", "localhost")
+    certfile, keyfile, root = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "ca.pem"
+    certificate.cert_chain_pems[0].write_to_path(str(certfile))
+    certificate.private_key_pem.write_to_path(str(keyfile))
+    ca.cert_pem.write_to_path(str(root))
+    trusted = ssl.create_default_context()
+    ca.configure_trust(trusted)
+    tls = ("--ssl-certfile", str(certfile), "--ssl-keyfile", str(keyfile))
+    server = serve("models:add_one", *FRONTENDS, *tls, grpc=True, verify=trusted)
+    served = set()
+    for value in range(12):  # new connections: the kernel spreads them over both
+        with httpx.Client(verify=trusted) as client:
+            response = client.post(
+                f"{server.url}/v2/models/add_one/infer", json=float_request(float(value))
+            )
+        assert response.json()["outputs"][0]["data"] == [value + 1.0]
+        served.add(response.status_code)
+    assert served == {200}
+    with pytest.raises(httpx.RemoteProtocolError):  # plain HTTP: closed, nothing read
+        httpx.get(f"http://{server.address}/v2/health/live", timeout=5.0)
+    client = grpcclient.InferenceServerClient(
+        f"localhost:{server.grpc_port}", ssl=True, root_certificates=str(root)
+    )
+    tensor = grpcclient.InferInput("INPUT0", [1, 1], "FP32")
+    tensor.set_data_from_numpy(np.array([[2.0]], np.float32))
+    assert client.infer("add_one", [tensor]).as_numpy("OUTPUT0").tolist() == [[3.0]]
+    client.close()
