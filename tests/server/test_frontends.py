@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import openai
 import pytest
 import tritonclient.grpc as grpcclient
 import trustme
@@ -300,3 +301,18 @@ def test_tls_applies_in_every_front_end(serve: Launcher, tmp_path: Path) -> None
     tensor.set_data_from_numpy(np.array([[2.0]], np.float32))
     assert client.infer("add_one", [tensor]).as_numpy("OUTPUT0").tolist() == [[3.0]]
     client.close()
+
+
+def test_openai_embeddings_in_every_front_end(serve: Launcher) -> None:
+    server = serve("models:lengths", *FRONTENDS, "--openai", "true")
+    for index in (1, 2):
+        (conn,) = connections(server, index, 1)
+        body = {"model": "lengths", "input": ["ab", "a b c", "汽车"], "encoding_format": "float"}
+        conn.request("POST", "/v1/embeddings", json.dumps(body))
+        response = conn.getresponse()
+        answer = json.loads(response.read())
+        assert response.status == 200, answer
+        assert [d["embedding"] for d in answer["data"]] == [[2.0, 1.0], [5.0, 3.0], [6.0, 1.0]]
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0) as client:
+        vectors = client.embeddings.create(model="lengths", input="x y", encoding_format="float")
+    assert vectors.data[0].embedding == [3.0, 2.0]
