@@ -557,3 +557,28 @@ def pop_segments(queue: RequestQueue, max_rows: int) -> list[Segment]:
     head = queue.head()
     assert head is not None
     return queue.pop_batch(head, max_rows)
+
+
+def test_a_priority_level_is_forgotten_once_its_rows_are_gone() -> None:
+    """Every distinct priority value (any int is accepted) would otherwise leave an entry
+    behind for ever: 10,000 requests of distinct priorities, popped or withdrawn, leave
+    none."""
+    queue = RequestQueue()
+    entries = [entry(i, priority=i) for i in range(10_000)]
+    for item in entries:
+        queue.push(item)
+    for item in entries[::2]:
+        queue.remove(item)
+    while queue.head() is not None:
+        pop(queue, 64)
+    assert (len(queue), queue.rows_ahead(10**9)) == (0, 0)
+    assert (queue._level_rows, queue._levels, queue._priorities) == ({}, {}, [])
+    # and under way, while other levels still hold rows
+    queue.push(busy := entry("busy", priority=-1))
+    for i in range(100):
+        queue.push(item := entry(i, priority=i))
+        queue.remove(item)
+    assert list(queue._level_rows) == [-1]
+    assert queue._priorities == [-1]
+    assert pop(queue, 8) == [("busy", 0, 1)]
+    assert busy.queued is False

@@ -243,9 +243,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         file: dict[str, Any] = read_config_file(args.config) if args.config else {}
+        server = _server_settings(file, args)
     except ConfigError as exc:
         return _refuse(exc)
-    server = _server_settings(file, args)
     try:
         models, unavailable = resolve_models(
             args.targets,
@@ -266,7 +266,8 @@ def _serve(args: argparse.Namespace) -> int:
 def _server_settings(file: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     """The config file's [server] table, the flags over it; logging configured from them
     now, so that loading the models logs as asked (bad values are refused later, by
-    ``ServerConfig``)."""
+    ``ServerConfig``). A key setting that holds no key is a ConfigError here."""
+    from carpool.errors import ConfigError
     from carpool.server.logs import configure_logging
 
     server = dict(file.get("server", {}))
@@ -274,9 +275,25 @@ def _server_settings(file: dict[str, Any], args: argparse.Namespace) -> dict[str
         value = getattr(args, flag)
         if value is not None:
             server[key] = value
-    keys = args.api_key or [k for k in os.environ.get(API_KEY_ENV, "").split(",") if k.strip()]
-    if keys:
-        server["api_keys"] = tuple(key.strip() for key in keys)
+    if "api_keys" in server and not server["api_keys"]:
+        raise ConfigError(
+            "the config file's [server] api_keys is empty, which would serve every route "
+            "to anyone; give it a key, or leave api_keys out to serve without keys"
+        )
+    # Read once and taken out of the environment, so that no child process (a model
+    # worker, Ray's, the resource tracker) inherits the key.
+    from_env = os.environ.pop(API_KEY_ENV, None)
+    if from_env is not None and not args.api_key:
+        keys = [k.strip() for k in from_env.split(",") if k.strip()]
+        if not keys:
+            raise ConfigError(
+                f"{API_KEY_ENV} is set but holds no key (empty, blank or only commas), which "
+                "would serve every route to anyone; give it a key, or unset it to serve "
+                "without keys"
+            )
+        server["api_keys"] = tuple(keys)
+    elif args.api_key:
+        server["api_keys"] = tuple(key.strip() for key in args.api_key)
     level, log_format = str(server.get("log_level", "info")), server.get("log_format", "text")
     if level.lower() in _LOG_LEVELS and log_format in ("text", "json"):  # else: refused below
         configure_logging(level, bool(server.get("access_log", True)), str(log_format))

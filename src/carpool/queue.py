@@ -107,8 +107,24 @@ class RequestQueue:
         left = entry.rows - entry.taken
         self.rows -= left
         self._release(entry.key, left)
-        self._level_rows[entry.priority] -= left
+        if self._level_less(entry.priority, left):
+            self._drop_level(entry.priority)
         return True
+
+    def _level_less(self, priority: int, rows: int) -> bool:
+        """``rows`` fewer live rows at ``priority``; True when none is left there."""
+        left = self._level_rows[priority] - rows
+        if left:
+            self._level_rows[priority] = left
+            return False
+        del self._level_rows[priority]
+        return True
+
+    def _drop_level(self, priority: int) -> None:
+        """Forget a level with no live rows (what its lanes still hold was withdrawn or
+        taken): a priority value is not kept for ever once its requests are gone."""
+        if self._levels.pop(priority, None) is not None:
+            self._priorities.remove(priority)
 
     def rows_ahead(self, priority: int) -> int:
         """Rows queued that are served before a new request of ``priority`` (its level and
@@ -174,7 +190,7 @@ class RequestQueue:
         segments: list[Segment] = []
         append = segments.append
         room = max_rows
-        level_rows = self._level_rows
+        emptied = []
         for priority in self._priorities:
             if priority < head.priority:
                 continue
@@ -198,10 +214,12 @@ class RequestQueue:
                     entry.queued = False
                 else:  # the rest keeps its place at the head, never re-queued at the tail
                     lane.appendleft(entry)
-            if room != before:
-                level_rows[priority] -= before - room
+            if room != before and self._level_less(priority, before - room):
+                emptied.append(priority)
             if not room:
                 break
+        for priority in emptied:
+            self._drop_level(priority)
         taken = max_rows - room
         self.rows -= taken
         self._release(key, taken)

@@ -12,16 +12,20 @@ import contextlib
 import hmac
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import numpy as np
 import openai
 import pytest
 import tritonclient.grpc as triton
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from carpool.server.auth import ApiKeys, is_open, presented
+from conftest import replica_children
 
 from .conftest import Launcher, Server, json_tensor
 from .test_cli_serve import assert_refused, run_serve
@@ -39,24 +43,40 @@ def test_presented_reads_bearer_tokens_and_x_api_key() -> None:
     headers = [
         (b"authorization", b"Bearer one"),
         (b"authorization", b"bearer  two "),
-        (b"authorization", b"Basic dXNlcjpwYXNz"),  # not a key: ignored
+        (b"authorization", b"Basic dXNlcjpwYXNz"),  # a key header with no key in it
         (b"x-api-key", b"three"),
         (b"x-other", b"four"),
     ]
-    assert presented(headers) == [b"one", b"two", b"three"]
+    assert presented(headers) == [b"one", b"two", None, b"three"]
 
 
 def test_api_keys_allow_any_of_several_keys_by_either_header() -> None:
     keys = ApiKeys(KEYS)
     assert keys.allows([(b"authorization", f"Bearer {KEYS[0]}".encode())])
     assert keys.allows([(b"x-api-key", KEYS[1].encode())])
-    assert keys.allows([(b"x-api-key", WRONG.encode()), (b"x-api-key", KEYS[1].encode())])
     assert not keys.allows([(b"x-api-key", WRONG.encode())])
     assert not keys.allows([(b"x-api-key", KEYS[0][:-1].encode())])  # a prefix is not the key
     assert not keys.allows([(b"authorization", KEYS[0].encode())])  # no Bearer scheme
     assert not keys.allows([])
     assert KEYS[0] not in repr(keys)
     assert len(keys) == 2
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [(b"x-api-key", WRONG.encode()), (b"x-api-key", KEYS[1].encode())],
+        [(b"x-api-key", KEYS[1].encode()), (b"x-api-key", KEYS[1].encode())],
+        [(b"authorization", f"Bearer {WRONG}".encode()), (b"x-api-key", KEYS[0].encode())],
+        [(b"authorization", b"Basic dXNlcjpwYXNz"), (b"x-api-key", KEYS[0].encode())],
+    ],
+    ids=["wrong-then-right", "right-twice", "bearer-and-x-api-key", "basic-and-x-api-key"],
+)
+def test_several_key_headers_are_refused_whatever_they_hold(
+    headers: list[tuple[bytes, bytes]],
+) -> None:
+    """One request tests one guess: several key headers, of one kind or both, are refused."""
+    assert not ApiKeys(KEYS).allows(headers)
 
 
 def test_every_key_is_compared_in_constant_time_without_early_exit(
@@ -75,7 +95,9 @@ def test_every_key_is_compared_in_constant_time_without_early_exit(
     keys = ApiKeys(("a", "bb", "ccc"))
     assert keys.allows([(b"x-api-key", b"a")])  # matches the first key
     assert len(compared) == 3
-    assert not keys.allows([(b"x-api-key", b"zz"), (b"authorization", b"Bearer y")])
+    assert not keys.matches([b"zz", b"y"])
+    assert len(compared) == 3 + 6
+    assert not keys.allows([(b"x-api-key", b"a"), (b"x-api-key", b"zz")])  # two: no compare
     assert len(compared) == 3 + 6
     assert set(compared) == {(32, 32)}  # SHA-256 digests: lengths are not timed either
 
@@ -291,6 +313,9 @@ def test_without_keys_every_route_is_open(serve: Launcher) -> None:
     [
         (["--api-key", "has space-SECRET"], {}, "an API key must not contain spaces or commas"),
         ([], {"CARPOOL_API_KEY": "ok-SECRET,\x07bell"}, "printable ASCII"),
+        ([], {"CARPOOL_API_KEY": ""}, "CARPOOL_API_KEY is set but holds no key"),
+        ([], {"CARPOOL_API_KEY": " "}, "CARPOOL_API_KEY is set but holds no key"),
+        ([], {"CARPOOL_API_KEY": ",, ,"}, "CARPOOL_API_KEY is set but holds no key"),
         (["--ssl-certfile", "cert.pem"], {}, "TLS needs both --ssl-certfile and --ssl-keyfile"),
         (["--ssl-certfile", "no.pem", "--ssl-keyfile", "no.pem"], {}, "'no.pem': no such file"),
         (["--header-timeout", "0"], {}, "--header-timeout must be > 0 seconds"),
@@ -303,3 +328,49 @@ def test_bad_access_settings_refuse_to_start_without_quoting_a_key(
     result = run_serve("models:add_one", *args, env=env)
     assert_refused(result, message)
     assert "SECRET" not in result.stderr
+
+
+def test_an_empty_api_keys_table_entry_refuses_to_start(tmp_path: Path) -> None:
+    config = tmp_path / "carpool.toml"
+    config.write_text("[server]\napi_keys = []\n")
+    result = run_serve("models:add_one", "--config", str(config))
+    assert_refused(result, "[server] api_keys is empty")
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [("x-api-key", WRONG), ("x-api-key", KEYS[0])],
+        [("authorization", f"Bearer {KEYS[0]}"), ("x-api-key", KEYS[0])],
+    ],
+    ids=["x-api-key-twice", "both-kinds"],
+)
+def test_a_request_with_several_key_headers_gets_401(
+    server: Server, headers: list[tuple[str, str]]
+) -> None:
+    response = httpx.post(
+        f"{server.url}/v2/models/add_one/infer", json=INFER, headers=httpx.Headers(headers)
+    )
+    assert (response.status_code, response.json()) == (401, {"error": "unauthorized"})
+    # gRPC metadata with the same headers (tritonclient takes a dict: one of each)
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ServerMetadata(service_pb2.ServerMetadataRequest(), metadata=headers)
+        assert (info.value.code(), info.value.details()) == (
+            grpc.StatusCode.UNAUTHENTICATED,
+            "unauthorized",
+        )
+        one = [headers[-1]]  # the same call with one of them: served
+        assert stub.ServerMetadata(service_pb2.ServerMetadataRequest(), metadata=one).name
+
+
+def test_worker_processes_do_not_inherit_the_key(serve: Launcher) -> None:
+    server = serve("models:add_one", "--runner", "process", env={"CARPOOL_API_KEY": KEYS[0]})
+    assert server.infer("add_one", INFER, headers=bearer(KEYS[0])).status_code == 200
+    workers = replica_children(server.process.pid)
+    assert workers
+    for pid in workers:
+        environment = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert not any(entry.startswith(b"CARPOOL_API_KEY=") for entry in environment)
+        assert KEYS[0].encode() not in Path(f"/proc/{pid}/environ").read_bytes()

@@ -10,9 +10,12 @@ import threading
 import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
-from carpool.server.logs import JsonFormatter, TurnHandler, access_log, log_access
+from carpool.server.logs import JsonFormatter, TextFormatter, TurnHandler, access_log, log_access
+
+from .conftest import Launcher
 
 
 class Stream:
@@ -124,3 +127,25 @@ def test_the_access_line_and_its_json_fields() -> None:
         401,
     )
     assert fields["duration_ms"] >= 0
+
+
+def test_control_characters_in_a_message_are_escaped_not_written() -> None:
+    formatter = TextFormatter()
+    record = logging.makeLogRecord(
+        {"msg": '127.0.0.1:1 "GET /v2/\nFORGED \x1b[31m\u00e9t\u00e9" 404', "name": "a"}
+    )
+    line = formatter.format(record)
+    assert "\n" not in line
+    assert "\x1b" not in line
+    assert line.endswith('"GET /v2/\\nFORGED \\x1b[31m\u00e9t\u00e9" 404')
+    plain = logging.makeLogRecord({"msg": "served %s", "args": ("x",), "name": "a"})
+    assert formatter.format(plain).endswith(" a: served x")
+
+
+def test_a_path_cannot_forge_an_access_line(serve: Launcher) -> None:
+    server = serve("models:add_one", access_log=True)
+    response = httpx.get(f"{server.url}/v2/%0aFORGED%20200%1b[2J")
+    assert response.status_code == 404
+    log = server.stderr_showing("FORGED")
+    assert not any(line.startswith("FORGED") for line in log.splitlines())
+    assert '"GET /v2/\\nFORGED 200\\x1b[2J" 404' in log

@@ -72,6 +72,26 @@ def test_the_document_is_valid_openapi() -> None:
     assert doc["info"]["version"] == "1.2.3"
 
 
+def test_the_document_declares_the_keys_and_the_401() -> None:
+    doc = document("1.2.3")
+    assert doc["components"]["securitySchemes"] == {
+        "bearer": {"type": "http", "scheme": "bearer"},
+        "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+    }
+    assert doc["security"] == [{"bearer": []}, {"apiKey": []}, {}]  # without keys: open
+    for route, operations in doc["paths"].items():
+        for method, operation in operations.items():
+            if method == "parameters":
+                continue
+            if route.startswith("/v2/health/"):
+                assert operation["security"] == [], route
+                assert "401" not in operation["responses"], route
+            else:
+                shape = "OpenAIError" if route.startswith("/v1/") else "Error"
+                body = operation["responses"]["401"]["content"]["application/json"]["schema"]
+                assert body == {"$ref": f"#/components/schemas/{shape}"}, route
+
+
 def test_the_server_serves_the_document(server: Server) -> None:
     response = server.http.get(PATH)
     assert response.status_code == 200

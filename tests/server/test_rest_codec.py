@@ -467,6 +467,18 @@ def test_json_takes_nan_and_infinity_as_triton_does(datatype: str) -> None:
     assert tensor.data.dtype == np.dtype(datatype.replace("FP", "float"))
 
 
+def test_an_id_that_cannot_be_written_back_is_refused_before_the_model_runs() -> None:
+    """The stdlib, which reads bodies with NaN, takes a lone surrogate in the id that no
+    encoder writes back: a 400 naming the id, not a 500 after the model ran."""
+    body = b'{"id": "a\\ud800b", "inputs": [{"name": "X", "datatype": "FP32", "shape": [1], '
+    body += b'"data": [NaN]}]}'
+    with pytest.raises(ProtocolError, match="lone UTF-16 surrogate") as info:
+        parse_infer_request(body, None, max_elements=LIMIT)
+    assert (info.value.field, info.value.status) == ("id", 400)
+    fine = body.replace(b"\\ud800", "\u00e9t\u00e9".encode())
+    assert parse_infer_request(fine, None, max_elements=LIMIT).id == "a\u00e9t\u00e9b"
+
+
 def test_json_with_nan_still_refuses_a_finite_value_too_large_for_its_datatype() -> None:
     body = b'{"inputs": [{"name": "X", "datatype": "FP32", "shape": [2], "data": [NaN, 1e39]}]}'
     with pytest.raises(ProtocolError, match="a value is out of range for FP32") as info:

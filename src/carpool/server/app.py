@@ -60,6 +60,9 @@ __all__ = ["App"]
 log = logging.getLogger("carpool.server")
 _HTTP = "http"  # the protocol label of v2 REST requests in /metrics
 _OPENAI = "openai"  # and of /v1/embeddings requests
+# The server cancels a REST request only at the drain deadline, and answers it 503 itself
+# (``_http``): counted so under its model, as every other answer is.
+_CUT_OFF = Status.UNAVAILABLE
 
 
 class App:
@@ -288,7 +291,7 @@ class App:
         async def decode(model: Model) -> InferRequest:
             return await self._read_request(model, scope, receive)
 
-        gone = Withdrawal(client_gone=gone_signal(scope, receive))
+        gone = Withdrawal(client_gone=gone_signal(scope, receive), cancel_counts_as=_CUT_OFF)
         try:
             body, json_length = await self.inference.infer(
                 name, version, protocol=_HTTP, decode=decode, encode=_encode, withdrawal=gone
@@ -325,7 +328,7 @@ class App:
         served = self.registry.get(openai.model_name(doc))
         openai.check_opted_in(served.model)
         call = openai.EmbeddingsCall(doc)
-        gone = Withdrawal(client_gone=gone_signal(scope, receive))
+        gone = Withdrawal(client_gone=gone_signal(scope, receive), cancel_counts_as=_CUT_OFF)
         try:
             body = await self.inference.infer(
                 served.name,

@@ -3,7 +3,8 @@ routes need none. Pure: no I/O, no clock, no framework; the app and the gRPC int
 (:mod:`carpool.server.grpc_access`) ask it. It must not import the rest of the server.
 
 A client presents a key as ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (HTTP
-headers or gRPC metadata). Every presented key is compared with every served key in
+headers or gRPC metadata), one header of one kind: a request with several is refused. The
+presented key is compared with every served key in
 constant time: both sides are SHA-256 digests first (so a key's length is not timed
 either), compared with :func:`hmac.compare_digest`, and the loop never exits early, so the
 time taken does not reveal whether, or which, key matched.
@@ -28,15 +29,15 @@ OPEN_RPCS = frozenset(
 )
 
 
-def presented(headers: Iterable[tuple[bytes, bytes]]) -> list[bytes]:
-    """The keys a request presents: the token of each ``Authorization: Bearer`` header (the
-    scheme in any case) and each ``x-api-key`` header. Names must be lower case, as ASGI
-    and gRPC give them."""
-    keys = []
+def presented(headers: Iterable[tuple[bytes, bytes]]) -> list[bytes | None]:
+    """What each key header of a request presents: the token of an ``Authorization: Bearer``
+    header (the scheme in any case), None for an ``Authorization`` of another scheme, and
+    the value of an ``x-api-key`` header. Names must be lower case, as ASGI and gRPC give
+    them."""
+    keys: list[bytes | None] = []
     for name, value in headers:
         if name == b"authorization":
-            if value[:7].lower() == _BEARER:
-                keys.append(value[7:].strip())
+            keys.append(value[7:].strip() if value[:7].lower() == _BEARER else None)
         elif name == b"x-api-key":
             keys.append(value.strip())
     return keys
@@ -61,8 +62,13 @@ class ApiKeys:
         return f"ApiKeys(<{len(self._digests)} keys>)"  # never the keys themselves
 
     def allows(self, headers: Iterable[tuple[bytes, bytes]]) -> bool:
-        """Whether any key the headers present is one of these."""
-        return self.matches(presented(headers))
+        """Whether the headers present exactly one key, and it is one of these. A request
+        with several key headers (of one kind or of both) is refused whatever they hold:
+        one request tests one guess."""
+        keys = presented(headers)
+        if len(keys) != 1 or keys[0] is None:
+            return False
+        return self.matches(keys)  # type: ignore[arg-type]  # (None ruled out above)
 
     def matches(self, candidates: Iterable[bytes]) -> bool:
         """Whether any of ``candidates`` is one of these keys; every candidate is compared

@@ -17,7 +17,14 @@ import logging
 import time
 from typing import Any
 
-__all__ = ["JsonFormatter", "TurnHandler", "access_log", "configure_logging", "log_access"]
+__all__ = [
+    "JsonFormatter",
+    "TextFormatter",
+    "TurnHandler",
+    "access_log",
+    "configure_logging",
+    "log_access",
+]
 
 access_log = logging.getLogger("carpool.access")
 _INFO = logging.INFO
@@ -89,6 +96,25 @@ class TurnHandler(logging.StreamHandler):  # type: ignore[type-arg]
             self.handleError(held[-1])
 
 
+class TextFormatter(logging.Formatter):
+    """carpool's text lines: a message's control characters escaped (``\\n``, ``\\x1b``),
+    so that nothing a client sends (a path with ``%0a``) can start a line of its own or
+    steer a terminal. A traceback keeps its lines."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        message = record.message
+        if not message.isprintable():
+            record.message = "".join(c if c.isprintable() else _escaped(c) for c in message)
+        return super().formatMessage(record)
+
+
+def _escaped(character: str) -> str:
+    return repr(character)[1:-1] if character != " " else character
+
+
 def configure_logging(level: str, access_log_on: bool, log_format: str) -> None:
     """carpool's log handler and format; the CLI sets them before models load, so that what
     loading logs (a graph served without batching, say) reads like the rest."""
@@ -96,7 +122,7 @@ def configure_logging(level: str, access_log_on: bool, log_format: str) -> None:
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

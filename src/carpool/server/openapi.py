@@ -174,6 +174,13 @@ _ERRORS = {
 }
 
 
+_UNAUTHORIZED = (
+    "with --api-key: no key, not one of the server's, or more than one key header (under "
+    '/v2, the body is exactly {"error": "unauthorized"}; under /v1, OpenAI\'s shape)'
+)
+_OPEN_ROUTES = ("/v2/health/live", "/v2/health/ready")  # never need a key (auth.is_open)
+
+
 def _errors(*codes: str) -> dict[str, Any]:
     return {code: _json("Error", _ERRORS[code]) for code in codes}
 
@@ -411,6 +418,14 @@ def _build(version: str) -> dict[str, Any]:
     for route, operations in paths.items():
         if "{model_name}" in route:
             operations["parameters"] = both if "{model_version}" in route else names
+        for method, operation in operations.items():
+            if method == "parameters":
+                continue
+            if route in _OPEN_ROUTES:
+                operation["security"] = []  # probes carry no credentials
+            else:
+                shape = "OpenAIError" if route.startswith("/v1/") else "Error"
+                operation["responses"]["401"] = _json(shape, _UNAUTHORIZED)
     return {
         "openapi": "3.0.3",
         "info": {
@@ -421,7 +436,16 @@ def _build(version: str) -> dict[str, Any]:
             "gzip or deflate compressed (Content-Encoding).",
         },
         "paths": paths,
-        "components": {"schemas": {**_schemas(), **_openai_schemas()}},
+        # With --api-key, one of the keys, as a bearer token or in x-api-key (one header);
+        # without, nothing: hence the empty alternative.
+        "security": [{"bearer": []}, {"apiKey": []}, {}],
+        "components": {
+            "schemas": {**_schemas(), **_openai_schemas()},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+            },
+        },
     }
 
 

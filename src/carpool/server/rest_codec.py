@@ -6,8 +6,9 @@ Requests: the app reads the body and the ``Inference-Header-Content-Length`` hea
 when the length is 0). Responses: :func:`encode_infer_response` for the tensors the
 inference path answered, :func:`encode_error` for every error body. Every refusal is a
 :class:`ProtocolError` carrying the status and the field at fault; messages keep Triton's
-wording where it has one, because clients and operators grep for it. Pure and sans-I/O: it
-must not import the ASGI app, the batcher or anything that touches a socket.
+wording where it has one, because clients and operators grep for it. JSON text itself is
+read and written by :mod:`carpool.server.json_text`. Pure and sans-I/O: it must not import
+the ASGI app, the batcher or anything that touches a socket.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import orjson
 
 from carpool.datatypes import DATATYPES
+from carpool.server.json_text import check_id, dump_answer, read_object
 from carpool.server.messages import (
     HEADER_LENGTH,
     Array,
@@ -39,7 +40,6 @@ from carpool.server.messages import (
     input_tensor,
     refuse_shared_memory,
 )
-from carpool.server.statuses import Status
 from carpool.server.tensors import (
     array_from_json,
     array_from_wire,
@@ -166,10 +166,10 @@ class _Header:
 
 
 def _read_header(text: bytes | memoryview, max_elements: int) -> _Header:
-    doc = _json_object(memoryview(text))
+    doc = read_object(memoryview(text))
     request_id = doc.get("id")
-    if request_id is not None and type(request_id) is not str:
-        raise ProtocolError("Unable to parse 'id': expected a string", field="id")
+    if request_id is not None:
+        check_id(request_id)
     parameters = _parameters(doc.get("parameters"), "parameters")
     binary_output = _expect_bool(
         parameters.pop("binary_data_output", False), "parameters.binary_data_output"
@@ -229,32 +229,9 @@ def parse_index_request(body: bytes) -> bool:
     """
     if not body.strip():
         return False
-    doc = _json_object(memoryview(body))
+    doc = read_object(memoryview(body))
     ready = doc.get("ready", False)
     return _expect_bool(ready, "ready")
-
-
-def _json_object(header: memoryview) -> dict[str, Any]:
-    try:
-        doc = orjson.loads(header)
-    except orjson.JSONDecodeError as exc:
-        doc = _json_with_non_finite(header, exc)
-    if type(doc) is not dict:
-        raise ProtocolError("the request body must be a JSON object", field="body")
-    return doc
-
-
-def _json_with_non_finite(header: memoryview, error: orjson.JSONDecodeError) -> Any:
-    """A body orjson refused, read again by the stdlib if it holds ``NaN``, ``Infinity`` or
-    ``-Infinity``: Triton's JSON accepts those bare tokens, and perf_analyzer sends random
-    FP32 bit patterns as JSON numbers. Ordinary bodies never leave the fast parser."""
-    raw = bytes(header)
-    if b"NaN" in raw or b"Infinity" in raw:
-        try:
-            return json.loads(raw)
-        except (ValueError, RecursionError):  # a nesting bomb: the stdlib recurses
-            pass
-    raise ProtocolError(f"failed to parse the request JSON buffer: {error}", field="body")
 
 
 def _inputs(value: Any, max_elements: int, booleans: bool) -> tuple[_Input, ...]:
@@ -441,7 +418,7 @@ def encode_infer_response(
     blobs: list[bytes | memoryview] = []
     entries = [_output_entry(tensor, binary, blobs) for tensor, binary in outputs]
     header["outputs"] = entries
-    text = _dump_json(header, entries)
+    text = dump_answer(header, entries)
     if not blobs:  # no output is binary
         return text, None
     return b"".join([text, *blobs]), len(text)
@@ -467,28 +444,3 @@ def _output_entry(
         else:
             entry["data"] = array_to_json(tensor.data, datatype=datatype, name=name)
     return entry
-
-
-def _dump_json(header: dict[str, Any], entries: list[dict[str, Any]]) -> bytes:
-    # orjson, unless a float output holds NaN or infinity, which only the stdlib writes.
-    try:
-        if _finite(entries):
-            return orjson.dumps(header, option=orjson.OPT_SERIALIZE_NUMPY)
-        for entry in entries:
-            if isinstance(entry.get("data"), np.ndarray):
-                entry["data"] = entry["data"].tolist()
-        return json.dumps(header, separators=(",", ":")).encode()
-    except (TypeError, ValueError) as exc:  # orjson.JSONEncodeError is a TypeError
-        raise ProtocolError(
-            f"the response cannot be encoded as JSON: {exc}",
-            field="body",
-            status=Status.INTERNAL_ERROR,
-        ) from None
-
-
-def _finite(entries: list[dict[str, Any]]) -> bool:
-    for entry in entries:
-        data = entry.get("data")
-        if isinstance(data, np.ndarray) and data.dtype.kind == "f" and not np.isfinite(data).all():
-            return False
-    return True
