@@ -102,7 +102,18 @@ _SETTING_FLAGS: tuple[Flag, ...] = (
         "also serve the models over OpenAI's /v1/embeddings and /v1/models (true/false); "
         "each must take text (one BYTES input) to one FP32 vector [true for minilm, else false]",
     ),
+    (
+        "--max-rows-per-request",
+        int,
+        "rows one request may hold (each model); more get 400 naming it; below it, a "
+        "request larger than --max-batch-size is split over batches [4 x --max-batch-size]",
+    ),
     ("--max-body-bytes", int, "largest request body; then 413 [67108864]"),
+    (
+        "--max-client-batch-size",
+        int,
+        "texts one /v1/embeddings request may hold; more get 413 [32]",
+    ),
     ("--drain-timeout", float, "seconds to finish requests on SIGTERM [30]"),
     (
         "--metrics-need-key",
@@ -161,6 +172,7 @@ _SERVER_KEYS = {
     "body_timeout": "body_timeout_s",
     "limit_concurrency": "limit_concurrency",
     "frontends": "frontends",
+    "max_client_batch_size": "max_client_batch_size",
 }
 API_KEY_ENV = "CARPOOL_API_KEY"  # comma-separated; from a Secret, out of sight of `ps`
 _BATCHING_KEYS = (
@@ -170,6 +182,7 @@ _BATCHING_KEYS = (
     "workers",
     "max_queue_size",
     "default_timeout_ms",
+    "max_rows_per_request",
     "latency_slo_ms",
     "runner",
     "ray_address",

@@ -88,6 +88,9 @@ class Batching:
     retry: bool = DEFAULTS.retry  # process, ray: a batch whose worker died runs once more
     ray_address: str | None = None  # runner="ray": the cluster (None: as ray.init finds it)
     ray: Mapping[str, Any] | None = None  # runner="ray": num_cpus, num_gpus, resources, ...
+    # Rows one request may hold; None: 4 x max_batch_size (a request past max_batch_size is
+    # split over batches, as far as this).
+    max_rows_per_request: int | None = None
 
     def __post_init__(self) -> None:
         """Checked with the batcher's own rules (``carpool.options``): a bad setting is a
@@ -111,6 +114,8 @@ class Batching:
                 f"default_priority_level={self.default_priority_level} must be within "
                 f"priority_levels={self.priority_levels}"
             )
+        if self.max_rows_per_request is not None:
+            check_int("max_rows_per_request", self.max_rows_per_request, 1)
         if self.ray is not None and not isinstance(self.ray, Mapping):
             raise ConfigTypeError(f"ray must be a table (mapping), got {type(self.ray).__name__}")
         self.options()  # the batcher's options, checked as a batcher checks them
@@ -130,6 +135,14 @@ class Batching:
     @property
     def batched(self) -> bool:
         return self.max_batch_size > 0
+
+    @property
+    def rows_per_request(self) -> int:
+        """The rows one request may hold: ``max_rows_per_request``, or 4 x
+        ``max_batch_size`` (1 with batching off: a request is one call)."""
+        if self.max_rows_per_request is not None:
+            return self.max_rows_per_request
+        return 4 * self.max_batch_size if self.batched else 1
 
     def options(self) -> BatcherOptions:
         """The options of a batcher for this model, validated (the model names it)."""

@@ -336,3 +336,33 @@ def test_respond_refuses_an_output_unlike_its_declaration(shape: tuple[int, ...]
     result = {"SUM": np.zeros(shape, np.float32), "TWICE": np.zeros((1, 2, 3), np.int64)}
     with pytest.raises(ModelOutputError, match="SUM"):
         respond(model, admitted, result)
+
+
+def test_a_request_of_more_rows_than_the_cap_is_refused_naming_the_setting() -> None:
+    model = undeclared(max_batch_size=4)  # the cap: 4 x 4 = 16 rows
+    doc = {"inputs": [tensor("INPUT0", "INT32", [16, 1])]}
+    assert admit(model, request(doc)).rows == 16  # split over 4 batches downstream
+    doc = {"inputs": [tensor("INPUT0", "INT32", [17, 1])]}
+    with pytest.raises(ProtocolError) as info:
+        admit(model, request(doc))
+    assert str(info.value) == (
+        "inference request batch-size must be <= 16 for 'free': it holds 17 rows; send fewer, "
+        "or raise max_rows_per_request (--max-rows-per-request)"
+    )
+    assert (info.value.status, info.value.field) == (400, "inputs")
+    roomy = undeclared(max_batch_size=4, max_rows_per_request=17)
+    assert admit(roomy, request(doc)).rows == 17
+
+
+def test_zero_size_rows_count_as_rows() -> None:
+    """A shape of many rows of nothing holds no elements, and used to pass every limit: the
+    scheduler then ran batch after empty batch of it."""
+    doc = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2**59, 0], "data": []}]}
+    with pytest.raises(ProtocolError, match=f"it holds {2**59} rows"):
+        admit(undeclared(), request(doc))
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, "8"])
+def test_max_rows_per_request_must_be_a_positive_int(value: Any) -> None:
+    with pytest.raises(ValueError, match="max_rows_per_request"):
+        Batching(max_rows_per_request=value)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import select
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -374,3 +376,25 @@ def test_worker_processes_do_not_inherit_the_key(serve: Launcher) -> None:
         environment = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         assert not any(entry.startswith(b"CARPOOL_API_KEY=") for entry in environment)
         assert KEYS[0].encode() not in Path(f"/proc/{pid}/environ").read_bytes()
+
+
+def test_a_401_sent_before_the_body_ends_the_connection(server: Server) -> None:
+    """A 401 is sent without reading the body; a client that keeps trickling body bytes no
+    longer holds the connection open (it did for as long as it trickled)."""
+    head = b"POST /v2/models/add_one/infer HTTP/1.1\r\nHost: c\r\nContent-Length: 100000\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(head + b"{")
+        received = b""
+        for _ in range(100):  # a byte each 0.1 s for up to 10 s
+            if select.select([sock], [], [], 0.1)[0]:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                received += chunk
+            try:
+                sock.sendall(b" ")
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        else:
+            pytest.fail("the connection was still open after 10 s of trickling")
+    assert received.startswith(b"HTTP/1.1 401 ")

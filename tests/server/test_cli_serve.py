@@ -48,6 +48,8 @@ FLAGS = {
     "--body-timeout": "CARPOOL_BODY_TIMEOUT",
     "--limit-concurrency": "CARPOOL_LIMIT_CONCURRENCY",
     "--frontends": "CARPOOL_FRONTENDS",
+    "--max-rows-per-request": "CARPOOL_MAX_ROWS_PER_REQUEST",
+    "--max-client-batch-size": "CARPOOL_MAX_CLIENT_BATCH_SIZE",
 }
 
 

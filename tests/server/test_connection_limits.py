@@ -148,3 +148,45 @@ def test_past_limit_concurrency_a_request_gets_503_while_n_are_held(
         lambda: httpx.get(f"{server.url}/v2/health/live").status_code == 200,
         "a request to be served once the held ones left",
     )
+
+
+def _trickled_until_closed(sock: socket.socket) -> tuple[bytes, float]:
+    """Read what the server sends while sending it a byte every 0.2 s: what came, and the
+    seconds until the server ended the connection (a socket timeout fails the test)."""
+    started = time.monotonic()
+    received = b""
+    while time.monotonic() - started < CLOSED_WITHIN_S:
+        if select.select([sock], [], [], 0.2)[0]:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return received, time.monotonic() - started
+            received += chunk
+        try:
+            sock.sendall(b"x")
+        except (BrokenPipeError, ConnectionResetError):
+            return received, time.monotonic() - started
+    pytest.fail(f"the connection was still open after {CLOSED_WITHIN_S:g} s of trickling")
+
+
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        (b"GET /v2/health/live HTTP/1.1\r\nHost: carpool\r\nContent-Length: 100000\r\n\r\n", 200),
+        (b"POST /v2/nowhere HTTP/1.1\r\nHost: carpool\r\nContent-Length: 100000\r\n\r\n", 404),
+        (
+            b"POST /v2/models/add_one/infer HTTP/1.1\r\nHost: carpool\r\n"
+            b"Content-Length: 999999999999\r\n\r\n",
+            413,
+        ),
+    ],
+    ids=["health", "not-found", "declared-413"],
+)
+def test_an_answer_sent_before_the_body_ends_the_connection_whatever_trickles_in(
+    server: Server, head: bytes, status: int
+) -> None:
+    """Before, one more body byte after such an answer cancelled uvicorn's keep-alive timer
+    and nothing re-armed it: a byte a second held the connection for ever."""
+    with connect(server) as sock:
+        sock.sendall(head + b"abc")
+        received, _ = _trickled_until_closed(sock)
+    assert split_response(received)[0] == status

@@ -14,6 +14,7 @@ import socket
 import zlib
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -742,3 +743,30 @@ def test_nan_and_infinity_travel_as_json_tokens_both_ways(server: Server) -> Non
     assert b'"data":[NaN,Infinity,-Infinity,2.5]' in response.content.replace(b" ", b"")
     (output,) = json.loads(response.content)["outputs"]
     assert str(output["data"]) == "[nan, inf, -inf, 2.5]"
+
+
+def test_rows_and_texts_per_request_are_capped_with_errors_naming_the_setting(
+    serve: Launcher, tmp_path: Path
+) -> None:
+    config = tmp_path / "carpool.toml"
+    config.write_text("[server]\nmax_client_batch_size = 3\n[models.lengths]\nopenai = true\n")
+    server = serve(
+        "models:add_one", "models:lengths", "--max-batch-size", "4", "--config", str(config)
+    )
+    rows = {"inputs": [json_tensor("INPUT0", "FP32", [17, 1], [1.0] * 17)]}
+    response = server.infer("add_one", rows)
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": "inference request batch-size must be <= 16 for 'add_one': it holds 17 rows; "
+        "send fewer, or raise max_rows_per_request (--max-rows-per-request)"
+    }
+    rows["inputs"][0].update(shape=[16, 1], data=[1.0] * 16)
+    assert server.infer("add_one", rows).json()["outputs"][0]["data"] == [2.0] * 16
+    texts = {"model": "lengths", "input": ["a", "bb", "ccc", "dddd"]}
+    response = httpx.post(f"{server.url}/v1/embeddings", json=texts)
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "too_many_inputs"
+    assert "--max-client-batch-size" in response.json()["error"]["message"]
+    texts["input"] = texts["input"][:3]
+    assert httpx.post(f"{server.url}/v1/embeddings", json=texts).status_code == 200
+    assert server.is_live()

@@ -341,3 +341,21 @@ def test_every_status_of_the_table_in_openais_shape(
             "code": code,
         }
     }
+
+
+def test_more_texts_than_max_client_batch_size_are_413_before_any_is_read() -> None:
+    texts = ["a"] * 33
+    assert len(parse_embeddings({"model": "m", "input": texts[:32]}, 32).texts) == 32
+    with pytest.raises(OpenAIError) as info:
+        parse_embeddings({"model": "m", "input": [*texts, 7]}, 32)  # 34th is never read
+    assert str(info.value) == (
+        "'input' holds 34 items; at most 32 are taken in one request "
+        "(--max-client-batch-size): send them in several requests, or raise the limit"
+    )
+    assert (info.value.param, info.value.code, info.value.status) == (
+        "input",
+        "too_many_inputs",
+        413,
+    )
+    assert len(parse_embeddings({"model": "m", "input": list(range(40))}, 32).texts) == 0
+    assert len(parse_embeddings({"model": "m", "input": texts}).texts) == 33  # no limit

@@ -206,6 +206,13 @@ def admit(model: Model, request: InferRequest) -> AdmittedRequest:
             )
     value = _check_inputs(model, request)
     rows = _rows(request) if model.batching.batched else 1
+    if rows > model.batching.rows_per_request:
+        cap = model.batching.rows_per_request
+        raise ProtocolError(
+            f"inference request batch-size must be <= {cap} for '{model.name}': it holds "
+            f"{rows} rows; send fewer, or raise max_rows_per_request (--max-rows-per-request)",
+            field="inputs",
+        )
     if model.preprocess is not None:
         value = _preprocess(model, value, rows)
     if model.padding is not None:

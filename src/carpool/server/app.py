@@ -80,8 +80,10 @@ class App:
         api_keys: ApiKeys | None = None,
         metrics_need_key: bool = False,
         body_timeout_s: float | None = None,
+        max_client_batch_size: int | None = None,
     ) -> None:
         self.inference = inference
+        self.max_client_batch_size = max_client_batch_size  # texts per /v1/embeddings call
         self.registry = inference.registry
         self.api_keys = api_keys  # None: every route is open
         self.metrics_need_key = metrics_need_key
@@ -327,7 +329,7 @@ class App:
         doc = openai.json_body(await self._body(scope, receive))
         served = self.registry.get(openai.model_name(doc))
         openai.check_opted_in(served.model)
-        call = openai.EmbeddingsCall(doc)
+        call = openai.EmbeddingsCall(doc, self.max_client_batch_size)
         gone = Withdrawal(client_gone=gone_signal(scope, receive), cancel_counts_as=_CUT_OFF)
         try:
             body = await self.inference.infer(

@@ -42,6 +42,8 @@ class ServerConfig:
     # Processes that serve connections, around one batcher per model (carpool.server.spread);
     # 1: this process does both, as before front ends existed.
     frontends: int = 1
+    # Texts in one /v1/embeddings request at most, then 413: text-embeddings-inference's 32.
+    max_client_batch_size: int = 32
     models: tuple[Model, ...] = field(default_factory=tuple)
     unavailable: tuple[LoadFailure, ...] = ()  # repository models that failed to load
 
@@ -63,6 +65,7 @@ class ServerConfig:
             raise ConfigError("api_keys must be a list of keys")
         object.__setattr__(self, "api_keys", tuple(keys))
         _check_access(self)
+        _check_processes(self)
         names = [m.name for m in self.models]
         for name in names:
             if names.count(name) > 1:
@@ -96,6 +99,14 @@ def _check_access(config: ServerConfig) -> None:
     ):
         if not seconds > 0:
             raise ConfigError(f"{flag} must be > 0 seconds, got {seconds}")
+    if config.limit_concurrency < 0:
+        raise ConfigError(
+            f"--limit-concurrency must be >= 0 (0: no limit), got {config.limit_concurrency}"
+        )
+
+
+def _check_processes(config: ServerConfig) -> None:
+    """The front ends, and what one request may ask of them."""
     if isinstance(config.frontends, bool) or not isinstance(config.frontends, int):
         raise ConfigError(f"--frontends must be a whole number, got {config.frontends!r}")
     if not 1 <= config.frontends <= _MAX_FRONTENDS:
@@ -103,7 +114,6 @@ def _check_access(config: ServerConfig) -> None:
             f"--frontends must be in 1..{_MAX_FRONTENDS} (1: one process serves and batches), "
             f"got {config.frontends}"
         )
-    if config.limit_concurrency < 0:
-        raise ConfigError(
-            f"--limit-concurrency must be >= 0 (0: no limit), got {config.limit_concurrency}"
-        )
+    limit = config.max_client_batch_size
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ConfigError(f"--max-client-batch-size must be a whole number >= 1, got {limit!r}")

@@ -7,7 +7,9 @@ a request line stayed open indefinitely, and enough of them exhaust file descrip
 a timer starts when a connection opens and when a request's first bytes arrive without all
 of its headers, and stops when its headers are complete; on expiry the connection closes,
 with a 408 if part of a request came and nothing is being answered. The body's own
-timeout is the app's (:mod:`carpool.server.bodies`).
+timeout is the app's (:mod:`carpool.server.bodies`). A request answered before its body
+was read (a 401, a health answer, a 413 from the declared length) ends its connection:
+nothing a client trickles in afterwards keeps it open.
 
 Each request's scope also carries a :class:`~carpool.server.asgi.RequestWatch` (under
 ``extensions``): the parser marks it when the body is complete, and a lost connection marks
@@ -30,6 +32,8 @@ from carpool.server.statuses import Status
 
 __all__ = ["protocol_class"]
 
+_LINGER_S = 2.0  # how long a connection answered before its body was read drains, at most
+
 
 def protocol_class(*, header_timeout_s: float, limit_concurrency: int) -> type[HttpToolsProtocol]:
     """The protocol uvicorn runs (``uvicorn.Config(http=...)``), with these limits."""
@@ -47,6 +51,7 @@ class _LimitedProtocol(HttpToolsProtocol):
     _overloaded: Any = None
     _header_timer: asyncio.TimerHandle | None = None
     _partial = False  # part of a request's head has arrived
+    _lingering = False  # answered before its body was read: closing (``_linger``)
     # The watches of this connection's requests not yet answered, oldest first (more than
     # one only when requests are pipelined).
     _watches: list[RequestWatch]
@@ -71,6 +76,8 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._partial = True  # the timer starts when this data is parsed (data_received)
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return  # what is left of a body that will not be read: dropped
         super().data_received(data)
         # A request after another on the same connection whose head is not all here: time
         # it from now. One whose head came whole (the usual) never arms a timer at all.
@@ -83,9 +90,34 @@ class _LimitedProtocol(HttpToolsProtocol):
             self._watches[-1].body_complete = True
 
     def on_response_complete(self) -> None:
+        unread = bool(self._watches) and not self._watches[0].body_complete
         if self._watches:
             del self._watches[0]  # answered: its client may go now without a word
         super().on_response_complete()
+        if unread:
+            self._linger()
+
+    def _linger(self) -> None:
+        """The answer went before the request's body was read (a 401, a health answer, a
+        413 from the declared length): the rest of it never will be, so the connection
+        ends. Our side is shut after the answer, what the client still sends is dropped
+        (a trickle of bytes no longer holds the connection: uvicorn's keep-alive timer,
+        which any byte cancels, is not armed), and it closes after ``_LINGER_S``; not at
+        once, which with bytes unread would reset the connection and could lose the
+        answer on the client's side. TLS has no half-close: it closes at once."""
+        if self.transport.is_closing():
+            return
+        self._lingering = True
+        if self.timeout_keep_alive_task is not None:
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
+        self._stop_header_timer()
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.flow.resume_reading()
+        self.transport.write_eof()
+        self.loop.call_later(_LINGER_S, self.transport.close)
 
     def on_headers_complete(self) -> None:
         self._partial = False

@@ -117,9 +117,12 @@ def model_name(doc: dict[str, Any]) -> str:
     return model
 
 
-def parse_embeddings(doc: dict[str, Any]) -> EmbeddingsRequest:
+def parse_embeddings(
+    doc: dict[str, Any], max_client_batch_size: int | None = None
+) -> EmbeddingsRequest:
     """A ``POST /v1/embeddings`` body (:func:`json_body`'s); raises :class:`OpenAIError`
-    (400) naming the field at fault."""
+    (400) naming the field at fault, or (413) when ``input`` holds more texts than
+    ``max_client_batch_size`` (None: no limit)."""
     unknown = [key for key in doc if key not in _FIELDS]
     if unknown:
         raise OpenAIError(
@@ -128,7 +131,10 @@ def parse_embeddings(doc: dict[str, Any]) -> EmbeddingsRequest:
             param=unknown[0],
             code="unknown_parameter",
         )
-    texts, token_ids = _input(_required(doc, "input"))
+    value = _required(doc, "input")
+    if max_client_batch_size is not None:
+        _check_count(value, max_client_batch_size)
+    texts, token_ids = _input(value)
     return EmbeddingsRequest(
         model=model_name(doc),
         texts=texts,
@@ -137,6 +143,19 @@ def parse_embeddings(doc: dict[str, Any]) -> EmbeddingsRequest:
         dimensions=_dimensions(doc.get("dimensions")),
         user=_user(doc.get("user")),
     )
+
+
+def _check_count(value: Any, limit: int) -> None:
+    """At most ``limit`` texts (or token lists) in one request, counted before any is read
+    (a list of ints is one text's tokens)."""
+    if type(value) is list and len(value) > limit and type(value[0]) is not int:
+        raise OpenAIError(
+            f"'input' holds {len(value)} items; at most {limit} are taken in one request "
+            "(--max-client-batch-size): send them in several requests, or raise the limit",
+            param="input",
+            code="too_many_inputs",
+            status=Status.CONTENT_TOO_LARGE,
+        )
 
 
 def _required(doc: dict[str, Any], name: str) -> Any:
@@ -291,13 +310,14 @@ class EmbeddingsCall:
     decode step (:func:`parse_embeddings`, :func:`infer_request`) and its encode step
     (:func:`encode_embeddings`), which needs what the decode read."""
 
-    def __init__(self, doc: dict[str, Any]) -> None:
+    def __init__(self, doc: dict[str, Any], max_client_batch_size: int | None = None) -> None:
         self._doc = doc
+        self._max_items = max_client_batch_size
         self._request: EmbeddingsRequest | None = None
 
     async def decode(self, model: Model) -> InferRequest:
         """The body as the v2 request of k rows for ``model``; raises :class:`OpenAIError`."""
-        self._request = parse_embeddings(self._doc)
+        self._request = parse_embeddings(self._doc, self._max_items)
         return infer_request(model, self._request)
 
     def encode(self, answer: Answer) -> bytes:

@@ -77,6 +77,7 @@ def build_app(config: ServerConfig, registry: Registry | None = None) -> App:
         api_keys=api_keys,
         metrics_need_key=config.metrics_need_key,
         body_timeout_s=config.body_timeout_s,
+        max_client_batch_size=config.max_client_batch_size,
     )
 
 
