@@ -3,14 +3,18 @@ alias the buffer and copies do not, arenas grow under a new name, messages cross
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
+import os
 import pickle
+import subprocess
 import threading
 from typing import Any
 
 import numpy as np
 import pytest
 
+from carpool.errors import SharedMemoryFull
 from carpool.padding import PaddedBatch
 from carpool.transport import (
     ALIGN,
@@ -22,6 +26,7 @@ from carpool.transport import (
     Channel,
     decode,
     plan,
+    sweep_orphans,
 )
 
 DTYPES = [
@@ -244,3 +249,37 @@ def test_an_unpicklable_message_fails_before_anything_is_sent() -> None:
     assert not theirs.poll(0)
     ours.close()
     theirs.close()
+
+
+def test_a_segment_is_named_after_its_maker_and_a_dead_makers_are_swept(
+    tmp_path: Any,
+) -> None:
+    arena = Arena()
+    assert arena.name.startswith(f"carpool_{os.getpid()}_")
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # reaped: its pid is free, nobody's (a reuse in between keeps the file)
+    left = tmp_path / f"carpool_{dead.pid}_0123abcd"
+    mine = tmp_path / f"carpool_{os.getpid()}_0123abcd"
+    other = tmp_path / "psm_not_ours"
+    for path in (left, mine, other):
+        path.write_bytes(b"x")
+    assert sweep_orphans(str(tmp_path)) == [left.name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, other.name])
+    assert sweep_orphans(str(tmp_path / "missing")) == []
+    arena.close()
+
+
+def test_a_full_dev_shm_is_shared_memory_full_not_sigbus(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    before = set(os.listdir("/dev/shm"))
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(SharedMemoryFull) as info:
+        Arena(1 << 22)
+    assert info.value.needed == 1 << 22
+    assert "give the server a larger /dev/shm" in str(info.value)
+    assert set(os.listdir("/dev/shm")) == before  # the segment it could not fill is gone
+    assert pickle.loads(pickle.dumps(info.value)).needed == 1 << 22

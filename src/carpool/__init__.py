@@ -24,6 +24,7 @@ from carpool.errors import (
     DeadlineExceeded,
     Overloaded,
     QueueFull,
+    SharedMemoryFull,
     WorkerDied,
     WorkerPoolClosed,
     WorkerStartError,
@@ -76,6 +77,7 @@ __all__ = [
     # errors
     "CarpoolError",
     "QueueFull",
+    "SharedMemoryFull",
     "Overloaded",
     "DeadlineExceeded",
     "BatcherClosed",

@@ -64,6 +64,7 @@ __all__ = [
     "DeadlineExceeded",
     "Overloaded",
     "QueueFull",
+    "SharedMemoryFull",
     "WorkerDied",
     "WorkerPoolClosed",
     "WorkerStartError",
@@ -334,3 +335,23 @@ class WorkerPoolClosed(BatcherClosed):
         RuntimeError.__init__(
             self, f"model worker pool {name!r} {reason} and runs no more batches."
         )
+
+
+class SharedMemoryFull(CarpoolError, RuntimeError):
+    """Shared memory (``/dev/shm``) has no room for a batch's arena: the batch is refused
+    (a 503), where writing past a full tmpfs would kill the process with SIGBUS.
+
+    ``needed`` is the segment's size in bytes, ``free`` what the filesystem had left.
+    """
+
+    def __init__(self, *, needed: int, free: int) -> None:
+        self.needed = needed
+        self.free = free
+        super().__init__(
+            f"shared memory (/dev/shm) has no room for a {needed}-byte batch arena "
+            f"({free} bytes free): give the server a larger /dev/shm (in Kubernetes, an "
+            "emptyDir of medium Memory mounted there, as deploy/ does), or send smaller batches"
+        )
+
+    def _fields(self) -> dict[str, Any]:
+        return {"needed": self.needed, "free": self.free}

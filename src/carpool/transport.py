@@ -7,14 +7,17 @@ Object arrays (BYTES) and anything that is not an array travel pickled in the he
 which should stay small. :class:`Arena` is a reusable shared-memory segment, recreated
 larger when a batch does not fit, never once per batch; :class:`Attached` is the reader's
 mapping of it. :class:`Channel` carries the headers: framed pickles over two plain pipes.
-Imports numpy and the stdlib only.
+Imports numpy, the stdlib and carpool's errors only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import pickle
+import re
+import secrets
 import struct
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
@@ -22,7 +25,20 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Arena", "Attached", "Bytes", "Channel", "Header", "Plan", "decode", "dumps", "plan"]
+from carpool.errors import SharedMemoryFull
+
+__all__ = [
+    "Arena",
+    "Attached",
+    "Bytes",
+    "Channel",
+    "Header",
+    "Plan",
+    "decode",
+    "dumps",
+    "plan",
+    "sweep_orphans",
+]
 
 ALIGN = 64  # bytes: a cache line, and the widest SIMD load numpy uses
 MIN_ARENA = 1 << 20  # bytes: 1 MiB holds a 32x4096 FP32 batch; most never regrow
@@ -198,12 +214,21 @@ class Channel:
         self.writer.close()
 
 
+PREFIX = "carpool_"  # segment names: carpool_<pid of their creator>_<random>
+_ORPHAN = re.compile(rf"{PREFIX}(\d+)_[0-9a-f]+")
+
+
 class Segment:
-    """One shared-memory segment and a flat uint8 array over it."""
+    """One shared-memory segment and a flat uint8 array over it.
+
+    A new one is named after the process that makes it, so that :func:`sweep_orphans` can
+    tell those whose maker is dead, and its pages are reserved at once (``posix_fallocate``):
+    a full ``/dev/shm`` is :class:`~carpool.errors.SharedMemoryFull` here, not SIGBUS at the
+    first write past its end."""
 
     def __init__(self, name: str | None = None, size: int = 0) -> None:
         if name is None:
-            self.shm = shared_memory.SharedMemory(create=True, size=size)
+            self.shm = _created(size)
         else:
             self.shm = shared_memory.SharedMemory(name=name)
         self.name = self.shm.name
@@ -228,6 +253,62 @@ class Segment:
 
 
 _kept: list[shared_memory.SharedMemory] = []
+
+
+def _created(size: int) -> shared_memory.SharedMemory:
+    name = f"{PREFIX}{os.getpid()}_{secrets.token_hex(6)}"
+    shm = shared_memory.SharedMemory(name=name, create=True, size=size)
+    fd = getattr(shm, "_fd", -1)  # POSIX: the segment's descriptor, kept while mapped
+    if fd >= 0 and hasattr(os, "posix_fallocate"):
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as exc:
+            free = _free_bytes()
+            shm.close()
+            shm.unlink()
+            if exc.errno in (errno.ENOSPC, errno.ENOMEM):
+                raise SharedMemoryFull(needed=size, free=free) from None
+            if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):  # no fallocate there
+                raise
+            return shared_memory.SharedMemory(name=name, create=True, size=size)
+    return shm
+
+
+def _free_bytes(folder: str = "/dev/shm") -> int:
+    try:
+        stat = os.statvfs(folder)
+    except OSError:
+        return 0
+    return stat.f_bavail * stat.f_frsize
+
+
+def sweep_orphans(folder: str = "/dev/shm") -> list[str]:
+    """Unlink the segments whose maker is dead (``carpool_<pid>_...`` of no live pid):
+    what a process-group SIGKILL (an OOM kill, a grace period's end) left behind, which
+    nothing else frees. The names unlinked."""
+    swept: list[str] = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return swept
+    for name in names:
+        match = _ORPHAN.fullmatch(name)
+        if match is None or _alive(int(match.group(1))):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(folder, name))
+            swept.append(name)
+    return swept
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    return True
 
 
 class Arena:

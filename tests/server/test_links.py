@@ -6,13 +6,16 @@ a closed end is lost on both sides and frees its shared memory."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import socket
 import threading
 from typing import Any
 
 import numpy as np
+import pytest
 
+from carpool.errors import SharedMemoryFull
 from carpool.server.links import Link, Op, pickled_error
 
 
@@ -186,3 +189,27 @@ def test_an_exception_that_does_not_pickle_becomes_a_runtime_error() -> None:
     changed = pickled_error(Local("boom"))
     assert type(changed) is RuntimeError
     assert str(changed) == "Local: boom"
+
+
+async def test_values_that_find_shared_memory_full_are_refused_and_bare_ops_still_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    a, b = await pair()
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    a.link.post_value(("v", 1), np.zeros(4))
+    a.link.post_value(("v", 2), np.zeros(4))
+    a.link.post(("bare", 0))
+    assert await b.next() == ([("bare", 0)], [])
+    assert [op for op, _ in a.refused] == [("v", 1), ("v", 2)]
+    assert all(isinstance(exc, SharedMemoryFull) for _, exc in a.refused)
+    monkeypatch.undo()  # room again: the link goes on
+    a.link.post_value(("v", 3), np.ones(2))
+    ops, values = await b.next()
+    assert ops == [("v", 3)]
+    assert values[0].tolist() == [1.0, 1.0]
+    a.link.close()
+    b.link.close()

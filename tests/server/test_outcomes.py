@@ -17,6 +17,7 @@ from carpool.errors import (
     DeadlineExceeded,
     Overloaded,
     QueueFull,
+    SharedMemoryFull,
 )
 from carpool.server.admission import ModelOutputError
 from carpool.server.messages import ProtocolError
@@ -42,6 +43,7 @@ RETRY = [(b"retry-after", b"1")]
             [],
         ),
         (QueueFull(max_queue_size=2, queued=2, rows=1), 503, "Exceeds maximum queue size", RETRY),
+        (SharedMemoryFull(needed=8, free=4), 503, "shared memory (/dev/shm) has no room", RETRY),
         (
             Overloaded(predicted_ms=80.0, budget_ms=50.0, queued=9, rows=1),
             503,

@@ -24,6 +24,7 @@ from functools import partial
 from typing import Any, cast
 
 from carpool.batcher import Batcher
+from carpool.errors import CarpoolError
 from carpool.server.links import (
     CANCEL,
     COUNTS,
@@ -160,9 +161,13 @@ class Hub:
         front_end.inflight[rid] = withdraw
 
     def _unsendable(self, front_end: _FrontEnd, op: Op, exc: Exception) -> None:
-        """The outputs of request ``op[1]`` do not pickle: its answer is the error."""
+        """The outputs of request ``op[1]`` cannot be sent (they do not pickle, or shared
+        memory is full): its answer is the error."""
         assert front_end.link is not None
-        error = TypeError(f"the model's outputs cannot be sent to the front end: {exc}")
+        error = exc
+        if not isinstance(exc, CarpoolError):  # it did not pickle: say what did not
+            error = TypeError(f"the model's outputs cannot be sent to the front end: {exc}")
+        front_end.inflight.pop(op[1], None)
         front_end.link.post((ERROR, op[1], error))
 
     def _batcher(self, name: str) -> Batcher:

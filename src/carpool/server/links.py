@@ -30,6 +30,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from carpool.errors import SharedMemoryFull
 from carpool.transport import ALIGN, Arena, Attached, decode, plan
 
 __all__ = [
@@ -147,7 +148,7 @@ class Link(_StreamProtocol):
     """One end of a link. ``on_ops(ops, values)`` gets each frame's ops and the values of
     the first ``len(values)`` of them (private copies); ``on_lost()`` runs once when the
     other end is gone (its process died or closed the link); ``refused(op, exc)`` when
-    ``op``'s value could not be sent (it does not pickle)."""
+    ``op``'s value could not be sent (it does not pickle, or shared memory is full)."""
 
     def __init__(
         self,
@@ -218,8 +219,16 @@ class Link(_StreamProtocol):
         waiting, self._values = self._values, []
         try:
             self._send_values(waiting, ops)
-        except Exception as exc:  # a value that does not pickle: the rest still go
-            sendable = []
+        except Exception as exc:
+            self._send_what_can_go(waiting, ops, exc)
+
+    def _send_what_can_go(
+        self, waiting: list[tuple[Op, Any]], ops: list[Op], exc: Exception
+    ) -> None:
+        """Sending ``waiting`` failed with ``exc``: with shared memory full, every value
+        fails; with a value that does not pickle, that one fails and the rest still go."""
+        sendable = []
+        if not isinstance(exc, SharedMemoryFull):
             for op, value in waiting:
                 try:
                     _DUMPS(plan(value).tree, _PROTOCOL)
@@ -227,10 +236,13 @@ class Link(_StreamProtocol):
                     self._refused(op, exc)
                 else:
                     sendable.append((op, value))
-            if sendable:
-                self._send_values(sendable, ops)
-            elif ops:
-                self._send(None, ops)
+        else:
+            for op, _ in waiting:
+                self._refused(op, exc)
+        if sendable:
+            self._send_values(sendable, ops)
+        elif ops:
+            self._send(None, ops)
 
     def _send_values(self, waiting: list[tuple[Op, Any]], ops: list[Op]) -> None:
         values = [value for _, value in waiting]

@@ -15,6 +15,7 @@ from carpool.errors import (
     BatchTimeout,
     DeadlineExceeded,
     QueueFull,
+    SharedMemoryFull,
     WorkerDied,
 )
 from carpool.server.admission import ModelOutputError
@@ -39,7 +40,7 @@ def error_status(exc: BaseException) -> HTTPError:
         return HTTPError(Status.NOT_FOUND, str(exc))
     if isinstance(exc, ModelUnavailable):
         return HTTPError(Status.BAD_REQUEST, str(exc))
-    if isinstance(exc, QueueFull | DeadlineExceeded):
+    if isinstance(exc, QueueFull | DeadlineExceeded | SharedMemoryFull):
         return HTTPError(Status.UNAVAILABLE, str(exc), RETRY)
     if isinstance(exc, BatcherClosed):
         return HTTPError(Status.UNAVAILABLE, STOPPING)

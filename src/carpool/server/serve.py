@@ -39,6 +39,7 @@ from carpool.server.logs import configure_logging
 from carpool.server.registry import Registry
 from carpool.server.remote import FrontEndRegistry, Upstream
 from carpool.server.spread import bind, serve_spread
+from carpool.transport import sweep_orphans
 
 if TYPE_CHECKING:
     from carpool.server.grpc_service import GrpcServer
@@ -142,6 +143,9 @@ def _stuck_threads(within_s: float) -> list[str]:
 def serve(config: ServerConfig) -> NoReturn:
     """Run the server until a signal, then end the process with its exit code."""
     configure_logging(config.log_level, config.access_log, config.log_format)
+    swept = sweep_orphans()
+    if swept:
+        log.warning("removed %d shared-memory segments left by dead processes", len(swept))
     if config.frontends > 1:
         try:
             code = serve_spread(config, _front_end)
