@@ -190,3 +190,32 @@ def test_an_answer_sent_before_the_body_ends_the_connection_whatever_trickles_in
         sock.sendall(head + b"abc")
         received, _ = _trickled_until_closed(sock)
     assert split_response(received)[0] == status
+
+
+def test_a_client_that_takes_none_of_its_answer_is_cut_off(serve: Launcher) -> None:
+    """A response of megabytes to a client that reads none of it: once the buffers are
+    full and nothing more is taken for --body-timeout, the connection is cut (it was held
+    for as long as the client held it), and the server goes on."""
+    server = serve("models:expand", "--body-timeout", str(TIMEOUT_S))
+    body = json.dumps(float_request(1.0)).encode()
+    head = (
+        b"POST /v2/models/expand/infer HTTP/1.1\r\nHost: carpool\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+    )
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window
+    sock.settimeout(CLOSED_WITHIN_S)
+    with sock:
+        sock.connect(("127.0.0.1", server.port))
+        sock.sendall(head + body)
+        server.stderr_showing("took none of its answer")
+        received = b""
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except ConnectionResetError:
+            pass
+    status, headers, sent = split_response(received)
+    assert status == 200
+    assert len(sent) < int(headers["content-length"])  # the rest was never sent
+    assert server.infer("expand", float_request(2.0)).status_code == 200

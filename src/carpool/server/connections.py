@@ -9,7 +9,8 @@ of its headers, and stops when its headers are complete; on expiry the connectio
 with a 408 if part of a request came and nothing is being answered. The body's own
 timeout is the app's (:mod:`carpool.server.bodies`). A request answered before its body
 was read (a 401, a health answer, a 413 from the declared length) ends its connection:
-nothing a client trickles in afterwards keeps it open.
+nothing a client trickles in afterwards keeps it open. A client that takes none of its
+answer for the write timeout (``--body-timeout``'s seconds) is cut off.
 
 Each request's scope also carries a :class:`~carpool.server.asgi.RequestWatch` (under
 ``extensions``): the parser marks it when the body is complete, and a lost connection marks
@@ -21,6 +22,7 @@ imports it; it must not import the app.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import orjson
@@ -32,15 +34,19 @@ from carpool.server.statuses import Status
 
 __all__ = ["protocol_class"]
 
+_log = logging.getLogger("carpool.server")
 _LINGER_S = 2.0  # how long a connection answered before its body was read drains, at most
 
 
-def protocol_class(*, header_timeout_s: float, limit_concurrency: int) -> type[HttpToolsProtocol]:
+def protocol_class(
+    *, header_timeout_s: float, limit_concurrency: int, write_timeout_s: float = 30.0
+) -> type[HttpToolsProtocol]:
     """The protocol uvicorn runs (``uvicorn.Config(http=...)``), with these limits."""
     overloaded = _overloaded_app(limit_concurrency)
 
     class Protocol(_LimitedProtocol):
         _header_timeout_s = header_timeout_s
+        _write_timeout_s = write_timeout_s
         _overloaded = staticmethod(overloaded)
 
     return Protocol
@@ -52,6 +58,8 @@ class _LimitedProtocol(HttpToolsProtocol):
     _header_timer: asyncio.TimerHandle | None = None
     _partial = False  # part of a request's head has arrived
     _lingering = False  # answered before its body was read: closing (``_linger``)
+    _write_timeout_s = 30.0
+    _write_timer: asyncio.TimerHandle | None = None  # armed while the client reads nothing
     # The watches of this connection's requests not yet answered, oldest first (more than
     # one only when requests are pipelined).
     _watches: list[RequestWatch]
@@ -63,6 +71,7 @@ class _LimitedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_header_timer()
+        self._stop_write_timer()
         super().connection_lost(exc)
         watches, self._watches = self._watches, []
         for watch in watches:
@@ -123,6 +132,33 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._partial = False
         self._stop_header_timer()
         super().on_headers_complete()
+
+    def pause_writing(self) -> None:
+        """The client stopped taking its answer (the buffers are full): if it takes none
+        of it for ``_write_timeout_s``, the connection is cut (its request was answered;
+        nobody reads the rest). Before, it waited for as long as the client did."""
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self._write_timeout_s, self._write_stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._stop_write_timer()
+
+    def _stop_write_timer(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_stalled(self) -> None:
+        self._write_timer = None
+        if not self.transport.is_closing():
+            _log.warning(
+                "closed a connection whose client took none of its answer for %gs "
+                "(--body-timeout)",
+                self._write_timeout_s,
+            )
+        self.transport.abort()  # close() would wait for the buffer to drain: never
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
         # uvicorn's own 503 past limit_concurrency is plain text; carpool's errors are JSON.

@@ -194,7 +194,9 @@ def _server(app: App, config: ServerConfig) -> _Server:
         port=config.port,
         loop=_loop(),
         http=protocol_class(
-            header_timeout_s=config.header_timeout_s, limit_concurrency=config.limit_concurrency
+            header_timeout_s=config.header_timeout_s,
+            limit_concurrency=config.limit_concurrency,
+            write_timeout_s=config.body_timeout_s,  # a stalled reader, as a stalled writer
         ),
         # uvicorn counts the connection asking among those open, so N + 1 lets N be served.
         limit_concurrency=config.limit_concurrency + 1 if config.limit_concurrency else None,
