@@ -44,12 +44,12 @@ def protocol_class(
     """The protocol uvicorn runs (``uvicorn.Config(http=...)``), with these limits."""
     overloaded = _overloaded_app(limit_concurrency)
 
-    class Protocol(_LimitedProtocol):
+    class Configured(_LimitedProtocol):
         _header_timeout_s = header_timeout_s
         _write_timeout_s = write_timeout_s
         _overloaded = staticmethod(overloaded)
 
-    return Protocol
+    return Configured
 
 
 class _LimitedProtocol(HttpToolsProtocol):

@@ -141,10 +141,7 @@ def pickled_error(exc: BaseException) -> BaseException:
     return exc
 
 
-_StreamProtocol = asyncio.Protocol  # (not carpool's connections.Protocol, to the layer test)
-
-
-class Link(_StreamProtocol):
+class Link(asyncio.Protocol):
     """One end of a link. ``on_ops(ops, values)`` gets each frame's ops and the values of
     the first ``len(values)`` of them (private copies); ``on_lost()`` runs once when the
     other end is gone (its process died or closed the link); ``refused(op, exc)`` when
