@@ -20,6 +20,7 @@ from carpool.errors import (
     DeadlineExceeded,
     Overloaded,
     QueueFull,
+    SharedMemoryFull,
     WorkerDied,
     WorkerPoolClosed,
     WorkerStartError,
@@ -196,6 +197,7 @@ def test_module_docstring_draws_the_tree() -> None:
         "BatchTimeout (TimeoutError)",
         "WorkerStartError (RuntimeError)",
         "WorkerPoolClosed",
+        "SharedMemoryFull (RuntimeError)",
     ):
         assert line in doc
     every = examples() + worker_examples()
@@ -252,6 +254,7 @@ def worker_examples() -> list[CarpoolError]:
         BatchTimeout(timeout_ms=250.5, worker="demo", stage="waiting"),
         WorkerStartError(worker="demo#0", reason="ImportError: no module named 'x'"),
         WorkerPoolClosed("demo"),
+        SharedMemoryFull(needed=1 << 22, free=4096),
     ]
 
 

@@ -19,6 +19,7 @@ working in code that does not know carpool::
     ├── WorkerDied (RuntimeError)         a replica died running the batch (twice)
     ├── BatchTimeout (TimeoutError)       the batch ran past batch_timeout_ms on a replica
     ├── WorkerStartError (RuntimeError)   no replica (process, Ray actor) could load the model
+    ├── SharedMemoryFull (RuntimeError)   /dev/shm has no room for a batch's arena
     │
     │   raised by the server and bench, defined with their code:
     ├── ProtocolError (ValueError)        carpool.server.messages: a request the v2 protocol

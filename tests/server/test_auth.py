@@ -398,3 +398,22 @@ def test_a_401_sent_before_the_body_ends_the_connection(server: Server) -> None:
         else:
             pytest.fail("the connection was still open after 10 s of trickling")
     assert received.startswith(b"HTTP/1.1 401 ")
+
+
+def test_a_401_before_a_body_that_then_comes_whole_keeps_the_connection(server: Server) -> None:
+    """The answer may go before the body arrives (a client that writes its head, then its
+    body); a body that then comes whole leaves the connection in use."""
+    head = b"POST /v2/models/add_one/infer HTTP/1.1\r\nHost: c\r\nContent-Length: 10\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(head)
+        first = b""
+        while b"unauthorized" not in first:
+            first += sock.recv(65536)
+        assert first.startswith(b"HTTP/1.1 401 ")
+        sock.sendall(b"0123456789" + b"GET /v2/health/live HTTP/1.1\r\nHost: c\r\n\r\n")
+        second = b""
+        while b'{"live":true}' not in second:
+            chunk = sock.recv(65536)
+            assert chunk, "the connection was closed"
+            second += chunk
+    assert second.startswith(b"HTTP/1.1 200 ")

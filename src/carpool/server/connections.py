@@ -8,9 +8,10 @@ a timer starts when a connection opens and when a request's first bytes arrive w
 of its headers, and stops when its headers are complete; on expiry the connection closes,
 with a 408 if part of a request came and nothing is being answered. The body's own
 timeout is the app's (:mod:`carpool.server.bodies`). A request answered before its body
-was read (a 401, a health answer, a 413 from the declared length) ends its connection:
-nothing a client trickles in afterwards keeps it open. A client that takes none of its
-answer for the write timeout (``--body-timeout``'s seconds) is cut off.
+was read (a 401, a health answer, a 413 from the declared length) keeps its connection
+only if the rest of the body comes within 2 s: nothing a client trickles in holds it. A
+client that takes none of its answer for the write timeout (``--body-timeout``'s seconds)
+is cut off.
 
 Each request's scope also carries a :class:`~carpool.server.asgi.RequestWatch` (under
 ``extensions``): the parser marks it when the body is complete, and a lost connection marks
@@ -35,7 +36,7 @@ from carpool.server.statuses import Status
 __all__ = ["protocol_class"]
 
 _log = logging.getLogger("carpool.server")
-_LINGER_S = 2.0  # how long a connection answered before its body was read drains, at most
+_LINGER_S = 2.0  # how long the rest of a body answered before it was read may take
 
 
 def protocol_class(
@@ -57,7 +58,7 @@ class _LimitedProtocol(HttpToolsProtocol):
     _overloaded: Any = None
     _header_timer: asyncio.TimerHandle | None = None
     _partial = False  # part of a request's head has arrived
-    _lingering = False  # answered before its body was read: closing (``_linger``)
+    _linger: asyncio.TimerHandle | None = None  # answered before its body was read
     _write_timeout_s = 30.0
     _write_timer: asyncio.TimerHandle | None = None  # armed while the client reads nothing
     # The watches of this connection's requests not yet answered, oldest first (more than
@@ -72,6 +73,7 @@ class _LimitedProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_header_timer()
         self._stop_write_timer()
+        self._stop_linger()
         super().connection_lost(exc)
         watches, self._watches = self._watches, []
         for watch in watches:
@@ -85,8 +87,6 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._partial = True  # the timer starts when this data is parsed (data_received)
 
     def data_received(self, data: bytes) -> None:
-        if self._lingering:
-            return  # what is left of a body that will not be read: dropped
         super().data_received(data)
         # A request after another on the same connection whose head is not all here: time
         # it from now. One whose head came whole (the usual) never arms a timer at all.
@@ -95,6 +95,14 @@ class _LimitedProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
+        if self._linger is not None:  # the unread body of a request answered already ended
+            self._stop_linger()
+            if self.timeout_keep_alive_task is None and not self.pipeline:
+                # what uvicorn armed at the answer, and the body's bytes cancelled
+                self.timeout_keep_alive_task = self.loop.call_later(
+                    self.timeout_keep_alive, self.timeout_keep_alive_handler
+                )
+            return
         if self._watches:
             self._watches[-1].body_complete = True
 
@@ -103,30 +111,25 @@ class _LimitedProtocol(HttpToolsProtocol):
         if self._watches:
             del self._watches[0]  # answered: its client may go now without a word
         super().on_response_complete()
-        if unread:
-            self._linger()
+        if unread and not self.transport.is_closing():
+            # Answered before its body was read (a 401, a health answer, a 413 from the
+            # declared length): the rest of the body is dropped as it comes (uvicorn's
+            # parser does), for _LINGER_S at most. A body that ends by then leaves the
+            # connection as it was; one that does not ends it, whatever still trickles in
+            # (before, each byte cancelled uvicorn's keep-alive timer and nothing re-armed
+            # it: a byte a second held the connection for ever).
+            self._stop_linger()
+            self._linger = self.loop.call_later(_LINGER_S, self._linger_over)
 
-    def _linger(self) -> None:
-        """The answer went before the request's body was read (a 401, a health answer, a
-        413 from the declared length): the rest of it never will be, so the connection
-        ends. Our side is shut after the answer, what the client still sends is dropped
-        (a trickle of bytes no longer holds the connection: uvicorn's keep-alive timer,
-        which any byte cancels, is not armed), and it closes after ``_LINGER_S``; not at
-        once, which with bytes unread would reset the connection and could lose the
-        answer on the client's side. TLS has no half-close: it closes at once."""
-        if self.transport.is_closing():
-            return
-        self._lingering = True
-        if self.timeout_keep_alive_task is not None:
-            self.timeout_keep_alive_task.cancel()
-            self.timeout_keep_alive_task = None
-        self._stop_header_timer()
-        if not self.transport.can_write_eof():
+    def _linger_over(self) -> None:
+        self._linger = None
+        if not self.transport.is_closing():
             self.transport.close()
-            return
-        self.flow.resume_reading()
-        self.transport.write_eof()
-        self.loop.call_later(_LINGER_S, self.transport.close)
+
+    def _stop_linger(self) -> None:
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
 
     def on_headers_complete(self) -> None:
         self._partial = False
