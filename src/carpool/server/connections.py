@@ -157,8 +157,7 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._write_timer = None
         if not self.transport.is_closing():
             _log.warning(
-                "closed a connection whose client took none of its answer for %gs "
-                "(--body-timeout)",
+                "closed a connection whose client took none of its answer for %gs (--body-timeout)",
                 self._write_timeout_s,
             )
         self.transport.abort()  # close() would wait for the buffer to drain: never
