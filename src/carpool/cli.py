@@ -144,6 +144,12 @@ _SETTING_FLAGS: tuple[Flag, ...] = (
         "encoding) around one batcher per model in the main process; one per spare core "
         "when the server's own CPU is the limit; 1: one process does both [1]",
     ),
+    (
+        "--grpc-max-concurrent-rpcs",
+        int,
+        "gRPC calls served at once (each front end); more get RESOURCE_EXHAUSTED; "
+        "0: no limit [1000]",
+    ),
     ("--log-level", str, "debug, info, warning, error or critical [info]"),
     ("--log-format", str, "text, or json for one object per line [text]"),
     ("--access-log", parse_bool, "log every request (true/false) [true]"),
@@ -173,6 +179,7 @@ _SERVER_KEYS = {
     "limit_concurrency": "limit_concurrency",
     "frontends": "frontends",
     "max_client_batch_size": "max_client_batch_size",
+    "grpc_max_concurrent_rpcs": "grpc_max_concurrent_rpcs",
 }
 API_KEY_ENV = "CARPOOL_API_KEY"  # comma-separated; from a Secret, out of sight of `ps`
 _BATCHING_KEYS = (

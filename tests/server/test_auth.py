@@ -417,3 +417,18 @@ def test_a_401_before_a_body_that_then_comes_whole_keeps_the_connection(server: 
             assert chunk, "the connection was closed"
             second += chunk
     assert second.startswith(b"HTTP/1.1 200 ")
+
+
+def test_a_grpc_call_without_a_key_is_refused_before_its_message_is_parsed(
+    server: Server,
+) -> None:
+    """Garbage where a ModelInferRequest belongs: refused as UNAUTHENTICATED, not failed as
+    a message that does not parse (it was parsed, megabytes of it, before the refusal)."""
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        with pytest.raises(grpc.RpcError) as info:
+            call(b"\xff\xfe not a protobuf message" * 1000)
+    assert (info.value.code(), info.value.details()) == (
+        grpc.StatusCode.UNAUTHENTICATED,
+        "unauthorized",
+    )

@@ -50,6 +50,7 @@ FLAGS = {
     "--frontends": "CARPOOL_FRONTENDS",
     "--max-rows-per-request": "CARPOOL_MAX_ROWS_PER_REQUEST",
     "--max-client-batch-size": "CARPOOL_MAX_CLIENT_BATCH_SIZE",
+    "--grpc-max-concurrent-rpcs": "CARPOOL_GRPC_MAX_CONCURRENT_RPCS",
 }
 
 

@@ -25,6 +25,7 @@ import tritonclient.grpc.aio as triton_aio
 from tritonclient.utils import InferenceServerException
 
 import carpool
+from carpool.server.grpc_service import STREAM_IN_FLIGHT
 
 from .conftest import HERE, SAMPLES, Launcher, Server, free_port, wait_until
 from .models import NEGATIVE
@@ -509,3 +510,44 @@ def test_rest_only_paths_never_import_grpc() -> None:
         "assert not [m for m in sys.modules if m.split('.')[0] in ('grpc', 'tritonclient')]\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_stream_runs_at_most_its_bound_of_requests_at_once(
+    client: triton.InferenceServerClient, server: Server
+) -> None:
+    """A stream is read no further while STREAM_IN_FLIGHT of its requests run: 100 sent at
+    once, a gated model, and never more than the bound in flight; all answered after."""
+    sent = STREAM_IN_FLIGHT + 36
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    try:
+        with server.gate_closed("gated"):
+            for i in range(sent):
+                client.async_stream_infer("gated", one(float(i)), request_id=str(i))
+            wait_until(lambda: server.stats("gated")["pending"] == STREAM_IN_FLIGHT, "the bound")
+            for _ in range(20):  # and it stays there: the rest wait unread on the stream
+                assert server.stats("gated")["pending"] == STREAM_IN_FLIGHT
+        got = [answers.get(timeout=30) for _ in range(sent)]
+    finally:
+        client.stop_stream()
+    assert all(error is None for _, error in got)
+    assert sorted(int(result.get_response().id) for result, _ in got) == list(range(sent))
+
+
+def test_calls_past_grpc_max_concurrent_rpcs_are_resource_exhausted(serve: Launcher) -> None:
+    server = serve("models:gated", "--grpc-max-concurrent-rpcs", "2", grpc=True)
+    client = triton.InferenceServerClient(server.grpc_address)
+    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    try:
+        with server.gate_closed("gated"):
+            for value in (1.0, 2.0):
+                client.async_infer(
+                    "gated", one(value), lambda result, error: answers.put((result, error))
+                )
+            wait_until(lambda: server.stats("gated")["pending"] == 2, "two calls running")
+            assert failure(client.infer, "gated", one(3.0))[0] == "RESOURCE_EXHAUSTED"
+        got = [answers.get(timeout=30) for _ in range(2)]
+        assert all(error is None for _, error in got)
+        assert client.infer("gated", one(4.0)).as_numpy("OUTPUT0").tolist() == [[4.0]]
+    finally:
+        client.close()

@@ -44,6 +44,8 @@ class ServerConfig:
     frontends: int = 1
     # Texts in one /v1/embeddings request at most, then 413: text-embeddings-inference's 32.
     max_client_batch_size: int = 32
+    # gRPC calls running at once (per front end), then RESOURCE_EXHAUSTED; 0: none.
+    grpc_max_concurrent_rpcs: int = 1000
     models: tuple[Model, ...] = field(default_factory=tuple)
     unavailable: tuple[LoadFailure, ...] = ()  # repository models that failed to load
 
@@ -117,3 +119,8 @@ def _check_processes(config: ServerConfig) -> None:
     limit = config.max_client_batch_size
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ConfigError(f"--max-client-batch-size must be a whole number >= 1, got {limit!r}")
+    rpcs = config.grpc_max_concurrent_rpcs
+    if isinstance(rpcs, bool) or not isinstance(rpcs, int) or rpcs < 0:
+        raise ConfigError(
+            f"--grpc-max-concurrent-rpcs must be a whole number >= 0 (0: no limit), got {rpcs!r}"
+        )

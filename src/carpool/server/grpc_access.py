@@ -66,11 +66,9 @@ async def _refuse(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> 
 
 
 def _refusal(handler: Any) -> Any:
-    """A handler of ``handler``'s kind that refuses the call."""
-    options = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
+    """A handler of ``handler``'s kind that refuses the call, its message left unparsed
+    (no deserializer: a refused call costs no protobuf parse of what it sent)."""
+    options = {"request_deserializer": None, "response_serializer": handler.response_serializer}
     if handler.request_streaming and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(_refuse, **options)
     if handler.request_streaming:

@@ -44,6 +44,7 @@ __all__ = ["GrpcServer"]
 log = logging.getLogger("carpool.server")
 
 PROTOCOL = "grpc"  # the protocol label of its requests in /metrics
+STREAM_IN_FLIGHT = 64  # requests of one ModelStreamInfer stream running at once, at most
 # After the drain deadline the batchers answer what is left with UNAVAILABLE; the gRPC
 # server waits this much longer for those answers to go out before it cancels the calls.
 _ANSWER_S = 1.0
@@ -152,11 +153,24 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         run concurrently, so they batch together); an error is that answer's
         ``error_message``, and the stream goes on."""
         writing = asyncio.Lock()
+        # At most STREAM_IN_FLIGHT requests of one stream at a time: past it the stream is
+        # not read until one is answered (HTTP/2's flow control then holds the client back),
+        # where each message used to become a task at once, however many came unread.
+        room = asyncio.Semaphore(STREAM_IN_FLIGHT)
         async with asyncio.TaskGroup() as tasks:
             async for request in requests:
-                tasks.create_task(self._stream_one(request, context, writing))
+                await room.acquire()
+                tasks.create_task(self._stream_one(request, context, writing, room))
 
-    async def _stream_one(self, request: Any, context: Any, writing: asyncio.Lock) -> None:
+    async def _stream_one(
+        self, request: Any, context: Any, writing: asyncio.Lock, room: asyncio.Semaphore
+    ) -> None:
+        try:
+            await self._stream_answer(request, context, writing)
+        finally:
+            room.release()
+
+    async def _stream_answer(self, request: Any, context: Any, writing: asyncio.Lock) -> None:
         try:
             async with self._slot(request, context):
                 response = await self._infer(request, context.time_remaining())
@@ -251,8 +265,10 @@ class GrpcServer:
         api_keys: ApiKeys | None = None,
         tls: tuple[str, str] | None = None,
         share_port: bool = False,
+        max_concurrent_rpcs: int = 0,
     ) -> None:
         self._inference = inference
+        self._max_concurrent_rpcs = max_concurrent_rpcs  # 0: no limit
         self._share_port = share_port  # front-end processes: each listens on the one port
         self.address = address
         self._max_message_bytes = max_message_bytes  # REST's --max-body-bytes
@@ -267,6 +283,8 @@ class GrpcServer:
         """Listen on ``address``; :class:`ConfigError` when it cannot (the port is taken)."""
         server = grpc.aio.server(
             interceptors=grpc_access.interceptors(self._api_keys),  # --api-key
+            # --grpc-max-concurrent-rpcs: past it a call is RESOURCE_EXHAUSTED, from grpc.
+            maximum_concurrent_rpcs=self._max_concurrent_rpcs or None,
             options=[
                 # The body limit: a larger message is RESOURCE_EXHAUSTED, from grpc itself.
                 ("grpc.max_receive_message_length", self._max_message_bytes),

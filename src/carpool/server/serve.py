@@ -99,6 +99,7 @@ def _grpc_server(
         api_keys=api_keys,
         tls=tls,
         share_port=config.frontends > 1,  # every front end listens on the one port
+        max_concurrent_rpcs=config.grpc_max_concurrent_rpcs,
     )
 
 
