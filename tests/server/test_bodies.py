@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from carpool.server.asgi import Receive
-from carpool.server.bodies import decompress, read_body
+from carpool.server.bodies import decompress, read_body, request_headers
 from carpool.server.statuses import HTTPError
 
 LIMIT = 64
@@ -134,3 +134,24 @@ def test_bodies_that_cannot_be_inflated(
         decompress(content, encoding, LIMIT)
     assert info.value.status == status
     assert message in info.value.message
+
+
+@pytest.mark.parametrize(
+    "name", [b"content-encoding", b"content-type", b"inference-header-content-length"]
+)
+def test_a_header_that_says_how_to_read_the_body_may_come_only_once(name: bytes) -> None:
+    twice = [(b"host", b"x"), (name, b"a"), (b"x-other", b"1"), (name, b"b")]
+    with pytest.raises(HTTPError) as info:
+        request_headers({"headers": twice})
+    assert (info.value.status, info.value.message) == (
+        400,
+        f"the {name.decode()} header came more than once; send it once",
+    )
+
+
+def test_other_headers_may_repeat_and_the_usual_request_costs_no_count() -> None:
+    pairs = [(b"accept", b"a"), (b"accept", b"b"), (b"content-type", b"application/json")]
+    assert request_headers({"headers": pairs}) == {
+        b"accept": b"b",
+        b"content-type": b"application/json",
+    }

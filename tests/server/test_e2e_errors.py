@@ -770,3 +770,25 @@ def test_rows_and_texts_per_request_are_capped_with_errors_naming_the_setting(
     texts["input"] = texts["input"][:3]
     assert httpx.post(f"{server.url}/v1/embeddings", json=texts).status_code == 200
     assert server.is_live()
+
+
+@pytest.mark.parametrize("name", ["Inference-Header-Content-Length", "Content-Encoding"])
+def test_a_body_header_sent_twice_is_400(server: Server, name: str) -> None:
+    body = json.dumps(float_request(1.0)).encode()
+    head = (
+        f"POST /v2/models/identity/infer HTTP/1.1\r\nHost: c\r\nContent-Length: {len(body)}\r\n"
+        f"{name}: {len(body)}\r\n{name}: 0\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(head + body)
+        received = b""
+        while b"\r\n\r\n" not in received or not received.rstrip().endswith(b"}"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+    status_line, _, rest = received.partition(b"\r\n")
+    assert status_line.startswith(b"HTTP/1.1 400 ")
+    message = json.loads(rest.partition(b"\r\n\r\n")[2])["error"]
+    assert message == f"the {name.lower()} header came more than once; send it once"
+    assert server.is_live()

@@ -34,7 +34,7 @@ from carpool.server.asgi import (
     send_response,
 )
 from carpool.server.auth import UNAUTHORIZED, ApiKeys, is_open
-from carpool.server.bodies import read_body
+from carpool.server.bodies import read_body, request_headers
 from carpool.server.inference import Answer, ClientGone, Inference, Withdrawal
 from carpool.server.logs import access_log, log_access
 from carpool.server.messages import HEADER_LENGTH, MAX_ELEMENTS, InferRequest, ProtocolError
@@ -346,7 +346,7 @@ class App:
         return 200
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes:
-        return await self._read_body(dict(scope["headers"]), scope, receive)
+        return await self._read_body(request_headers(scope), scope, receive)
 
     async def _read_body(
         self, headers: dict[bytes, bytes], scope: Scope, receive: Receive
@@ -358,7 +358,7 @@ class App:
         )
 
     async def _read_request(self, model: Model, scope: Scope, receive: Receive) -> InferRequest:
-        headers = dict(scope["headers"])
+        headers = request_headers(scope)
         body = await self._read_body(headers, scope, receive)
         header_length = parse_header_length(
             _text(headers.get(b"inference-header-content-length")), len(body)

@@ -15,10 +15,34 @@ import asyncio
 import zlib
 from collections.abc import Mapping
 
-from carpool.server.asgi import Receive
+from carpool.server.asgi import Receive, Scope
 from carpool.server.statuses import HTTPError, Status
 
-__all__ = ["read_body", "decompress"]
+__all__ = ["decompress", "read_body", "request_headers"]
+
+# Headers that say how to read a body: sent twice, which one counts is a guess (and two
+# readers guessing apart is how requests are smuggled), so neither does.
+_ONCE = (
+    b"content-length",
+    b"content-encoding",
+    b"content-type",
+    b"inference-header-content-length",
+)
+
+
+def request_headers(scope: Scope) -> dict[bytes, bytes]:
+    """A request's headers by (lower-case) name; a 400 naming a header that says how to
+    read the body and came more than once."""
+    pairs = scope["headers"]
+    headers = dict(pairs)
+    if len(headers) != len(pairs):  # some name came twice: is it one that matters?
+        for name in _ONCE:
+            if sum(1 for key, _ in pairs if key == name) > 1:
+                raise HTTPError(
+                    Status.BAD_REQUEST,
+                    f"the {name.decode()} header came more than once; send it once",
+                )
+    return headers
 
 
 async def read_body(
