@@ -294,3 +294,14 @@ def test_a_model_that_opts_in_without_text_to_a_vector_is_refused_at_start(
         "['TEXT:BYTES:[-1]', 'UPPER:BYTES:[-1]'] with max_batch_size=32: declare inputs and "
         "outputs that fit, or leave openai off",
     )
+
+
+@pytest.mark.slow
+def test_a_model_that_has_not_opted_in_counts_its_refusal(
+    client: openai.OpenAI, server: Server
+) -> None:
+    labels = {"model": "upper", "outcome": "not_found", "protocol": "openai"}
+    before = _count(server, labels)
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="upper", input="hi")
+    assert _count(server, labels) == before + 1

@@ -328,7 +328,11 @@ class App:
         bodies in and out. The model is known (and counts the request) once named."""
         doc = openai.json_body(await self._body(scope, receive))
         served = self.registry.get(openai.model_name(doc))
-        openai.check_opted_in(served.model)
+        try:
+            openai.check_opted_in(served.model)
+        except openai.OpenAIError as exc:  # a model known by name: the refusal counts there
+            served.record(_OPENAI, exc.status)
+            raise
         call = openai.EmbeddingsCall(doc, self.max_client_batch_size)
         gone = Withdrawal(client_gone=gone_signal(scope, receive), cancel_counts_as=_CUT_OFF)
         try:
