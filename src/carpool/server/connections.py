@@ -71,9 +71,9 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._start_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._stop_header_timer()
-        self._stop_write_timer()
-        self._stop_linger()
+        self._header_timer = _cancelled(self._header_timer)
+        self._write_timer = _cancelled(self._write_timer)
+        self._linger = _cancelled(self._linger)
         super().connection_lost(exc)
         watches, self._watches = self._watches, []
         for watch in watches:
@@ -96,7 +96,7 @@ class _LimitedProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         super().on_message_complete()
         if self._linger is not None:  # the unread body of a request answered already ended
-            self._stop_linger()
+            self._linger = _cancelled(self._linger)
             if self.timeout_keep_alive_task is None and not self.pipeline:
                 # what uvicorn armed at the answer, and the body's bytes cancelled
                 self.timeout_keep_alive_task = self.loop.call_later(
@@ -118,7 +118,7 @@ class _LimitedProtocol(HttpToolsProtocol):
             # connection as it was; one that does not ends it, whatever still trickles in
             # (before, each byte cancelled uvicorn's keep-alive timer and nothing re-armed
             # it: a byte a second held the connection for ever).
-            self._stop_linger()
+            self._linger = _cancelled(self._linger)
             self._linger = self.loop.call_later(_LINGER_S, self._linger_over)
 
     def _linger_over(self) -> None:
@@ -126,14 +126,9 @@ class _LimitedProtocol(HttpToolsProtocol):
         if not self.transport.is_closing():
             self.transport.close()
 
-    def _stop_linger(self) -> None:
-        if self._linger is not None:
-            self._linger.cancel()
-            self._linger = None
-
     def on_headers_complete(self) -> None:
         self._partial = False
-        self._stop_header_timer()
+        self._header_timer = _cancelled(self._header_timer)
         super().on_headers_complete()
 
     def pause_writing(self) -> None:
@@ -146,12 +141,7 @@ class _LimitedProtocol(HttpToolsProtocol):
 
     def resume_writing(self) -> None:
         super().resume_writing()
-        self._stop_write_timer()
-
-    def _stop_write_timer(self) -> None:
-        if self._write_timer is not None:
-            self._write_timer.cancel()
-            self._write_timer = None
+        self._write_timer = _cancelled(self._write_timer)
 
     def _write_stalled(self) -> None:
         self._write_timer = None
@@ -168,11 +158,6 @@ class _LimitedProtocol(HttpToolsProtocol):
 
     def _start_header_timer(self) -> None:
         self._header_timer = self.loop.call_later(self._header_timeout_s, self._headers_late)
-
-    def _stop_header_timer(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
 
     def _headers_late(self) -> None:
         self._header_timer = None
@@ -196,6 +181,13 @@ _TIMED_OUT = b"".join(
         _TIMED_OUT_BODY,
     ]
 )
+
+
+def _cancelled(timer: asyncio.TimerHandle | None) -> asyncio.TimerHandle | None:
+    """Cancel ``timer`` if there is one; None, for the attribute that held it."""
+    if timer is not None:
+        timer.cancel()
+    return None
 
 
 def _overloaded_app(limit: int) -> Any:
