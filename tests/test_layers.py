@@ -72,6 +72,7 @@ LAYERS: list[tuple[str, ...]] = [
         "server.registry",
     ),
     ("server.messages", "server.bodies", "server.connections", "server.grpc_access"),
+    ("server.json_arrays",),  # large JSON arrays of numbers, read piece by piece
     ("server.json_text",),  # REST's JSON text: orjson, and the stdlib for NaN
     ("server.admission", "server.rest_codec", "server.grpc_codec"),  # wire <-> records
     ("server.outcomes", "server.metrics"),  # exceptions -> statuses; Prometheus

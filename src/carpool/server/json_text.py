@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from carpool.server.json_arrays import Lifted, syntax_error
 from carpool.server.messages import ProtocolError
 from carpool.server.statuses import Status
 
@@ -34,18 +35,22 @@ def check_id(request_id: Any) -> None:
             ) from None
 
 
-def read_object(header: memoryview) -> dict[str, Any]:
-    """A request body's JSON object; a 400 naming the body when it is not one."""
+def read_object(header: memoryview, lifted: Lifted | None = None) -> dict[str, Any]:
+    """A request body's JSON object; a 400 naming the body when it is not one. ``lifted``:
+    the body with its large arrays cut out, which is what is parsed."""
+    text = header if lifted is None else memoryview(lifted.text)
     try:
-        doc = orjson.loads(header)
+        doc = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
-        doc = _json_with_non_finite(header, exc)
+        doc = _json_with_non_finite(text, exc, lifted)
     if type(doc) is not dict:
         raise ProtocolError("the request body must be a JSON object", field="body")
     return doc
 
 
-def _json_with_non_finite(header: memoryview, error: orjson.JSONDecodeError) -> Any:
+def _json_with_non_finite(
+    header: memoryview, error: orjson.JSONDecodeError, lifted: Lifted | None
+) -> Any:
     """A body orjson refused, read again by the stdlib if it holds ``NaN``, ``Infinity`` or
     ``-Infinity``: Triton's JSON accepts those bare tokens, and perf_analyzer sends random
     FP32 bit patterns as JSON numbers. Ordinary bodies never leave the fast parser."""
@@ -55,6 +60,8 @@ def _json_with_non_finite(header: memoryview, error: orjson.JSONDecodeError) -> 
             return json.loads(raw)
         except (ValueError, RecursionError):  # a nesting bomb: the stdlib recurses
             pass
+    if lifted is not None:  # say where the error is in the body the client sent
+        raise syntax_error(lifted.source, lifted.position(error.pos), error.msg)
     raise ProtocolError(f"failed to parse the request JSON buffer: {error}", field="body")
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from carpool.datatypes import DATATYPES
+from carpool.server.json_arrays import Lifted, lift, read_lifted
 from carpool.server.json_text import check_id, dump_answer, read_object
 from carpool.server.messages import (
     HEADER_LENGTH,
@@ -128,6 +129,7 @@ class _Input:
     parameters: Parameters
     data: Array | None  # None: binary, ``size`` bytes of the body after the JSON
     size: int
+    lifted: bool = False  # its data was cut out of the text and read piece by piece
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,8 +167,11 @@ class _Header:
         )
 
 
-def _read_header(text: bytes | memoryview, max_elements: int) -> _Header:
-    doc = read_object(memoryview(text))
+def _read_header(text: bytes | memoryview, max_elements: int, *, cut: bool = True) -> _Header:
+    # ``cut``: large number arrays are read piece by piece (:mod:`.json_arrays`); a body
+    # whose cut-out arrays are not all inputs' data is read again whole.
+    lifted = lift(text if isinstance(text, bytes) else bytes(text)) if cut else None
+    doc = read_object(memoryview(text), lifted)
     request_id = doc.get("id")
     if request_id is not None:
         check_id(request_id)
@@ -174,7 +179,9 @@ def _read_header(text: bytes | memoryview, max_elements: int) -> _Header:
     binary_output = _expect_bool(
         parameters.pop("binary_data_output", False), "parameters.binary_data_output"
     )
-    inputs = _inputs(doc.get("inputs"), max_elements, json_may_hold_booleans(text))
+    inputs = _inputs(doc.get("inputs"), max_elements, json_may_hold_booleans(text), lifted)
+    if lifted is not None and sum(i.lifted for i in inputs) != len(lifted.spans):
+        return _read_header(text, max_elements, cut=False)
     return _Header(request_id, parameters, inputs, _outputs(doc.get("outputs")), binary_output)
 
 
@@ -234,7 +241,9 @@ def parse_index_request(body: bytes) -> bool:
     return _expect_bool(ready, "ready")
 
 
-def _inputs(value: Any, max_elements: int, booleans: bool) -> tuple[_Input, ...]:
+def _inputs(
+    value: Any, max_elements: int, booleans: bool, lifted: Lifted | None
+) -> tuple[_Input, ...]:
     # Every input as the JSON says it, JSON data read; binary inputs' sizes, not yet read.
     if type(value) is not list:
         raise ProtocolError("Unable to parse 'inputs': expected an array", field="inputs")
@@ -248,15 +257,30 @@ def _inputs(value: Any, max_elements: int, booleans: bool) -> tuple[_Input, ...]
         total += count
         check_element_total(total, name, shape, where, max_elements)
         if "data" in item:
+            value = item["data"]
+            cut = lifted is not None and type(value) is str and value in lifted.spans
             with blame(name):
-                data = array_from_json(
-                    item["data"], datatype=datatype, count=count, name=name, booleans=booleans
-                )
-            inputs.append(_Input(name, datatype, shape, count, params, data, 0))
+                if lifted is not None and cut:
+                    data = _read_cut(lifted, value, datatype, count, name)
+                else:
+                    data = array_from_json(
+                        value, datatype=datatype, count=count, name=name, booleans=booleans
+                    )
+            inputs.append(_Input(name, datatype, shape, count, params, data, 0, cut))
         else:
             size = _binary_size(params.pop("binary_data_size"), where, name)
             inputs.append(_Input(name, datatype, shape, count, params, None, size))
     return tuple(inputs)
+
+
+def _read_cut(lifted: Lifted, marker: str, datatype: str, count: int, name: str) -> Array:
+    # A cut-out array of numbers: it holds no booleans.
+    def read(values: list[Any], first: int) -> Array:
+        return array_from_json(
+            values, datatype=datatype, count=None, name=name, booleans=False, first=first
+        )
+
+    return read_lifted(lifted, marker, count=count, name=name, read=read)
 
 
 def _blob(

@@ -193,7 +193,13 @@ def raw_shape(dims: Sequence[int], *, datatype: str, nbytes: int, name: str) -> 
 
 
 def array_from_json(
-    data: Any, *, datatype: str, count: int, name: str, booleans: bool = True
+    data: Any,
+    *,
+    datatype: str,
+    count: int | None,
+    name: str,
+    booleans: bool = True,
+    first: int = 0,
 ) -> Array:
     """A flat array from input ``name``'s JSON ``data`` (flat or nested) of ``count`` elements.
 
@@ -201,7 +207,9 @@ def array_from_json(
     range for integer types, numbers for floats, strings for BYTES (UTF-8 encoded). Nothing
     wraps or truncates silently. BF16 has no JSON form. ``booleans=False`` says no array of
     the JSON text holds a ``true`` or ``false`` (:func:`json_may_hold_booleans`), which
-    lets numbers skip a per-element type check. Raises ``ValueError``.
+    lets numbers skip a per-element type check. ``count=None`` takes any count and ``first``
+    numbers the elements from there: a piece of a larger array (:mod:`.json_arrays`).
+    Raises ``ValueError``.
     """
     if not booleans and datatype in _FLOAT_TYPES and type(data) is list:
         fast = _floats_without_booleans(data, datatype, count)
@@ -220,28 +228,28 @@ def array_from_json(
     if list in types:  # nested: flatten, then look again
         flat = _flatten(data)
         types = set(map(type, flat))
-    if len(flat) != count:
+    if count is not None and len(flat) != count:
         raise ValueError(f"{where}: it holds {len(flat)} elements but the shape needs {count}")
     if datatype == "BYTES":
         if not types <= {str}:
-            raise ValueError(f"{where}: BYTES need strings; {_first_not(flat, (str,))}")
-        out = np.empty(count, dtype=object)
+            raise ValueError(f"{where}: BYTES need strings; {_first_not(flat, (str,), first)}")
+        out = np.empty(len(flat), dtype=object)
         out[:] = [item.encode() for item in flat]
         return out
     if datatype == "BOOL":
         if not types <= {bool}:
-            raise ValueError(f"{where}: BOOL needs true/false; {_first_not(flat, (bool,))}")
+            raise ValueError(f"{where}: BOOL needs true/false; {_first_not(flat, (bool,), first)}")
         return np.array(flat, dtype=np.bool_)
     if FIXED_DTYPES[datatype].kind in "iu":
-        return _integers_from_json(flat, types, datatype, where)
-    return _floats_from_json(flat, types, datatype, where)
+        return _integers_from_json(flat, types, datatype, where, first)
+    return _floats_from_json(flat, types, datatype, where, first)
 
 
 _FLOAT_TYPES = frozenset({"FP32", "FP64"})  # FP16's rounding stays on the checked path
 _F32_MAX = float(np.finfo(np.float32).max)
 
 
-def _floats_without_booleans(data: list[Any], datatype: str, count: int) -> Array | None:
+def _floats_without_booleans(data: list[Any], datatype: str, count: int | None) -> Array | None:
     """JSON numbers known to hold no booleans, read by numpy's own type discovery: what
     is not all numbers (strings, nulls, objects) or not ``count`` of them, ragged nesting,
     and integers past 64 bits come back None, for the checked path to refuse with its
@@ -250,7 +258,7 @@ def _floats_without_booleans(data: list[Any], datatype: str, count: int) -> Arra
         raw = np.array(data)
     except (ValueError, OverflowError, RecursionError):
         return None
-    if raw.dtype.kind not in "fi" or raw.size != count:
+    if raw.dtype.kind not in "fi" or (count is not None and raw.size != count):
         return None
     flat = raw.reshape(-1)
     if datatype == "FP64":
@@ -282,13 +290,15 @@ def json_may_hold_booleans(text: bytes | memoryview) -> bool:
     return False
 
 
-def _integers_from_json(flat: list[Any], types: set[type], datatype: str, where: str) -> Array:
+def _integers_from_json(
+    flat: list[Any], types: set[type], datatype: str, where: str, first: int
+) -> Array:
     # Integers only, each in the datatype's range, checked before any cast could wrap.
     dtype = FIXED_DTYPES[datatype]
     info = np.iinfo(dtype)
     wanted = f"{where}: {datatype} needs integers in [{info.min}, {info.max}]"
     if not types <= {int}:
-        raise ValueError(f"{wanted}; {_first_not(flat, (int,))}")
+        raise ValueError(f"{wanted}; {_first_not(flat, (int,), first)}")
     raw = np.array(flat)  # int64 or uint64; float64 only for a mix of both ranges
     exact = raw.dtype.kind in "iu"
     low, high = (
@@ -299,10 +309,13 @@ def _integers_from_json(flat: list[Any], types: set[type], datatype: str, where:
     return raw.astype(dtype) if exact else np.array(flat, dtype=dtype)
 
 
-def _floats_from_json(flat: list[Any], types: set[type], datatype: str, where: str) -> Array:
+def _floats_from_json(
+    flat: list[Any], types: set[type], datatype: str, where: str, first: int
+) -> Array:
     # Numbers, rounded to the nearest value of the datatype; one too large for it is refused.
     if not types <= {int, float}:
-        raise ValueError(f"{where}: {datatype} needs numbers; {_first_not(flat, (int, float))}")
+        wrong = _first_not(flat, (int, float), first)
+        raise ValueError(f"{where}: {datatype} needs numbers; {wrong}")
     try:
         with np.errstate(over="ignore"):
             out = np.array(flat, dtype=FIXED_DTYPES[datatype])
@@ -401,9 +414,9 @@ def _flatten(data: list[Any]) -> list[Any]:
     return out
 
 
-def _first_not(flat: list[Any], wanted: tuple[type, ...]) -> str:
+def _first_not(flat: list[Any], wanted: tuple[type, ...], first: int) -> str:
     # Error path only: name the first element of the wrong JSON type.
-    for index, item in enumerate(flat):
+    for index, item in enumerate(flat, first):
         if type(item) not in wanted:
             shown = repr(item) if type(item) is float else _kind(item)
             return f"element {index} is {shown}"
