@@ -1,5 +1,6 @@
 """carpool.transport: every batch structure and dtype survives plan -> write -> decode, views
-alias the buffer and copies do not, arenas grow under a new name, messages cross a pipe."""
+alias the buffer and copies do not, arenas grow and shrink under a new name, messages cross a
+pipe."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import pickle
 import subprocess
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,10 +26,15 @@ from carpool.transport import (
     Arena,
     Attached,
     Channel,
+    ShrinkPolicy,
     decode,
+    extent,
     plan,
     sweep_orphans,
 )
+
+MiB = 1 << 20
+SHM = Path("/dev/shm")
 
 DTYPES = [
     "bool",
@@ -215,6 +222,118 @@ def test_arena_keeps_its_segment_while_batches_fit_and_grows_under_a_new_name() 
             Attached().buf(first)  # the old segment was unlinked
     finally:
         reader.close()
+        arena.close()
+
+
+def test_extent_is_what_plan_laid_out() -> None:
+    a = sample("float32")
+    record = np.zeros(3, dtype=[("x", "<i4"), ("y", "<f8")])  # its dtype travels as itself
+    padded = PaddedBatch(ids=np.ones((2, 5), np.int64))
+    padded.lengths = np.array([[3], [5]])
+    for value in (
+        a,
+        {"a": a, "empty": np.zeros((0, 4)), "r": record, "s": 1.0},
+        (a, [a[:1], a]),
+        padded,
+        np.array(4.5),
+        np.array([b"x"], dtype=object),
+        {"e": np.zeros((0, 4))},
+    ):
+        laid = plan(value)
+        assert extent(laid.tree) == laid.nbytes
+
+
+# The shrink policy, step by step: (nbytes, arena size, now) -> the size to remake it at.
+# after_s=30, floor=1 MiB; a batch needs the arena when it takes more than a quarter of it.
+SHRINK_STEPS = [
+    (100, MiB, 0.0, None),  # at the floor: nothing to give back
+    (8 * MiB, 8 * MiB, 1.0, None),  # needed: the clock starts at 1
+    (100, 8 * MiB, 30.9, None),  # not needed, but only 29.9 s since
+    (3 * MiB, 8 * MiB, 31.0, None),  # over a quarter: needed again at 31
+    (MiB + MiB // 2, 8 * MiB, 35.0, None),  # under a quarter: the largest since
+    (100, 8 * MiB, 60.9, None),
+    (100, 8 * MiB, 61.0, 4 * MiB),  # 30 s unneeded: twice 1.5 MiB, rounded up to 4 MiB
+    (MiB + MiB // 2, 4 * MiB, 62.0, None),  # the same batches need the smaller one: kept
+    (MiB + MiB // 2, 4 * MiB, 500.0, None),  # however long they keep coming
+    (100, 4 * MiB, 529.9, None),
+    (100, 4 * MiB, 530.0, MiB),  # back to the floor
+]
+
+
+def test_the_shrink_policy_gives_back_room_unneeded_for_after_s_and_never_flaps() -> None:
+    policy = ShrinkPolicy(after_s=30.0, floor=MiB)
+    got = [policy.observe(nbytes, size, now) for nbytes, size, now, _ in SHRINK_STEPS]
+    assert got == [want for *_, want in SHRINK_STEPS]
+
+
+def test_the_shrink_policy_starts_its_clock_at_the_first_batch_it_sees() -> None:
+    policy = ShrinkPolicy(after_s=30.0, floor=MiB)
+    assert policy.observe(100, 16 * MiB, 1000.0) is None
+    assert policy.observe(100, 16 * MiB, 1029.9) is None
+    assert policy.observe(100, 16 * MiB, 1030.0) == MiB
+    assert policy.observe(100, 16 * MiB, 1030.0) is None  # the clock restarted
+
+
+def ours() -> dict[str, int]:
+    """This process's segments in /dev/shm, and their sizes."""
+    prefix = f"carpool_{os.getpid()}_"
+    return {p.name: p.stat().st_size for p in SHM.iterdir() if p.name.startswith(prefix)}
+
+
+def mapped() -> str:
+    """This process's mappings (``/proc/self/maps``): where an unlinked segment still holds
+    its pages."""
+    return Path("/proc/self/maps").read_text()
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux's /proc")
+def test_an_arena_shrinks_under_a_new_name_and_unlinks_the_large_segment() -> None:
+    before = ours()
+    arena = Arena(shrink=ShrinkPolicy(after_s=30.0))
+    reader = Attached()
+    try:
+        assert arena.fit(8 * MiB, now=0.0)  # grows
+        large = arena.name
+        assert {n: s for n, s in ours().items() if n not in before} == {large: 8 * MiB}
+        assert len(reader.buf(large)) == 8 * MiB
+        batch = np.arange(25, dtype=np.float32)
+        laid = plan(batch)
+        assert not arena.fit(laid.nbytes, now=29.0)
+        assert arena.fit(laid.nbytes, now=30.0)  # shrinks
+        assert arena.size == MIN_ARENA
+        assert {n: s for n, s in ours().items() if n not in before} == {arena.name: MIN_ARENA}
+        laid.write(arena.buf)
+        assert large in mapped()  # unlinked, but its pages stay while the reader maps it
+        assert np.array_equal(decode(laid.tree, reader.buf(arena.name), copy=True), batch)
+        assert large not in mapped()  # the header named the small one: it let go
+    finally:
+        reader.close()
+        arena.close()
+    assert ours() == before
+
+
+def test_a_shrink_that_finds_dev_shm_full_keeps_the_arena_and_growth_still_refuses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    arena = Arena(shrink=ShrinkPolicy(after_s=30.0))
+    try:
+        arena.fit(4 * MiB, now=0.0)
+        large = arena.name
+        with monkeypatch.context() as patched:
+            patched.setattr(os, "posix_fallocate", full)
+            assert not arena.fit(100, now=30.0)  # no room even for less: keeps what it has
+            assert (arena.name, arena.size) == (large, 4 * MiB)
+            with pytest.raises(SharedMemoryFull):
+                arena.fit(16 * MiB, now=31.0)
+            assert (arena.name, arena.size) == (large, 4 * MiB)
+        assert not arena.fit(100, now=59.0)  # the policy waits after_s again
+        assert arena.fit(100, now=61.0)
+        assert arena.size == MIN_ARENA
+        assert not (SHM / large).exists()
+    finally:
         arena.close()
 
 

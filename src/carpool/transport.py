@@ -5,8 +5,9 @@ arrays out in one buffer; :meth:`Plan.write` copies them there once; :func:`deco
 the batch on the other side as views of that buffer (or copies, with ``copy=True``).
 Object arrays (BYTES) and anything that is not an array travel pickled in the header,
 which should stay small. :class:`Arena` is a reusable shared-memory segment, recreated
-larger when a batch does not fit, never once per batch; :class:`Attached` is the reader's
-mapping of it. :class:`Channel` carries the headers: framed pickles over two plain pipes.
+larger when a batch does not fit, never once per batch, and smaller once its large size goes
+unneeded (:class:`ShrinkPolicy`); :class:`Attached` is the reader's mapping of it.
+:class:`Channel` carries the headers: framed pickles over two plain pipes.
 Imports numpy, the stdlib and carpool's errors only.
 """
 
@@ -34,14 +35,17 @@ __all__ = [
     "Channel",
     "Header",
     "Plan",
+    "ShrinkPolicy",
     "decode",
     "dumps",
+    "extent",
     "plan",
     "sweep_orphans",
 ]
 
 ALIGN = 64  # bytes: a cache line, and the widest SIMD load numpy uses
 MIN_ARENA = 1 << 20  # bytes: 1 MiB holds a 32x4096 FP32 batch; most never regrow
+SHRINK_AFTER_S = 30.0  # seconds an arena's large size goes unneeded before it shrinks back
 
 # Header nodes are plain tuples (cheap to pickle): (ARRAY, dtype, shape, offset),
 # (INLINE, value), (DICT, keys, children[, cls, attributes]), (TUPLE, children),
@@ -144,6 +148,23 @@ def decode(tree: Node, buf: Bytes, *, copy: bool = False) -> Any:
         return rebuilt
     items = [decode(n, buf, copy=copy) for n in tree[1]]
     return tuple(items) if kind == TUPLE else items
+
+
+def extent(tree: Node) -> int:
+    """The bytes of its buffer the arrays of ``tree`` take (what :func:`plan` made
+    ``nbytes``): how much of an arena a batch the other side wrote used."""
+    kind = tree[0]
+    if kind == ARRAY:
+        _, key, shape, offset = tree
+        dtype = _DTYPES.get(key) if type(key) is str else None
+        nbytes = (dtype if dtype is not None else np.dtype(key)).itemsize
+        for n in shape:
+            nbytes *= n
+        return offset + -(-nbytes // ALIGN) * ALIGN if nbytes else 0
+    if kind == INLINE:
+        return 0
+    children = tree[1] if kind != DICT else tree[2] + tree[4:5]
+    return max((extent(n) for n in children), default=0)
 
 
 def dumps(message: Any) -> bytes:
@@ -311,12 +332,54 @@ def _alive(pid: int) -> bool:
     return True
 
 
-class Arena:
-    """A shared-memory segment its creator reuses for batch after batch; ``fit`` replaces
-    it by a larger one (and unlinks the old) when a batch does not fit."""
+class ShrinkPolicy:
+    """When an arena that grew for a large batch gives its pages back.
 
-    def __init__(self, nbytes: int = MIN_ARENA) -> None:
+    Kept, the room one rare large batch took would stay out of ``/dev/shm`` (often 64 MiB in
+    all) for the process's life. A batch *needs* an arena when it takes more than a quarter
+    of it. Once none has for ``after_s`` seconds, the next batch that does not need it gets
+    a smaller arena: twice the largest batch since, rounded up to a power-of-two multiple of
+    ``floor``, so the recent batches fit with room to spare and a steady batch size never
+    flaps between shrinking and regrowing. Time, not a count of batches: at a thousand
+    batches a second, a large batch every few hundred would otherwise remake a large
+    segment each time. Checked as batches are written, with no thread: a reader maps the
+    old segment until a header names the new one, so shrinking between batches would free
+    nothing sooner. Pure: the caller passes the time."""
+
+    __slots__ = ("_peak", "_since", "after_s", "floor")
+
+    def __init__(self, after_s: float = SHRINK_AFTER_S, floor: int = MIN_ARENA) -> None:
+        self.after_s = after_s
+        self.floor = floor
+        self._since: float | None = None  # when a batch last needed the arena
+        self._peak = 0  # the largest batch since
+
+    def observe(self, nbytes: int, size: int, now: float) -> int | None:
+        """The size to remake an arena of ``size`` bytes at before it takes a batch of
+        ``nbytes`` at ``now`` (seconds on any monotonic clock), or None to keep it."""
+        needed = nbytes > size // 4
+        if needed or size <= self.floor or self._since is None:
+            self._since, self._peak = now, 0 if needed else nbytes
+            return None
+        self._peak = max(self._peak, nbytes)
+        if now - self._since < self.after_s:
+            return None
+        target = self.floor
+        while target < 2 * self._peak:
+            target *= 2
+        self._since, self._peak = now, 0
+        return target if target < size else None
+
+
+class Arena:
+    """A shared-memory segment its creator reuses for batch after batch. ``fit`` replaces
+    it by a larger one when a batch does not fit and, given a :class:`ShrinkPolicy`, by a
+    smaller one when its batches stopped needing the room; either way under a new name
+    (readers re-attach by the name headers carry) and the old one unlinked."""
+
+    def __init__(self, nbytes: int = MIN_ARENA, shrink: ShrinkPolicy | None = None) -> None:
         self.segment = Segment(size=max(nbytes, MIN_ARENA))
+        self.shrink = shrink
 
     @property
     def name(self) -> str:
@@ -330,14 +393,28 @@ class Arena:
     def buf(self) -> Bytes:
         return self.segment.buf
 
-    def fit(self, nbytes: int) -> bool:
-        """Make room for ``nbytes``; True when that took a new segment (a new name)."""
-        old = self.segment
-        if nbytes <= len(old.buf):
-            return False
-        self.segment = Segment(size=max(nbytes, 2 * len(old.buf)))
-        old.release(unlink=True)
+    def fit(self, nbytes: int, now: float = 0.0) -> bool:
+        """Make room for ``nbytes``, or give back room the shrink policy says is unneeded
+        (``now``: its clock); True when that took a new segment (a new name). Growing
+        raises SharedMemoryFull when ``/dev/shm`` has no room; a shrink that finds none
+        keeps the segment it has, which still fits."""
+        size = len(self.segment.buf)
+        grew = nbytes > size
+        if grew:
+            self._remake(max(nbytes, 2 * size))
+        target = None if self.shrink is None else self.shrink.observe(nbytes, self.size, now)
+        if target is None:
+            return grew
+        try:
+            self._remake(target)
+        except (SharedMemoryFull, OSError):  # the policy tries again after after_s
+            return grew
         return True
+
+    def _remake(self, size: int) -> None:
+        old = self.segment
+        self.segment = Segment(size=size)
+        old.release(unlink=True)
 
     def close(self) -> None:
         """Unmap and unlink the segment (processes that attached it keep their mapping)."""

@@ -42,6 +42,7 @@ from carpool.errors import (
 from carpool.loading import load_target
 from carpool.runners.processes import ProcessReplicas
 from carpool.runners.replicas import OnOwnLoop, replica_fn
+from carpool.transport import MIN_ARENA
 from conftest import running, wait_until
 
 TESTS = Path(__file__).resolve().parent.parent
@@ -127,6 +128,55 @@ def test_every_structure_crosses_and_outputs_are_private_copies(pools: MakePool)
     second = pool.call(big[:10] * 3)
     assert np.array_equal(first, big)  # not overwritten by the next batch
     assert np.array_equal(second, big[:10] * 3)
+    assert pool.stats().restarts == 0
+
+
+def segments() -> dict[str, int]:
+    """The shared-memory segments this process made, in /dev/shm, and their sizes."""
+    prefix = f"carpool_{os.getpid()}_"
+    shm = Path("/dev/shm")
+    return {p.name: p.stat().st_size for p in shm.iterdir() if p.name.startswith(prefix)}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux's /proc")
+def test_arenas_grown_by_one_large_batch_shrink_back_once_it_goes_unneeded(
+    pools: MakePool,
+) -> None:
+    now = [0.0]  # the pool's clock, moved by hand
+    before = segments()
+    pool = pools(pm.echo, 1, shrink_after_s=30.0, clock=lambda: now[0])
+    (child,) = pids(pool)
+
+    def arenas() -> dict[str, int]:
+        return {name: size for name, size in segments().items() if name not in before}
+
+    def maps() -> str:  # where an unlinked segment still holds its pages
+        return Path(f"/proc/{child}/maps").read_text() + Path("/proc/self/maps").read_text()
+
+    assert sorted(arenas().values()) == [MIN_ARENA, MIN_ARENA]
+    big = np.random.default_rng(0).standard_normal((1024, 1024))  # 8 MiB: both arenas grow
+    assert np.array_equal(pool.call(big), big)
+    grown = arenas()
+    assert sorted(grown.values()) == [big.nbytes, big.nbytes]
+    for t in (1.0, 29.9):  # small batches, but the large size was needed under 30 s ago
+        now[0] = t
+        assert np.array_equal(pool.call(rows(first=t)), rows(first=t))
+        assert arenas() == grown
+    large_outputs = pool.roster.slots[0].outputs.name
+    now[0] = 30.0
+    assert np.array_equal(pool.call(rows(first=30.0)), rows(first=30.0))
+    shrunk = arenas()  # the inputs shrank before the batch, the outputs after it
+    assert sorted(shrunk.values()) == [MIN_ARENA, MIN_ARENA]
+    assert not set(shrunk) & set(grown)
+    # Unlinked, but the replica still maps the outputs it wrote until a header names others.
+    assert [name for name in grown if name in maps()] == [large_outputs]
+    now[0] = 31.0
+    assert np.array_equal(pool.call(rows(first=31.0)), rows(first=31.0))
+    assert arenas() == shrunk
+    assert [name for name in grown if name in maps()] == []  # the replica let go of them too
+    assert np.array_equal(pool.call(big * 2), big * 2)  # and they grow again as before
+    assert sorted(arenas().values()) == [big.nbytes, big.nbytes]
     assert pool.stats().restarts == 0
 
 

@@ -5,8 +5,10 @@ core takes a free replica, retries, times out, closes and counts; this module on
 the children (through the :class:`~carpool.runners.supervisor.Supervisor`) and carries a
 batch to one. Each child loads the model once (see :mod:`carpool.runners.replica_process`);
 a call writes the batch into that child's shared-memory arena, sends a small header, waits
-(the GIL released) and copies the outputs back. At most ``workers`` calls run at once; more
-wait for a free child. Faults have one outcome each:
+(the GIL released) and copies the outputs back. Both arenas (inputs and outputs) grow to fit
+the largest batch and shrink back once that size goes unneeded for ``shrink_after_s``
+(:class:`~carpool.transport.ShrinkPolicy`), so one huge batch does not pin ``/dev/shm``. At
+most ``workers`` calls run at once; more wait for a free child. Faults have one outcome each:
 
 - a child dies mid-batch: the batch is retried once on another child (``retry=True``),
   then :class:`WorkerDied`; the child is restarted with backoff either way;
@@ -30,13 +32,24 @@ import multiprocessing
 import os
 import pickle
 import time
+from collections.abc import Callable
 from typing import Any
 
 from carpool.errors import BatchTimeout
 from carpool.runners.replica_process import replica_main
 from carpool.runners.replicas import ReplicaLost, ReplicaSet
 from carpool.runners.supervisor import Child, ProcessSlot, Supervisor
-from carpool.transport import Channel, Plan, decode, dumps, plan
+from carpool.transport import (
+    SHRINK_AFTER_S,
+    Arena,
+    Channel,
+    Plan,
+    ShrinkPolicy,
+    decode,
+    dumps,
+    extent,
+    plan,
+)
 
 __all__ = ["ProcessReplicas"]
 
@@ -56,6 +69,8 @@ class ProcessReplicas(ReplicaSet[ProcessSlot]):
     first restart of a dead child and its cap; it doubles per death without a finished
     batch in between. ``start_timeout_s``: a child not ready by then is killed. Values
     come checked from :func:`carpool.runners.make_replicas` (the Batcher checks them).
+    ``shrink_after_s``: an arena whose large size no batch needed for that long shrinks
+    back; ``clock`` is the monotonic clock it is measured on (tests pass their own).
     """
 
     def __init__(
@@ -69,10 +84,14 @@ class ProcessReplicas(ReplicaSet[ProcessSlot]):
         warmup: Any = None,
         restart_backoff: tuple[float, float] = (0.1, 5.0),  # seconds: a crash loop idles
         start_timeout_s: float = 600.0,  # a large model from a slow disk loads in minutes
+        shrink_after_s: float = SHRINK_AFTER_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(name=name, workers=workers, batch_timeout_ms=batch_timeout_ms, retry=retry)
         self.restart_backoff = restart_backoff
         self.start_timeout_s = start_timeout_s
+        self.shrink_after_s = shrink_after_s
+        self._clock = clock
         self._spec = _pickled_spec(spec)
         self._warmup = None if warmup is None else pickle.dumps(warmup)
         self._sup: Supervisor | None = None
@@ -84,7 +103,14 @@ class ProcessReplicas(ReplicaSet[ProcessSlot]):
     def start(self) -> ProcessReplicas:
         """Spawn the children and wait until each has loaded its model or failed. Raises
         :class:`WorkerStartError` (and leaves no process) when none could load."""
-        slots = self._launch(lambda name: ProcessSlot(name=name))
+        after = self.shrink_after_s
+        slots = self._launch(
+            lambda name: ProcessSlot(
+                name=name,
+                inputs=Arena(shrink=ShrinkPolicy(after)),
+                outputs=Arena(shrink=ShrinkPolicy(after)),
+            )
+        )
         sup = self._sup = Supervisor(
             self.roster, name=self.name, spawn=self._spawn, backoff=self.restart_backoff
         )
@@ -107,22 +133,25 @@ class ProcessReplicas(ReplicaSet[ProcessSlot]):
     def _carry(self, slot: ProcessSlot, payload: Any) -> Any:
         """Send the batch to ``slot``'s child, wait for its answer, give the slot back. A
         child that did not answer (died, timed out, or the wait was interrupted) is
-        killed."""
+        killed. Each arena grows or shrinks (a new name the header carries) as it fits."""
         sup, child, laid = self._sup, slot.child, payload
         assert sup is not None  # started
         assert child is not None  # a taken slot has its process
         healthy = True
+        now = self._clock()
         try:
-            slot.inputs.fit(laid.nbytes)
+            slot.inputs.fit(laid.nbytes, now)
             laid.write(slot.inputs.buf)
             run = dumps(("run", (slot.inputs.name, laid.tree), slot.outputs.name))
             healthy = False  # from here on, only an answer shows the replica is fine
-            reply = self._exchange(slot, child, run)
+            reply = self._exchange(slot, child, run, now)
             if reply is None:
                 raise self._timed_out_on(slot, child)
             healthy = True  # it answered, whatever the answer
             if reply[0] == "ok":
-                return decode(reply[1][1], slot.outputs.buf, copy=True)
+                outputs = decode(reply[1][1], slot.outputs.buf, copy=True)
+                slot.outputs.fit(extent(reply[1][1]), now)  # the next run names a smaller one
+                return outputs
             error = pickle.loads(reply[1])
             error.add_note(f"raised in model worker {slot.name} (pid {child.pid}):\n{reply[2]}")
             raise error
@@ -132,7 +161,7 @@ class ProcessReplicas(ReplicaSet[ProcessSlot]):
                     child.kill("its caller stopped waiting for it")
                 sup.give_back(slot, child, healthy=healthy)
 
-    def _exchange(self, slot: ProcessSlot, child: Child, run: bytes) -> Any:
+    def _exchange(self, slot: ProcessSlot, child: Child, run: bytes, now: float) -> Any:
         """The child's ``ok`` or ``error`` reply (growing its output arena on request), or
         None when batch_timeout_ms passed first. Raises ReplicaLost when its pipe breaks."""
         timeout = self.batch_timeout_ms
@@ -142,7 +171,7 @@ class ProcessReplicas(ReplicaSet[ProcessSlot]):
             reply = self._talk(child, message, deadline)
             if reply is None or reply[0] != "grow":
                 return reply
-            slot.outputs.fit(reply[1])
+            slot.outputs.fit(reply[1], now)
             message = dumps(("out", slot.outputs.name))
 
     def _talk(self, child: Child, message: bytes, deadline: float | None) -> Any:
