@@ -68,6 +68,7 @@ LAYERS: list[tuple[str, ...]] = [
         "server.bursts",
         "server.links",
         "server.zygote",
+        "server.grpc_wire",
         "server.openapi",
         "server.registry",
     ),

@@ -6,6 +6,7 @@ Requests are built the way tritonclient.grpc builds them (its ``InferInput`` and
 
 from __future__ import annotations
 
+import tracemalloc
 from typing import Any
 
 import numpy as np
@@ -91,6 +92,43 @@ def test_typed_contents_of_every_datatype_decode_as_sent(datatype: str) -> None:
     else:
         assert decoded.data.dtype == array.dtype
         assert np.array_equal(decoded.data, array)
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "FP64"])
+def test_float_contents_are_read_as_their_bytes_bit_for_bit(datatype: str) -> None:
+    dtype = np.float32 if datatype == "FP32" else np.float64
+    special = [np.nan, -np.inf, np.inf, -0.0, 0.0, 1e-45, -3.5, 2.0**100]
+    array = np.array(special + list(range(1000)), dtype=dtype)
+    message = pb.ModelInferRequest(model_name="m")
+    tensor = message.inputs.add(name="X", datatype=datatype, shape=[array.size])
+    getattr(tensor.contents, CONTENTS[datatype]).extend(array.tolist())
+    (decoded,) = decode_infer_request(message, max_elements=LIMIT).inputs
+    assert decoded.data.dtype == dtype
+    assert decoded.data.tobytes() == array.tobytes()
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "INT32", "BYTES"])
+def test_typed_contents_cost_their_array_not_a_python_object_per_element(datatype: str) -> None:
+    # The array itself, and for floats the serialized contents it is a view of; a list of
+    # Python numbers first (24-32 bytes each) cost ~9x the message.
+    count = 1_000_000
+    message = pb.ModelInferRequest(model_name="m")
+    tensor = message.inputs.add(name="X", datatype=datatype, shape=[count])
+    field = getattr(tensor.contents, CONTENTS[datatype])
+    field.extend([b"ab"] * count if datatype == "BYTES" else np.arange(count).astype(np.int32))
+    tracemalloc.start()
+    try:
+        (decoded,) = decode_infer_request(message, max_elements=LIMIT).inputs
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    bound = {  # what the decoding must allocate, per element
+        "FP32": 4 + 4,  # the serialized contents, and the array (a view of them)
+        "INT32": 8 + 4,  # read as int64 (no wrapping), then the array
+        "BYTES": 8 + 35,  # the array's pointers, and each element as a bytes object
+    }[datatype]
+    assert decoded.data.size == count
+    assert peak < 1.2 * bound * count
 
 
 def refusal(message: Any, max_elements: int = LIMIT) -> ProtocolError:

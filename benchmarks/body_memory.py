@@ -1,0 +1,214 @@
+"""What one large request costs ``carpool serve`` in memory: its peak RSS growth, as a
+multiple of the body, for every way a tensor comes in.
+
+What: for each way in and body size, a fresh ``carpool serve _memory_models:rowsum
+_memory_models:texts`` (on the server core) gets one request of that size from this process
+(on the client core), and its answer is checked. Ways in: REST JSON (FP32 as compact
+decimals, ``0.123``), REST binary (FP32 after a JSON header), gRPC ``raw_input_contents``,
+gRPC typed ``fp32_contents``, gRPC ``bytes_contents`` (BYTES elements of 16 bytes).
+
+Measured: the server's peak resident memory (``VmHWM``) is reset (``/proc/PID/clear_refs``)
+once it is up and idle; its growth is ``VmHWM`` after the answer minus ``VmRSS`` before
+the request, divided by the body's size. A fresh server per measurement, so no request
+finds memory a previous one left. Medians over ``--repeats``. Goal (issue 19): under 3x
+the body for JSON, binary and gRPC raw and typed contents; BYTES elements are Python
+objects of ~50 bytes each, so ``bytes_contents`` is information. Prints ``met``/``MISSED``;
+exits 0. Linux only (``/proc``).
+
+    python benchmarks/body_memory.py                    # ~3 min
+    python benchmarks/body_memory.py --sizes 1,16,64    # MiB
+    python benchmarks/body_memory.py --quick            # smoke run, 1 MiB only
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import _bench  # before numpy: one BLAS thread for everything numpy in this process tree
+import _process
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+MIB = 1 << 20
+GOAL = 3.0
+TEXT_BYTES = 16  # each BYTES element's length
+WAYS = {
+    "json": ("REST JSON", GOAL),
+    "binary": ("REST binary", GOAL),
+    "grpc-raw": ("gRPC raw_input_contents", GOAL),
+    "grpc-fp32": ("gRPC fp32_contents", GOAL),
+    "grpc-bytes": ("gRPC bytes_contents", None),
+}
+
+
+def _json_body(size: int) -> tuple[bytes, float]:
+    # Compact decimals, each "0.ddd," (6 bytes): a 1 MiB run repeated to ``size``.
+    run = np.random.default_rng(0).integers(0, 1000, MIB // 6) / 1000
+    text = ",".join(f"{x:.3f}" for x in run)
+    copies = max(1, size // (len(text) + 1))
+    numbers = ",".join([text] * copies)
+    count = run.size * copies
+    doc = b'{"inputs":[{"name":"X","datatype":"FP32","shape":[1,%d],"data":[%s]}]}' % (
+        count,
+        numbers.encode(),
+    )
+    return doc, float(np.float32(run.astype(np.float32).sum(dtype=np.float32))) * copies
+
+
+def _floats(size: int) -> np.ndarray[Any, Any]:
+    return np.ones(size // 4, dtype=np.float32)
+
+
+def _rest(port: int, way: str, size: int) -> tuple[int, float]:
+    """One REST request; the body's size and the sum (or length) the answer holds."""
+    headers = {"Content-Type": "application/json"}
+    if way == "json":
+        body, _ = _json_body(size)
+    else:
+        data = _floats(size)
+        header = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "X",
+                        "datatype": "FP32",
+                        "shape": [1, data.size],
+                        "parameters": {"binary_data_size": data.nbytes},
+                    }
+                ]
+            }
+        ).encode()
+        body = header + data.tobytes()
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "Inference-Header-Content-Length": str(len(header)),
+        }
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        conn.request("POST", "/v2/models/rowsum/infer", body=body, headers=headers)
+        answer = conn.getresponse()
+        text = answer.read()
+    finally:
+        conn.close()
+    if answer.status != 200:
+        raise RuntimeError(f"{way}: {answer.status} {text[:300]!r}")
+    return len(body), float(json.loads(text)["outputs"][0]["data"][0])
+
+
+def _grpc(port: int, way: str, size: int) -> tuple[int, float]:
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    request = service_pb2.ModelInferRequest(model_name="texts" if way == "grpc-bytes" else "rowsum")
+    tensor = request.inputs.add()
+    if way == "grpc-bytes":
+        count = size // (TEXT_BYTES + 2)
+        tensor.name, tensor.datatype = "T", "BYTES"
+        tensor.shape.extend([1, count])
+        tensor.contents.bytes_contents.extend([b"x" * TEXT_BYTES] * count)
+    else:
+        data = _floats(size)
+        tensor.name, tensor.datatype = "X", "FP32"
+        tensor.shape.extend([1, data.size])
+        if way == "grpc-raw":
+            request.raw_input_contents.append(data.tobytes())
+        else:
+            tensor.contents.fp32_contents.extend(data)
+    body = request.SerializeToString()
+    limit = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+    with grpc.insecure_channel(f"127.0.0.1:{port}", options=limit) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        reply = stub.ModelInfer(request, timeout=120)
+    value = np.frombuffer(reply.raw_output_contents[0], dtype=np.float32)[0]
+    return len(body), float(value)
+
+
+def _expected(way: str, size: int) -> float:
+    if way == "json":
+        return _json_body(size)[1]
+    if way == "grpc-bytes":
+        return float(size // (TEXT_BYTES + 2) * TEXT_BYTES)
+    return float(size // 4)
+
+
+def _memory_kib(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {key} in /proc/{pid}/status")
+
+
+def measure(way: str, size: int, cores: _process.Cores) -> tuple[float, float]:
+    """One fresh server, one request: (peak RSS growth / body, seconds to the answer)."""
+    http_port, grpc_port = _process.free_port(), _process.free_port()
+    argv = [sys.executable, "-m", "carpool", "serve", "_memory_models:rowsum",
+            "_memory_models:texts", "--port", str(http_port), "--grpc-port", str(grpc_port),
+            "--max-body-bytes", str(2 * size + MIB), "--access-log", "false",
+            "--log-level", "warning"]  # fmt: skip
+    paths = [str(HERE), str(_process.REPO), str(_process.SRC)]
+    env = _process.child_env(PYTHONPATH=os.pathsep.join(paths))
+    server = _process.Server("carpool serve", argv, http_port, cores.server, env)
+    try:
+        server.wait_ready()
+        send: Callable[[int, str, int], tuple[int, float]] = (
+            _grpc if way.startswith("grpc") else _rest
+        )
+        time.sleep(0.5)  # the ready answer's own garbage settles
+        Path(f"/proc/{server.pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
+        before = _memory_kib(server.pid, "VmRSS")
+        started = time.perf_counter()
+        port = grpc_port if way.startswith("grpc") else http_port
+        sent, answer = send(port, way, size)
+        took = time.perf_counter() - started
+        peak = _memory_kib(server.pid, "VmHWM")
+    finally:
+        server.stop()
+    want = _expected(way, size)
+    if abs(answer - want) > 1e-3 * max(1.0, abs(want)):
+        raise RuntimeError(f"{way} {size}: the answer is {answer}, not {want}")
+    return (peak - before) * 1024 / sent, took
+
+
+def run(args: Any) -> None:
+    cores = _process.split_cpus(args.cpus)
+    _process.pin_self(cores.client)
+    sizes = [1] if args.quick else [int(s) for s in args.sizes.split(",")]
+    ways = [w for w in args.ways.split(",") if w]
+    repeats = args.repeats or (1 if args.quick else 3)
+    _bench.header("carpool serve: peak RSS growth per request, x body", {"cpus": str(cores)})
+    rows, verdicts = [], []
+    for way in ways:
+        label, goal = WAYS[way]
+        for mib in sizes:
+            runs = [measure(way, mib * MIB, cores) for _ in range(repeats)]
+            growth = _bench.median(r[0] for r in runs)
+            took = _bench.median(r[1] for r in runs)
+            rows.append([label, f"{mib} MiB", f"{growth:.2f}x", f"{took * 1000:.0f}"])
+            print(f"{label}, {mib} MiB: {growth:.2f}x the body, {took * 1000:.0f} ms", flush=True)
+            if goal is not None:
+                verdicts.append((label, mib, growth, goal))
+    print()
+    print(_bench.table(["way in", "body", "peak RSS growth", "ms to answer"], rows, left=2))
+    print()
+    for label, mib, growth, goal in verdicts:
+        verdict = _bench.verdict(growth, goal, higher_is_better=False)
+        print(f"goal: {label}, {mib} MiB < {goal:g}x the body: {growth:.2f}x {verdict}")
+
+
+def main() -> int:
+    parser = _bench.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
+    parser.add_argument("--sizes", default="1,16,64", help="body sizes in MiB [1,16,64]")
+    parser.add_argument("--ways", default=",".join(WAYS), help=f"ways in [{','.join(WAYS)}]")
+    args = parser.parse_args()
+    return _bench.run_reported("body_memory", lambda: run(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
