@@ -9,10 +9,14 @@ is bounded well above them (``CLOSED_WITHIN_S``), and only what the server sent 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import resource
 import select
 import socket
 import time
+from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -219,3 +223,116 @@ def test_a_client_that_takes_none_of_its_answer_is_cut_off(serve: Launcher) -> N
     assert status == 200
     assert len(sent) < int(headers["content-length"])  # the rest was never sent
     assert server.infer("expand", float_request(2.0)).status_code == 200
+
+
+# -- 500 held connections (issue 19's "how to show it") ------------------------------------
+
+HELD = 500
+ATTACK_TIMEOUT_S = 2.0  # --header-timeout and --body-timeout of the attacked server
+LINGER_S = 2.0  # what the rest of a body answered before it was read may take (documented)
+ATTACK_KEY = "attack-SECRET-4f5e"
+BODY_AFTER = b"Content-Length: 100000\r\n\r\n{"  # a body that would take 100,000 bytes
+# How each of the held connections starts; the trickling ones then send a body byte every
+# 0.5 s until the server ends the connection.
+HOLDS = {
+    "half a request line": (b"POST /v2/models/add_one/inf", False),
+    "one byte": (b"P", False),
+    "401, then a trickled body": (
+        b"POST /v2/models/add_one/infer HTTP/1.1\r\nHost: carpool\r\n" + BODY_AFTER,
+        True,
+    ),
+    "health, then a trickled body": (
+        b"GET /v2/health/ready HTTP/1.1\r\nHost: carpool\r\n" + BODY_AFTER,
+        True,
+    ),
+}
+
+
+@pytest.fixture
+def fds() -> Iterator[None]:
+    """Enough file descriptors for this process and the servers it starts (which inherit
+    the limit) to hold HELD connections each, with room to spare."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = HELD + 500
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        if hard != resource.RLIM_INFINITY and hard < wanted:
+            pytest.fail(f"{wanted} file descriptors needed; the hard limit is {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def _hold(port: int, kind: str, answered: asyncio.Queue[str]) -> tuple[str, bytes, float]:
+    """One held connection: what the server sent, and the seconds from before the connect
+    until the server ended the connection (what the server took, and a little more)."""
+    first, trickles = HOLDS[kind]
+    opened = time.monotonic()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(first)
+    received = b""
+    while True:
+        try:
+            reading = asyncio.wait_for(reader.read(65536), 0.5) if trickles else reader.read(65536)
+            chunk = await reading
+        except TimeoutError:
+            writer.write(b" ")  # one more body byte; the answer came already
+            continue
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        if trickles and not received:
+            answered.put_nowait(kind)
+        received += chunk
+    took = time.monotonic() - opened
+    writer.close()
+    return kind, received, took
+
+
+async def _attack(port: int, held: int) -> tuple[list[tuple[str, bytes, float]], int, float]:
+    """``held`` connections, a quarter of each kind; once every trickling one has its
+    answer (all accepted before the probe: accepts are in order), a fresh client asks
+    /v2/health/ready. Each held connection's outcome; the probe's status and seconds."""
+    answered: asyncio.Queue[str] = asyncio.Queue()
+    kinds = [kind for _ in range(held // len(HOLDS)) for kind in HOLDS]
+    holds = [asyncio.create_task(_hold(port, kind, answered)) for kind in kinds]
+    trickling = sum(HOLDS[kind][1] for kind in kinds)
+    for _ in range(trickling):
+        await asyncio.wait_for(answered.get(), CLOSED_WITHIN_S)
+    asked = time.monotonic()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /v2/health/ready HTTP/1.1\r\nHost: carpool\r\nConnection: close\r\n\r\n")
+    answer = await asyncio.wait_for(reader.read(), CLOSED_WITHIN_S)
+    probe_s = time.monotonic() - asked
+    writer.close()
+    outcomes = await asyncio.wait_for(asyncio.gather(*holds), CLOSED_WITHIN_S)
+    return outcomes, split_response(answer)[0], probe_s
+
+
+@pytest.mark.usefixtures("fds")
+def test_500_held_connections_neither_starve_health_nor_outlive_their_timeouts(
+    serve: Launcher,
+) -> None:
+    """500 connections held the ways a slow or hostile client holds them (half a request
+    line; one byte; a request answered before its body is read, a 401 or a health answer,
+    then a body byte every 0.5 s) with the default --limit-concurrency (1000: 500 are under
+    it). Meanwhile a fresh client's health check is answered within 1 s, and the server
+    ends every held connection within its documented bound: the header timeout from the
+    connection's start, or the 2 s linger after an answer sent before the body."""
+    timeouts = ["--header-timeout", str(ATTACK_TIMEOUT_S), "--body-timeout", str(ATTACK_TIMEOUT_S)]
+    server = serve("models:add_one", *timeouts, "--api-key", ATTACK_KEY)
+    outcomes, probe_status, probe_s = asyncio.run(_attack(server.port, HELD))
+    assert probe_status == 200
+    assert probe_s < 1.0, f"health was answered after {probe_s:.3f}s"
+    statuses = Counter((kind, split_response(sent)[0]) for kind, sent, _ in outcomes)
+    assert statuses == {
+        ("half a request line", 408): HELD // 4,
+        ("one byte", 408): HELD // 4,
+        ("401, then a trickled body", 401): HELD // 4,
+        ("health, then a trickled body", 200): HELD // 4,
+    }
+    took = sorted(seconds for _, _, seconds in outcomes)
+    assert took[0] > ATTACK_TIMEOUT_S - 0.05  # none cut before its timeout
+    bound = max(ATTACK_TIMEOUT_S, LINGER_S) + 1.0  # the documented bound, 1 s to spare
+    assert took[-1] < bound, f"the last held connection was closed after {took[-1]:.2f}s"
+    assert server.is_live()

@@ -1,9 +1,14 @@
 """``--ssl-certfile``/``--ssl-keyfile``: HTTPS and gRPC over TLS with one certificate, made by
-``trustme`` for the test, spoken to by tritonclient (http and grpc) that trust only its CA."""
+``trustme`` for the test, spoken to by tritonclient (http and grpc) that trust only its CA.
+A TLS handshake has ``--header-timeout``'s seconds (it had asyncio's 60 s) and counts against
+``--limit-concurrency`` from accept (it counted once done), tested over raw sockets."""
 
 from __future__ import annotations
 
+import signal
+import socket
 import ssl
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +32,8 @@ def ca() -> trustme.CA:
 
 
 @pytest.fixture(scope="module")
-def server(
-    serve_module: Launcher, ca: trustme.CA, tmp_path_factory: pytest.TempPathFactory
-) -> Server:
+def tls_args(ca: trustme.CA, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The flags that serve HTTPS with a certificate of ``ca``'s."""
     folder = tmp_path_factory.mktemp("tls")
     certificate = ca.issue_cert("127.0.0.1", "localhost")
     certfile, keyfile = folder / "cert.pem", folder / "key.pem"
@@ -37,10 +41,19 @@ def server(
     for blob in certificate.cert_chain_pems[1:]:
         blob.write_to_path(str(certfile), append=True)
     certificate.private_key_pem.write_to_path(str(keyfile))
-    trusted = ssl.create_default_context()
-    ca.configure_trust(trusted)
-    args = ["models:add_one", "--ssl-certfile", str(certfile), "--ssl-keyfile", str(keyfile)]
-    return serve_module(*args, "--api-key", KEY, grpc=True, verify=trusted)
+    return ["--ssl-certfile", str(certfile), "--ssl-keyfile", str(keyfile)]
+
+
+@pytest.fixture(scope="module")
+def trusted(ca: trustme.CA) -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    return context
+
+
+@pytest.fixture(scope="module")
+def server(serve_module: Launcher, tls_args: list[str], trusted: ssl.SSLContext) -> Server:
+    return serve_module("models:add_one", *tls_args, "--api-key", KEY, grpc=True, verify=trusted)
 
 
 def test_https_serves_and_plain_http_is_closed(server: Server) -> None:
@@ -103,3 +116,105 @@ def test_a_plaintext_grpc_client_gets_no_service(server: Server) -> None:
             client.is_server_live(client_timeout=5.0)
     finally:
         client.close()
+
+
+# -- handshakes that stall -----------------------------------------------------------------
+
+HANDSHAKE_S = 1  # --header-timeout, and so each handshake's timeout
+CLOSED_WITHIN_S = 5.0  # far below the 60 s a handshake had; a server that waits fails here
+
+
+@pytest.fixture(scope="module")
+def strict(serve_module: Launcher, tls_args: list[str], trusted: ssl.SSLContext) -> Server:
+    return serve_module(
+        "models:add_one", *tls_args, "--header-timeout", str(HANDSHAKE_S), verify=trusted
+    )
+
+
+def stall(server: Server, sent: bytes = b"") -> socket.socket:
+    """A TCP connection to ``server`` that sends ``sent`` and then nothing."""
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=CLOSED_WITHIN_S)
+    sock.sendall(sent)
+    return sock
+
+
+def seconds_until_closed(sock: socket.socket) -> float:
+    """Seconds until the server ends the connection, having sent nothing (a socket timeout,
+    the server holding it for CLOSED_WITHIN_S, fails the test)."""
+    started = time.monotonic()
+    try:
+        assert sock.recv(65536) == b""
+    except ConnectionResetError:
+        pass  # the server aborted it: closed as well
+    return time.monotonic() - started
+
+
+def client_hello() -> bytes:
+    """The ClientHello a real client sends first."""
+    tls = ssl.create_default_context().wrap_bio(
+        ssl.MemoryBIO(), outgoing := ssl.MemoryBIO(), server_hostname="localhost"
+    )
+    try:
+        tls.do_handshake()
+    except ssl.SSLWantReadError:  # it waits for the server's answer
+        return outgoing.read()
+    raise AssertionError("a handshake with nobody finished")
+
+
+@pytest.mark.parametrize(
+    "sent", [b"", client_hello()[:20]], ids=["nothing", "a-partial-client-hello"]
+)
+def test_a_handshake_that_stalls_is_closed_at_the_header_timeout(
+    strict: Server, sent: bytes
+) -> None:
+    """The connection is closed, silently, once it has taken --header-timeout's seconds
+    (it was held 60 s, whatever --header-timeout said); the server goes on."""
+    with stall(strict, sent) as sock:
+        took = seconds_until_closed(sock)
+    assert HANDSHAKE_S - 0.1 < took < CLOSED_WITHIN_S
+    assert strict.http.get("/v2/health/ready").status_code == 200
+
+
+def test_connections_stalled_in_their_handshake_count_against_limit_concurrency(
+    serve: Launcher, tls_args: list[str], trusted: ssl.SSLContext
+) -> None:
+    """N connections that never say hello fill --limit-concurrency N: a real client is
+    answered 503 Overloaded, as past the limit on plain HTTP (they were not counted until
+    their handshake ended); once the timeout closed them, it is served."""
+    limit = 2
+    server = serve(
+        "models:add_one", *tls_args, "--limit-concurrency", str(limit),
+        "--header-timeout", "2",  # far above what the client below takes
+        verify=trusted,
+    )  # fmt: skip
+    stalled = [stall(server) for _ in range(limit)]  # accepted first: accepts are in order
+    try:
+        refused = httpx.get(f"{server.url}/v2/health/ready", verify=trusted, timeout=5.0)
+        assert refused.status_code == 503
+        assert refused.json() == {
+            "error": f"Overloaded: over --limit-concurrency={limit} connections; retry later"
+        }
+        assert refused.headers["retry-after"] == "1"
+        assert all(seconds_until_closed(sock) < CLOSED_WITHIN_S for sock in stalled)
+    finally:
+        for sock in stalled:
+            sock.close()
+    served = httpx.get(f"{server.url}/v2/health/ready", verify=trusted, timeout=5.0)
+    assert served.status_code == 200
+
+
+def test_a_signal_during_a_handshake_drains_without_waiting_for_it(
+    serve: Launcher, tls_args: list[str], trusted: ssl.SSLContext
+) -> None:
+    """The drain waits for the requests received, not for a handshake (which its timeout,
+    here 30 s, would end): the server exits 0 at once."""
+    server = serve(
+        "models:add_one", *tls_args, "--limit-concurrency", "1", "--header-timeout", "30",
+        verify=trusted,
+    )  # fmt: skip
+    with stall(server) as sock:
+        refused = httpx.get(f"{server.url}/v2/health/ready", verify=trusted, timeout=5.0)
+        assert refused.status_code == 503  # the handshake is counted: the server has it
+        server.send_signal(signal.SIGTERM)
+        assert server.wait_exit(within=10.0) == 0
+        assert seconds_until_closed(sock) < CLOSED_WITHIN_S

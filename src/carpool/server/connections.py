@@ -13,6 +13,12 @@ only if the rest of the body comes within 2 s: nothing a client trickles in hold
 client that takes none of its answer for the write timeout (``--body-timeout``'s seconds)
 is cut off.
 
+With TLS (:func:`over_tls`) the handshake is done here, not by the loop's server: it gets
+``--header-timeout``'s seconds (the loop's default was 60 s, and a connection that never sent
+a ClientHello was held that long), and the connection counts against ``--limit-concurrency``
+from accept (uvicorn counted it only once its handshake was done, so stalled handshakes were
+free). Plain HTTP takes none of this path.
+
 Each request's scope also carries a :class:`~carpool.server.asgi.RequestWatch` (under
 ``extensions``): the parser marks it when the body is complete, and a lost connection marks
 every request on it gone, so the app neither arms a body timer for a body already here nor
@@ -24,6 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
+from asyncio import sslproto
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -33,7 +42,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from carpool.server.asgi import JSON, WATCH, Receive, RequestWatch, Scope, Send, send_response
 from carpool.server.statuses import Status
 
-__all__ = ["protocol_class"]
+__all__ = ["over_tls", "protocol_class"]
 
 _log = logging.getLogger("carpool.server")
 _LINGER_S = 2.0  # how long the rest of a body answered before it was read may take
@@ -41,7 +50,7 @@ _LINGER_S = 2.0  # how long the rest of a body answered before it was read may t
 
 def protocol_class(
     *, header_timeout_s: float, limit_concurrency: int, write_timeout_s: float = 30.0
-) -> type[HttpToolsProtocol]:
+) -> type[_LimitedProtocol]:
     """The protocol uvicorn runs (``uvicorn.Config(http=...)``), with these limits."""
     overloaded = _overloaded_app(limit_concurrency)
 
@@ -53,6 +62,43 @@ def protocol_class(
     return Configured
 
 
+def over_tls(
+    protocol: type[_LimitedProtocol], context: ssl.SSLContext, *, handshake_timeout_s: float
+) -> Callable[..., asyncio.BaseProtocol]:
+    """What uvicorn runs in place of ``protocol`` (the loop's server then speaks plain TCP):
+    ``protocol`` behind the loop's own TLS protocol, made as the loop's server would make
+    it but with ``handshake_timeout_s``, and counted from accept."""
+
+    def accepted(**uvicorn_args: Any) -> asyncio.BaseProtocol:
+        http = protocol(**uvicorn_args)
+        handshake: asyncio.Future[None] = http.loop.create_future()
+        http.handshaking(handshake)
+        tls_class = _tls_protocol_class(http.loop)
+        return tls_class(
+            http.loop,
+            http,
+            context,
+            handshake,
+            server_side=True,
+            ssl_handshake_timeout=handshake_timeout_s,
+        )
+
+    return accepted
+
+
+def _tls_protocol_class(loop: asyncio.AbstractEventLoop) -> Callable[..., asyncio.BaseProtocol]:
+    """uvloop's TLS protocol (compiled: what its servers use) on uvloop, else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return sslproto.SSLProtocol
+    if isinstance(loop, uvloop.Loop):
+        from uvloop.loop import SSLProtocol  # type: ignore[attr-defined]  # (not in its stubs)
+
+        return SSLProtocol  # type: ignore[no-any-return]
+    return sslproto.SSLProtocol
+
+
 class _LimitedProtocol(HttpToolsProtocol):
     _header_timeout_s = 10.0
     _overloaded: Any = None
@@ -61,6 +107,8 @@ class _LimitedProtocol(HttpToolsProtocol):
     _linger: asyncio.TimerHandle | None = None  # answered before its body was read
     _write_timeout_s = 30.0
     _write_timer: asyncio.TimerHandle | None = None  # armed while the client reads nothing
+    _handshaking = False  # accepted, its TLS handshake not done
+    _shut = False  # shut down (the drain) before its handshake was done
     # The watches of this connection's requests not yet answered, oldest first (more than
     # one only when requests are pipelined).
     _watches: list[RequestWatch]
@@ -68,7 +116,32 @@ class _LimitedProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._watches = []
+        if self._handshaking:
+            self._handshaking = False
+            if self._shut:  # the drain began while it said hello: nothing to serve
+                transport.close()
+                return
         self._start_header_timer()
+
+    def handshaking(self, done: asyncio.Future[None]) -> None:
+        """Accepted, with a TLS handshake to do (``done`` when it is): counted among the
+        connections from now, as a plain one is (uvicorn counts a connection when it is made,
+        after the handshake); forgotten if the handshake fails, which the loop never tells
+        the protocol."""
+        self._handshaking = True
+        self.connections.add(self)
+        done.add_done_callback(self._handshake_over)
+
+    def _handshake_over(self, done: asyncio.Future[None]) -> None:
+        if done.cancelled() or done.exception() is not None:
+            self.connections.discard(self)
+
+    def shutdown(self) -> None:
+        if self._handshaking:  # the drain waits for nothing here; made later, it closes
+            self._shut = True
+            self.connections.discard(self)
+            return
+        super().shutdown()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._header_timer = _cancelled(self._header_timer)

@@ -11,6 +11,7 @@ With :mod:`carpool.server.connections` (its protocol), the only module that impo
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import logging
@@ -18,12 +19,14 @@ import math
 import os
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from functools import partial
 from types import FrameType
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, cast
 
 import uvicorn
 
@@ -33,7 +36,7 @@ from carpool.loading import LoadFailure
 from carpool.server.app import App
 from carpool.server.auth import ApiKeys
 from carpool.server.config import ServerConfig
-from carpool.server.connections import protocol_class
+from carpool.server.connections import over_tls, protocol_class
 from carpool.server.inference import Inference
 from carpool.server.logs import configure_logging
 from carpool.server.registry import Registry
@@ -114,9 +117,18 @@ class _Server(uvicorn.Server):
     drain look like a kill to process supervisors.)
     """
 
-    def __init__(self, config: uvicorn.Config, app: App) -> None:
+    def __init__(self, config: uvicorn.Config, app: App, tls: ssl.SSLContext | None) -> None:
         super().__init__(config)
         self._app = app
+        self._tls = tls
+
+    def _log_started_message(self, listeners: Sequence[socket.SocketType]) -> None:
+        # uvicorn names the scheme after its own TLS setting; TLS is the protocol's here
+        self.config.ssl = self._tls
+        try:
+            super()._log_started_message(listeners)
+        finally:
+            self.config.ssl = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self._app.begin_drain()
@@ -189,21 +201,30 @@ def _main_gone(server: _Server) -> None:
 
 
 def _server(app: App, config: ServerConfig) -> _Server:
+    protocol = protocol_class(
+        header_timeout_s=config.header_timeout_s,
+        limit_concurrency=config.limit_concurrency,
+        write_timeout_s=config.body_timeout_s,  # a stalled reader, as a stalled writer
+    )
+    http: type[asyncio.Protocol] = protocol
+    tls = None
+    if config.ssl_certfile and config.ssl_keyfile:
+        # What uvicorn's own settings made. The protocol does TLS, not uvicorn (whose loop
+        # waited 60 s for a handshake, uncounted by --limit-concurrency): a handshake gets
+        # --header-timeout's seconds, and counts from accept (connections.over_tls).
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(config.ssl_certfile, config.ssl_keyfile)
+        accepted = over_tls(protocol, tls, handshake_timeout_s=config.header_timeout_s)
+        http = cast("type[asyncio.Protocol]", accepted)  # uvicorn calls it as a class
     uv_config = uvicorn.Config(
         app,
         host=config.host,
         port=config.port,
         loop=_loop(),
-        http=protocol_class(
-            header_timeout_s=config.header_timeout_s,
-            limit_concurrency=config.limit_concurrency,
-            write_timeout_s=config.body_timeout_s,  # a stalled reader, as a stalled writer
-        ),
+        http=http,
         # uvicorn counts the connection asking among those open, so N + 1 lets N be served.
         limit_concurrency=config.limit_concurrency + 1 if config.limit_concurrency else None,
         timeout_keep_alive=5,  # uvicorn's default: an idle keep-alive connection closes
-        ssl_certfile=config.ssl_certfile,
-        ssl_keyfile=config.ssl_keyfile,
         lifespan="on",
         access_log=False,  # carpool's own access log, with model latency, replaces it
         log_level=config.log_level,
@@ -211,7 +232,7 @@ def _server(app: App, config: ServerConfig) -> _Server:
         timeout_graceful_shutdown=math.ceil(config.drain_timeout_s),
         server_header=False,
     )
-    return _Server(uv_config, app)
+    return _Server(uv_config, app, tls)
 
 
 def _run(server: _Server, sockets: list[socket.socket] | None = None) -> None:
