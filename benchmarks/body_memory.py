@@ -66,43 +66,39 @@ def _floats(size: int) -> np.ndarray[Any, Any]:
     return np.ones(size // 4, dtype=np.float32)
 
 
-def _rest(port: int, way: str, size: int) -> tuple[int, float]:
-    """One REST request; the body's size and the sum (or length) the answer holds."""
+def _rest(way: str, size: int) -> Callable[[int], tuple[int, float]]:
+    """One REST request, built: sending it gives the body's size and the answer's sum."""
     headers = {"Content-Type": "application/json"}
     if way == "json":
         body, _ = _json_body(size)
     else:
         data = _floats(size)
-        header = json.dumps(
-            {
-                "inputs": [
-                    {
-                        "name": "X",
-                        "datatype": "FP32",
-                        "shape": [1, data.size],
-                        "parameters": {"binary_data_size": data.nbytes},
-                    }
-                ]
-            }
-        ).encode()
+        entry = {"name": "X", "datatype": "FP32", "shape": [1, data.size]}
+        entry["parameters"] = {"binary_data_size": data.nbytes}
+        header = json.dumps({"inputs": [entry]}).encode()
         body = header + data.tobytes()
         headers = {
             "Content-Type": "application/octet-stream",
             "Inference-Header-Content-Length": str(len(header)),
         }
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    try:
-        conn.request("POST", "/v2/models/rowsum/infer", body=body, headers=headers)
-        answer = conn.getresponse()
-        text = answer.read()
-    finally:
-        conn.close()
-    if answer.status != 200:
-        raise RuntimeError(f"{way}: {answer.status} {text[:300]!r}")
-    return len(body), float(json.loads(text)["outputs"][0]["data"][0])
+
+    def send(port: int) -> tuple[int, float]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        try:
+            conn.request("POST", "/v2/models/rowsum/infer", body=body, headers=headers)
+            answer = conn.getresponse()
+            text = answer.read()
+        finally:
+            conn.close()
+        if answer.status != 200:
+            raise RuntimeError(f"{way}: {answer.status} {text[:300]!r}")
+        return len(body), float(json.loads(text)["outputs"][0]["data"][0])
+
+    return send
 
 
-def _grpc(port: int, way: str, size: int) -> tuple[int, float]:
+def _grpc(way: str, size: int) -> Callable[[int], tuple[int, float]]:
+    """One gRPC call, built: sending it gives the message's size and the answer's sum."""
     import grpc
     from tritonclient.grpc import service_pb2, service_pb2_grpc
 
@@ -123,11 +119,15 @@ def _grpc(port: int, way: str, size: int) -> tuple[int, float]:
             tensor.contents.fp32_contents.extend(data)
     body = request.SerializeToString()
     limit = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
-    with grpc.insecure_channel(f"127.0.0.1:{port}", options=limit) as channel:
-        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-        reply = stub.ModelInfer(request, timeout=120)
-    value = np.frombuffer(reply.raw_output_contents[0], dtype=np.float32)[0]
-    return len(body), float(value)
+
+    def send(port: int) -> tuple[int, float]:
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=limit) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            reply = stub.ModelInfer.with_call(request, timeout=120)[0]
+        value = np.frombuffer(reply.raw_output_contents[0], dtype=np.float32)[0]
+        return len(body), float(value)
+
+    return send
 
 
 def _expected(way: str, size: int) -> float:
@@ -156,16 +156,13 @@ def measure(way: str, size: int, cores: _process.Cores) -> tuple[float, float]:
     env = _process.child_env(PYTHONPATH=os.pathsep.join(paths))
     server = _process.Server("carpool serve", argv, http_port, cores.server, env)
     try:
+        send = (_grpc if way.startswith("grpc") else _rest)(way, size)
         server.wait_ready()
-        send: Callable[[int, str, int], tuple[int, float]] = (
-            _grpc if way.startswith("grpc") else _rest
-        )
         time.sleep(0.5)  # the ready answer's own garbage settles
         Path(f"/proc/{server.pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
         before = _memory_kib(server.pid, "VmRSS")
         started = time.perf_counter()
-        port = grpc_port if way.startswith("grpc") else http_port
-        sent, answer = send(port, way, size)
+        sent, answer = send(grpc_port if way.startswith("grpc") else http_port)
         took = time.perf_counter() - started
         peak = _memory_kib(server.pid, "VmHWM")
     finally:

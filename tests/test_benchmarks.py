@@ -72,6 +72,14 @@ def quick_run(script: str, *args: str, timeout: float = 120) -> str:
             ],
         ),
         (
+            "body_memory.py",
+            [
+                "REST JSON, 1 MiB: ",
+                "gRPC fp32_contents, 1 MiB: ",
+                "goal: REST binary, 1 MiB < 3x the body: ",
+            ],
+        ),
+        (
             "grpc_batching.py",
             ["(a) 200 concurrent calls at once", "double_2ms", "(b) carpool bench on demo"],
         ),
