@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import resource
 import signal
 import socket
 import ssl
@@ -242,11 +243,14 @@ class Launcher:
         grpc: bool = False,
         verify: ssl.SSLContext | None = None,
         port: int = 0,
+        data_limit: int | None = None,
     ) -> Server:
         """A ready server; with ``grpc``, its gRPC API on a free port too (else it is off,
         so that servers never contend for the default port); with ``verify``, spoken to
         over HTTPS trusting that context (the test passes ``--ssl-certfile``); on ``port``
-        when given (a restart on the port of a server that died), else on a free one."""
+        when given (a restart on the port of a server that died), else on a free one;
+        ``data_limit``: its RLIMIT_DATA in bytes (what malloc and numpy's buffers count
+        against; unlike the address space, not the libraries' reserved mappings)."""
         index = len(self._servers)
         gates = self._tmp / f"gates{index}"
         gates.mkdir()
@@ -261,7 +265,12 @@ class Launcher:
         command += ["--grpc-port", str(grpc_port)]
         with open(stderr, "wb") as err:
             process = subprocess.Popen(
-                command, cwd=HERE, env=environment, stdout=err, stderr=subprocess.STDOUT
+                command,
+                cwd=HERE,
+                env=environment,
+                stdout=err,
+                stderr=subprocess.STDOUT,
+                preexec_fn=None if data_limit is None else _limit_data(data_limit),
             )
         server = Server(process, port, gates, stderr, grpc_port, verify)
         self._servers.append(server)
@@ -278,6 +287,13 @@ class Launcher:
                 failures.append(exc)
         if failures:
             raise failures[0]
+
+
+def _limit_data(limit: int) -> Callable[[], None]:
+    def limited() -> None:  # in the child, before exec
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+    return limited
 
 
 @pytest.fixture

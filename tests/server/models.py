@@ -32,6 +32,7 @@ __all__ = [
     "lengths",
     "not_numbers",
     "pair",
+    "rowsum",
     "troublemaker",
     "upper",
     "wrong_dtype",
@@ -225,3 +226,15 @@ fails_in_worker = Model(
     outputs=(Tensor("OUTPUT0", "FP32", (4,)),),
     recipe=_broken_recipe,
 )
+
+
+def _sums(batch: Array) -> Array:
+    return batch.sum(axis=1, keepdims=True, dtype=np.float32)
+
+
+rowsum = Model(
+    _sums,
+    name="rowsum",
+    inputs=[Tensor("X", "FP32", (-1,))],
+    outputs=[Tensor("SUM", "FP32", (1,))],
+)  # rows of any length in, one number out: a large request costs only its decoding

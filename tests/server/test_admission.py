@@ -1,19 +1,30 @@
 """admit() and respond(): a decoded request checked against a model, the model's outputs
-shaped into response tensors. Pure: no server, no batcher."""
+shaped into response tensors. Pure: no server, no batcher. And Admissions, which runs
+admit() for a large request to a model that preprocesses in a thread of its own."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import pickle
+import threading
 from typing import Any
 
 import numpy as np
 import pytest
 
 from carpool import Batching, CarpoolError, Model, Tensor
-from carpool.server.admission import AdmittedRequest, ModelOutputError, admit, respond
-from carpool.server.messages import InferRequest, ProtocolError
+from carpool.server.admission import (
+    OFFLOAD_BYTES,
+    Admissions,
+    AdmittedRequest,
+    ModelOutputError,
+    admit,
+    reaches,
+    respond,
+)
+from carpool.server.messages import InferInput, InferRequest, ProtocolError
 from carpool.server.rest_codec import parse_infer_request
 
 
@@ -366,3 +377,126 @@ def test_zero_size_rows_count_as_rows() -> None:
 def test_max_rows_per_request_must_be_a_positive_int(value: Any) -> None:
     with pytest.raises(ValueError, match="max_rows_per_request"):
         Batching(max_rows_per_request=value)
+
+
+# ---------------------------------------------------------------- admissions: inline or a thread
+
+
+class Tokenizer:
+    """A preprocess that notes the thread it ran on, and can be held until released."""
+
+    def __init__(self, *, hold: bool = False) -> None:
+        self.threads: list[threading.Thread] = []
+        self.running = 0
+        self.most_at_once = 0
+        self.release = threading.Event()
+        self.entered = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        if not hold:
+            self.release.set()
+
+    def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            self.threads.append(threading.current_thread())
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+        self.entered.release()
+        try:
+            assert self.release.wait(30.0)
+            texts = inputs["TEXT"].reshape(-1)
+            if any(text == b"refuse" for text in texts):
+                raise ValueError("a text it refuses")
+            return {"LENGTH": np.array([[len(text)] for text in texts], np.int64)}
+        finally:
+            with self._lock:
+                self.running -= 1
+
+
+def text_model(tokenizer: Tokenizer) -> Model:
+    return Model(
+        lambda batch: batch["LENGTH"],
+        name="texts",
+        inputs=[Tensor("TEXT", "BYTES", (1,))],
+        outputs=[Tensor("OUT", "INT64", (1,))],
+        preprocess=tokenizer,
+    )
+
+
+def texts(*items: bytes) -> InferRequest:
+    data = np.empty((len(items), 1), dtype=object)
+    data[:, 0] = items
+    tensor = InferInput("TEXT", "BYTES", data.shape, data, {})
+    return InferRequest(
+        id=None, parameters={}, inputs=(tensor,), outputs=None, binary_data_output=False
+    )
+
+
+def test_reaches_counts_bytes_elements_by_their_length_and_numbers_by_their_size() -> None:
+    assert reaches(texts(b"x" * 10, b"y" * 10), 20)
+    assert not reaches(texts(b"x" * 10, b"y" * 9), 20)
+    assert reaches(texts(*[b""] * 20), 20)  # each element costs something: 20 elements
+    numbers = request({"inputs": [tensor("INPUT0", "FP32", [2, 3])]})  # 24 bytes
+    assert reaches(numbers, 24)
+    assert not reaches(numbers, 25)
+
+
+async def test_a_small_request_is_admitted_inline_and_a_large_one_in_a_thread() -> None:
+    tokenizer = Tokenizer()
+    model = text_model(tokenizer)
+    admissions = Admissions(threads=2)
+    small = b"x" * (OFFLOAD_BYTES - 1)
+    admitted = await admissions.admit(model, texts(small))
+    assert admitted.value["LENGTH"].tolist() == [[OFFLOAD_BYTES - 1]]
+    assert tokenizer.threads == [threading.current_thread()]  # the loop's own
+    assert admissions.offloaded == 0
+    large = [b"x" * (OFFLOAD_BYTES // 2), b"y" * (OFFLOAD_BYTES // 2)]  # at the threshold
+    admitted = await admissions.admit(model, texts(*large))
+    assert admitted.value["LENGTH"].tolist() == [[OFFLOAD_BYTES // 2]] * 2
+    assert tokenizer.threads[1] is not threading.current_thread()
+    assert tokenizer.threads[1].name.startswith("carpool-admit")
+    assert admissions.offloaded == 1
+
+
+async def test_a_model_without_a_preprocess_is_always_admitted_inline() -> None:
+    admissions = Admissions(threads=1, offload_bytes=1)
+    admitted = await admissions.admit(undeclared(), request(free_doc()))
+    assert admitted.rows == 2
+    assert admissions.offloaded == 0
+
+
+async def test_a_refusal_in_a_thread_is_the_same_400() -> None:
+    model = text_model(Tokenizer())
+    for admissions in (Admissions(threads=1), Admissions(threads=1, offload_bytes=1)):
+        with pytest.raises(ProtocolError) as info:
+            await admissions.admit(model, texts(b"refuse"))
+        assert (info.value.status, str(info.value)) == (
+            400,
+            "model 'texts' cannot use this request's inputs: a text it refuses",
+        )
+    assert admissions.offloaded == 1
+
+
+async def test_at_most_threads_admissions_run_at_once_and_the_rest_wait_their_turn() -> None:
+    """Six large requests, two threads: two preprocess at once, four wait on the loop (not
+    in the pool's queue); a waiter that is cancelled takes no turn. Meanwhile the loop is
+    free: a small request is admitted inline."""
+    tokenizer = Tokenizer(hold=True)
+    model = text_model(tokenizer)
+    admissions = Admissions(threads=2, offload_bytes=8)
+    calls = [asyncio.create_task(admissions.admit(model, texts(b"%08d" % i))) for i in range(6)]
+    for _ in range(2):
+        assert await asyncio.to_thread(tokenizer.entered.acquire, True, 30.0)
+    await asyncio.sleep(0.05)  # room for a third to start, were it let
+    assert (tokenizer.running, admissions.offloaded) == (2, 2)
+    assert admissions._pool is not None
+    assert admissions._pool._work_queue.qsize() == 0  # the others wait on the loop
+    calls[2].cancel()
+    admitted = await admissions.admit(text_model(Tokenizer()), texts(b"inline"))
+    assert admitted.value["LENGTH"].tolist() == [[6]]
+    tokenizer.release.set()
+    done = await asyncio.gather(*calls, return_exceptions=True)
+    assert isinstance(done[2], asyncio.CancelledError)
+    lengths = [a.value["LENGTH"].tolist() for i, a in enumerate(done) if i != 2]
+    assert lengths == [[[8]]] * 5
+    assert tokenizer.most_at_once == 2
+    assert admissions.offloaded == 5

@@ -4,7 +4,9 @@ Every case ends in :func:`assert_accounting`: the server is live, and for every 
 ``/metrics`` satisfies received = completed + failed + expired + cancelled + rejected +
 in flight. Every client request's outcome is recorded (its status, or ``CLOSED`` for a
 connection error) and each request has exactly one; where the server counted the same
-requests by outcome, the two counts are compared.
+requests by outcome, the two counts are compared. An answer is counted once: under its
+model (``carpool_requests_total``), or, when it has none (refused before its model was
+known, or no inference at all), the server's (``carpool_server_requests_total``).
 
 Faults already covered elsewhere are referenced, not repeated: header and body timeouts
 (slowloris) in ``test_connection_limits.py``, NaN and Inf in ``test_e2e_errors.py`` and
@@ -22,16 +24,25 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import grpc
 import httpx
+import numpy as np
+import openai
 import pytest
+import tritonclient.grpc as triton
+from tritonclient.utils import InferenceServerException
 
 from .conftest import Launcher, Server, float_request, json_tensor, wait_until
+from .test_frontends import connections
 
 OUTCOMES = ("completed", "failed", "expired", "cancelled", "rejected")
 CLOSED = "connection error"  # a request that got no HTTP answer, only a broken connection
 MAX_BODY = 1_000_000  # a nesting bomb of depth 100,000 fits
 SOCKET_TIMEOUT_S = 30.0
 _SAMPLE = re.compile(r'^(carpool_\w+)\{model="([^"]+)"(?:,outcome="([^"]+)")?[^}]*\} (\S+)$', re.M)
+_OWN = re.compile(
+    r'^carpool_server_requests_total\{outcome="([^"]+)",protocol="(\w+)"\} (\S+)$', re.M
+)
 
 
 def scrape(server: Server) -> dict[str, Counter[str]]:
@@ -396,3 +407,190 @@ def test_sigkill_then_a_restart_on_the_same_port(
     assert nonzero(assert_accounting(again)["gated"]) == {
         "received": 1, "completed": 1, "answered:success": 1
     }  # fmt: skip
+
+
+# -- answers no model counts: the server's own ----------------------------------------------
+
+
+def own(server: Server) -> Counter[str]:
+    """The server's own count of answers (no model counts them), as ``protocol:outcome``;
+    a scrape of ``/metrics`` counts itself (``http:success``) once rendered."""
+    text = server.metrics()
+    return Counter({f"{p}:{outcome}": int(float(n)) for outcome, p, n in _OWN.findall(text)})
+
+
+def since(before: Counter[str], after: Counter[str], *protocols: str) -> Counter[str]:
+    """What changed between two :func:`own`, of ``protocols`` (all if none is named)."""
+    change = Counter(after)
+    change.subtract(before)
+    return Counter(
+        {key: n for key, n in change.items() if n and key.startswith(protocols or ("",))}
+    )
+
+
+def test_embeddings_refused_before_their_model_is_known_are_the_servers(server: Server) -> None:
+    """Invalid JSON, no model, an unknown model, a body over --max-body-bytes: each is
+    counted once, the server's (before, none of them was counted anywhere). A model that is
+    known but not served over OpenAI counts its 404 itself."""
+    models, before = scrape(server), own(server)
+    refusals = [
+        (b"{not json", 400, "invalid_json"),
+        (b'{"input": "x"}', 400, "missing_required_parameter"),
+        (b'{"model": "add_one", "input": "x"}', 404, "model_not_found"),  # add_one's own
+        (b'{"model": "x", "input": "' + b"x" * MAX_BODY + b'"}', 413, "request_too_large"),
+    ]
+    for body, status, code in refusals:
+        response = server.http.post("/v1/embeddings", content=body)
+        assert (response.status_code, response.json()["error"]["code"]) == (status, code)
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    with client, pytest.raises(openai.NotFoundError) as info:
+        client.embeddings.create(model="no_such_model", input="x")
+    assert info.value.code == "model_not_found"
+    assert since(before, own(server), "openai:") == {
+        "openai:invalid": 2, "openai:too_large": 1, "openai:not_found": 1
+    }  # fmt: skip
+    assert delta(assert_accounting(server), models, "add_one") == {"answered:not_found": 1}
+
+
+def test_v2_answers_without_a_model_are_the_servers(server: Server) -> None:
+    """An unknown model or version, an unknown route, a wrong method, health, metadata and
+    scrapes: no model counts them, the server does, once each (an unknown model used not to
+    be counted at all); an inference of a known model is its own."""
+    models, before = scrape(server), own(server)
+    assert server.infer("no_such_model", float_request(1.0)).status_code == 404
+    assert server.infer("add_one", float_request(1.0)).status_code == 200
+    assert server.http.post("/v2/models/add_one/versions/9/infer", json={}).status_code == 404
+    assert server.http.get("/v2/models/add_one/infer").status_code == 405
+    assert server.http.get("/v2/no_such_route").status_code == 404
+    assert server.http.get("/v2/models/add_one").status_code == 200
+    assert server.http.get("/v2/health/ready").status_code == 200
+    assert since(before, own(server), "http:") == {
+        "http:not_found": 3, "http:405": 1, "http:success": 3  # and the scrape of "before"
+    }  # fmt: skip
+    assert delta(assert_accounting(server), models, "add_one") == {
+        "received": 1, "completed": 1, "answered:success": 1
+    }  # fmt: skip
+
+
+EDGE_CALLS = 2  # --grpc-max-concurrent-rpcs of the edges server
+EDGE_TIMEOUT_S = 0.5  # its --body-timeout
+
+
+@pytest.fixture(scope="module")
+def edges(serve_module: Launcher) -> Server:
+    """gRPC on, a short body timeout, two gRPC calls at once at most."""
+    limits = ["--body-timeout", str(EDGE_TIMEOUT_S), "--max-body-bytes", str(MAX_BODY)]
+    limits += ["--grpc-max-concurrent-rpcs", str(EDGE_CALLS)]
+    return serve_module("models:gated", *limits, grpc=True)
+
+
+def one(value: float) -> list[Any]:
+    tensor = triton.InferInput("INPUT0", [1, 1], "FP32")
+    tensor.set_data_from_numpy(np.array([[value]], np.float32))
+    return [tensor]
+
+
+def code_of(call: Any, *args: Any) -> str:
+    with pytest.raises(InferenceServerException) as info:
+        call(*args)
+    return str(info.value.status()).removeprefix("StatusCode.")
+
+
+def test_an_embeddings_body_that_stalls_is_408_the_servers(edges: Server) -> None:
+    before = own(edges)
+    with connect(edges) as sock:
+        head = b"POST /v1/embeddings HTTP/1.1\r\nHost: carpool\r\nContent-Length: 100\r\n\r\n"
+        sock.sendall(head + b'{"model": ')  # the rest never comes
+        assert status_of(sock) == 408
+    assert since(before, own(edges), "openai:") == {"openai:408": 1}
+
+
+def test_grpc_refusals_before_a_handler_or_a_model_are_the_servers(edges: Server) -> None:
+    """An unknown model, a message over the limit (grpc's own RESOURCE_EXHAUSTED, before any
+    handler ran), a message that does not parse (INVALID_ARGUMENT: grpc used to answer
+    UNKNOWN with a traceback in the log), a method the service lacks: counted once each."""
+    before = own(edges)
+    client = triton.InferenceServerClient(edges.grpc_address)
+    try:
+        assert code_of(client.infer, "no_such_model", one(1.0)) == "NOT_FOUND"
+        large = np.zeros((1, MAX_BODY // 4 + 1), np.float32)
+        tensor = triton.InferInput("INPUT0", list(large.shape), "FP32")
+        tensor.set_data_from_numpy(large)
+        assert code_of(client.infer, "gated", [tensor]) == "RESOURCE_EXHAUSTED"
+        assert client.is_server_live()
+    finally:
+        client.close()
+    with grpc.insecure_channel(edges.grpc_address) as channel:
+        for method, code in (("ModelInfer", "INVALID_ARGUMENT"), ("NoSuchRpc", "UNIMPLEMENTED")):
+            call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
+            with pytest.raises(grpc.RpcError) as info:
+                call(b"\xff\xff not a message")
+            assert info.value.code().name == code
+    expected = {f"grpc:{outcome}": 1 for outcome in ("not_found", "too_large", "success")}
+    expected.update({"grpc:invalid": 1, "grpc:405": 1})
+    # (a call grpc ended before its handler is counted as its task ends: maybe a turn later)
+    wait_until(lambda: since(before, own(edges), "grpc:") == expected, f"{expected}")
+    assert "Traceback" not in edges.stderr()
+
+
+def test_grpc_calls_past_the_limit_are_the_servers_unavailable(edges: Server) -> None:
+    """Two calls held in the model; a third is RESOURCE_EXHAUSTED at once, counted as the
+    server's overload (unavailable); the two are answered and counted under the model."""
+    models, before = scrape(edges), own(edges)
+    client = triton.InferenceServerClient(edges.grpc_address)
+    answers: list[Any] = []
+    try:
+        with edges.gate_closed("gated"):
+            for value in range(EDGE_CALLS):
+                client.async_infer(
+                    "gated", one(value), lambda result, error: answers.append((result, error))
+                )
+            wait_until(lambda: edges.stats("gated")["pending"] == EDGE_CALLS, "calls held")
+            assert code_of(client.infer, "gated", one(9.0)) == "RESOURCE_EXHAUSTED"
+        wait_until(lambda: len(answers) == EDGE_CALLS, "the held calls' answers")
+    finally:
+        client.close()
+    assert [error for _, error in answers] == [None] * EDGE_CALLS
+    assert since(before, own(edges), "grpc:") == {"grpc:unavailable": 1}
+    assert delta(assert_accounting(edges), models, "gated") == {
+        "received": EDGE_CALLS, "completed": EDGE_CALLS, "answered:success": EDGE_CALLS
+    }  # fmt: skip
+
+
+def test_calls_without_a_key_are_the_servers_401_in_every_protocol(serve: Launcher) -> None:
+    key = "s3cret"
+    server = serve("models:add_one", "--api-key", key, grpc=True)
+    models, before = scrape(server), own(server)
+    assert server.infer("add_one", float_request(1.0)).status_code == 401
+    assert server.http.post("/v1/embeddings", json={"model": "add_one"}).status_code == 401
+    client = triton.InferenceServerClient(server.grpc_address)
+    try:
+        assert code_of(client.infer, "add_one", one(1.0)) == "UNAUTHENTICATED"
+        keyed = {"authorization": f"Bearer {key}"}
+        assert client.infer("add_one", one(1.0), headers=keyed).as_numpy("OUTPUT0") == [[2.0]]
+    finally:
+        client.close()
+    assert since(before, own(server)) == {
+        "http:401": 1, "openai:401": 1, "grpc:401": 1, "http:success": 1  # before's scrape
+    }  # fmt: skip
+    assert delta(assert_accounting(server), models, "add_one") == {
+        "received": 1, "completed": 1, "answered:success": 1
+    }  # fmt: skip
+
+
+def test_front_ends_sum_the_servers_own_counts(serve: Launcher) -> None:
+    """With --frontends 2 each front end counts its own; any of them shows the sum."""
+    server = serve("models:add_one", "--frontends", "2")
+    body = json.dumps({"model": "no_such_model", "input": "x"})
+    for index, sent in ((1, 1), (2, 2)):
+        for conn in connections(server, index, sent):
+            conn.request("POST", "/v1/embeddings", body)
+            assert conn.getresponse().status == 404
+            conn.close()
+    for index in (1, 2):
+        (conn,) = connections(server, index, 1)
+        conn.request("GET", "/metrics")
+        text = conn.getresponse().read().decode()
+        conn.close()
+        counts = {(p, o): int(float(n)) for o, p, n in _OWN.findall(text)}
+        assert counts[("openai", "not_found")] == 3

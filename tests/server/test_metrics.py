@@ -1,5 +1,5 @@
 """``/metrics``: one family per figure, a sample per model, the adaptive ones only where a
-model learns."""
+model learns; the server's own family for the answers no model counts."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from carpool import Batching, Model
 from carpool.server.metrics import Metrics
+from carpool.server.outcomes import server_counts
 from carpool.server.registry import Registry
 
 
@@ -86,3 +87,23 @@ async def test_event_loop_tasks_counts_the_tasks_on_the_rendering_loop() -> None
 
 def test_event_loop_tasks_is_left_out_outside_a_loop() -> None:
     assert "carpool_event_loop_tasks" not in families(Registry([Model(_double, name="plain")]))
+
+
+def test_answers_no_model_counts_are_the_servers_own_family() -> None:
+    registry = Registry([Model(_double, name="plain")])
+    counts = server_counts(registry)
+    assert server_counts(registry) is counts  # one per server
+    assert server_counts(Registry([Model(_double, name="plain")])) is not counts
+    for protocol, status in (("http", 404), ("http", 404), ("openai", 400), ("grpc", 401)):
+        counts.record(protocol, status)
+
+    def samples() -> dict[tuple[str, ...], float]:
+        family = families(registry)["carpool_server_requests"]
+        return {tuple(s.labels.values()): s.value for s in family.samples}
+
+    assert samples() == {
+        ("not_found", "http"): 2.0, ("invalid", "openai"): 1.0, ("401", "grpc"): 1.0
+    }  # fmt: skip
+    counts.shown = {"http": {200: 7}}  # a front end's: every front end's, summed
+    assert samples() == {("success", "http"): 7.0}
+    assert counts.export() == {"http": {404: 2}, "openai": {400: 1}, "grpc": {401: 1}}

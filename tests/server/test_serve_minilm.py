@@ -3,10 +3,12 @@ sentence-transformers run on each text alone."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import tritonclient.http as triton
@@ -102,3 +104,79 @@ def test_a_worker_process_answers_bit_for_bit_as_threads(server: Server, serve_m
         assert (got.dtype, got.shape) == (want.dtype, want.shape)
         assert got.tobytes() == want.tobytes()
     assert processes.stats("minilm")["workers"]["alive"] == 1
+
+
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "the",
+    "server",
+    "tokenizes",
+    "it",
+]
+LONG_TEXT_BYTES = 64 * 1024
+LONG_TEXTS = 32  # max_client_batch_size, /v1/embeddings' most
+
+
+def long_texts() -> list[str]:
+    """32 different texts of 64 KiB: tokenizing them all takes the better part of a second
+    (minilm's tokenizer reads every word before it truncates to 256 tokens)."""
+    texts = []
+    for i in range(LONG_TEXTS):
+        words = [WORDS[(i * 7 + j) % len(WORDS)] for j in range(LONG_TEXT_BYTES // 4)]
+        texts.append(" ".join(words)[:LONG_TEXT_BYTES])
+    return texts
+
+
+def v2_body(texts: list[str]) -> tuple[str, bytes]:
+    tensor = {"name": "TEXT", "datatype": "BYTES", "shape": [len(texts), 1], "data": texts}
+    return "/v2/models/minilm/infer", json.dumps({"inputs": [tensor]}).encode()
+
+
+def openai_body(texts: list[str]) -> tuple[str, bytes]:
+    return "/v1/embeddings", json.dumps({"model": "minilm", "input": texts}).encode()
+
+
+def vectors(route: str, answer: httpx.Response) -> np.ndarray[Any, Any]:
+    assert answer.status_code == 200, answer.text
+    if route == "/v1/embeddings":
+        return np.array([item["embedding"] for item in answer.json()["data"]], np.float32)
+    (output,) = answer.json()["outputs"]
+    return np.array(output["data"], np.float32).reshape(output["shape"])
+
+
+@pytest.mark.parametrize("body", [v2_body, openai_body], ids=["v2", "openai"])
+def test_health_is_answered_while_a_large_request_is_tokenized(
+    server: Server, body: Callable[[list[str]], tuple[str, bytes]]
+) -> None:
+    """A request of 32 texts of 64 KiB is tokenized in a thread of the server's own: the
+    event loop goes on answering /v2/health/ready meanwhile, many times over, while the
+    request has not yet reached the batcher (minilm's received count unchanged) and has not
+    been answered. Tokenized on the loop, as it used to be, nothing else was answered until
+    it was done: a handful of probes got in while the body travelled, never 10. (The body is
+    encoded before it is sent, so that probes count from when it is on the wire.)"""
+    received = "carpool_batcher_received_total"
+    before = server.metric(received, model="minilm")
+    route, content = body(long_texts())
+    answered_while_tokenizing = 0
+    with ThreadPoolExecutor(1) as pool, httpx.Client(base_url=server.url) as probe:
+        answer = pool.submit(server.http.post, route, content=content, timeout=120.0)
+        while not answer.done():
+            ready = probe.get("/v2/health/ready")
+            assert (ready.status_code, ready.json()) == (200, {"ready": True})
+            metrics = probe.get("/metrics").text
+            if f'{received}{{model="minilm"}} {before}' in metrics and not answer.done():
+                answered_while_tokenizing += 1
+        embeddings = vectors(route, answer.result())
+    assert embeddings.shape == (LONG_TEXTS, 384)
+    np.testing.assert_allclose(np.linalg.norm(embeddings, axis=1), 1.0, atol=1e-5)
+    assert server.metric(received, model="minilm") == before + 1
+    assert answered_while_tokenizing >= 10, answered_while_tokenizing

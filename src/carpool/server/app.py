@@ -16,6 +16,7 @@ error body that is exactly ``{"error": "<message>"}``, which is what tritonclien
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -63,6 +64,9 @@ _OPENAI = "openai"  # and of /v1/embeddings requests
 # The server cancels a REST request only at the drain deadline, and answers it 503 itself
 # (``_http``): counted so under its model, as every other answer is.
 _CUT_OFF = Status.UNAVAILABLE
+# In a request's scope once the inference path counts its answer (and the app must not).
+_COUNTED = "carpool.counted"
+_JSON_OFFLOAD_BYTES = 1 << 20  # JSON from this size on is read in a thread (admissions')
 
 
 class App:
@@ -91,6 +95,7 @@ class App:
         self.max_body_bytes = max_body_bytes
         self.drain_timeout_s = drain_timeout_s
         self.metrics = metrics if metrics is not None else Metrics(self.registry)
+        self.server_counts = inference.server_counts  # the answers no model counts
         self.startup_error: Exception | None = None  # why startup failed, if it did
         self._started: list[ServedModel] = []
         self._drain_deadline: float | None = None  # monotonic; set when draining begins
@@ -170,6 +175,7 @@ class App:
         await self.registry.close(started, timeout=left)
         if self._grpc is not None:  # its calls were answered as their batchers closed
             await self._grpc.wait_stopped()
+        self.inference.admissions.close()
 
     # ------------------------------------------------------------- http
 
@@ -186,6 +192,7 @@ class App:
             # The server gave up on this request (drain timeout): answer it with a 503, not
             # the server's plain-text 500 and an error traceback for an expected end.
             stopping = HTTPError(Status.UNAVAILABLE, STOPPING)
+            self._count(scope, parts, stopping.status)
             try:
                 body = _error_body(parts, stopping, stopping)
                 await send_response(send, stopping.status, body, JSON)
@@ -197,9 +204,18 @@ class App:
             status = error.status
             if is_server_error(status) and not isinstance(exc, HTTPError):
                 log.warning("%s %s -> %d: %s", method, scope["path"], status, error.message)
+            self._count(scope, parts, status)
             await send_response(send, status, _error_body(parts, exc, error), JSON + error.headers)
+        else:
+            self._count(scope, parts, status)
         if access_log.isEnabledFor(logging.INFO):
             log_access(scope.get("client"), method, scope["path"], status, started)
+
+    def _count(self, scope: Scope, parts: list[str], status: int) -> None:
+        """Count an answer the server's unless the inference path counted it (under its
+        model, or the server's for an unknown one): each answer once."""
+        if not scope.get(_COUNTED):
+            self.server_counts.record(_OPENAI if parts[0] == "v1" else _HTTP, status)
 
     def _refused(self, keys: ApiKeys, parts: list[str], scope: Scope) -> bool:
         """Whether a request needs a key and presents none of ``keys`` (401, no detail)."""
@@ -293,6 +309,7 @@ class App:
         async def decode(model: Model) -> InferRequest:
             return await self._read_request(model, scope, receive)
 
+        scope[_COUNTED] = True
         gone = Withdrawal(client_gone=gone_signal(scope, receive), cancel_counts_as=_CUT_OFF)
         try:
             body, json_length = await self.inference.infer(
@@ -328,6 +345,7 @@ class App:
         bodies in and out. The model is known (and counts the request) once named."""
         doc = openai.json_body(await self._body(scope, receive))
         served = self.registry.get(openai.model_name(doc))
+        scope[_COUNTED] = True
         try:
             openai.check_opted_in(served.model)
         except openai.OpenAIError as exc:  # a model known by name: the refusal counts there
@@ -370,7 +388,11 @@ class App:
         if header_length == 0:
             check_raw_content_type(_text(headers.get(b"content-type")))
             return _raw_request(model, body)
-        return parse_infer_request(body, header_length, max_elements=MAX_ELEMENTS)
+        if (len(body) if header_length is None else header_length) < _JSON_OFFLOAD_BYTES:
+            return parse_infer_request(body, header_length, max_elements=MAX_ELEMENTS)
+        # Read in a thread, in its turn: ~10 ms a MiB that the loop spends answering others.
+        parse = functools.partial(parse_infer_request, max_elements=MAX_ELEMENTS)
+        return await self.inference.admissions.run(parse, body, header_length)
 
 
 def _encode(answer: Answer) -> tuple[bytes, int | None]:

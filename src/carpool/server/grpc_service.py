@@ -33,6 +33,7 @@ from carpool.server import grpc_access
 from carpool.server import grpc_codec as codec
 from carpool.server.auth import ApiKeys
 from carpool.server.bursts import MAX_HOLD_S, Bursts
+from carpool.server.grpc_wire import read_infer_request
 from carpool.server.inference import Answer, Inference, Withdrawal
 from carpool.server.messages import MAX_ELEMENTS, InferRequest
 from carpool.server.outcomes import error_status
@@ -62,16 +63,23 @@ Handler = TypeVar("Handler", bound=Callable[..., Coroutine[Any, Any, Any]])
 
 
 def _unary(method: Handler) -> Handler:
-    """A unary RPC whose exceptions end the call with the status the one table gives.
-    The body gets the call's time left (seconds, or None), read here."""
+    """A unary RPC other than inference, whose exceptions end the call with the status the
+    one table gives, and whose answer the server counts (no model does). The body gets the
+    call's time left (seconds, or None), read here."""
 
     @functools.wraps(method)
     async def wrapper(self: _Servicer, request: Any, context: Any) -> Any:
         try:
-            return await method(self, request, context.time_remaining())
+            response = await method(self, request, context.time_remaining())
+        except asyncio.CancelledError:
+            self._counts.record(PROTOCOL, Status.CLIENT_CLOSED)
+            raise
         except Exception as exc:
             code, message = _status(exc, method.__name__)
+            self._counts.record(PROTOCOL, error_status(exc).status)
             await context.abort(code, message)
+        self._counts.record(PROTOCOL, Status.OK)
+        return response
 
     return wrapper  # type: ignore[return-value]
 
@@ -94,6 +102,7 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     def __init__(self, inference: Inference) -> None:
         self._inference = inference
         self._registry = inference.registry
+        self._counts = inference.server_counts  # the answers no model counts
         self._bursts = Bursts()
 
     @_unary
@@ -196,8 +205,9 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     def _withdrawn_while_held(self, request: Any) -> None:
         try:
             served = self._registry.get(request.model_name, request.model_version or None)
-        except (ModelNotFound, ModelUnavailable):
-            return  # nothing to count it under, as for a call that reached the path
+        except (ModelNotFound, ModelUnavailable):  # the server's, as on the path
+            self._counts.record(PROTOCOL, Status.CLIENT_CLOSED)
+            return
         served.record(PROTOCOL, Status.CLIENT_CLOSED)
 
     def _served(self, request: Any) -> ServedModel:
@@ -209,7 +219,11 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         cancelled call (the client's cancel, its deadline) withdraws it and counts 499."""
 
         async def decode(model: Model) -> InferRequest:
-            return codec.decode_infer_request(request, max_elements=MAX_ELEMENTS)
+            if request.size < _DECODE_OFFLOAD_BYTES:
+                return codec.decode_infer_request(request, max_elements=MAX_ELEMENTS)
+            # Typed contents are read element by element: in a thread, in its turn.
+            decode = functools.partial(codec.decode_infer_request, max_elements=MAX_ELEMENTS)
+            return await self._inference.admissions.run(decode, request)
 
         return await self._inference.infer(
             request.model_name,
@@ -219,6 +233,32 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
             encode=_encode,
             withdrawal=Withdrawal(deadline_s=left_s, cancel_counts_as=Status.CLIENT_CLOSED),
         )
+
+
+_KINDS = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+_DECODE_OFFLOAD_BYTES = 1 << 20  # an inference message from this size on is read in a thread
+
+
+def _service(servicer: _Servicer) -> grpc.GenericRpcHandler:
+    """The service as its generated code adds it, but for inference's requests, read by
+    :mod:`.grpc_wire`: their tensors are views of the message received, not copies."""
+    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    handlers = {}
+    for method in service.methods:
+        request, response = (getattr(pb, t.name) for t in (method.input_type, method.output_type))
+        streaming = (method.client_streaming, method.server_streaming)
+        kind = _KINDS[streaming]  # a kind the service does not have is a KeyError at start
+        handlers[method.name] = kind(
+            getattr(servicer, method.name),
+            request_deserializer=(
+                read_infer_request if request is pb.ModelInferRequest else request.FromString
+            ),
+            response_serializer=response.SerializeToString,
+        )
+    return grpc.method_handlers_generic_handler(service.full_name, handlers)
 
 
 def _encode(answer: Answer) -> Any:
@@ -234,6 +274,7 @@ def _unimplemented(rpc: str) -> Callable[..., Awaitable[Any]]:
     reason = next((why for key, why in _UNIMPLEMENTED.items() if key in rpc), "not supported")
 
     async def method(self: _Servicer, request: Any, context: Any) -> Any:
+        self._counts.record(PROTOCOL, Status.METHOD_NOT_ALLOWED)  # grpc_code: UNIMPLEMENTED
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{rpc}: {reason}")
 
     method.__name__ = rpc
@@ -281,10 +322,13 @@ class GrpcServer:
 
     async def start(self) -> None:
         """Listen on ``address``; :class:`ConfigError` when it cannot (the port is taken)."""
+        access = grpc_access.Access(  # --api-key; --grpc-max-concurrent-rpcs; counting
+            functools.partial(self._inference.server_counts.record, PROTOCOL),
+            keys=self._api_keys,
+            max_calls=self._max_concurrent_rpcs,
+        )
         server = grpc.aio.server(
-            interceptors=grpc_access.interceptors(self._api_keys),  # --api-key
-            # --grpc-max-concurrent-rpcs: past it a call is RESOURCE_EXHAUSTED, from grpc.
-            maximum_concurrent_rpcs=self._max_concurrent_rpcs or None,
+            interceptors=[access],
             options=[
                 # The body limit: a larger message is RESOURCE_EXHAUSTED, from grpc itself.
                 ("grpc.max_receive_message_length", self._max_message_bytes),
@@ -295,7 +339,7 @@ class GrpcServer:
                 ("grpc.so_reuseport", int(self._share_port)),
             ],
         )
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(self._inference), server)
+        server.add_generic_rpc_handlers((_service(_Servicer(self._inference)),))
         try:
             bound = grpc_access.add_port(server, self.address, self._tls)  # TLS or not
         except RuntimeError:

@@ -33,10 +33,11 @@ class _Irregular(Exception):
 @dataclass(frozen=True, slots=True)
 class Received:
     """A ``ModelInferRequest`` as received: ``message`` without the tensor bytes lifted out
-    of it, ``raw`` its ``raw_input_contents`` (``None``: it had none), and ``typed`` each
-    input's packed float contents by input index, as (field name, bytes)."""
+    of it, ``size`` bytes in all, ``raw`` its ``raw_input_contents`` (``None``: it had none),
+    and ``typed`` each input's packed float contents by input index, as (field, bytes)."""
 
     message: Any
+    size: int  # bytes received
     raw: tuple[memoryview, ...] | None = None
     typed: dict[int, tuple[str, memoryview]] = field(default_factory=dict)
 
@@ -60,10 +61,10 @@ def read_infer_request(data: bytes) -> Received:
     try:
         kept, raw, typed = _walk_request(view)
     except _Irregular:
-        return Received(pb.ModelInferRequest.FromString(data))
+        return Received(pb.ModelInferRequest.FromString(data), len(data))
     if raw is None and not typed:
-        return Received(pb.ModelInferRequest.FromString(data))
-    return Received(pb.ModelInferRequest.FromString(b"".join(kept)), raw, typed)
+        return Received(pb.ModelInferRequest.FromString(data), len(data))
+    return Received(pb.ModelInferRequest.FromString(b"".join(kept)), len(data), raw, typed)
 
 
 def _walk_request(
@@ -110,10 +111,10 @@ def _walk_input(
 
 def _packed_floats(view: memoryview, start: int, end: int) -> tuple[str, memoryview] | None:
     # Contents that are one packed FP32 or FP64 field and nothing else: (its name, bytes).
-    found = list(_fields(view, start, end))
-    if len(found) != 1 or found[0][0] not in _PACKED:
+    # Only the first field is looked at: a million BYTES elements are a million fields.
+    number, _, field_start, field_end = next(_fields(view, start, end), (0, 0, 0, 0))
+    if number not in _PACKED or field_end != end:
         return None
-    number, _, field_start, field_end = found[0]
     if (field_end - field_start) % (4 if number == 6 else 8):
         raise _Irregular  # not whole values: protobuf refuses it, with its own words
     return _PACKED[number], view[field_start:field_end]

@@ -7,7 +7,8 @@ work per request is what the batcher needs and no more: a future, admission, the
 posted to the link (frames of many requests each way, :mod:`carpool.server.links`); no
 task per request. A request's deadline, priority and cancellation cross with it.
 
-The front ends count their own requests' outcomes. A query for statistics (``/metrics``,
+The front ends count their own requests' outcomes (each model's, and the server's own
+answers that no model counts). A query for statistics (``/metrics``,
 ``/v2/models/stats``, gRPC's ``ModelStatistics``) asks every other front end for its counts
 first (``FLUSH``), so each front end's requests are counted once, in whichever front end
 answers; a front end that ended leaves its last counts behind. Only asyncio and the links.
@@ -44,8 +45,10 @@ from carpool.stats import BatcherStats
 
 __all__ = ["Hub"]
 
-# A model's counts as a front end sends them: ({protocol: {status: requests}}, seconds).
-Counts = dict[str, tuple[dict[str, dict[int, int]], float]]
+# What a front end counted: each model's ({protocol: {status: requests}}, seconds), and the
+# server's own answers that no model counts ({protocol: {status: requests}}).
+Statuses = dict[str, dict[int, int]]
+Counts = tuple[dict[str, tuple[Statuses, float]], Statuses]
 _WATCH_S = 0.1  # how often the workers' liveness is looked at, for the front ends' readiness
 _FLUSH_TIMEOUT_S = 1.0  # how long a query waits for a front end that does not answer
 
@@ -57,7 +60,7 @@ class _FrontEnd:
         self.index = index
         self.link: Link | None = None
         self.inflight: dict[int, Callable[[], None]] = {}  # request id -> its withdrawal
-        self.counts: Counts = {}
+        self.counts: Counts = ({}, {})
 
 
 class _Query:
@@ -217,20 +220,23 @@ class Hub:
         if link is not None and not link.lost:
             link.post((SNAPSHOT, query.qid, self.snapshot()))
 
-    def snapshot(self) -> dict[str, tuple[Any, dict[str, dict[int, int]], float]]:
+    def snapshot(self) -> tuple[dict[str, tuple[Any, Statuses, float]], Statuses]:
         """Every model's batcher statistics, and its requests' outcomes and seconds summed
-        over the front ends, live and ended."""
+        over the front ends, live and ended; and the server's own answers, summed too."""
         statuses: defaultdict[str, defaultdict[str, Counter[int]]] = defaultdict(
             lambda: defaultdict(Counter)
         )
         seconds: defaultdict[str, float] = defaultdict(float)
+        server: defaultdict[str, Counter[int]] = defaultdict(Counter)
         every = [f.counts for f in self._front_ends.values()] + self._retired
-        for counts in every:
-            for name, (by_protocol, spent) in counts.items():
+        for models, own in every:
+            for name, (by_protocol, spent) in models.items():
                 seconds[name] += spent
                 for protocol, by_status in by_protocol.items():
                     statuses[name][protocol].update(by_status)
-        return {
+            for protocol, by_status in own.items():
+                server[protocol].update(by_status)
+        models_now = {
             served.name: (
                 _picklable(served.batcher.stats()),
                 {protocol: dict(counts) for protocol, counts in statuses[served.name].items()},
@@ -238,6 +244,7 @@ class Hub:
             )
             for served in self.registry
         }
+        return models_now, {protocol: dict(counts) for protocol, counts in server.items()}
 
     # ------------------------------------------------------------- readiness
 

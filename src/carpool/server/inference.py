@@ -4,10 +4,12 @@ protocol (REST v2 JSON, binary and raw; OpenAI embeddings; gRPC unary and stream
 A front end hands :meth:`Inference.infer` the model's name and version, its ``decode`` and
 ``encode`` steps, its protocol label and how the request may be withdrawn
 (:class:`Withdrawal`); the path does the rest, in this order: readiness, decode, admit
-(:func:`~carpool.server.admission.admit`), batch (withdrawn when the client goes, the call
-is cancelled or its deadline passes), respond (:func:`~carpool.server.admission.respond`),
-encode, record the outcome and time it (``served.record(protocol, status, seconds)``,
-statuses by :func:`~carpool.server.outcomes.error_status`).
+(:func:`~carpool.server.admission.admit`; for a large request to a model that preprocesses,
+in a thread: :class:`~carpool.server.admission.Admissions`), batch (withdrawn when the
+client goes, the call is cancelled or its deadline passes), respond
+(:func:`~carpool.server.admission.respond`), encode, record the outcome and time it
+(``served.record(protocol, status, seconds)``, statuses by
+:func:`~carpool.server.outcomes.error_status`).
 Decode and encode run inside the path so that a request refused while decoding, or whose
 answer cannot be encoded, counts under its model, as every other outcome does.
 
@@ -27,10 +29,10 @@ from typing import Any, TypeVar
 
 from carpool.errors import BatcherClosed, DeadlineExceeded
 from carpool.model import Model
-from carpool.server.admission import AdmittedRequest, admit, respond
+from carpool.server.admission import Admissions, AdmittedRequest, respond
 from carpool.server.messages import InferRequest, OutputTensor
-from carpool.server.outcomes import error_status
-from carpool.server.registry import Registry, ServedModel
+from carpool.server.outcomes import error_status, server_counts
+from carpool.server.registry import ModelNotFound, ModelUnavailable, Registry, ServedModel
 from carpool.server.statuses import HTTPError, Status
 
 __all__ = ["Answer", "ClientGone", "GoneSignal", "Inference", "Withdrawal"]
@@ -84,10 +86,13 @@ class Answer:
 
 
 class Inference:
-    """The one inference path over the models of ``registry`` (see the module docstring)."""
+    """The one inference path over the models of ``registry`` (see the module docstring);
+    ``admissions`` admits its requests (by default, a pool of its own)."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, admissions: Admissions | None = None) -> None:
         self.registry = registry
+        self.admissions = admissions if admissions is not None else Admissions()
+        self.server_counts = server_counts(registry)  # the answers no model counts
 
     async def infer(
         self,
@@ -108,10 +113,15 @@ class Inference:
         :class:`ClientGone`, a cancellation, or any exception
         :func:`~carpool.server.outcomes.error_status` classifies; an unknown or unavailable
         model (:class:`~carpool.server.registry.ModelNotFound`,
-        :class:`~carpool.server.registry.ModelUnavailable`) is not counted: there is no
-        model to count it under.
+        :class:`~carpool.server.registry.ModelUnavailable`) has no model to count it under,
+        and is counted the server's (:func:`~carpool.server.outcomes.server_counts`).
+        Whatever it returns or raises is counted, once.
         """
-        served = self.registry.get(name, version)
+        try:
+            served = self.registry.get(name, version)
+        except (ModelNotFound, ModelUnavailable) as exc:
+            self.server_counts.record(protocol, error_status(exc).status)
+            raise
         started = time.perf_counter()
         try:
             encoded = encode(await self._answer(served, decode, withdrawal))
@@ -134,7 +144,7 @@ class Inference:
         if not self.registry.ready:
             raise BatcherClosed(served.name, "is stopping")
         request = await decode(served.model)
-        admitted = admit(served.model, request)
+        admitted = await self.admissions.admit(served.model, request)
         outputs = await _batched(served, admitted, withdrawal)
         return Answer(served, request, admitted, respond(served.model, admitted, outputs))
 

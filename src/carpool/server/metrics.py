@@ -1,9 +1,10 @@
 """Prometheus text exposition of what the batchers and the server counted.
 
 Nothing is recorded here: at scrape time a collector reads each batcher's ``stats()``
-snapshot and the server's request counts by status and protocol, so the request path never
-touches a metrics library. The only module that imports ``prometheus_client``; it must not
-import the app.
+snapshot and the server's request counts by status and protocol (each model's, and the
+server's own for answers no model counts: :func:`~carpool.server.outcomes.server_counts`),
+so the request path never touches a metrics library. The only module that imports
+``prometheus_client``; it must not import the app.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from carpool.server.buckets import batch_size_buckets, histogram_buckets
+from carpool.server.outcomes import server_counts
 from carpool.server.statuses import outcome
 from carpool.stats import BatcherStats
 
@@ -158,7 +160,23 @@ class _Collector:
         for served in self._registry:
             families.add(served)
         yield from families
+        yield _server_requests(self._registry)
         yield from _event_loop_tasks()
+
+
+def _server_requests(registry: Registry) -> Metric:
+    """The answers no model counts, so that with ``carpool_requests_total`` every answer is
+    counted once: health, metadata and scrapes, and refusals before a model was known."""
+    family = CounterMetricFamily(
+        "carpool_server_requests",
+        "Answers counted under no model in carpool_requests_total, by outcome and protocol: "
+        "health, metadata, metrics, and requests refused before their model was known",
+        labels=["outcome", "protocol"],
+    )
+    for protocol, counts in sorted(server_counts(registry).totals().items()):
+        for status, count in sorted(counts.items()):
+            family.add_metric([outcome(status), protocol], count)
+    return family
 
 
 def _event_loop_tasks() -> Iterator[Metric]:

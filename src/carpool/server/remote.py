@@ -3,12 +3,12 @@ main process's, reached over the link (:mod:`carpool.server.links`).
 
 Each front end runs the whole server, REST, OpenAI and gRPC, over a
 :class:`FrontEndRegistry`: reading, keys, limits, decoding, admission, encoding and logging
-all happen here. Only the admitted inputs cross, with the request's deadline and priority;
-a caller that is cancelled (its client left, its deadline passed) withdraws its request in
-the main process. Outcomes are counted here and summed there: a statistics query first
-sends this front end's counts, and the main process answers with every front end's
-(:class:`~carpool.server.hub.Hub`). Readiness follows the main process's workers, which it
-pushes when they change.
+all happen here. Only the admitted inputs cross, with the request's deadline and priority; a
+caller that is cancelled (its client left, its deadline passed) withdraws its request in the
+main process. Outcomes are counted here and summed there (each model's, and the server's own
+answers that no model counts): a statistics query first sends this front end's counts, and
+the main process answers with every front end's (:class:`~carpool.server.hub.Hub`).
+Readiness follows the main process's workers, which it pushes when they change.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from carpool.server.links import (
     Link,
     Op,
 )
+from carpool.server.outcomes import server_counts
 from carpool.server.registry import Registry, ServedModel
 from carpool.server.statuses import HTTPError, Status
 from carpool.stats import BatcherStats, StatsRecorder
@@ -54,7 +55,7 @@ class Upstream:
         self.link = Link(self._ops, self._lost, self._refused)
         self.on_lost = on_lost
         self.workers: dict[str, int] = {}  # model -> workers alive, as the main process says
-        self.counts: Callable[[], Any] = dict  # this front end's counts, for COUNTS
+        self.counts: Callable[[], Any] = lambda: ({}, {})  # this front end's, for COUNTS
         self.pending: dict[int, asyncio.Future[Any]] = {}  # request id -> its answer
         self._queries: dict[int, asyncio.Future[Any]] = {}
         self._ids = 0
@@ -72,8 +73,11 @@ class Upstream:
         self._ids += 1
         return self._ids
 
-    async def query(self) -> dict[str, tuple[BatcherStats, dict[str, dict[int, int]], float]]:
-        """Every model's statistics and every front end's counts, from the main process."""
+    async def query(
+        self,
+    ) -> tuple[dict[str, tuple[BatcherStats, dict[str, dict[int, int]], float]], Any]:
+        """Every model's statistics and every front end's counts, from the main process:
+        the models', and the server's own ({protocol: {status: answers}})."""
         if self.link.lost:
             raise HTTPError(Status.UNAVAILABLE, f"this front end {_GONE}")
         qid = self.next_id()
@@ -213,13 +217,14 @@ class FrontEndRegistry(Registry):
         await self._upstream.connect(self._link)
         return list(self)
 
-    def _counts(self) -> dict[str, tuple[dict[str, dict[int, int]], float]]:
+    def _counts(self) -> tuple[dict[str, tuple[dict[str, dict[int, int]], float]], Any]:
+        """What this front end counted: each model's, and the server's own answers."""
         counts = {}
         for served in self:
             assert isinstance(served, _FrontEndModel)
             by_protocol = {protocol: dict(c) for protocol, c in served.counted.items()}
             counts[served.name] = (by_protocol, served.counted_seconds)
-        return counts
+        return counts, server_counts(self).export()
 
     async def close(self, started: Sequence[ServedModel], *, timeout: float) -> None:  # noqa: ASYNC109
         """Close the link: its requests are answered (the server drained them first), and
@@ -227,7 +232,8 @@ class FrontEndRegistry(Registry):
         self._upstream.link.close()
 
     async def refresh(self) -> None:
-        snapshot = await self._upstream.query()
+        snapshot, server = await self._upstream.query()
+        server_counts(self).shown = server
         for served in self:
             if served.name not in snapshot:
                 continue
