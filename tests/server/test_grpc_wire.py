@@ -12,6 +12,7 @@ import pytest
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
+from carpool.server import grpc_wire
 from carpool.server.grpc_codec import decode_infer_request
 from carpool.server.grpc_wire import Received, read_infer_request
 from carpool.server.messages import ProtocolError
@@ -75,6 +76,11 @@ CASES = {
     ),
     "empty raw": _message(inputs=[_input("A", "FP32", [0])], raw_input_contents=[b""]),
 }
+
+
+@pytest.fixture(autouse=True)
+def _walk_every_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(grpc_wire, "WALK_BYTES", 0)  # small messages are parsed whole
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -154,3 +160,12 @@ def test_tensor_bytes_are_views_of_the_message_not_copies(way: str) -> None:
     # it is read.
     assert np.shares_memory(decoded.data, received) == aligned
     assert peak < (0 if aligned else values.nbytes) + values.nbytes / 100
+
+
+def test_only_messages_of_walk_bytes_or_more_are_walked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(grpc_wire, "WALK_BYTES", 64 * 1024)
+    for size, walked in ((64 * 1024 - 100, False), (64 * 1024, True)):
+        message = _message(inputs=[_input("A", "UINT8", [size])], raw_input_contents=[b"\0" * size])
+        received = read_infer_request(message.SerializeToString())
+        assert (received.raw is not None) == walked
+        assert _outcome(received) == _outcome(message)

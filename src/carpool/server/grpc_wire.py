@@ -18,8 +18,11 @@ from typing import Any
 
 from tritonclient.grpc import service_pb2 as pb
 
-__all__ = ["Received", "read_infer_request"]
+__all__ = ["WALK_BYTES", "Received", "read_infer_request"]
 
+# Below this many bytes, copying the tensors costs less than walking the fields (measured:
+# the walk costs ~3.5 us, a whole 64 KiB message's parse and copy ~1 us more than a 2 KiB's).
+WALK_BYTES = 64 * 1024
 _LEN = 2  # the wire type of bytes, strings, messages and packed repeated fields
 _RAW, _INPUTS = 7, 5  # ModelInferRequest's raw_input_contents and inputs
 _CONTENTS = 5  # InferInputTensor's contents
@@ -57,6 +60,8 @@ class Received:
 def read_infer_request(data: bytes) -> Received:
     """``data``, a serialized ``ModelInferRequest``, as :class:`Received` (grpc's request
     deserializer). Raises protobuf's ``DecodeError`` for bytes that are not one."""
+    if len(data) < WALK_BYTES:
+        return Received(pb.ModelInferRequest.FromString(data), len(data))
     view = memoryview(data)
     try:
         kept, raw, typed = _walk_request(view)
