@@ -185,7 +185,9 @@ class Model:
 
     ``preprocess`` runs once per request, on arrival and outside the batch: it maps the
     request's decoded inputs (k rows each) to what ``fn`` takes (k rows each), e.g. text to
-    token ids. ``padding`` batches inputs whose rows differ in length (see
+    token ids. ``carpool serve`` runs a large request's in one of a few threads, so that
+    several may run at once: it must be thread-safe (Hugging Face tokenizers are).
+    ``padding`` batches inputs whose rows differ in length (see
     :class:`carpool.padding.Padding`); ``fn`` then receives a dict. With ``preprocess`` or
     ``padding``, ``fn`` always receives a dict of arrays by name; with several declared
     inputs, in their declared order. Several outputs come back as a dict by name, or a tuple

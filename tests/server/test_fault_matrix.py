@@ -464,8 +464,8 @@ def test_v2_answers_without_a_model_are_the_servers(server: Server) -> None:
     assert server.http.get("/v2/no_such_route").status_code == 404
     assert server.http.get("/v2/models/add_one").status_code == 200
     assert server.http.get("/v2/health/ready").status_code == 200
-    assert since(before, own(server), "http:") == {
-        "http:not_found": 3, "http:405": 1, "http:success": 3  # and the scrape of "before"
+    assert since(before, own(server), "http:") == {  # success: and the scrape of "before"
+        "http:not_found": 3, "http:method_not_allowed": 1, "http:success": 3
     }  # fmt: skip
     assert delta(assert_accounting(server), models, "add_one") == {
         "received": 1, "completed": 1, "answered:success": 1
@@ -502,7 +502,7 @@ def test_an_embeddings_body_that_stalls_is_408_the_servers(edges: Server) -> Non
         head = b"POST /v1/embeddings HTTP/1.1\r\nHost: carpool\r\nContent-Length: 100\r\n\r\n"
         sock.sendall(head + b'{"model": ')  # the rest never comes
         assert status_of(sock) == 408
-    assert since(before, own(edges), "openai:") == {"openai:408": 1}
+    assert since(before, own(edges), "openai:") == {"openai:body_timeout": 1}
 
 
 def test_grpc_refusals_before_a_handler_or_a_model_are_the_servers(edges: Server) -> None:
@@ -527,7 +527,7 @@ def test_grpc_refusals_before_a_handler_or_a_model_are_the_servers(edges: Server
                 call(b"\xff\xff not a message")
             assert info.value.code().name == code
     expected = {f"grpc:{outcome}": 1 for outcome in ("not_found", "too_large", "success")}
-    expected.update({"grpc:invalid": 1, "grpc:405": 1})
+    expected.update({"grpc:invalid": 1, "grpc:method_not_allowed": 1})
     # (a call grpc ended before its handler is counted as its task ends: maybe a turn later)
     wait_until(lambda: since(before, own(edges), "grpc:") == expected, f"{expected}")
     assert "Traceback" not in edges.stderr()
@@ -570,8 +570,9 @@ def test_calls_without_a_key_are_the_servers_401_in_every_protocol(serve: Launch
         assert client.infer("add_one", one(1.0), headers=keyed).as_numpy("OUTPUT0") == [[2.0]]
     finally:
         client.close()
-    assert since(before, own(server)) == {
-        "http:401": 1, "openai:401": 1, "grpc:401": 1, "http:success": 1  # before's scrape
+    assert since(before, own(server)) == {  # success: before's scrape
+        "http:unauthorized": 1, "openai:unauthorized": 1, "grpc:unauthorized": 1,
+        "http:success": 1,
     }  # fmt: skip
     assert delta(assert_accounting(server), models, "add_one") == {
         "received": 1, "completed": 1, "answered:success": 1

@@ -102,7 +102,7 @@ def test_answers_no_model_counts_are_the_servers_own_family() -> None:
         return {tuple(s.labels.values()): s.value for s in family.samples}
 
     assert samples() == {
-        ("not_found", "http"): 2.0, ("invalid", "openai"): 1.0, ("401", "grpc"): 1.0
+        ("not_found", "http"): 2.0, ("invalid", "openai"): 1.0, ("unauthorized", "grpc"): 1.0
     }  # fmt: skip
     counts.shown = {"http": {200: 7}}  # a front end's: every front end's, summed
     assert samples() == {("success", "http"): 7.0}

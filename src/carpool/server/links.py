@@ -49,10 +49,11 @@ __all__ = [
 ]
 
 # The ops. A front end sends (INFER, id, model, timeout_ms, priority) with the request's
-# inputs as its value, (CANCEL, id), (COUNTS, {model: (statuses, seconds)}) and (QUERY, id).
-# The main process sends (RESULT, id) with the outputs as its value, (ERROR, id, exception),
-# (STATE, {model: workers alive}), (SNAPSHOT, id, {model: (stats, statuses, seconds)}) and
-# (FLUSH,): send your COUNTS now.
+# inputs as its value, (CANCEL, id), (COUNTS, ({model: (statuses, seconds)}, own)) and
+# (QUERY, id), ``own`` being the server's counts of answers no model counts. The main
+# process sends (RESULT, id) with the outputs as its value, (ERROR, id, exception),
+# (STATE, {model: workers alive}), (SNAPSHOT, id, ({model: (stats, statuses, seconds)},
+# own)) and (FLUSH,): send your COUNTS now.
 INFER, CANCEL, COUNTS, QUERY = "infer", "cancel", "counts", "query"
 RESULT, ERROR, STATE, SNAPSHOT, FLUSH = "result", "error", "state", "snapshot", "flush"
 # The link's own: (TAKEN, n): the reader copied the next n frames of values out, their
