@@ -502,7 +502,29 @@ def test_an_embeddings_body_that_stalls_is_408_the_servers(edges: Server) -> Non
         head = b"POST /v1/embeddings HTTP/1.1\r\nHost: carpool\r\nContent-Length: 100\r\n\r\n"
         sock.sendall(head + b'{"model": ')  # the rest never comes
         assert status_of(sock) == 408
-    assert since(before, own(edges), "openai:") == {"openai:body_timeout": 1}
+    assert since(before, own(edges), "openai:") == {"openai:request_timeout": 1}
+
+
+def test_answers_a_connection_gives_before_any_app_are_the_servers(serve: Launcher) -> None:
+    """A request whose headers never end (408), one that does not parse (uvicorn's 400),
+    one past ``--limit-concurrency`` (503): the connection answers, no route ever saw
+    them, and the server counts each once under ``http``."""
+    server = serve("models:add_one", "--header-timeout", "1", "--limit-concurrency", "1")
+    before = own(server)
+    with connect(server) as sock:
+        sock.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: carpool\r\n")  # no end
+        assert status_of(sock) == 408
+    with connect(server) as sock:
+        sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+        assert status_of(sock) == 400
+    with connect(server) as held:
+        held.sendall(b"POST /v2/models/add_one/infer HTTP/1.1\r\nHost: c\r\nContent-Length")
+        with connect(server) as sock:  # the held one is the only one the limit lets in
+            sock.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: carpool\r\n\r\n")
+            assert status_of(sock) == 503
+    assert since(before, own(server)) == {  # success: the scrape of "before"
+        "http:request_timeout": 1, "http:invalid": 1, "http:unavailable": 1, "http:success": 1
+    }  # fmt: skip
 
 
 def test_grpc_refusals_before_a_handler_or_a_model_are_the_servers(edges: Server) -> None:

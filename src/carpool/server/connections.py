@@ -49,15 +49,23 @@ _LINGER_S = 2.0  # how long the rest of a body answered before it was read may t
 
 
 def protocol_class(
-    *, header_timeout_s: float, limit_concurrency: int, write_timeout_s: float = 30.0
+    *,
+    header_timeout_s: float,
+    limit_concurrency: int,
+    write_timeout_s: float = 30.0,
+    record: Callable[[int], None] | None = None,
 ) -> type[_LimitedProtocol]:
-    """The protocol uvicorn runs (``uvicorn.Config(http=...)``), with these limits."""
-    overloaded = _overloaded_app(limit_concurrency)
+    """The protocol uvicorn runs (``uvicorn.Config(http=...)``), with these limits;
+    ``record(status)`` counts each answer it gives itself, before any app sees a request
+    (a header timeout's 408, the 503 past the limit, a malformed request's 400)."""
+    counted = record or _uncounted
+    overloaded = _overloaded_app(limit_concurrency, counted)
 
     class Configured(_LimitedProtocol):
         _header_timeout_s = header_timeout_s
         _write_timeout_s = write_timeout_s
         _overloaded = staticmethod(overloaded)
+        _record = staticmethod(counted)
 
     return Configured
 
@@ -99,9 +107,14 @@ def _tls_protocol_class(loop: asyncio.AbstractEventLoop) -> Callable[..., asynci
     return sslproto.SSLProtocol
 
 
+def _uncounted(status: int) -> None:
+    pass
+
+
 class _LimitedProtocol(HttpToolsProtocol):
     _header_timeout_s = 10.0
     _overloaded: Any = None
+    _record: Callable[[int], None] = staticmethod(_uncounted)
     _header_timer: asyncio.TimerHandle | None = None
     _partial = False  # part of a request's head has arrived
     _linger: asyncio.TimerHandle | None = None  # answered before its body was read
@@ -239,7 +252,13 @@ class _LimitedProtocol(HttpToolsProtocol):
         answering = self.cycle is not None and not self.cycle.response_complete
         if self._partial and not answering:
             self.transport.write(_TIMED_OUT)
+            self._record(Status.REQUEST_TIMEOUT)
         self.transport.close()
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request it cannot parse, counted."""
+        self._record(Status.BAD_REQUEST)
+        super().send_400_response(msg)
 
 
 _TIMED_OUT_BODY = orjson.dumps(
@@ -263,13 +282,14 @@ def _cancelled(timer: asyncio.TimerHandle | None) -> asyncio.TimerHandle | None:
     return None
 
 
-def _overloaded_app(limit: int) -> Any:
+def _overloaded_app(limit: int, record: Callable[[int], None]) -> Any:
     body = orjson.dumps(
         {"error": f"Overloaded: over --limit-concurrency={limit} connections; retry later"}
     )
     headers = [*JSON, (b"retry-after", b"1"), (b"connection", b"close")]
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        record(Status.UNAVAILABLE)
         await send_response(send, Status.UNAVAILABLE, body, headers)
 
     return app

@@ -69,7 +69,7 @@ _OUTCOMES: dict[int, str] = {
     Status.UNAUTHORIZED: "unauthorized",
     Status.NOT_FOUND: "not_found",
     Status.METHOD_NOT_ALLOWED: "method_not_allowed",
-    Status.REQUEST_TIMEOUT: "body_timeout",
+    Status.REQUEST_TIMEOUT: "request_timeout",
     Status.CONTENT_TOO_LARGE: "too_large",
     Status.UNSUPPORTED_MEDIA_TYPE: "unsupported_encoding",
     Status.CLIENT_CLOSED: "client_closed",
