@@ -79,6 +79,7 @@ def quick_run(script: str, *args: str, timeout: float = 120) -> str:
                 "goal: REST binary, 1 MiB < 3x the body: ",
             ],
         ),
+        ("check_cost.py", ["headers sent twice", "goal: the checks together < 2 us"]),
         (
             "grpc_batching.py",
             ["(a) 200 concurrent calls at once", "double_2ms", "(b) carpool bench on demo"],
