@@ -187,14 +187,13 @@ def _lifted_contents(
     field: str, data: memoryview, *, datatype: str, count: int, name: str
 ) -> Array:
     """Packed FP32 or FP64 contents lifted out of the message as received
-    (:mod:`.grpc_wire`): a view of the bytes grpc received (a copy only when misaligned),
+    (:mod:`.grpc_wire`): a view of the bytes grpc received (as REST's binary tensors),
     checked as :func:`typed_contents` checks them."""
     expected = _contents_field(datatype, name, [field])
     dtype = FIXED_DTYPES[datatype]
     wire = dtype.newbyteorder("<")
     _check_contents_count(expected, len(data) // wire.itemsize, count, name)
-    array = np.frombuffer(data, dtype=wire).astype(dtype, copy=False)
-    return array if array.flags.aligned else array.copy()  # as REST's binary tensors
+    return np.frombuffer(data, dtype=wire).astype(dtype, copy=False)
 
 
 def _contents_field(datatype: str, name: str, given: list[str]) -> str:

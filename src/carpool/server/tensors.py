@@ -114,7 +114,8 @@ def deserialize_bf16_tensor(buf: bytes | memoryview) -> npt.NDArray[np.float32]:
 def array_from_wire(buf: bytes | memoryview, *, datatype: str, count: int, name: str) -> Array:
     """A flat array of ``count`` elements of input ``name`` from its binary data.
 
-    Fixed-size types are zero-copy views of ``buf`` (copied only when misaligned). Raises
+    Fixed-size types are zero-copy views of ``buf``, aligned or not (numpy reads either,
+    and what a model gets is the batch stacked from them, a copy). Raises
     ``ValueError`` for a size that does not fit the shape, BYTES framing errors, and BOOL
     bytes other than 0 and 1.
     """
@@ -134,9 +135,7 @@ def array_from_wire(buf: bytes | memoryview, *, datatype: str, count: int, name:
     array = np.frombuffer(buf, dtype=_LITTLE[datatype])
     if datatype == "BOOL" and count and array.view(np.uint8).max() > 1:
         raise ValueError(f"BOOL data of input '{name}' must be bytes 0 or 1")
-    if not array.flags.aligned:
-        array = array.copy()
-    return array
+    return array  # even misaligned: the batch a model gets is always a fresh, aligned stack
 
 
 def check_shape(value: Any, *, name: str) -> tuple[int, ...]:
