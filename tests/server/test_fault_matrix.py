@@ -522,6 +522,8 @@ def test_answers_a_connection_gives_before_any_app_are_the_servers(serve: Launch
         with connect(server) as sock:  # the held one is the only one the limit lets in
             sock.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: carpool\r\n\r\n")
             assert status_of(sock) == 503
+        held.shutdown(socket.SHUT_WR)  # the server closes it (no 400: no answer is due)...
+        assert held.recv(1024) == b""  # ...and frees its place before it accepts another
     assert since(before, own(server)) == {  # success: the scrape of "before"
         "http:request_timeout": 1, "http:invalid": 1, "http:unavailable": 1, "http:success": 1
     }  # fmt: skip

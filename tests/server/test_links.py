@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 
 from carpool.errors import SharedMemoryFull
+from carpool.server import links
 from carpool.server.links import Link, Op, pickled_error
+from carpool.transport import MIN_ARENA, SHRINK_AFTER_S
 
 
 class End:
@@ -156,6 +158,34 @@ async def test_a_large_value_grows_the_arena() -> None:
     ops, values = await b.next()
     assert ops == [("v", 2)]
     np.testing.assert_array_equal(values[0], big)
+    a.link.close()
+    b.link.close()
+
+
+async def test_a_grown_arena_shrinks_back_once_its_size_goes_unneeded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [0.0]
+    monkeypatch.setattr(links, "_clock", lambda: now[0])
+    a, b = await pair()
+    before = set(os.listdir("/dev/shm"))
+    big = np.arange(1 << 20, dtype=np.float64)  # 8 MiB
+    for step, value in enumerate([big, big, np.zeros(4), np.zeros(4)]):
+        a.link.post_value(("v", step), value)  # two arenas, used in turn
+        np.testing.assert_array_equal((await b.next())[1][0], value)
+    grown = {
+        name: os.stat(f"/dev/shm/{name}").st_size for name in set(os.listdir("/dev/shm")) - before
+    }
+    assert sorted(grown.values()) == [8 << 20, 8 << 20]  # each arena holds an 8 MiB frame
+    now[0] = SHRINK_AFTER_S + 1  # and then none needs it for that long
+    for step in range(4, 8):
+        a.link.post_value(("v", step), np.full(4, step))
+        assert (await b.next())[1][0].tolist() == [step] * 4
+    small = {
+        name: os.stat(f"/dev/shm/{name}").st_size for name in set(os.listdir("/dev/shm")) - before
+    }
+    assert set(small).isdisjoint(grown)  # new names: the large segments are unlinked
+    assert sorted(small.values()) == [MIN_ARENA, MIN_ARENA]
     a.link.close()
     b.link.close()
 

@@ -25,13 +25,14 @@ import asyncio
 import contextlib
 import pickle
 import struct
+import time
 from collections.abc import Callable
 from typing import Any, cast
 
 import numpy as np
 
 from carpool.errors import SharedMemoryFull
-from carpool.transport import ALIGN, Arena, Attached, decode, plan
+from carpool.transport import ALIGN, Arena, Attached, ShrinkPolicy, decode, plan
 
 __all__ = [
     "CANCEL",
@@ -54,6 +55,7 @@ __all__ = [
 # process sends (RESULT, id) with the outputs as its value, (ERROR, id, exception),
 # (STATE, {model: workers alive}), (SNAPSHOT, id, ({model: (stats, statuses, seconds)},
 # own)) and (FLUSH,): send your COUNTS now.
+_clock = time.monotonic  # the arenas' shrink policy's (a test's own, there)
 INFER, CANCEL, COUNTS, QUERY = "infer", "cancel", "counts", "query"
 RESULT, ERROR, STATE, SNAPSHOT, FLUSH = "result", "error", "state", "snapshot", "flush"
 # The link's own: (TAKEN, n): the reader copied the next n frames of values out, their
@@ -262,11 +264,13 @@ class Link(asyncio.Protocol):
         self._in_flight += 1
 
     def _arena(self, nbytes: int) -> Arena:
+        # Grown to fit the largest frame, shrunk back once that size goes unneeded (as a
+        # process replica's arenas); the frame's header names it either way.
         arena = self._arenas[self._next]
         if arena is None:
-            arena = self._arenas[self._next] = Arena(nbytes)
+            arena = self._arenas[self._next] = Arena(nbytes, shrink=ShrinkPolicy())
         else:
-            arena.fit(nbytes)  # free: its last frame was TAKEN
+            arena.fit(nbytes, _clock())  # free: its last frame was TAKEN
         return arena
 
     def _send(self, header: Any, ops: list[Op]) -> None:
