@@ -41,6 +41,7 @@ LAYERS: list[tuple[str, ...]] = [
         "transport",
         "lifelines",
         "runners.threads",
+        "tokens",
     ),
     ("stats", "collate", "queue", "padding"),  # pure data structures
     ("policy", "adaptive"),  # when to dispatch: pure decisions

@@ -74,6 +74,7 @@ def test_batching_defaults() -> None:
         "batch_timeout_ms": None,
         "retry": True,
         "runner_options": None,
+        "max_batch_tokens": None,
     }
 
 

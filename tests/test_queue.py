@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from carpool.errors import QueueFull
 from carpool.queue import Entry, RequestQueue, Segment
+from carpool.tokens import Meter
 
 
 def entry(value: Any, *, span: int | None = None, key: Hashable = "k", priority: int = 0) -> Entry:
@@ -582,3 +583,87 @@ def test_a_priority_level_is_forgotten_once_its_rows_are_gone() -> None:
     assert queue._priorities == [-1]
     assert pop(queue, 8) == [("busy", 0, 1)]
     assert busy.queued is False
+
+
+# token budgets and batches formed by length (carpool.tokens)
+
+
+def measured(value: str, *, length: int, rows: int | None = None, priority: int = 0) -> Entry:
+    e = Entry(value, rows, "k", priority, arrival=0.0)
+    e.length, e.tokens = length, length * e.rows
+    return e
+
+
+def test_a_budget_ends_the_batch_at_the_first_request_that_does_not_fit() -> None:
+    queue = RequestQueue()
+    for value, length in (("a", 10), ("b", 10), ("c", 30), ("d", 5)):
+        queue.push(measured(value, length=length))
+    head = queue.head()
+    assert head is not None
+    meter = Meter(60)  # a, b: 2 x 10; c would make 3 x 30 = 90
+    assert names(queue.pop_batch(head, 8, meter)) == [("a", 0, 1), ("b", 0, 1)]
+    assert (meter.full, meter.computed, queue.rows) == (True, 20, 2)
+    assert pop(queue, 8) == [("c", 0, 1), ("d", 0, 1)]  # in order: c was not skipped
+
+
+def test_a_multi_row_request_gives_the_rows_that_fit_and_keeps_its_place() -> None:
+    queue = RequestQueue()
+    queue.push(measured("big", length=20, rows=5))
+    queue.push(measured("next", length=1))
+    head = queue.head()
+    assert head is not None
+    assert names(queue.pop_batch(head, 8, Meter(50))) == [("big", 0, 2)]
+    head = queue.head()
+    assert head is not None
+    assert head.value == "big"
+    assert names(queue.pop_batch(head, 8, Meter(500))) == [("big", 2, 5), ("next", 0, 1)]
+
+
+def test_rows_fitting_is_a_dry_run_of_the_budget() -> None:
+    queue = RequestQueue()
+    for value in "abcde":
+        queue.push(measured(value, length=10))
+    head = queue.head()
+    assert head is not None
+    meter = Meter(30)
+    assert (queue.rows_fitting(head, 8, meter), meter.full) == (3, True)
+    assert queue.rows_fitting(head, 2, Meter(30)) == 2
+    assert queue.rows == 5  # nothing taken
+
+
+def test_a_deep_queue_forms_the_batch_by_length_around_its_oldest_row() -> None:
+    queue = RequestQueue()
+    lengths = [20, 90, 18, 70, 22, 19, 95, 21]
+    for i, length in enumerate(lengths):
+        queue.push(measured(f"r{i}", length=length))
+    head = queue.head()
+    assert head is not None
+    meter = Meter(None)
+    batch = queue.pop_batch(head, 4, meter, sort_window=8)
+    assert sorted(e.value for e, _, _ in batch) == ["r0", "r2", "r5", "r7"]  # 20, 18, 19, 21
+    assert meter.computed == 4 * 21
+    # The rest keep their arrival order, the long ones now first.
+    assert pop(queue, 8) == [("r1", 0, 1), ("r3", 0, 1), ("r4", 0, 1), ("r6", 0, 1)]
+
+
+def test_a_queue_no_deeper_than_one_batch_keeps_arrival_order() -> None:
+    queue = RequestQueue()
+    for i, length in enumerate([20, 90, 18]):
+        queue.push(measured(f"r{i}", length=length))
+    head = queue.head()
+    assert head is not None
+    batch = queue.pop_batch(head, 4, Meter(None), sort_window=32)
+    assert names(batch) == [("r0", 0, 1), ("r1", 0, 1), ("r2", 0, 1)]
+
+
+def test_sorting_stays_within_the_heads_priority_and_a_restore_keeps_arrival_order() -> None:
+    queue = RequestQueue()
+    for i, length in enumerate([50, 10, 49, 11, 51]):
+        queue.push(measured(f"u{i}", length=length, priority=1))
+    queue.push(measured("later", length=50, priority=2))
+    head = queue.head()
+    assert head is not None
+    batch = queue.pop_batch(head, 3, Meter(None), sort_window=8)
+    assert sorted(e.value for e, _, _ in batch) == ["u0", "u2", "u4"]
+    queue.restore(batch)
+    assert pop(queue, 8) == [(f"u{i}", 0, 1) for i in range(5)] + [("later", 0, 1)]

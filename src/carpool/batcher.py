@@ -118,6 +118,8 @@ class Batcher:
         batch_timeout_ms: float | None = DEFAULTS.batch_timeout_ms,
         retry: bool = DEFAULTS.retry,
         runner_options: Mapping[str, Any] | None = None,  # None: none (ray: address, ...)
+        max_batch_tokens: int | None = DEFAULTS.max_batch_tokens,  # carpool.tokens
+        token_count: Callable[[Any], int] | None = None,  # a request's value -> its tokens
     ) -> None:
         if not callable(model_fn):
             raise TypeError(f"model_fn must be callable, got {type(model_fn).__name__}")
@@ -136,7 +138,8 @@ class Batcher:
             batch_timeout_ms=batch_timeout_ms,
             retry=retry,
             runner_options={} if runner_options is None else runner_options,
-        )
+            max_batch_tokens=max_batch_tokens, token_count=token_count,
+        )  # fmt: skip
         self.options = options  # validated, read-only: what the parts below are built from
         self.name = options.name
         # The options users read off a batcher, as they were before the record.

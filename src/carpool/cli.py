@@ -108,6 +108,12 @@ _SETTING_FLAGS: tuple[Flag, ...] = (
         "rows one request may hold (each model); more get 400 naming it; below it, a "
         "request larger than --max-batch-size is split over batches [4 x --max-batch-size]",
     ),
+    (
+        "--max-batch-tokens",
+        int,
+        "the most tokens one batch may compute (each model that pads or counts tokens: "
+        "rows x padded length); a request alone over it runs alone [none: rows only]",
+    ),
     ("--max-body-bytes", int, "largest request body; then 413 [67108864]"),
     (
         "--max-client-batch-size",
@@ -190,6 +196,7 @@ _BATCHING_KEYS = (
     "max_queue_size",
     "default_timeout_ms",
     "max_rows_per_request",
+    "max_batch_tokens",
     "latency_slo_ms",
     "runner",
     "ray_address",

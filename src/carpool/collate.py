@@ -339,6 +339,17 @@ class Collator:
         handler = self._cache.get(value.__class__) or self.handler(value)
         return handler.key(self, value, many, field)
 
+    @property
+    def pads(self) -> bool:
+        """Whether some kind of value is padded (:meth:`length` tells its rows' length)."""
+        return any(hasattr(handler, "length") for handler in self._by_type.values())
+
+    def length(self, value: Any, many: bool) -> int:
+        """The length a padded kind's rows have (every row of ``value``: it was padded to
+        its longest); 0 for a kind that is not padded."""
+        measure = getattr(self.handler(value), "length", None)
+        return 0 if measure is None else int(measure(self, value, many))
+
     def rows(self, value: Any, field: str = "input") -> int:
         """Rows of a multi-row value; raises :class:`CollationError` when they disagree."""
         return self.handler(value).rows(self, value, field)

@@ -20,7 +20,7 @@ __all__ = ["Batch", "InFlight"]
 class Batch:
     """One dispatched batch: ``rows`` rows in ``segments``, in priority then arrival order."""
 
-    __slots__ = ("least_urgent", "reason", "rows", "segments", "started", "void")
+    __slots__ = ("least_urgent", "reason", "rows", "segments", "started", "tokens", "void")
 
     def __init__(self, segments: list[Segment], rows: int, reason: str) -> None:
         self.segments = segments
@@ -28,6 +28,7 @@ class Batch:
         self.reason = reason
         self.started: float | None = None  # set when a worker claims it
         self.void = False  # re-formed before it started: its rows went back to the queue
+        self.tokens = (0, 0)  # computed and real (carpool.tokens), when they are counted
         # The least urgent priority in it (the largest number): segments leave the queue
         # most urgent first.
         self.least_urgent = segments[-1][0].priority

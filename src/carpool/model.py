@@ -91,6 +91,8 @@ class Batching:
     # Rows one request may hold; None: 4 x max_batch_size (a request past max_batch_size is
     # split over batches, as far as this).
     max_rows_per_request: int | None = None
+    # The most tokens one batch may compute (carpool.tokens); None: rows alone bound it.
+    max_batch_tokens: int | None = DEFAULTS.max_batch_tokens
 
     def __post_init__(self) -> None:
         """Checked with the batcher's own rules (``carpool.options``): a bad setting is a
@@ -162,6 +164,7 @@ class Batching:
             "batch_timeout_ms": self.batch_timeout_ms,
             "retry": self.retry,
             "runner_options": self._runner_options(),
+            "max_batch_tokens": self.max_batch_tokens,
         }
 
     def _runner_options(self) -> dict[str, Any] | None:
@@ -224,6 +227,11 @@ class Model:
                 raise TypeError(f"Model {hook} must be callable, got {type(value).__name__}")
         if self.padding is not None and not self.batching.batched:
             raise ValueError("padding needs batching on (max_batch_size >= 1)")
+        if self.batching.max_batch_tokens is not None and not (self.padding or self.count_tokens):
+            raise ConfigError(
+                "max_batch_tokens needs a model that counts its tokens (count_tokens=) or pads "
+                "its inputs (padding=); this one does neither, so nothing could count"
+            )
         for kind in ("inputs", "outputs"):
             tensors = getattr(self, kind)
             if tensors is not None:
@@ -269,6 +277,8 @@ class Model:
         """
         name = self.name if self.name is not None else getattr(self.fn, "__name__", None)
         settings = {"name": name, **self.batching.batcher_options(), **options}
+        if self.count_tokens is not None:  # what a token budget and the stats count with
+            settings.setdefault("token_count", self.count_tokens)
         if settings.get("policy") == "adaptive" and "warmup" not in settings:
             settings["warmup"] = self.example()
         fn = self.batched_fn() if settings["runner"] == "thread" else self.worker_spec()

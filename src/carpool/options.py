@@ -11,7 +11,7 @@ policies and the runners' names and options; nothing that runs a batch, a policy
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -173,6 +173,8 @@ class BatcherOptions:
     retry: bool = True  # process and ray runners: a batch whose worker died runs once more
     # ray: address, num_cpus, ...; given as a mapping or None, kept as a read-only mapping
     runner_options: Mapping[str, Any] = field(default_factory=lambda: _NO_OPTIONS, hash=False)
+    max_batch_tokens: int | None = None  # None: rows alone bound a batch (carpool.tokens)
+    token_count: Callable[[Any], int] | None = field(default=None, hash=False)  # a request's
 
     def __post_init__(self) -> None:
         # In the order of Batcher's signature, so the first bad option is the one reported.
@@ -194,6 +196,13 @@ class BatcherOptions:
         _check_policy(self.policy, self.latency_slo_ms)
         if self.latency_slo_ms is not None:
             self._set("latency_slo_ms", float(self.latency_slo_ms))
+        if self.max_batch_tokens is not None:
+            check_int("max_batch_tokens", self.max_batch_tokens, 1)
+        if self.token_count is not None and not callable(self.token_count):
+            raise ConfigTypeError(
+                f"token_count must be callable (a request's value -> its tokens), got "
+                f"{type(self.token_count).__name__}"
+            )
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)  # frozen: normalised once, while built

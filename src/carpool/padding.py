@@ -15,6 +15,7 @@ Pure: numpy in, numpy out. Two kinds:
 from __future__ import annotations
 
 import bisect
+import math
 import numbers
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -180,6 +181,11 @@ class _PaddedDict:
 
     def rows(self, collator: Collator, value: Any, field: str) -> int:
         return int(self._base.rows(collator, value, field))
+
+    def length(self, collator: Collator, value: Any, many: bool) -> int:
+        """What each row computes: the first ragged input's row size (its tokens)."""
+        first = value[self._padding.first]
+        return math.prod(first.shape[1:] if many else first.shape)
 
     def take(self, collator: Collator, value: Any, start: int, stop: int) -> Any:
         return self._base.take(collator, value, start, stop)

@@ -19,6 +19,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from carpool.errors import QueueFull
+from carpool.tokens import Meter
 
 __all__ = ["Entry", "RequestQueue", "Segment"]
 
@@ -26,7 +27,19 @@ __all__ = ["Entry", "RequestQueue", "Segment"]
 class Entry:
     """One request in the queue: ``rows`` rows, of which ``taken`` already left in batches."""
 
-    __slots__ = ("arrival", "key", "priority", "queued", "rows", "seq", "span", "taken", "value")
+    __slots__ = (
+        "arrival",
+        "key",
+        "length",
+        "priority",
+        "queued",
+        "rows",
+        "seq",
+        "span",
+        "taken",
+        "tokens",
+        "value",
+    )
 
     def __init__(
         self,
@@ -45,6 +58,8 @@ class Entry:
         self.seq = 0
         self.taken = 0
         self.queued = False
+        self.length = 0  # a padded row's length (carpool.tokens); 0: not padded
+        self.tokens = 0  # its rows' tokens, when counted
 
 
 # (entry, first row, end row) of an entry's share in one batch.
@@ -181,14 +196,20 @@ class RequestQueue:
         """Rows queued that can share a batch with ``entry`` (its own included)."""
         return self._key_rows.get(entry.key, 0)
 
-    def pop_batch(self, head: Entry, max_rows: int) -> list[Segment]:
-        """Up to ``max_rows`` rows of ``head``'s key, in priority then arrival order.
+    def pop_batch(
+        self, head: Entry, max_rows: int, meter: Meter | None = None, sort_window: int = 0
+    ) -> list[Segment]:
+        """Up to ``max_rows`` rows of ``head``'s key, in priority then arrival order, as many
+        as ``meter`` (a token budget) lets in.
 
-        ``head`` must be what :meth:`head` just returned.
+        With ``sort_window`` and more of ``head``'s level queued than fit, the batch is
+        formed from the first ``sort_window`` rows there by length: ``head`` first, then
+        those closest to its length (a padded model computes the longest row's length for
+        every row). ``head``, the oldest, always goes, so no row waits for ever. ``head``
+        must be what :meth:`head` just returned.
         """
         key = head.key
         segments: list[Segment] = []
-        append = segments.append
         room = max_rows
         emptied = []
         for priority in self._priorities:
@@ -196,27 +217,13 @@ class RequestQueue:
                 continue
             lane = self._levels[priority].get(key)
             before = room
-            while lane and room:
-                entry = lane.popleft()
-                if not entry.queued:
-                    continue
-                if entry.rows == 1:  # the common single-row request
-                    append((entry, 0, 1))
-                    room -= 1
-                    entry.queued = False
-                    continue
-                start = entry.taken
-                stop = min(entry.rows, start + room)
-                append((entry, start, stop))
-                room -= stop - start
-                entry.taken = stop
-                if stop == entry.rows:
-                    entry.queued = False
-                else:  # the rest keeps its place at the head, never re-queued at the tail
-                    lane.appendleft(entry)
+            if lane and sort_window and priority == head.priority and meter is not None:
+                room = self._take_by_length(lane, room, meter, sort_window, segments)
+            elif lane:
+                room = self._take_in_order(lane, room, meter, segments)
             if room != before and self._level_less(priority, before - room):
                 emptied.append(priority)
-            if not room:
+            if not room or (meter is not None and meter.full):
                 break
         for priority in emptied:
             self._drop_level(priority)
@@ -224,6 +231,98 @@ class RequestQueue:
         self.rows -= taken
         self._release(key, taken)
         return segments
+
+    @staticmethod
+    def _take_in_order(
+        lane: deque[Entry], room: int, meter: Meter | None, segments: list[Segment]
+    ) -> int:
+        # Rows from the front of ``lane`` while ``room`` (and the meter) allow; a request
+        # that does not fit whole gives the rows that fit and keeps its place.
+        append = segments.append
+        while lane and room:
+            entry = lane.popleft()
+            if not entry.queued:
+                continue
+            if entry.rows == 1 and meter is None:  # the common single-row request
+                append((entry, 0, 1))
+                room -= 1
+                entry.queued = False
+                continue
+            start = entry.taken
+            count = min(entry.rows - start, room)
+            if meter is not None:
+                count = meter.room(entry, count)
+                if not count:  # the budget is spent: the batch is full
+                    lane.appendleft(entry)
+                    meter.full = True
+                    break
+                meter.add(entry, count)
+            append((entry, start, start + count))
+            room -= count
+            entry.taken = start + count
+            if entry.taken == entry.rows:
+                entry.queued = False
+            else:  # the rest keeps its place at the head, never re-queued at the tail
+                lane.appendleft(entry)
+        return room
+
+    @staticmethod
+    def _take_by_length(
+        lane: deque[Entry], room: int, meter: Meter, window: int, segments: list[Segment]
+    ) -> int:
+        # The first ``window`` rows of ``lane`` by closeness of length to the first one's;
+        # in order if they all fit anyway.
+        candidates: list[Entry] = []
+        queued = 0
+        for entry in lane:
+            if entry.queued:
+                candidates.append(entry)
+                queued += entry.rows - entry.taken
+                if queued >= window:
+                    break
+        if queued <= room:
+            return RequestQueue._take_in_order(lane, room, meter, segments)
+        first = candidates[0].length
+        order = sorted(candidates[1:], key=lambda e: (abs(e.length - first), e.seq))
+        for entry in (candidates[0], *order):
+            start = entry.taken
+            count = meter.room(entry, min(entry.rows - start, room))
+            if not count:
+                continue  # a longer one would not fit; a shorter one still may
+            meter.add(entry, count)
+            segments.append((entry, start, start + count))
+            room -= count
+            entry.taken = start + count
+            if entry.taken == entry.rows:
+                entry.queued = False
+            if not room:
+                break
+        meter.full = True  # formed from a deeper queue: as full as it gets
+        live = [entry for entry in lane if entry.queued]  # the rest, in arrival order
+        lane.clear()
+        lane.extend(live)
+        return room
+
+    def rows_fitting(self, head: Entry, max_rows: int, meter: Meter) -> int:
+        """How many rows of ``head``'s key, in order, ``meter``'s budget and ``max_rows``
+        let into one batch (a dry run: nothing is taken; ``meter`` is filled)."""
+        room = max_rows
+        for priority in self._priorities:
+            if priority < head.priority:
+                continue
+            lane = self._levels[priority].get(head.key)
+            for entry in lane or ():
+                if not entry.queued:
+                    continue
+                count = meter.room(entry, min(entry.rows - entry.taken, room))
+                if not count:
+                    meter.full = True
+                    return max_rows - room
+                meter.add(entry, count)
+                room -= count
+                if not room:
+                    return max_rows
+        return max_rows - room
 
     def restore(self, segments: list[Segment]) -> None:
         """Put back the rows of a batch just popped, where they were, as if never popped.
@@ -235,14 +334,14 @@ class RequestQueue:
         """
         level_rows = self._level_rows
         key_rows = self._key_rows
-        for entry, start, stop in reversed(segments):
+        for entry, start, stop in sorted(segments, key=lambda s: s[0].seq, reverse=True):
             if not entry.queued:
                 entry.queued = True
                 try:
                     lane = self._levels[entry.priority][entry.key]
                 except KeyError:
                     lane = self._new_lane(entry.priority, entry.key)
-                lane.appendleft(entry)
+                _put_back(lane, entry)
             entry.taken = start
             rows = stop - start
             self.rows += rows
@@ -264,3 +363,13 @@ class RequestQueue:
         self._priorities.clear()
         self._level_rows.clear()
         return entries
+
+
+def _put_back(lane: deque[Entry], entry: Entry) -> None:
+    """``entry`` back into ``lane`` in arrival order: at the front, unless a batch formed
+    by length left older entries there."""
+    if not lane or lane[0].seq > entry.seq:
+        lane.appendleft(entry)
+        return
+    at = next((i for i, other in enumerate(lane) if other.seq > entry.seq), len(lane))
+    lane.insert(at, entry)

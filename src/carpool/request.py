@@ -52,6 +52,8 @@ class Request(Entry):
         self.seq = 0
         self.taken = 0
         self.queued = False
+        self.length = 0
+        self.tokens = 0
         # asyncio.Future (infer) or concurrent.futures.Future (submit); None once answered,
         # which also breaks the cycle between a submit future and its request.
         self.future = future

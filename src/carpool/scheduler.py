@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from carpool.collate import Collator
-from carpool.errors import BatcherClosed, Overloaded
+from carpool.errors import BatcherClosed, ConfigError, ConfigTypeError, Overloaded
 from carpool.executor import BatchExecutor
 from carpool.inflight import Batch, InFlight
 from carpool.options import BatcherOptions
@@ -28,12 +28,16 @@ from carpool.queue import Entry, RequestQueue
 from carpool.request import Request, Resolver
 from carpool.runners.threads import ModelThreads
 from carpool.stats import StatsRecorder
+from carpool.tokens import Meter
 
 __all__ = ["Scheduler"]
 
 log = logging.getLogger("carpool")
 
 _monotonic = time.monotonic  # the batcher's clock
+# A padded model's batch is formed by length from the first SORT_WINDOW batches' worth of
+# rows queued (infinity sorts up to 256 texts; 8 x 32 is the same).
+SORT_WINDOW = 8
 
 
 class Scheduler:
@@ -65,6 +69,19 @@ class Scheduler:
         self._workers = options.workers
         self._max_batch_size = options.max_batch_size
         self._max_wait = options.max_wait_ms / 1000.0
+        # Tokens (carpool.tokens): a padded model's rows are measured by their length, any
+        # model's by token_count; a padded model's batches are formed by length from a
+        # queue deeper than one batch.
+        self._budget = options.max_batch_tokens
+        self._token_count = options.token_count
+        self._pads = collator.pads
+        self._measures = self._pads or self._token_count is not None
+        self._sort_window = SORT_WINDOW * options.max_batch_size if self._pads else 0
+        if self._budget is not None and not self._measures:
+            raise ConfigError(
+                "max_batch_tokens needs a way to count a request's tokens: give "
+                "token_count=f (f(value) -> int), or a padded model (Model(padding=...))"
+            )
         self.in_flight = InFlight()
         self.pool: ModelThreads | None = None  # a plain model's threads, once the loop runs
         self.closing = False  # no new requests: drain, then stop
@@ -90,6 +107,8 @@ class Scheduler:
         key = self._collator.key(value, span is not None)
         now = _monotonic()
         request = Request(value, span, key, priority, now, future)
+        if self._measures:
+            self._measure(request)
         slo = self._slo
         if slo is not None:
             request.deadline = now + (slo if timeout_ms is None else min(slo, timeout_ms / 1e3))
@@ -111,6 +130,20 @@ class Scheduler:
             self._waiter = None
             waiter.set_result(None)
         return request
+
+    def _measure(self, request: Request) -> None:
+        """A request's padded length and its tokens (the real ones, by ``token_count``; else
+        its rows at their padded length)."""
+        value = request.value
+        length = self._collator.length(value, request.span is not None) if self._pads else 0
+        request.length = length
+        count = self._token_count
+        tokens = count(value) if count is not None else request.rows * length
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+            raise ConfigTypeError(
+                f"token_count must return an int >= 0 (the request's tokens), got {tokens!r}"
+            )
+        request.tokens = tokens
 
     def _check_admission(self, request: Request) -> None:
         assert self._admit_hook is not None
@@ -150,6 +183,7 @@ class Scheduler:
             self._rewaited.update(entry for entry, start, _ in live if not start)
             self.in_flight.remove(batch)
             self._stats.unbatch(batch.rows, batch.reason)
+            self._stats.tokens(-batch.tokens[0], -batch.tokens[1])
 
     # ------------------------------------------------------------ the scheduler task
 
@@ -219,6 +253,11 @@ class Scheduler:
         queue = self._queue
         most = self._max_batch_size
         head_rows = queue.rows_like(head)
+        spent = False  # the budget fills a batch before max_batch_size does
+        if self._budget is not None and head_rows > 1:
+            meter = Meter(self._budget)
+            head_rows = queue.rows_fitting(head, most, meter)
+            spent = meter.full
         busy = len(self.in_flight)
         return QueueView(
             queued_rows=queue.rows,
@@ -233,7 +272,7 @@ class Scheduler:
             workers=self._workers,
             in_flight=self.in_flight.view(),
             closing=self.closing,
-            full_queued=head_rows >= most or queue.has_full(most),
+            full_queued=spent or head_rows >= most or queue.has_full(most),
         )
 
     def _dispatch(self, head: Entry, decision: Dispatch, now: float) -> None:
@@ -241,10 +280,15 @@ class Scheduler:
         if decision.source == "full":
             head = queue.head_of_full(self._max_batch_size) or head
         rows = max(1, min(decision.rows, queue.rows_like(head), self._max_batch_size))
-        segments = queue.pop_batch(head, rows)
+        meter = Meter(self._budget) if self._measures else None
+        segments = queue.pop_batch(head, rows, meter, self._sort_window)
+        rows = sum(stop - start for _, start, stop in segments)  # what really runs
         batch = Batch(segments, rows, decision.reason)
         stats = self._stats
         stats.batch(rows, decision.reason)
+        if meter is not None:
+            batch.tokens = (meter.computed, meter.real)
+            stats.tokens(*batch.tokens)
         waited = [entry for entry, start, _ in segments if not start]
         if self._rewaited:
             waited = [entry for entry in waited if entry not in self._rewaited]

@@ -133,6 +133,11 @@ class BatcherStats:
     worker_restarts: int = 0
     retried_batches: int = 0
     timed_out_batches: int = 0
+    # tokens of the batches run (carpool.tokens), for models that count them: what the
+    # model computed (a padded model: rows x padded length) and the rows' own tokens; the
+    # difference is padding
+    tokens_computed: int = 0
+    tokens_real: int = 0
 
     @property
     def mean_batch_size(self) -> float:
@@ -162,6 +167,13 @@ class StatsRecorder:
         # calls, where every microsecond idles the model); snapshots bin them.
         self._unbinned: deque[float] = deque()
         self.prediction_ratios: deque[float] = deque(maxlen=SAMPLE_WINDOW)
+        self.tokens_computed = 0
+        self.tokens_real = 0
+
+    def tokens(self, computed: int, real: int) -> None:
+        """One batch's tokens: what the model computes, and the rows' own."""
+        self.tokens_computed += computed
+        self.tokens_real += real
 
     def waited(self, seconds: list[float]) -> None:
         """Queue waits of the requests whose first rows just left in a batch."""
@@ -229,6 +241,8 @@ class StatsRecorder:
             queue_wait_seconds=self.queue_wait_hist.snapshot(),
             model_seconds=self.model_time_hist.snapshot(),
             overloaded=self.overloaded,
+            tokens_computed=self.tokens_computed,
+            tokens_real=self.tokens_real,
             cost_curve=cost_curve,
             prediction_ratio=(
                 Percentiles.of(self.prediction_ratios, scale=1.0)

@@ -49,6 +49,7 @@ FLAGS = {
     "--limit-concurrency": "CARPOOL_LIMIT_CONCURRENCY",
     "--frontends": "CARPOOL_FRONTENDS",
     "--max-rows-per-request": "CARPOOL_MAX_ROWS_PER_REQUEST",
+    "--max-batch-tokens": "CARPOOL_MAX_BATCH_TOKENS",
     "--max-client-batch-size": "CARPOOL_MAX_CLIENT_BATCH_SIZE",
     "--grpc-max-concurrent-rpcs": "CARPOOL_GRPC_MAX_CONCURRENT_RPCS",
 }

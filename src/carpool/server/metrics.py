@@ -100,12 +100,19 @@ class _Families:
         self.timed_out = _counter(
             "carpool_batches_timed_out", "Batches that ran past batch_timeout_ms"
         )
+        self.tokens = _counter(
+            "carpool_batch_tokens",
+            "Tokens of the batches run: computed (rows x padded length, what the model did) "
+            "and real (the rows' own); computed - real is padding",
+            "kind",
+        )
 
     def __iter__(self) -> Iterator[Metric]:
         yield from (
             self.requests, self.batches, self.waits, self.model_time, self.queued,
             self.running, self.pending, self.received, self.outcomes, self.reasons, self.overloaded,
             self.cost, self.accuracy, self.alive, self.restarts, self.retried, self.timed_out,
+            self.tokens,
         )  # fmt: skip
 
     def add(self, served: ServedModel) -> None:
@@ -117,6 +124,9 @@ class _Families:
         self._add_batcher(name, s, served.model.batching.max_batch_size)
         if served.model.batching.latency_slo_ms is not None:
             self.overloaded.add_metric([name], s.overloaded)
+        if served.model.padding is not None or served.model.count_tokens is not None:
+            self.tokens.add_metric([name, "computed"], s.tokens_computed)
+            self.tokens.add_metric([name, "real"], s.tokens_real)
         self._add_learned(name, s)
 
     def _add_batcher(self, name: str, s: BatcherStats, max_batch_size: int) -> None:
