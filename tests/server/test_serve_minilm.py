@@ -180,3 +180,24 @@ def test_health_is_answered_while_a_large_request_is_tokenized(
     np.testing.assert_allclose(np.linalg.norm(embeddings, axis=1), 1.0, atol=1e-5)
     assert server.metric(received, model="minilm") == before + 1
     assert answered_while_tokenizing >= 10, answered_while_tokenizing
+
+
+def test_batch_tokens_count_what_the_model_computed_and_the_texts_own(server: Server) -> None:
+    def tokens(kind: str) -> float:
+        return server.metric("carpool_batch_tokens_total", kind=kind, model="minilm")
+
+    before = {kind: tokens(kind) for kind in ("computed", "real")}
+    short, long = "a short text", "a rather longer text about batching requests by their tokens"
+    with ThreadPoolExecutor(2) as pool:  # the fixed 300 ms window puts them in one batch
+        answers = list(
+            pool.map(
+                lambda text: httpx.post(
+                    f"{server.url}/v1/embeddings", json={"model": "minilm", "input": text}
+                ),
+                [short, long],
+            )
+        )
+    used = [answer.json()["usage"]["prompt_tokens"] for answer in answers]
+    assert used[0] < used[1]
+    assert tokens("real") - before["real"] == sum(used)
+    assert tokens("computed") - before["computed"] == 2 * used[1]  # both at the longer length
