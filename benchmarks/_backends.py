@@ -19,7 +19,7 @@ MLP_NAME = "mlp"
 MLP_DIMS = (512, 2048, 2048, 512)
 MLP_INPUT, MLP_OUTPUT = "INPUT0", "OUTPUT0"
 MINILM_NAME = "minilm"
-BUCKETS = (16, 32, 64, 128, 256)  # minilm_model's default length buckets
+BUCKETS = (16, 32, 64, 128, 256)  # minilm_model's length buckets until it sorted by length
 
 # Common English words, each ONE WordPiece token in all-MiniLM-L6-v2's vocabulary (checked
 # by the benchmark: it reports the token counts it actually got), so a sentence of n words
@@ -93,7 +93,7 @@ def write_mlp_repository(root: Path, onnx_file: Path) -> Path:
 
 
 def write_minilm_repository(root: Path) -> Path:
-    """``root/minilm/model.py``: the built-in minilm with torch on one thread."""
+    """``root/minilm/model.py``: the built-in minilm (its default engine) on one thread."""
     folder = root / MINILM_NAME
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "model.py").write_text(

@@ -112,12 +112,16 @@ class Offline:
         model = self.model
         if model is None:
             raise RuntimeError("padding needs minilm loaded first")
+        from carpool import Padding
+
+        # minilm's former length buckets (it now forms batches by length, without them)
+        _bucket = Padding(inputs={"input_ids": 0}, buckets=_backends.BUCKETS).bucket
         texts = _backends.mixed_texts(spec["texts"], hi=spec["longest"])
         ids = [self.tokens([t])["input_ids"][0].tolist() for t in texts]
         lengths = [len(r) for r in ids]
         plans = {
             "no buckets": _backends.plan_batches(lengths, spec["batch"]),
-            "buckets": _backends.plan_batches(lengths, spec["batch"], model.padding.bucket),
+            "buckets": _backends.plan_batches(lengths, spec["batch"], _bucket),
         }
         arrays = {
             way: [_backends.pad_batch([ids[i] for i in b]) for b in plan]
@@ -138,7 +142,7 @@ class Offline:
             "texts": len(texts),
             "lengths": [min(lengths), float(np.median(lengths)), max(lengths)],
             "real": sum(lengths),
-            "buckets": list(model.padding.buckets),
+            "buckets": list(_backends.BUCKETS),
             "batch": spec["batch"],
             "ways": {
                 way: {

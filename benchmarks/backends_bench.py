@@ -24,7 +24,8 @@ Models:
     a model repository ``REPO/mlp/model.onnx`` + ``REPO/mlp/carpool.toml`` (``[onnx]
     intra_op_threads = 1``): input INPUT0 FP32 [512], output OUTPUT0 FP32 [512], one row per
     request (``carpool bench`` generates them from the model's metadata, seeded);
-  * ``minilm``: the built-in all-MiniLM-L6-v2 (``carpool.backends.minilm``), torch with one thread.
+  * ``minilm``: the built-in all-MiniLM-L6-v2 (``carpool.backends.minilm``), its default
+    engine (ONNX Runtime fp32) with one thread.
     Offline: the model's batched function (pre-tokenized; tokenizing is per request and outside
     the batch in the server) on 64 fixed short sentences of 12 tokens ([CLS], [SEP] included).
     Served as a repository ``REPO/minilm/model.py`` holding ``model = minilm_model(threads=1)``;
@@ -32,8 +33,9 @@ Models:
     v2 JSON by default, the embedding back as JSON; ``--encoding binary``: both ways binary).
     Then **padding waste** on a mixed-length set (``--texts`` sentences, seeded, lengths
     log-uniform over 5..250 tokens, tokenized with the model's own preprocess): batches of 32
-    in arrival order, (a) each padded to its longest row, (b) grouped by the model's length
-    buckets (16, 32, 64, 128, 256) first, batches of 32 within a bucket in arrival order.
+    in arrival order, (a) each padded to its longest row, (b) grouped by length buckets
+    (16, 32, 64, 128, 256: minilm's until it formed batches by length) first, batches of 32
+    within a bucket in arrival order.
     Reported: padded tokens / real tokens (1.0 = no waste), and the measured time to run the
     whole set through the model each way (real model calls, alternating, medians), with the
     largest difference between the two ways' embeddings (padding must not change them).

@@ -10,7 +10,8 @@ What, in one run:
     ``http://.../v2/models/demo --encoding binary`` (the binary tensor extension) and
     ``--encoding json``; closed loop at 1 and 64 clients, warm-up then a fixed window;
     req/s, p50, p99. The same server answers all three, so only the protocol differs.
-  * **minilm** (all-MiniLM-L6-v2, torch on one thread in both servers): ``carpool serve``
+  * **minilm** (all-MiniLM-L6-v2 on one thread in both servers: carpool's default engine,
+    ONNX Runtime fp32; sentence-transformers' torch in the reference): ``carpool serve``
     of a repository holding ``minilm_model(threads=1)`` against a plain FastAPI app under
     uvicorn (one worker, same core, same uvicorn settings) whose ``POST /v1/embeddings``
     calls sentence-transformers ``model.encode([text])`` once per request (the same
