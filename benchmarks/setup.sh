@@ -4,11 +4,28 @@
 #
 #   bash benchmarks/setup.sh            # from anywhere
 #   PYTHON=python3.11 bash benchmarks/setup.sh
+#   bash benchmarks/setup.sh --embeddings   # only: infinity-emb for embeddings_bench.py
+#
+# --embeddings makes benchmarks/.venv-embeddings instead, a venv of its own (infinity-emb's
+# pins clash with carpool's environment) holding requirements-embeddings.txt; it ignores
+# itself in git. embeddings_bench.py finds it there and runs infinity with its python.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
 VENV="$HERE/.venv"
+
+if [ "${1:-}" = "--embeddings" ]; then
+    EMB="$HERE/.venv-embeddings"
+    if [ ! -x "$EMB/bin/python" ]; then
+        "$PYTHON" -m venv "$EMB"
+    fi
+    echo '*' > "$EMB/.gitignore"
+    "$EMB/bin/python" -m pip install -r "$HERE/requirements-embeddings.txt"
+    "$EMB/bin/python" -c "import importlib.metadata as m; print('infinity-emb', m.version('infinity-emb'))"
+    echo "OK: python benchmarks/embeddings_bench.py runs infinity with $EMB/bin/python"
+    exit 0
+fi
 
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"

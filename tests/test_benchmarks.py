@@ -157,3 +157,23 @@ def test_protocols_bench_quick_run() -> None:
         assert text in out, out[-3000:]
     assert "failed:" not in out, out[-3000:]
     assert "\nprotocols_bench: " not in out, out[-3000:]
+
+
+@pytest.mark.timeout(150)  # carpool, FastAPI and the offline worker import torch (infinity too)
+def test_embeddings_bench_quick_run() -> None:
+    out = quick_run("embeddings_bench.py", timeout=140)
+    for text in [
+        "infinity-emb ",  # its version and interpreter, or why it is not run
+        "check carpool: ok",
+        "check fastapi: ok",
+        "[short texts (5-15 words), 1 text per request]",
+        "[long texts (100-200 words), 1 text per request]",
+        "offline sentence-transformers encode(all ",
+        "goal: short, 64 clients: carpool >= 1.3x the faster infinity engine: ",
+        "goal: short, 64 clients: carpool >= 3x FastAPI: ",
+        "goal: short, 64 clients: carpool >= 0.9x offline encode(batch_size=32): ",
+        "goal: long, 64 clients: carpool >= 1.2x infinity torch: ",
+    ]:
+        assert text in out, out[-3000:]
+    assert "DIFFERS" not in out, out[-3000:]
+    assert "\nembeddings_bench: " not in out, out[-3000:]

