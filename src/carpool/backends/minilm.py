@@ -63,8 +63,9 @@ def minilm_model(
     ``buckets``: token-length bounds (including [CLS] and [SEP]); only requests within the
     same bound share a batch. None by default: every text may share a batch, and a queue
     deeper than one batch forms it by length (:meth:`carpool.queue.RequestQueue.pop_batch`),
-    so batches stay full (32 rows where buckets split them to 23.5 at 64 clients, 1.27x
-    the texts a second) and a 7-token text rarely pays for a 250-token one. ``engine``: ``"torch"``, ``"onnx"`` or ``"onnx-int8"``; ``None`` reads
+    so batches stay full (32 rows at 64 clients of short texts, where buckets split them to
+    23.5) and a 7-token text rarely pays for a 250-token one.
+    ``engine``: ``"torch"``, ``"onnx"`` or ``"onnx-int8"``; ``None`` reads
     ``$CARPOOL_MINILM_ENGINE``, else :data:`DEFAULT_ENGINE`. ``device``: torch's device
     (``"cuda"`` if available, else ``"cpu"``); for ``"onnx"``, CUDA when onnxruntime has it,
     else the CPU; ``"onnx-int8"`` runs on the CPU. ``threads``: if given, torch's

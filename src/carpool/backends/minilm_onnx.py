@@ -118,8 +118,9 @@ def onnx_embedder(
     ort = _import_onnxruntime()
     providers = _providers(ort, variant, device)
     options = ort.SessionOptions()
-    if threads is not None:
-        options.intra_op_num_threads = threads
+    # onnxruntime's default is a thread per core of the machine, pinned or not: on a
+    # container's or taskset's share of cores, the extra threads only contend.
+    options.intra_op_num_threads = threads if threads is not None else _usable_cores()
     try:
         target = graph_file(variant, weights, version)
         if not target.is_file():
@@ -399,3 +400,11 @@ def _quiet_quantizer() -> Iterator[None]:
         root.removeFilter(drop)
         if spare is not None:
             root.removeHandler(spare)
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (its affinity), where the OS says so."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
