@@ -170,6 +170,24 @@ def run_reported(name: str, body: Callable[[], object]) -> int:
     return 0
 
 
+def answer_commands(commands: dict[str, Callable[[dict[str, Any]], Any]]) -> int:
+    """A worker process's loop: answer each ``{"cmd": NAME, ...}`` line of stdin with one
+    JSON line, ``commands[NAME](spec)``'s result or ``{"error": ...}``, until stdin ends."""
+    import json
+
+    replies = sys.stdout
+    sys.stdout = sys.stderr  # a stray print never lands among the answers
+    for line in sys.stdin:
+        spec = json.loads(line)
+        try:
+            reply = commands[spec["cmd"]](spec)
+        except Exception as exc:
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+    return 0
+
+
 def _terminate(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 

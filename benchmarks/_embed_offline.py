@@ -13,13 +13,12 @@ loaded in between so its runs interleave with the servers':
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 from typing import Any
 
-import _bench  # noqa: F401 - first: one BLAS thread, before torch and numpy
+import _bench  # first: one BLAS thread, before torch and numpy
 import _embed_texts
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -61,19 +60,8 @@ class Offline:
 
 def main() -> int:
     """Answer ``{"cmd": "load" | "encode", ...}`` lines until stdin ends."""
-    replies = sys.stdout
-    sys.stdout = sys.stderr  # a stray print never lands among the answers
     worker = Offline()
-    commands = {"load": worker.load, "encode": worker.encode}
-    for line in sys.stdin:
-        spec = json.loads(line)
-        try:
-            reply = commands[spec["cmd"]](spec)
-        except Exception as exc:
-            reply = {"error": f"{type(exc).__name__}: {exc}"}
-        replies.write(json.dumps(reply) + "\n")
-        replies.flush()
-    return 0
+    return _bench.answer_commands({"load": worker.load, "encode": worker.encode})
 
 
 if __name__ == "__main__":

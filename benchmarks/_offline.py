@@ -14,7 +14,6 @@ model loaded in between, so its blocks interleave with the served runs:
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -159,19 +158,10 @@ class Offline:
 
 def main() -> int:
     """Answer ``{"cmd": "load" | "curve" | "padding", ...}`` lines until stdin ends."""
-    replies = sys.stdout
-    sys.stdout = sys.stderr  # a stray print never lands among the answers
     worker = Offline()
-    commands = {"load": worker.load, "curve": worker.curve, "padding": worker.padding}
-    for line in sys.stdin:
-        spec = json.loads(line)
-        try:
-            reply = commands[spec["cmd"]](spec)
-        except Exception as exc:
-            reply = {"error": f"{type(exc).__name__}: {exc}"}
-        replies.write(json.dumps(reply) + "\n")
-        replies.flush()
-    return 0
+    return _bench.answer_commands(
+        {"load": worker.load, "curve": worker.curve, "padding": worker.padding}
+    )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 
 from carpool.datatypes import DATATYPES, FIXED_DTYPES
-from carpool.server.grpc_wire import Received
+from carpool.server.grpc_wire import Received, varint
 from carpool.server.messages import (
     Array,
     InferInput,
@@ -226,26 +226,16 @@ def _fixed_width(contents: Any, field: str, dtype: np.dtype[Any], count: int) ->
     (a 16 MiB message grew the server by 14x) and seconds."""
     data = contents.SerializeToString()
     number = contents.DESCRIPTOR.fields_by_name[field].number
-    tag, at = _varint(data, 0)
-    length, at = _varint(data, at)
+    try:
+        tag, at = varint(data, 0, len(data))
+        length, at = varint(data, at, len(data))
+    except ValueError:  # nothing set: the field is empty
+        tag = length = at = 0
     wire = dtype.newbyteorder("<")
     framed = tag == (number << 3 | 2) and length == len(data) - at
     if not count or not framed or length != count * wire.itemsize:
         return np.fromiter(getattr(contents, field), dtype=dtype, count=count)
     return np.frombuffer(data, dtype=wire, offset=at).astype(dtype, copy=False)
-
-
-def _varint(data: bytes, at: int) -> tuple[int, int]:
-    # A protobuf varint at ``data[at:]``: its value and where the next field begins.
-    value = shift = 0
-    while at < len(data):
-        byte = data[at]
-        value |= (byte & 0x7F) << shift
-        at += 1
-        if byte < 0x80:
-            return value, at
-        shift += 7
-    return -1, at
 
 
 def _outputs(requested: Sequence[Any]) -> tuple[RequestedOutput, ...] | None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from tritonclient.grpc import service_pb2 as pb
 
-__all__ = ["WALK_BYTES", "Received", "read_infer_request"]
+__all__ = ["WALK_BYTES", "Received", "read_infer_request", "varint"]
 
 # Below this many bytes, copying the tensors costs less than walking the fields (measured:
 # the walk costs ~3.5 us, a whole 64 KiB message's parse and copy ~1 us more than a 2 KiB's).
@@ -29,7 +29,7 @@ _CONTENTS = 5  # InferInputTensor's contents
 _PACKED = {6: "fp32_contents", 7: "fp64_contents"}  # InferTensorContents' fixed-width floats
 
 
-class _Irregular(Exception):
+class _Irregular(ValueError):
     """The bytes are not the fields this walk follows: parse them whole instead."""
 
 
@@ -133,17 +133,19 @@ def _fields(view: memoryview, start: int, end: int) -> Any:
     at = start
     while at < end:
         begin = at
-        tag, at = _varint(view, at, end)
+        tag, at = varint(view, at, end)
         if tag & 7 != _LEN:
             raise _Irregular
-        length, at = _varint(view, at, end)
+        length, at = varint(view, at, end)
         if at + length > end:
             raise _Irregular
         yield tag >> 3, begin, at, at + length
         at += length
 
 
-def _varint(view: memoryview, at: int, end: int) -> tuple[int, int]:
+def varint(view: memoryview | bytes, at: int, end: int) -> tuple[int, int]:
+    """The protobuf varint at ``view[at:end]``: its value, and where what follows begins;
+    ``ValueError`` when it does not end there."""
     value = shift = 0
     while at < end and shift < 64:
         byte = view[at]
