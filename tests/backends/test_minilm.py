@@ -157,6 +157,18 @@ def test_a_request_pads_to_its_longest_text(model: Model) -> None:
     )
 
 
+def _recording(model: Model, seen: list[tuple[int, list[int]]], queued: threading.Event) -> Any:
+    """``model.fn``, noting each call's padded width and rows' lengths in ``seen``; the
+    first call waits for ``queued``, so that the rest queue up behind it."""
+
+    def recording(batch: Any) -> Any:
+        queued.wait(timeout=30)
+        seen.append((batch["input_ids"].shape[1], [int(n) for n in batch.lengths[:, 0]]))
+        return model.fn(batch)
+
+    return recording
+
+
 async def test_concurrent_texts_batch_by_bucket_and_match_reference(
     model: Model, engine: str, reference: dict[str, np.ndarray[Any, Any]]
 ) -> None:
@@ -166,11 +178,7 @@ async def test_concurrent_texts_batch_by_bucket_and_match_reference(
     requests = TEXTS * 2  # 22 single-text requests over 4 length buckets
     seen: list[tuple[int, list[int]]] = []  # per model call: padded width, rows' lengths
     queued = threading.Event()
-
-    def recording(batch: Any) -> Any:
-        queued.wait(timeout=30)  # the first call holds the worker while the rest queue up
-        seen.append((batch["input_ids"].shape[1], [int(n) for n in batch.lengths[:, 0]]))
-        return model.fn(batch)
+    recording = _recording(model, seen, queued)
 
     bucketed = Padding(inputs=dict(padding.inputs), buckets=(16, 32, 64, 128, 256))
     padding = bucketed  # minilm's former default: buckets still work for whoever sets them
@@ -213,11 +221,7 @@ async def test_a_deep_queue_of_mixed_lengths_is_batched_by_length(
     requests = TEXTS * 2  # 22 single-text requests, 4 to 60-odd tokens
     seen: list[tuple[int, list[int]]] = []  # per model call: padded width, rows' lengths
     queued = threading.Event()
-
-    def recording(batch: Any) -> Any:
-        queued.wait(timeout=30)  # the first call holds the worker while the rest queue up
-        seen.append((batch["input_ids"].shape[1], [int(n) for n in batch.lengths[:, 0]]))
-        return model.fn(batch)
+    recording = _recording(model, seen, queued)
 
     recorded = dataclasses.replace(model, fn=recording)
     try:
