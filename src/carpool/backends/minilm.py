@@ -61,10 +61,9 @@ def minilm_model(
     """Load all-MiniLM-L6-v2 and wrap it as a servable :class:`carpool.Model`.
 
     ``buckets``: token-length bounds (including [CLS] and [SEP]); only requests within the
-    same bound share a batch. None by default: every text may share a batch, and a queue
-    deeper than one batch forms it by length (:meth:`carpool.queue.RequestQueue.pop_batch`),
-    so batches stay full (32 rows at 64 clients of short texts, where buckets split them to
-    23.5) and a 7-token text rarely pays for a 250-token one.
+    same bound share a batch. None by default: a queue deeper than one batch forms it by
+    length (``RequestQueue.pop_batch``), so batches stay full (32 rows at 64 clients of
+    short texts, where buckets made 23.5) and a 7-token text rarely pays for a 250-token one.
     ``engine``: ``"torch"``, ``"onnx"`` or ``"onnx-int8"``; ``None`` reads
     ``$CARPOOL_MINILM_ENGINE``, else :data:`DEFAULT_ENGINE`. ``device``: torch's device
     (``"cuda"`` if available, else ``"cpu"``); for ``"onnx"``, CUDA when onnxruntime has it,
