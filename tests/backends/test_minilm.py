@@ -287,7 +287,12 @@ def test_signature(model: Model, engine: str) -> None:
     assert model.count_tokens(rows) == 3 + 256  # [CLS] hi [SEP]; the paragraph truncated
     assert model.padding is not None
     assert model.padding.buckets == ()  # one queue, batches formed by length
-    assert (model.batching.max_batch_size, model.batching.max_wait_ms) == (32, 5.0)
+    batching = model.batching
+    assert (batching.max_batch_size, batching.max_wait_ms, batching.max_batch_tokens) == (
+        32,
+        5.0,
+        2048,
+    )
 
 
 def test_missing_packages_name_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
