@@ -81,6 +81,17 @@ def alive(pid: int) -> bool:
     return _title(pid) != "" and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
 
 
+def _sockets_of(pid: int) -> set[str]:
+    """What ``pid``'s file descriptors point to; one closed while it is read is skipped."""
+    links = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            links.add(os.readlink(fd))
+        except FileNotFoundError:  # closed meanwhile (a worker's pipe, a finished request)
+            pass
+    return links
+
+
 def _accepted_by(server: Server, conn: http.client.HTTPConnection) -> int | None:
     """Which front end holds the server's end of ``conn``: the socket whose local port is
     the server's and whose remote port is ``conn``'s (``/proc/net/tcp``), among its fds."""
@@ -92,8 +103,7 @@ def _accepted_by(server: Server, conn: http.client.HTTPConnection) -> int | None
         if (local, remote) == (server.port, client_port):
             inode = f"socket:[{fields[9]}]"
             for index, pid in front_ends(server).items():
-                fds = Path(f"/proc/{pid}/fd")
-                if any(os.readlink(fd) == inode for fd in fds.iterdir()):
+                if inode in _sockets_of(pid):
                     return index
     return None
 
