@@ -286,7 +286,6 @@ def mapped() -> str:
     return Path("/proc/self/maps").read_text()
 
 
-@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux's /proc")
 def test_an_arena_shrinks_under_a_new_name_and_unlinks_the_large_segment() -> None:
     before = ours()
     arena = Arena(shrink=ShrinkPolicy(after_s=30.0))

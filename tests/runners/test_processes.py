@@ -139,7 +139,6 @@ def segments() -> dict[str, int]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux's /proc")
 def test_arenas_grown_by_one_large_batch_shrink_back_once_it_goes_unneeded(
     pools: MakePool,
 ) -> None:
