@@ -11,7 +11,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from carpool import Batching, Model
 from carpool.server.metrics import Metrics
-from carpool.server.outcomes import server_counts
 from carpool.server.registry import Registry
 
 
@@ -91,9 +90,8 @@ def test_event_loop_tasks_is_left_out_outside_a_loop() -> None:
 
 def test_answers_no_model_counts_are_the_servers_own_family() -> None:
     registry = Registry([Model(_double, name="plain")])
-    counts = server_counts(registry)
-    assert server_counts(registry) is counts  # one per server
-    assert server_counts(Registry([Model(_double, name="plain")])) is not counts
+    counts = registry.server_counts
+    assert Registry([Model(_double, name="plain")]).server_counts is not counts  # one a server
     for protocol, status in (("http", 404), ("http", 404), ("openai", 400), ("grpc", 401)):
         counts.record(protocol, status)
 

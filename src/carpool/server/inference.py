@@ -31,7 +31,7 @@ from carpool.errors import BatcherClosed, DeadlineExceeded
 from carpool.model import Model
 from carpool.server.admission import Admissions, AdmittedRequest, respond
 from carpool.server.messages import InferRequest, OutputTensor
-from carpool.server.outcomes import error_status, server_counts
+from carpool.server.outcomes import error_status
 from carpool.server.registry import ModelNotFound, ModelUnavailable, Registry, ServedModel
 from carpool.server.statuses import HTTPError, Status
 
@@ -92,7 +92,7 @@ class Inference:
     def __init__(self, registry: Registry, admissions: Admissions | None = None) -> None:
         self.registry = registry
         self.admissions = admissions if admissions is not None else Admissions()
-        self.server_counts = server_counts(registry)  # the answers no model counts
+        self.server_counts = registry.server_counts  # the answers no model counts
 
     async def infer(
         self,
@@ -114,7 +114,7 @@ class Inference:
         :func:`~carpool.server.outcomes.error_status` classifies; an unknown or unavailable
         model (:class:`~carpool.server.registry.ModelNotFound`,
         :class:`~carpool.server.registry.ModelUnavailable`) has no model to count it under,
-        and is counted the server's (:func:`~carpool.server.outcomes.server_counts`).
+        and is counted the server's (``registry.server_counts``).
         Whatever it returns or raises is counted, once.
         """
         try:

@@ -2,7 +2,7 @@
 
 Nothing is recorded here: at scrape time a collector reads each batcher's ``stats()``
 snapshot and the server's request counts by status and protocol (each model's, and the
-server's own for answers no model counts: :func:`~carpool.server.outcomes.server_counts`),
+server's own for answers no model counts: ``registry.server_counts``),
 so the request path never touches a metrics library. The only module that imports
 ``prometheus_client``; it must not import the app.
 """
@@ -23,7 +23,6 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from carpool.server.buckets import batch_size_buckets, histogram_buckets
-from carpool.server.outcomes import server_counts
 from carpool.server.statuses import outcome
 from carpool.stats import BatcherStats
 
@@ -183,7 +182,7 @@ def _server_requests(registry: Registry) -> Metric:
         "health, metadata, metrics, and requests refused before their model was known",
         labels=["outcome", "protocol"],
     )
-    for protocol, counts in sorted(server_counts(registry).totals().items()):
+    for protocol, counts in sorted(registry.server_counts.totals().items()):
         for status, count in sorted(counts.items()):
             family.add_metric([outcome(status), protocol], count)
     return family

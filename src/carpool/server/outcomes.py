@@ -1,23 +1,18 @@
-"""Which status every exception a request can end in answers with: :func:`error_status`; and
-where an answer that no model counts is counted: :func:`server_counts`.
+"""Which status every exception a request can end in answers with: :func:`error_status`.
 
 The one classification: the app sends what it returns, the access log and ``/metrics``
 count what it says, and gRPC answers it under :func:`~carpool.server.statuses.grpc_code`'s
 names, so no two protocols can disagree. Statuses are named by
 :class:`~carpool.server.statuses.Status`.
 
-Every answer is counted once: under its model (``ServedModel.record``: an inference request
-whose model is known), or else in its server's :class:`ServerCounts` (a health probe, a
-scrape, a refused key, an unknown model, a body that could not be read before the model
-was named, ...). It classifies and counts, and must not import the app, grpc or anything
-that sends.
+Every answer is counted once with the status it says: under its model
+(``ServedModel.record``: an inference request whose model is known), or else in its server's
+:class:`~carpool.server.registry.ServerCounts` (a health probe, a scrape, a refused key, an
+unknown model, a body that could not be read before the model was named, ...). Pure: it
+only classifies, and must not import the app, grpc or anything that sends.
 """
 
 from __future__ import annotations
-
-from collections import Counter, defaultdict
-from collections.abc import Mapping
-from weakref import WeakKeyDictionary
 
 from carpool.errors import (
     BatcherClosed,
@@ -30,10 +25,10 @@ from carpool.errors import (
 )
 from carpool.server.admission import ModelOutputError
 from carpool.server.messages import ProtocolError
-from carpool.server.registry import ModelNotFound, ModelUnavailable, Registry
+from carpool.server.registry import ModelNotFound, ModelUnavailable
 from carpool.server.statuses import RETRY, STOPPING, HTTPError, Status
 
-__all__ = ["ServerCounts", "error_status", "server_counts"]
+__all__ = ["error_status"]
 
 
 def error_status(exc: BaseException) -> HTTPError:
@@ -63,41 +58,3 @@ def error_status(exc: BaseException) -> HTTPError:
     if isinstance(exc, Exception):  # the model's own exception, isolated to its rows
         return HTTPError(Status.INTERNAL_ERROR, f"model error: {type(exc).__name__}: {exc}")
     raise exc
-
-
-class ServerCounts:
-    """The answers of one server that no model counts, by protocol and status (as
-    ``ServedModel.statuses``): ``carpool_server_requests_total`` in ``/metrics``.
-
-    ``counted`` is this process's. A front-end process (``--frontends``) shows every front
-    end's, summed in the main process as of the last query: ``shown``, set by its registry.
-    """
-
-    def __init__(self) -> None:
-        self.counted: defaultdict[str, Counter[int]] = defaultdict(Counter)
-        self.shown: Mapping[str, Mapping[int, int]] | None = None  # None: ``counted``
-
-    def record(self, protocol: str, status: int) -> None:
-        """One answer, by ``protocol`` (a label, as the models'), that ended in ``status``."""
-        self.counted[protocol][status] += 1
-
-    def totals(self) -> Mapping[str, Mapping[int, int]]:
-        """What ``/metrics`` shows."""
-        return self.counted if self.shown is None else self.shown
-
-    def export(self) -> dict[str, dict[int, int]]:
-        """``counted`` as plain dicts, to send to the main process."""
-        return {protocol: dict(counts) for protocol, counts in self.counted.items()}
-
-
-_BY_REGISTRY: WeakKeyDictionary[Registry, ServerCounts] = WeakKeyDictionary()
-
-
-def server_counts(registry: Registry) -> ServerCounts:
-    """The :class:`ServerCounts` of the server over ``registry``: the one object that every
-    protocol, the metrics and a front end's link to the main process share, so the counts
-    hang on it (kept beside it, as long as it lives)."""
-    counts = _BY_REGISTRY.get(registry)
-    if counts is None:
-        counts = _BY_REGISTRY[registry] = ServerCounts()
-    return counts

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib.metadata import version as _version
 from typing import Any, Protocol
 
@@ -25,7 +25,14 @@ from carpool.loading import LoadFailure
 from carpool.model import Model, Tensor
 from carpool.stats import BatcherStats
 
-__all__ = ["ModelNotFound", "ModelUnavailable", "Registry", "ServedModel", "server_metadata"]
+__all__ = [
+    "ModelNotFound",
+    "ModelUnavailable",
+    "Registry",
+    "ServedModel",
+    "ServerCounts",
+    "server_metadata",
+]
 
 log = logging.getLogger("carpool.server")
 VERSION = _version("carpool")  # from the installed metadata: pyproject.toml holds it once
@@ -245,6 +252,32 @@ class ServedModel:
         }
 
 
+class ServerCounts:
+    """The answers of one server that no model counts, by protocol and status (as
+    ``ServedModel.statuses``): ``carpool_server_requests_total`` in ``/metrics``.
+
+    ``counted`` is this process's. A front-end process (``--frontends``) shows every front
+    end's, summed in the main process as of the last query: ``shown``, set by its
+    :class:`~carpool.server.remote.FrontEndRegistry`.
+    """
+
+    def __init__(self) -> None:
+        self.counted: defaultdict[str, Counter[int]] = defaultdict(Counter)
+        self.shown: Mapping[str, Mapping[int, int]] | None = None  # None: ``counted``
+
+    def record(self, protocol: str, status: int) -> None:
+        """One answer, by ``protocol`` (a label, as the models'), that ended in ``status``."""
+        self.counted[protocol][status] += 1
+
+    def totals(self) -> Mapping[str, Mapping[int, int]]:
+        """What ``/metrics`` shows."""
+        return self.counted if self.shown is None else self.shown
+
+    def export(self) -> dict[str, dict[int, int]]:
+        """``counted`` as plain dicts, to send to the main process."""
+        return {protocol: dict(counts) for protocol, counts in self.counted.items()}
+
+
 class Registry:
     """Models by name; iteration order is the order they were given.
 
@@ -262,6 +295,7 @@ class Registry:
     ) -> None:
         self.load_failures = {failure.name: failure for failure in load_failures}
         self.ready = False  # true between the app's startup and the start of its drain
+        self.server_counts = ServerCounts()  # the answers no model counts
         self._models: dict[str, ServedModel] = {}
         for model in models:
             served = serve(model)

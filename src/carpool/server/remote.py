@@ -36,7 +36,6 @@ from carpool.server.links import (
     Link,
     Op,
 )
-from carpool.server.outcomes import server_counts
 from carpool.server.registry import Registry, ServedModel
 from carpool.server.statuses import HTTPError, Status
 from carpool.stats import BatcherStats, StatsRecorder
@@ -224,7 +223,7 @@ class FrontEndRegistry(Registry):
             assert isinstance(served, _FrontEndModel)
             by_protocol = {protocol: dict(c) for protocol, c in served.counted.items()}
             counts[served.name] = (by_protocol, served.counted_seconds)
-        return counts, server_counts(self).export()
+        return counts, self.server_counts.export()
 
     async def close(self, started: Sequence[ServedModel], *, timeout: float) -> None:  # noqa: ASYNC109
         """Close the link: its requests are answered (the server drained them first), and
@@ -233,7 +232,7 @@ class FrontEndRegistry(Registry):
 
     async def refresh(self) -> None:
         snapshot, server = await self._upstream.query()
-        server_counts(self).shown = server
+        self.server_counts.shown = server
         for served in self:
             if served.name not in snapshot:
                 continue

@@ -39,7 +39,6 @@ from carpool.server.config import ServerConfig
 from carpool.server.connections import over_tls, protocol_class
 from carpool.server.inference import Inference
 from carpool.server.logs import configure_logging
-from carpool.server.outcomes import server_counts
 from carpool.server.registry import Registry
 from carpool.server.remote import FrontEndRegistry, Upstream
 from carpool.server.spread import bind, serve_spread
@@ -206,7 +205,7 @@ def _server(app: App, config: ServerConfig) -> _Server:
         header_timeout_s=config.header_timeout_s,
         limit_concurrency=config.limit_concurrency,
         write_timeout_s=config.body_timeout_s,  # a stalled reader, as a stalled writer
-        record=partial(server_counts(app.registry).record, "http"),  # answers no app saw
+        record=partial(app.registry.server_counts.record, "http"),  # answers no app saw
     )
     http: type[asyncio.Protocol] = protocol
     tls = None
