@@ -16,6 +16,7 @@ import pytest
 
 from carpool import Batching, CarpoolError, Model, Tensor
 from carpool.server.admission import (
+    DECODE_OFFLOAD_BYTES,
     OFFLOAD_BYTES,
     Admissions,
     AdmittedRequest,
@@ -455,6 +456,21 @@ async def test_a_small_request_is_admitted_inline_and_a_large_one_in_a_thread() 
     assert tokenizer.threads[1] is not threading.current_thread()
     assert tokenizer.threads[1].name.startswith("carpool-admit")
     assert admissions.offloaded == 1
+
+
+async def test_a_body_is_decoded_inline_below_the_offload_size_and_in_a_thread_at_it() -> None:
+    admissions = Admissions(threads=1)
+
+    def where(tag: str, *, suffix: str) -> tuple[str, str]:
+        return tag + suffix, threading.current_thread().name
+
+    small = await admissions.decode(DECODE_OFFLOAD_BYTES - 1, where, "a", suffix="!")
+    assert small == ("a!", threading.current_thread().name)
+    large = await admissions.decode(DECODE_OFFLOAD_BYTES, where, "b", suffix="?")
+    assert large[0] == "b?"
+    assert large[1].startswith("carpool-admit")
+    assert admissions.offloaded == 1
+    admissions.close()
 
 
 async def test_a_model_without_a_preprocess_is_always_admitted_inline() -> None:

@@ -16,7 +16,6 @@ error body that is exactly ``{"error": "<message>"}``, which is what tritonclien
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -66,7 +65,6 @@ _OPENAI = "openai"  # and of /v1/embeddings requests
 _CUT_OFF = Status.UNAVAILABLE
 # In a request's scope once the inference path counts its answer (and the app must not).
 _COUNTED = "carpool.counted"
-_JSON_OFFLOAD_BYTES = 1 << 20  # JSON from this size on is read in a thread (admissions')
 
 
 class App:
@@ -388,11 +386,10 @@ class App:
         if header_length == 0:
             check_raw_content_type(_text(headers.get(b"content-type")))
             return _raw_request(model, body)
-        if (len(body) if header_length is None else header_length) < _JSON_OFFLOAD_BYTES:
-            return parse_infer_request(body, header_length, max_elements=MAX_ELEMENTS)
-        # Read in a thread, in its turn: ~10 ms a MiB that the loop spends answering others.
-        parse = functools.partial(parse_infer_request, max_elements=MAX_ELEMENTS)
-        return await self.inference.admissions.run(parse, body, header_length)
+        json_bytes = len(body) if header_length is None else header_length
+        return await self.inference.admissions.decode(
+            json_bytes, parse_infer_request, body, header_length, max_elements=MAX_ELEMENTS
+        )
 
 
 def _encode(answer: Answer) -> tuple[bytes, int | None]:

@@ -219,11 +219,9 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         cancelled call (the client's cancel, its deadline) withdraws it and counts 499."""
 
         async def decode(model: Model) -> InferRequest:
-            if request.size < _DECODE_OFFLOAD_BYTES:
-                return codec.decode_infer_request(request, max_elements=MAX_ELEMENTS)
-            # Typed contents are read element by element: in a thread, in its turn.
-            decode = functools.partial(codec.decode_infer_request, max_elements=MAX_ELEMENTS)
-            return await self._inference.admissions.run(decode, request)
+            return await self._inference.admissions.decode(
+                request.size, codec.decode_infer_request, request, max_elements=MAX_ELEMENTS
+            )
 
         return await self._inference.infer(
             request.model_name,
@@ -239,7 +237,6 @@ _KINDS = {
     (False, False): grpc.unary_unary_rpc_method_handler,
     (True, True): grpc.stream_stream_rpc_method_handler,
 }
-_DECODE_OFFLOAD_BYTES = 1 << 20  # an inference message from this size on is read in a thread
 
 
 def _service(servicer: _Servicer) -> grpc.GenericRpcHandler:
