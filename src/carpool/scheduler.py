@@ -182,8 +182,7 @@ class Scheduler:
             self._queue.restore(live)
             self._rewaited.update(entry for entry, start, _ in live if not start)
             self.in_flight.remove(batch)
-            self._stats.unbatch(batch.rows, batch.reason)
-            self._stats.tokens(-batch.tokens[0], -batch.tokens[1])
+            self._stats.unbatch(batch.rows, batch.reason, batch.tokens)
 
     # ------------------------------------------------------------ the scheduler task
 
@@ -282,13 +281,13 @@ class Scheduler:
         rows = max(1, min(decision.rows, queue.rows_like(head), self._max_batch_size))
         meter = Meter(self._budget) if self._measures else None
         segments = queue.pop_batch(head, rows, meter, self._sort_window)
-        rows = sum(stop - start for _, start, stop in segments)  # what really runs
+        if meter is not None:
+            rows = meter.rows  # what the budget let in: the rows the batch really runs
         batch = Batch(segments, rows, decision.reason)
         stats = self._stats
-        stats.batch(rows, decision.reason)
         if meter is not None:
             batch.tokens = (meter.computed, meter.real)
-            stats.tokens(*batch.tokens)
+        stats.batch(rows, decision.reason, batch.tokens)
         waited = [entry for entry, start, _ in segments if not start]
         if self._rewaited:
             waited = [entry for entry in waited if entry not in self._rewaited]

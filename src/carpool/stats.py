@@ -170,11 +170,6 @@ class StatsRecorder:
         self.tokens_computed = 0
         self.tokens_real = 0
 
-    def tokens(self, computed: int, real: int) -> None:
-        """One batch's tokens: what the model computes, and the rows' own."""
-        self.tokens_computed += computed
-        self.tokens_real += real
-
     def waited(self, seconds: list[float]) -> None:
         """Queue waits of the requests whose first rows just left in a batch."""
         self.queue_waits.extend(seconds)
@@ -197,18 +192,23 @@ class StatsRecorder:
         if taken:
             self.model_time_hist.add_many(taken)
 
-    def batch(self, rows: int, reason: str) -> None:
+    def batch(self, rows: int, reason: str, tokens: tuple[int, int] = (0, 0)) -> None:
+        """One batch dispatched: its rows, why, and its tokens (computed, real)."""
         self.running_rows += rows
         self.batches += 1
         self.rows += rows
         self.batch_sizes[rows] += 1
         self.dispatch_reasons[str(reason)] += 1
+        self.tokens_computed += tokens[0]
+        self.tokens_real += tokens[1]
 
-    def unbatch(self, rows: int, reason: str) -> None:
+    def unbatch(self, rows: int, reason: str, tokens: tuple[int, int] = (0, 0)) -> None:
         """Take back :meth:`batch`: that batch went back to the queue before it started."""
         self.running_rows -= rows
         self.batches -= 1
         self.rows -= rows
+        self.tokens_computed -= tokens[0]
+        self.tokens_real -= tokens[1]
         self.batch_sizes[rows] -= 1
         if not self.batch_sizes[rows]:
             del self.batch_sizes[rows]
