@@ -15,9 +15,8 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,33 +32,11 @@ INFINITY_ENGINES = {"torch": "torch", "onnx": "optimum"}  # our name -> infinity
 
 
 class EmbedServer(_process.Server):
-    """A server whose readiness is answered at ``ready_path`` (infinity: ``/health``)."""
-
-    def __init__(
-        self,
-        name: str,
-        argv: Sequence[str],
-        port: int,
-        cpus: frozenset[int] | None,
-        env: Mapping[str, str],
-        ready_path: str = "/v2/health/ready",
-    ) -> None:
-        super().__init__(name, argv, port, cpus, env)
-        self.ready_path = ready_path
+    """A server answering ``/v1/embeddings``, ready at ``ready_path`` (infinity: ``/health``),
+    given the time five servers importing torch at once on one core take."""
 
     def wait_ready(self, timeout: float = READY_S) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}):\n{self.tail()}")
-            try:
-                with urllib.request.urlopen(self.base + self.ready_path, timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"{self.name} not ready after {timeout:g} s:\n{self.tail()}")
+        super().wait_ready(timeout)
 
     @property
     def embeddings_url(self) -> str:

@@ -168,9 +168,11 @@ class Server:
         port: int,
         cpus: frozenset[int] | None,
         env: Mapping[str, str] | None = None,
+        ready_path: str = "/v2/health/ready",  # another server's readiness route
     ) -> None:
         self.name = name
         self.base = f"http://127.0.0.1:{port}"
+        self.ready_path = ready_path
         self._log: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             list(argv),
@@ -190,14 +192,14 @@ class Server:
         return f"{self.base}/v2/models/{model}"
 
     def wait_ready(self, timeout: float = READY_S) -> None:
-        """Until ``/v2/health/ready`` answers 200; ``RuntimeError`` with the server's
-        output when it exits or is not ready in time."""
+        """Until ``ready_path`` (``/v2/health/ready``) answers 200; ``RuntimeError`` with
+        the server's output when it exits or is not ready in time."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited ({self.proc.returncode}):\n{self.tail()}")
             try:
-                with urllib.request.urlopen(self.base + "/v2/health/ready", timeout=1) as r:
+                with urllib.request.urlopen(self.base + self.ready_path, timeout=1) as r:
                     if r.status == 200:
                         return
             except OSError:
