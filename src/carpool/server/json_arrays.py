@@ -55,11 +55,12 @@ class Lifted:
         return at + shift
 
 
-def lift(source: bytes) -> Lifted | None:
-    """``source`` with every ``data`` array of :data:`LIFT_BYTES` or more that holds only
+def lift(text: bytes | memoryview) -> Lifted | None:
+    """``text`` with every ``data`` array of :data:`LIFT_BYTES` or more that holds only
     numbers replaced by a fresh string; ``None`` when there is none (parse it whole)."""
-    if len(source) < LIFT_BYTES:
+    if len(text) < LIFT_BYTES:  # before any copy: most bodies stop here
         return None
+    source = text if isinstance(text, bytes) else bytes(text)
     found: list[tuple[int, int]] = []
     for match in _DATA.finditer(source):
         start = match.end() - 1

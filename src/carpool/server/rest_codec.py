@@ -170,7 +170,7 @@ class _Header:
 def _read_header(text: bytes | memoryview, max_elements: int, *, cut: bool = True) -> _Header:
     # ``cut``: large number arrays are read piece by piece (:mod:`.json_arrays`); a body
     # whose cut-out arrays are not all inputs' data is read again whole.
-    lifted = lift(text if isinstance(text, bytes) else bytes(text)) if cut else None
+    lifted = lift(text) if cut else None
     doc = read_object(memoryview(text), lifted)
     request_id = doc.get("id")
     if request_id is not None:
