@@ -76,7 +76,7 @@ def decode_infer_request(message: Any, *, max_elements: int) -> InferRequest:
     inputs, checked before anything is allocated. Raises ``ProtocolError``: a bad request,
     or content too large over ``max_elements``.
     """
-    typed: dict[int, tuple[str, memoryview]] = {}
+    typed: Mapping[int, tuple[str, memoryview]] | None = None
     raw_entries: tuple[memoryview, ...] | None = None
     if isinstance(message, Received):  # tensor bytes lifted out of the message as received
         raw_entries, typed, message = message.raw, message.typed, message.message
@@ -96,7 +96,9 @@ def decode_infer_request(message: Any, *, max_elements: int) -> InferRequest:
         count = math.prod(shape)
         total += count
         check_element_total(total, name, shape, where, max_elements)
-        data = _input_data(tensor, raw[index] if raw else None, count, typed.get(index))
+        data = _input_data(
+            tensor, raw[index] if raw else None, count, typed.get(index) if typed else None
+        )
         params = parameters(tensor.parameters, f"{where}.parameters")
         inputs.append(input_tensor(name, tensor.datatype, shape, data, params))
     return InferRequest(

@@ -13,7 +13,8 @@ Pure: bytes in, records out; it must not import grpc or anything that sends.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from tritonclient.grpc import service_pb2 as pb
@@ -42,7 +43,7 @@ class Received:
     message: Any
     size: int  # bytes received
     raw: tuple[memoryview, ...] | None = None
-    typed: dict[int, tuple[str, memoryview]] = field(default_factory=dict)
+    typed: Mapping[int, tuple[str, memoryview]] | None = None  # None: none (no dict made)
 
     @property
     def model_name(self) -> str:
