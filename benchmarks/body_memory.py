@@ -22,7 +22,6 @@ exits 0. Linux only (``/proc``).
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import sys
@@ -34,6 +33,7 @@ from typing import Any
 import _bench  # before numpy: one BLAS thread for everything numpy in this process tree
 import _process
 import numpy as np
+from _frontend_check import fetch
 
 HERE = Path(__file__).resolve().parent
 MIB = 1 << 20
@@ -83,15 +83,8 @@ def _rest(way: str, size: int) -> Callable[[int], tuple[int, float]]:
         }
 
     def send(port: int) -> tuple[int, float]:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-        try:
-            conn.request("POST", "/v2/models/rowsum/infer", body=body, headers=headers)
-            answer = conn.getresponse()
-            text = answer.read()
-        finally:
-            conn.close()
-        if answer.status != 200:
-            raise RuntimeError(f"{way}: {answer.status} {text[:300]!r}")
+        base = f"http://127.0.0.1:{port}"
+        _, text = fetch(base, "POST", "/v2/models/rowsum/infer", body, headers)
         return len(body), float(json.loads(text)["outputs"][0]["data"][0])
 
     return send

@@ -34,7 +34,7 @@ from carpool.server import admission, json_arrays
 from carpool.server.bodies import request_headers
 from carpool.server.grpc_wire import read_infer_request
 from carpool.server.messages import InferInput, InferRequest
-from carpool.server.outcomes import ServerCounts
+from carpool.server.registry import ServerCounts
 
 GOAL_US = 2.0
 HEADERS = [
