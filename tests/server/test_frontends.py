@@ -53,7 +53,7 @@ def _title(pid: int) -> str:
 def _parent(pid: int) -> int:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # it ended while /proc was read
         return 0
     return int(stat.rpartition(")")[2].split()[1])
 
