@@ -156,6 +156,24 @@ _SETTING_FLAGS: tuple[Flag, ...] = (
         "gRPC calls served at once (each front end); more get RESOURCE_EXHAUSTED; "
         "0: no limit [1000]",
     ),
+    (
+        "--model-control-mode",
+        str,
+        "none: serve what loads at start; explicit: load and unload models on request "
+        "(POST /v2/repository/models/NAME/load|unload, tritonclient's load_model); poll: "
+        "follow the repository's folders as they are added, changed and removed [none]",
+    ),
+    (
+        "--repository-poll-secs",
+        float,
+        "with --model-control-mode poll: seconds between looks at the repository [15]",
+    ),
+    (
+        "--cache-size",
+        int,
+        "bytes the response cache holds across models (--response-cache); the least "
+        "recently used answers go first [67108864]",
+    ),
     ("--log-level", str, "debug, info, warning, error or critical [info]"),
     ("--log-format", str, "text, or json for one object per line [text]"),
     ("--access-log", parse_bool, "log every request (true/false) [true]"),
@@ -186,8 +204,18 @@ _SERVER_KEYS = {
     "frontends": "frontends",
     "max_client_batch_size": "max_client_batch_size",
     "grpc_max_concurrent_rpcs": "grpc_max_concurrent_rpcs",
+    "model_control_mode": "model_control_mode",
+    "repository_poll_secs": "repository_poll_secs",
+    "cache_size": "cache_size",
 }
 API_KEY_ENV = "CARPOOL_API_KEY"  # comma-separated; from a Secret, out of sight of `ps`
+# Repeatable flags that name models, each with its variable (comma-separated names).
+_NAME_LISTS = {
+    "--load-model": "with --model-control-mode explicit: a repository model to load at "
+    "start (repeat for several); the others load on request",
+    "--response-cache": "answer this model's repeated requests from the response cache "
+    "(repeat for several; also [models.NAME] response_cache = true)",
+}
 _BATCHING_KEYS = (
     "max_batch_size",
     "max_wait_ms",
@@ -225,6 +253,9 @@ def _add_serve(commands: Commands) -> None:
         )
     for flag, convert, text in _SETTING_FLAGS:
         add_flag(serve, flag, convert, None, text)
+    for flag, text in _NAME_LISTS.items():
+        env = "CARPOOL_" + flag.lstrip("-").replace("-", "_").upper()
+        serve.add_argument(flag, action="append", metavar="NAME", help=f"{text} (env {env})")
     serve.add_argument(  # by hand: repeatable, and its variable holds a list
         "--api-key",
         action="append",
@@ -264,7 +295,7 @@ def _serve(args: argparse.Namespace) -> int:
     """Flags and the config file -> :class:`~carpool.server.config.ServerConfig` -> serve;
     a config that cannot be used is one line on stderr and exit status 2."""
     from carpool.errors import ConfigError
-    from carpool.loading import parse_tensor, read_config_file, resolve_models
+    from carpool.loading import Catalog, LoadFailure, parse_tensor, read_config_file
     from carpool.server.config import ServerConfig
     from carpool.server.serve import serve
 
@@ -274,14 +305,26 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _refuse(exc)
     try:
-        models, unavailable = resolve_models(
+        catalog = Catalog(
             args.targets,
             name=args.name,
             flags={k: getattr(args, k) for k in _BATCHING_KEYS if getattr(args, k) is not None},
             file_models=file.get("models", {}),
             inputs=[parse_tensor(t) for t in args.input],
             outputs=[parse_tensor(t) for t in args.output],
+            response_cache=_names(args.response_cache, "--response-cache"),
         )
+        mode = server.get("model_control_mode", "none")
+        load = _names(args.load_model, "--load-model")
+        if load and mode != "explicit":
+            raise ConfigError("--load-model applies to --model-control-mode explicit")
+        unavailable: tuple[LoadFailure, ...] = ()
+        if mode == "explicit":
+            models = catalog.load_some(load)
+        else:
+            models, unavailable = catalog.load_all()
+        if mode != "none":
+            server["catalog"] = catalog
         config = ServerConfig(models=models, unavailable=unavailable, **server)
     except ConfigError as exc:
         return _refuse(exc)
@@ -325,6 +368,23 @@ def _server_settings(file: dict[str, Any], args: argparse.Namespace) -> dict[str
     if level.lower() in _LOG_LEVELS and log_format in ("text", "json"):  # else: refused below
         configure_logging(level, bool(server.get("access_log", True)), str(log_format))
     return server
+
+
+def _names(given: list[str] | None, flag: str) -> tuple[str, ...]:
+    """A repeatable flag's names, else its variable's (comma-separated); none is empty."""
+    from carpool.errors import ConfigError
+
+    env = "CARPOOL_" + flag.lstrip("-").replace("-", "_").upper()
+    if given is None:
+        value = os.environ.get(env)
+        if value is None:
+            return ()
+        given = value.split(",")
+        flag = env
+    names = tuple(name.strip() for name in given)
+    if not all(names):
+        raise ConfigError(f"{flag} names a model with an empty name; give its name")
+    return names
 
 
 def _refuse(problem: object) -> int:

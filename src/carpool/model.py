@@ -200,7 +200,9 @@ class Model:
     ``carpool.server.openai``); it needs one declared BYTES input (a string per row), one
     declared FP32 output (a vector per row) and batching on. ``count_tokens``: the tokens one
     request holds as the model sees them, from the inputs ``fn`` gets (after ``preprocess``),
-    which OpenAI's ``usage`` reports; None counts 0.
+    which OpenAI's ``usage`` reports; None counts 0. ``response_cache``: ``carpool serve``
+    answers a request identical to one already answered from its response cache (for models
+    whose answer depends on their inputs alone).
     """
 
     fn: Callable[[Any], Any]
@@ -214,6 +216,7 @@ class Model:
     padding: Padding | None = None
     openai: bool = False  # off: a model is served over the v2 routes unless it opts in
     count_tokens: TokenCount | None = None
+    response_cache: bool = False  # off: every request is computed
     # How to build this model again in another process (process workers): a picklable
     # zero-argument function returning the Model as loaded, before settings are applied.
     recipe: Callable[[], Model] | None = field(default=None, compare=False)
@@ -242,8 +245,9 @@ class Model:
                 if len(set(names)) != len(names):
                     raise ValueError(f"{kind} has duplicate names: {names}")
                 setattr(self, kind, tensors)
-        if not isinstance(self.openai, bool):
-            raise TypeError(f"Model openai must be True or False, got {self.openai!r}")
+        for flag in ("openai", "response_cache"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TypeError(f"Model {flag} must be True or False, got {getattr(self, flag)!r}")
         if self.openai:
             _check_text_to_vector(self)
 

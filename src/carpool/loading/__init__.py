@@ -6,12 +6,14 @@ every target of a command line with the settings of flags, config files and mode
 their order of precedence.
 """
 
+from carpool.loading.catalog import Catalog, resolve_models
 from carpool.loading.repository import LoadFailure
 from carpool.loading.settings import apply_settings, parse_tensor, with_batching
-from carpool.loading.targets import BUILTINS, load_target, read_config_file, resolve_models
+from carpool.loading.targets import BUILTINS, load_target, read_config_file
 
 __all__ = [
     "BUILTINS",
+    "Catalog",
     "LoadFailure",
     "apply_settings",
     "load_target",

@@ -3,7 +3,8 @@
 The same table shape serves the server config's ``[models.NAME]`` and a model folder's own
 ``carpool.toml``: batching keys (``max_batch_size``, ``max_wait_ms``, ``allowed_batch_sizes``,
 ...), ``version``, ``inputs``/``outputs``, a ``[padding]`` table, ``openai`` (serve it over
-OpenAI's embeddings route too), and how to load the model
+OpenAI's embeddings route too), ``response_cache`` (answer repeated requests from the
+server's cache), and how to load the model
 (``backend``, ``file``, ``target``, ``[onnx]``, ``[torch]``; minilm's ``engine``).
 """
 
@@ -97,8 +98,9 @@ def apply_settings(
     command line's batching ``flags`` and declared ``inputs``/``outputs``, strongest."""
     batching, changes = _read_layers(layers)
     batching.update(flags or {})
-    if "openai" in batching:  # the Model's own field (a table's key or --openai), not batching's
-        changes["openai"] = batching.pop("openai")
+    for own in ("openai", "response_cache"):  # the Model's own fields, not batching's
+        if own in batching:
+            changes[own] = batching.pop(own)
     if not model.batching.batched:
         # The model itself cannot batch (an ONNX graph without a batch axis): settings
         # meant for batching models (a flag applies to every model) leave it as it is.

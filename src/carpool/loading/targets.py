@@ -12,31 +12,18 @@ import importlib
 import os
 import sys
 import tomllib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from carpool.errors import ConfigError
-from carpool.loading.repository import (
-    LoadFailure,
-    as_model,
-    load_file,
-    load_folder,
-    model_folders,
-)
-from carpool.loading.settings import apply_settings, parse_tensor
-from carpool.model import Model, Tensor
+from carpool.loading.repository import as_model, load_file
+from carpool.loading.settings import parse_tensor
+from carpool.model import Model
 
-__all__ = [
-    "BUILTINS",
-    "LoadFailure",
-    "load_target",
-    "parse_tensor",
-    "read_config_file",
-    "resolve_models",
-]
+__all__ = ["BUILTINS", "DEMO", "load_target", "parse_tensor", "read_config_file"]
 
 DEMO = "demo"
 
@@ -145,82 +132,3 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
             "use [server] and [models.NAME]"
         )
     return data
-
-
-def resolve_models(
-    targets: Sequence[str],
-    *,
-    name: str | None,
-    flags: Mapping[str, Any],
-    file_models: Mapping[str, Mapping[str, Any]],
-    inputs: Sequence[Tensor] = (),
-    outputs: Sequence[Tensor] = (),
-) -> tuple[tuple[Model, ...], tuple[LoadFailure, ...]]:
-    """Load every target and settle each model's signature and batching settings.
-
-    A folder target is a model repository: a model in it that fails to load is returned as
-    :class:`LoadFailure`, and the others serve. Any other target that fails is a
-    :class:`ConfigError`. ``inputs``/``outputs`` (the ``--input``/``--output`` flags) declare
-    the signature of a single target; a config file's ``inputs``/``outputs`` do it per model.
-    """
-    if name is not None and (len(targets) > 1 or any(Path(t).is_dir() for t in targets)):
-        raise ConfigError(
-            "--name applies to a single model; a repository names models after their folders"
-        )
-    if (inputs or outputs) and (len(targets) != 1 or Path(targets[0]).is_dir()):
-        raise ConfigError("--input/--output declare one model's tensors; name one TARGET")
-    models: list[Model] = []
-    unavailable: list[LoadFailure] = []
-    for target in targets or [DEMO]:
-        if Path(target).is_dir():
-            loaded, failed = _load_repository(Path(target), flags, file_models)
-            models.extend(loaded)
-            unavailable.extend(failed)
-            continue
-        stem = Path(target).stem if Path(target).is_file() else None
-        table = file_models.get(name or stem or target, {})
-        model = load_target(target, name=name, options=table)
-        layers = [file_models.get(model.name or "", {})]
-        try:
-            model = apply_settings(model, layers, flags=flags, inputs=inputs, outputs=outputs)
-        except ConfigError as exc:
-            raise ConfigError(f"model {model.name!r}: {exc}") from None
-        models.append(model)
-    served = {m.name for m in models} | {u.name for u in unavailable}
-    unknown = set(file_models) - served
-    if unknown:
-        raise ConfigError(
-            f"config file has settings for models {sorted(unknown)} that are not served; "
-            f"serving {sorted(n for n in served if n is not None)}"
-        )
-    if not models and unavailable:
-        problems = "; ".join(f"{u.name}: {u.reason}" for u in unavailable)
-        raise ConfigError(f"no model of the repository loaded ({problems})")
-    return tuple(models), tuple(unavailable)
-
-
-def _load_repository(
-    repository: Path, flags: Mapping[str, Any], file_models: Mapping[str, Mapping[str, Any]]
-) -> tuple[list[Model], list[LoadFailure]]:
-    folders = model_folders(repository)
-    if not folders:
-        raise ConfigError(
-            f"model repository {str(repository)!r} has no model folders; put each model in a "
-            "folder of its own, named after the model"
-        )
-    models, unavailable = [], []
-    for folder in folders:
-        table = file_models.get(folder.name, {})
-        try:
-            model, own = load_folder(folder, table)
-            models.append(apply_settings(model, [own, table], flags=flags))
-        except (ValueError, TypeError, ImportError, OSError) as exc:  # ConfigError: ValueError
-            version = str(read_version(folder))
-            unavailable.append(LoadFailure(folder.name, version, f"{folder}: {exc}"))
-    return models, unavailable
-
-
-def read_version(folder: Path) -> str:
-    """The version a broken model folder would have served, for its status."""
-    versions = [int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit()]
-    return str(max(versions)) if versions else "1"

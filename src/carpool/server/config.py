@@ -11,12 +11,13 @@ import os
 from dataclasses import dataclass, field
 
 from carpool.errors import ConfigError
-from carpool.loading import LoadFailure
+from carpool.loading import Catalog, LoadFailure
 from carpool.model import Model
 
 __all__ = ["ServerConfig"]
 
 _MAX_FRONTENDS = 256  # processes; more is a typo, not a host
+MODEL_CONTROL_MODES = ("none", "explicit", "poll")  # Triton's --model-control-mode
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,16 @@ class ServerConfig:
     max_client_batch_size: int = 32
     # gRPC calls running at once (per front end), then RESOURCE_EXHAUSTED; 0: none.
     grpc_max_concurrent_rpcs: int = 1000
+    # Model control, as Triton's: "none" serves what loaded at start; "explicit" loads and
+    # unloads on request (POST /v2/repository/models/NAME/load); "poll" follows the
+    # repository's folders, looked at every repository_poll_secs (Triton's default: 15 s).
+    model_control_mode: str = "none"
+    repository_poll_secs: float = 15.0
+    # The response cache's size across models (those with response_cache on), in bytes.
+    cache_size: int = 64 * 1024 * 1024
     models: tuple[Model, ...] = field(default_factory=tuple)
     unavailable: tuple[LoadFailure, ...] = ()  # repository models that failed to load
+    catalog: Catalog | None = None  # how to load models again: model control needs it
 
     def __post_init__(self) -> None:
         if not self.drain_timeout_s >= 0:
@@ -68,6 +77,7 @@ class ServerConfig:
         object.__setattr__(self, "api_keys", tuple(keys))
         _check_access(self)
         _check_processes(self)
+        _check_models(self)
         names = [m.name for m in self.models]
         for name in names:
             if names.count(name) > 1:
@@ -124,3 +134,23 @@ def _check_processes(config: ServerConfig) -> None:
         raise ConfigError(
             f"--grpc-max-concurrent-rpcs must be a whole number >= 0 (0: no limit), got {rpcs!r}"
         )
+
+
+def _check_models(config: ServerConfig) -> None:
+    """Model control and the response cache."""
+    mode = config.model_control_mode
+    if mode not in MODEL_CONTROL_MODES:
+        raise ConfigError(f"--model-control-mode must be none, explicit or poll, got {mode!r}")
+    if mode != "none" and config.catalog is None:
+        raise ConfigError(f"--model-control-mode {mode} needs the catalog of models to load")
+    if mode != "none" and config.frontends > 1:
+        raise ConfigError(
+            f"--model-control-mode {mode} runs with one front end: leave out --frontends "
+            f"(got {config.frontends}), or use --model-control-mode none"
+        )
+    seconds = config.repository_poll_secs
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
+        raise ConfigError(f"--repository-poll-secs must be > 0 seconds, got {seconds!r}")
+    size = config.cache_size
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"--cache-size must be a whole number of bytes >= 1, got {size!r}")

@@ -13,12 +13,14 @@ the app or anything of HTTP.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from importlib.metadata import version as _version
-from typing import Any, Protocol
+from itertools import count
+from typing import TYPE_CHECKING, Any, Protocol
 
 from carpool.errors import CarpoolError, ConfigError, WorkerStartError
 from carpool.loading import LoadFailure
@@ -26,6 +28,7 @@ from carpool.model import Model, Tensor
 from carpool.stats import BatcherStats
 
 __all__ = [
+    "CacheCounts",
     "ModelNotFound",
     "ModelUnavailable",
     "Registry",
@@ -34,7 +37,11 @@ __all__ = [
     "server_metadata",
 ]
 
+if TYPE_CHECKING:
+    from carpool.server.cache import ResponseCache
+
 log = logging.getLogger("carpool.server")
+_GENERATIONS = count(1)  # each ServedModel's, so that no answer outlives its model
 VERSION = _version("carpool")  # from the installed metadata: pyproject.toml holds it once
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "schedule_policy"]
 
@@ -84,6 +91,28 @@ def _duration(count: int, seconds: float) -> dict[str, int]:
     return {"count": count, "ns": int(seconds * 1e9)}
 
 
+class CacheCounts:
+    """A model's response-cache lookups, as Triton's statistics count them: ``hits`` (answered
+    from the cache) and ``misses`` (computed, then stored), each with the seconds the lookup
+    (and, for a miss, the insert) took."""
+
+    __slots__ = ("hit_seconds", "hits", "miss_seconds", "misses")
+
+    def __init__(self) -> None:
+        self.hits = 0
+        self.hit_seconds = 0.0
+        self.misses = 0
+        self.miss_seconds = 0.0
+
+    def hit(self, seconds: float) -> None:
+        self.hits += 1
+        self.hit_seconds += seconds
+
+    def miss(self, seconds: float) -> None:
+        self.misses += 1
+        self.miss_seconds += seconds
+
+
 class ServedBatcher(Protocol):
     """What the server asks of a model's batcher: a :class:`~carpool.batcher.Batcher`, or
     in a front-end process its link to the one in the main process
@@ -114,6 +143,34 @@ class ServedModel:
         self.statuses: defaultdict[str, Counter[int]] = defaultdict(Counter)
         self.request_seconds = 0.0  # summed over successful requests, for Triton's stats
         self.created = int(time.time())  # Unix seconds: OpenAI's /v1/models "created"
+        self.cache_counts = CacheCounts()
+        # Unique per load of a model (a reload of the same version gets a new one): the
+        # response cache keys answers by it.
+        self.generation = next(_GENERATIONS)
+        # Requests on their way through this version (the inference path's), and once it is
+        # replaced or unloaded, set when the last of them has reached its batcher or ended.
+        self.users = 0
+        self._retired: asyncio.Event | None = None
+
+    def enter(self) -> None:
+        """A request starts its way through this version."""
+        self.users += 1
+
+    def leave(self) -> None:
+        """A request is done with this version (answered, or through its batcher)."""
+        self.users -= 1
+        if self.users == 0 and self._retired is not None:
+            self._retired.set()
+
+    async def retire(self, *, timeout: float) -> None:  # noqa: ASYNC109 - a drain bound
+        """Wait (``timeout`` seconds at most) until no request is on its way to this
+        version's batcher any more, so that closing it refuses none of them: once it is out
+        of the registry (replaced, unloaded), no new request finds it."""
+        self._retired = asyncio.Event()
+        if self.users == 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._retired.wait(), timeout)
 
     def record(self, protocol: str, status: int, seconds: float = 0.0) -> None:
         """One request that came by ``protocol`` (any name: a label in ``/metrics``) and
@@ -191,6 +248,7 @@ class ServedModel:
     def statistics(self, stats: BatcherStats | None = None) -> dict[str, Any]:
         s = stats if stats is not None else self.batcher.stats()
         failed = s.failed + s.expired + s.rejected
+        cache = self.cache_counts
         # Triton counts compute per request, and perf_analyzer requires the three compute
         # phases to agree; carpool's model time covers all of them, so input/output are 0 ns.
         computed = s.completed + s.failed
@@ -206,8 +264,8 @@ class ServedModel:
                 "compute_input": _duration(computed, 0.0),
                 "compute_infer": _duration(computed, s.model_seconds.sum),
                 "compute_output": _duration(computed, 0.0),
-                "cache_hit": _duration(0, 0.0),
-                "cache_miss": _duration(0, 0.0),
+                "cache_hit": _duration(cache.hits, cache.hit_seconds),
+                "cache_miss": _duration(cache.misses, cache.miss_seconds),
             },
             "batch_stats": [
                 {"batch_size": size, "compute_infer": _duration(count, 0.0)}
@@ -296,6 +354,7 @@ class Registry:
         self.load_failures = {failure.name: failure for failure in load_failures}
         self.ready = False  # true between the app's startup and the start of its drain
         self.server_counts = ServerCounts()  # the answers no model counts
+        self.cache: ResponseCache | None = None  # the models' answers (--response-cache)
         self._models: dict[str, ServedModel] = {}
         for model in models:
             served = serve(model)
