@@ -72,8 +72,10 @@ LAYERS: list[tuple[str, ...]] = [
         "server.grpc_wire",
         "server.openapi",
         "server.registry",
+        "server.watch",
     ),
     ("server.messages", "server.bodies", "server.connections", "server.grpc_access"),
+    ("server.load_config", "server.control"),  # model control: loads, unloads, polls
     ("server.json_arrays",),  # large JSON arrays of numbers, read piece by piece
     ("server.json_text",),  # REST's JSON text: orjson, and the stdlib for NaN
     ("server.admission", "server.rest_codec", "server.grpc_codec"),  # wire <-> records

@@ -429,7 +429,7 @@ def test_errors_reach_tritonclient_as_exceptions(client: triton.InferenceServerC
     with pytest.raises(InferenceServerException) as info:
         client.infer("no_such_model", [infer_input("INPUT0", x)])
     assert info.value.status() == "404"
-    assert info.value.message() == "Model 'no_such_model' is not found"
+    assert info.value.message() == "Request for unknown model: 'no_such_model' is not found"
 
 
 def test_binary_response_framing(server: Server) -> None:

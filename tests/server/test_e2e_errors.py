@@ -288,7 +288,7 @@ def test_custom_parameters_are_accepted(server: Server) -> None:
 def test_unknown_model_is_404(server: Server, method: str, path: str) -> None:
     response = server.http.request(method, path, json=pair_request())
     error = assert_error(server, response, 404, "")
-    assert error == "Model 'nope' is not found"
+    assert error == "Request for unknown model: 'nope' is not found"
 
 
 @pytest.mark.parametrize("suffix", ["/infer", "", "/ready", "/config", "/stats"])
@@ -297,7 +297,7 @@ def test_unknown_version_is_404(server: Server, suffix: str) -> None:
     path = f"/v2/models/pair/versions/7{suffix}"
     response = server.http.request(method, path, json=pair_request())
     error = assert_error(server, response, 404, "")
-    assert error == "Model 'pair' version '7' is not found"
+    assert error == "Request for unknown model: 'pair' version '7' is not found"
 
 
 def test_explicit_version_is_served(server: Server) -> None:

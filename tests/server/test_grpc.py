@@ -268,7 +268,7 @@ def test_stream_answers_each_request_on_the_stream(
     finally:
         client.stop_stream()
     errors = sorted(str(error.message()) for result, error in got if error is not None)
-    assert errors[0] == "Model 'no_such_model' is not found"
+    assert errors[0] == "Request for unknown model: 'no_such_model' is not found"
     assert "missing required input(s) ['INPUT1']" in errors[1]
     results = {r.get_response().id: r.as_numpy("OUTPUT0") for r, e in got if e is None}
     assert sorted(results, key=int) == [*map(str, range(20)), "99"]  # the stream went on
@@ -307,7 +307,7 @@ def test_errors_map_to_their_status_codes(client: triton.InferenceServerClient) 
     x = np.ones((1, 4), np.float32)
     assert failure(client.infer, "no_such_model", one(1.0)) == (
         "NOT_FOUND",
-        "Model 'no_such_model' is not found",
+        "Request for unknown model: 'no_such_model' is not found",
     )
     assert failure(client.get_model_metadata, "no_such_model")[0] == "NOT_FOUND"
     code, message = failure(
@@ -326,7 +326,8 @@ def test_errors_map_to_their_status_codes(client: triton.InferenceServerClient) 
     assert (code, message) == ("INTERNAL", f"model error: ValueError: {NEGATIVE}")
     code, message = failure(client.register_system_shared_memory, "region", "/key", 64)
     assert (code, "shared memory is not supported" in message) == ("UNIMPLEMENTED", True)
-    assert failure(client.load_model, "identity")[0] == "UNIMPLEMENTED"
+    code, message = failure(client.load_model, "identity")
+    assert (code, "--model-control-mode explicit" in message) == ("UNAVAILABLE", True)
 
 
 def test_a_message_over_the_body_limit_is_resource_exhausted(

@@ -229,7 +229,7 @@ def _count(server: Server, labels: dict[str, str]) -> float:
 @pytest.mark.parametrize(
     ("model", "message"),
     [
-        ("nope", "Model 'nope' is not found"),
+        ("nope", "Request for unknown model: 'nope' is not found"),
         (
             "upper",
             "model 'upper' is not served over the OpenAI API: it has not opted in "

@@ -34,8 +34,13 @@ RETRY = [(b"retry-after", b"1")]
         (ProtocolError("bad shape", field="x"), 400, "bad shape", []),
         (ProtocolError("too many", field="x", status=413), 413, "too many", []),
         (ProtocolError("BYTES as FP32", field="y", status=500), 500, "BYTES as FP32", []),
-        (ModelNotFound("m"), 404, "Model 'm' is not found", []),
-        (ModelNotFound("m", "3"), 404, "Model 'm' version '3' is not found", []),
+        (ModelNotFound("m"), 404, "Request for unknown model: 'm' is not found", []),
+        (
+            ModelNotFound("m", "3"),
+            404,
+            "Request for unknown model: 'm' version '3' is not found",
+            [],
+        ),
         (
             ModelUnavailable("m", "no such file"),
             400,

@@ -198,9 +198,9 @@ def test_registry_finds_models_by_name_and_version() -> None:
 @pytest.mark.parametrize(
     ("name", "version", "message"),
     [
-        ("three", None, "Model 'three' is not found"),
-        ("three", "1", "Model 'three' is not found"),
-        ("two", "1", "Model 'two' version '1' is not found"),
+        ("three", None, "Request for unknown model: 'three' is not found"),
+        ("three", "1", "Request for unknown model: 'three' is not found"),
+        ("two", "1", "Request for unknown model: 'two' version '1' is not found"),
     ],
 )
 def test_registry_misses_are_model_not_found(name: str, version: str | None, message: str) -> None:

@@ -319,7 +319,9 @@ def test_static_model_sees_only_allowed_batch_sizes(
 
 
 def test_unknown_model_is_still_404(client: triton.InferenceServerClient) -> None:
-    with pytest.raises(InferenceServerException, match="Model 'nope' is not found"):
+    with pytest.raises(
+        InferenceServerException, match="Request for unknown model: 'nope' is not found"
+    ):
         client.get_model_metadata("nope")
 
 

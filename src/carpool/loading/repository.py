@@ -6,15 +6,15 @@ or ``model.py`` exposing ``model``) either directly or in numbered version folde
 highest is served), plus an optional ``carpool.toml`` with the model's settings. An ONNX graph
 needs no ``carpool.toml``: its inputs, outputs and batch axis come from the graph.
 
-Every model loads at start. In a repository a broken model is reported, by folder and
-problem, and the others serve.
+In a repository a broken model is reported, by folder and problem, and the others serve.
+Each load reads the folder again (model control loads and reloads them while serving).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import tomllib
+import types
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import partial
@@ -92,13 +92,18 @@ def _table(options: Mapping[str, Any], key: str) -> dict[str, Any]:
 
 
 def _import_file(path: Path, module_name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise ConfigError(f"cannot import {path.name} as a Python module")
-    module = importlib.util.module_from_spec(spec)
+    """``path`` run as module ``module_name``, compiled from its source every time: never
+    through a ``.pyc``, which Python trusts when the source's mtime (whole seconds) and size
+    match, so a model file rewritten within the second at the same size would reload stale."""
+    try:
+        source = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path.name}: {exc}") from None
+    module = types.ModuleType(module_name)
+    module.__file__ = str(path)
     sys.modules[module_name] = module
     try:
-        spec.loader.exec_module(module)
+        exec(compile(source, str(path), "exec"), module.__dict__)
     except Exception as exc:
         del sys.modules[module_name]
         raise ConfigError(f"importing {path.name} failed: {type(exc).__name__}: {exc}") from exc

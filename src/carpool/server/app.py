@@ -35,7 +35,9 @@ from carpool.server.asgi import (
 )
 from carpool.server.auth import UNAUTHORIZED, ApiKeys, is_open
 from carpool.server.bodies import read_body, request_headers
+from carpool.server.control import ModelControl, act
 from carpool.server.inference import Answer, ClientGone, Inference, Withdrawal
+from carpool.server.load_config import request_parameters
 from carpool.server.logs import access_log, log_access
 from carpool.server.messages import HEADER_LENGTH, MAX_ELEMENTS, InferRequest, ProtocolError
 from carpool.server.metrics import Metrics
@@ -56,6 +58,8 @@ if TYPE_CHECKING:  # built by serve, only when the gRPC port is on: grpc is not 
     from carpool.server.grpc_service import GrpcServer
 
 __all__ = ["App"]
+
+LOADS = ("load", "unload")  # /v2/repository/models/NAME/...
 
 log = logging.getLogger("carpool.server")
 _HTTP = "http"  # the protocol label of v2 REST requests in /metrics
@@ -83,8 +87,10 @@ class App:
         metrics_need_key: bool = False,
         body_timeout_s: float | None = None,
         max_client_batch_size: int | None = None,
+        control: ModelControl | None = None,
     ) -> None:
         self.inference = inference
+        self.control = control  # None: models load at start only (load/unload are 503)
         self.max_client_batch_size = max_client_batch_size  # texts per /v1/embeddings call
         self.registry = inference.registry
         self.api_keys = api_keys  # None: every route is open
@@ -138,6 +144,8 @@ class App:
         gRPC server. A failed startup closes the batchers it started (and with them their
         worker processes)."""
         self._started = await self.registry.start()
+        if self.control is not None:
+            self.control.start()
         try:
             if self._grpc is not None:
                 try:
@@ -168,8 +176,11 @@ class App:
         abandoned)."""
         self.begin_drain()
         assert self._drain_deadline is not None
-        left = max(0.0, self._drain_deadline - time.monotonic())
         started, self._started = self._started, []
+        if self.control is not None:  # loads and unloads end first; then what serves closes
+            await self.control.close()
+            started = list(self.registry)
+        left = max(0.0, self._drain_deadline - time.monotonic())
         await self.registry.close(started, timeout=left)
         if self._grpc is not None:  # its calls were answered as their batchers closed
             await self._grpc.wait_stopped()
@@ -252,10 +263,16 @@ class App:
         if rest[0] == "models":
             return await self._models(method, rest[1:], scope, receive, send)
         if rest == ["repository", "index"]:
-            _allow(method, "POST")  # Triton's model repository extension, read-only
+            _allow(method, "POST")  # Triton's model repository extension
             body = await self._body(scope, receive)
             index = self.registry.index(ready_only=parse_index_request(body))
             return await send_json(send, 200, index)
+        if rest[:2] == ["repository", "models"] and len(rest) == 4 and rest[3] in LOADS:
+            _allow(method, "POST")
+            parameters = request_parameters(await self._body(scope, receive))
+            await act(self.control, rest[2], rest[3], parameters)
+            await send_response(send, 200, b"", JSON)
+            return 200
         raise _not_found(scope)
 
     async def _models(

@@ -33,6 +33,7 @@ from carpool.server import grpc_access
 from carpool.server import grpc_codec as codec
 from carpool.server.auth import ApiKeys
 from carpool.server.bursts import MAX_HOLD_S, Bursts
+from carpool.server.control import ModelControl, act
 from carpool.server.grpc_wire import read_infer_request
 from carpool.server.inference import Answer, Inference, Withdrawal
 from carpool.server.messages import MAX_ELEMENTS, InferRequest
@@ -55,8 +56,6 @@ _HOLD_DEADLINE_S = 10 * MAX_HOLD_S
 _UNIMPLEMENTED = {
     "SharedMemory": "shared memory is not supported by this server; send tensors in the "
     "request (raw_input_contents)",
-    "RepositoryModel": "models are loaded when the server starts (carpool serve TARGET ...); "
-    "the repository cannot be changed while it runs",
 }
 
 Handler = TypeVar("Handler", bound=Callable[..., Coroutine[Any, Any, Any]])
@@ -99,8 +98,9 @@ def _status(exc: Exception, rpc: str) -> tuple[grpc.StatusCode, str]:
 class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     """Every RPC of the service; those carpool has no use for answer UNIMPLEMENTED."""
 
-    def __init__(self, inference: Inference) -> None:
+    def __init__(self, inference: Inference, control: ModelControl | None = None) -> None:
         self._inference = inference
+        self._control = control  # None: models load at start only
         self._registry = inference.registry
         self._counts = inference.server_counts  # the answers no model counts
         self._bursts = Bursts()
@@ -144,6 +144,18 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     @_unary
     async def RepositoryIndex(self, request: Any, left_s: float | None) -> Any:
         return codec.repository_index(self._registry.index(ready_only=request.ready))
+
+    @_unary
+    async def RepositoryModelLoad(self, request: Any, left_s: float | None) -> Any:
+        parameters = _parameters(request.parameters)
+        await act(self._control, request.model_name, "load", parameters)
+        return pb.RepositoryModelLoadResponse()
+
+    @_unary
+    async def RepositoryModelUnload(self, request: Any, left_s: float | None) -> Any:
+        parameters = _parameters(request.parameters)
+        await act(self._control, request.model_name, "unload", parameters)
+        return pb.RepositoryModelUnloadResponse()
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         """Held back a little while other calls arrive (:mod:`carpool.server.bursts`),
@@ -258,6 +270,11 @@ def _service(servicer: _Servicer) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(service.full_name, handlers)
 
 
+def _parameters(parameters: Any) -> dict[str, Any]:
+    """A repository request's ``ModelRepositoryParameter`` map as plain values."""
+    return {key: getattr(p, p.WhichOneof("parameter_choice")) for key, p in parameters.items()}
+
+
 def _encode(answer: Answer) -> Any:
     return codec.encode_infer_response(
         model_name=answer.served.name,
@@ -278,8 +295,8 @@ def _unimplemented(rpc: str) -> Callable[..., Awaitable[Any]]:
     return method
 
 
-# Every RPC of the service carpool does not implement (shared memory, repository load and
-# unload, trace and log settings, and any Triton adds): UNIMPLEMENTED, saying why.
+# Every RPC of the service carpool does not implement (shared memory, trace and log
+# settings, and any Triton adds): UNIMPLEMENTED, saying why.
 for _rpc in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name:
     if _rpc not in vars(_Servicer):
         setattr(_Servicer, _rpc, _unimplemented(_rpc))
@@ -304,8 +321,10 @@ class GrpcServer:
         tls: tuple[str, str] | None = None,
         share_port: bool = False,
         max_concurrent_rpcs: int = 0,
+        control: ModelControl | None = None,
     ) -> None:
         self._inference = inference
+        self._control = control
         self._max_concurrent_rpcs = max_concurrent_rpcs  # 0: no limit
         self._share_port = share_port  # front-end processes: each listens on the one port
         self.address = address
@@ -336,7 +355,7 @@ class GrpcServer:
                 ("grpc.so_reuseport", int(self._share_port)),
             ],
         )
-        server.add_generic_rpc_handlers((_service(_Servicer(self._inference)),))
+        server.add_generic_rpc_handlers((_service(_Servicer(self._inference, self._control)),))
         try:
             bound = grpc_access.add_port(server, self.address, self._tls)  # TLS or not
         except RuntimeError:

@@ -24,6 +24,7 @@ from carpool.errors import (
     WorkerDied,
 )
 from carpool.server.admission import ModelOutputError
+from carpool.server.control import ControlUnavailable, LoadFailed
 from carpool.server.messages import ProtocolError
 from carpool.server.registry import ModelNotFound, ModelUnavailable
 from carpool.server.statuses import RETRY, STOPPING, HTTPError, Status
@@ -43,8 +44,10 @@ def error_status(exc: BaseException) -> HTTPError:
         return HTTPError(exc.status, str(exc))
     if isinstance(exc, ModelNotFound):
         return HTTPError(Status.NOT_FOUND, str(exc))
-    if isinstance(exc, ModelUnavailable):
+    if isinstance(exc, ModelUnavailable | LoadFailed):
         return HTTPError(Status.BAD_REQUEST, str(exc))
+    if isinstance(exc, ControlUnavailable):
+        return HTTPError(Status.UNAVAILABLE, str(exc))
     if isinstance(exc, QueueFull | DeadlineExceeded | SharedMemoryFull):
         return HTTPError(Status.UNAVAILABLE, str(exc), RETRY)
     if isinstance(exc, BatcherClosed):

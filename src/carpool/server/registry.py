@@ -57,8 +57,8 @@ class ModelNotFound(CarpoolError, LookupError):
     def __init__(self, name: str, version: str | None = None) -> None:
         self.name = name
         self.version = version
-        what = f"Model '{name}'" if version is None else f"Model '{name}' version '{version}'"
-        super().__init__(f"{what} is not found")
+        what = f"'{name}'" if version is None else f"'{name}' version '{version}'"
+        super().__init__(f"Request for unknown model: {what} is not found")  # Triton's words
 
     def _fields(self) -> dict[str, Any]:
         return {"name": self.name, "version": self.version}
@@ -355,6 +355,11 @@ class Registry:
         self.ready = False  # true between the app's startup and the start of its drain
         self.server_counts = ServerCounts()  # the answers no model counts
         self.cache: ResponseCache | None = None  # the models' answers (--response-cache)
+        # Model control's: the index state of names serving no version (name -> version,
+        # state, reason), and the names the repository holds (never loaded: name only).
+        self.states: dict[str, tuple[str, str, str]] = {}
+        self.known: Callable[[], Sequence[str]] = tuple
+        self.needs_a_model = True  # False under model control: models may come later
         self._models: dict[str, ServedModel] = {}
         for model in models:
             served = serve(model)
@@ -392,7 +397,7 @@ class Registry:
         except BaseException:
             await self.close(started, timeout=0.0)
             raise
-        if not started:
+        if not started and self.needs_a_model:
             problems = "; ".join(f"{f.name}: {f.reason}" for f in self.load_failures.values())
             raise ConfigError(f"no model could start ({problems})")
         return started
@@ -427,16 +432,54 @@ class Registry:
 
     def index(self, *, ready_only: bool = False) -> list[dict[str, str]]:
         """Triton's repository index: every model, loaded or not, by name; with
-        ``ready_only``, the loaded ones only."""
+        ``ready_only``, the loaded ones only. A model being loaded, unloaded or unloaded
+        shows its state (:meth:`mark`); one the repository holds that was never loaded,
+        its name alone, as Triton lists it."""
         if ready_only:
-            return [entry for entry in self.index() if entry["state"] == "READY"]
-        entries = [
-            {"name": m.name, "version": m.version, "state": "READY", "reason": ""} for m in self
-        ] + [
-            {"name": f.name, "version": f.version, "state": "UNAVAILABLE", "reason": f.reason}
-            for f in self.load_failures.values()
-        ]
-        return sorted(entries, key=lambda entry: entry["name"])
+            return [entry for entry in self.index() if entry.get("state") == "READY"]
+        entries = {
+            m.name: {"name": m.name, "version": m.version, "state": "READY", "reason": ""}
+            for m in self
+        }
+        for failure in self.load_failures.values():
+            entries.setdefault(
+                failure.name,
+                {
+                    "name": failure.name,
+                    "version": failure.version,
+                    "state": "UNAVAILABLE",
+                    "reason": failure.reason,
+                },
+            )
+        for name, (version, state, reason) in self.states.items():
+            if name not in entries or state == "UNLOADING":
+                entries[name] = {"name": name, "version": version, "state": state, "reason": reason}
+        for name in self.known():
+            entries.setdefault(name, {"name": name})
+        return [entries[name] for name in sorted(entries)]
+
+    def find(self, name: str) -> ServedModel | None:
+        """The version serving ``name``, if one is."""
+        return self._models.get(name)
+
+    def put(self, served: ServedModel) -> ServedModel | None:
+        """Serve ``served`` under its name from now on: the version it replaces, if any.
+        (Model control: a model loaded or reloaded while the server runs.)"""
+        self.load_failures.pop(served.name, None)
+        self.states.pop(served.name, None)
+        old = self._models.get(served.name)
+        self._models[served.name] = served
+        return old
+
+    def remove(self, name: str) -> ServedModel | None:
+        """Serve nothing under ``name`` from now on: what served it, if anything."""
+        self.load_failures.pop(name, None)
+        return self._models.pop(name, None)
+
+    def mark(self, name: str, version: str, state: str, reason: str = "") -> None:
+        """Show ``name`` in the index as ``state`` (LOADING, UNLOADING, UNAVAILABLE), with
+        ``reason``, while it serves no version (or, UNLOADING, while it drains)."""
+        self.states[name] = (version, state, reason)
 
     def get(self, name: str, version: str | None = None) -> ServedModel:
         served = self._models.get(name)

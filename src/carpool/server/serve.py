@@ -37,6 +37,7 @@ from carpool.server.app import App
 from carpool.server.auth import ApiKeys
 from carpool.server.config import ServerConfig
 from carpool.server.connections import over_tls, protocol_class
+from carpool.server.control import ModelControl
 from carpool.server.inference import Inference
 from carpool.server.logs import configure_logging
 from carpool.server.registry import Registry
@@ -73,11 +74,14 @@ def build_app(config: ServerConfig, registry: Registry | None = None) -> App:
         registry = Registry(config.models, load_failures=config.unavailable)
     inference = Inference(registry)
     api_keys = ApiKeys(config.api_keys) if config.api_keys else None
+    control = _control(config, registry)
+    grpc = _grpc_server(config, inference, api_keys, control) if config.grpc_port else None
     return App(
         inference,
         max_body_bytes=config.max_body_bytes,
         drain_timeout_s=config.drain_timeout_s,
-        grpc=_grpc_server(config, inference, api_keys) if config.grpc_port else None,
+        control=control,
+        grpc=grpc,
         api_keys=api_keys,
         metrics_need_key=config.metrics_need_key,
         body_timeout_s=config.body_timeout_s,
@@ -85,8 +89,24 @@ def build_app(config: ServerConfig, registry: Registry | None = None) -> App:
     )
 
 
+def _control(config: ServerConfig, registry: Registry) -> ModelControl | None:
+    """Model control over ``registry``, unless the models are fixed at start (mode none)."""
+    if config.model_control_mode == "none" or config.catalog is None:
+        return None
+    return ModelControl(
+        registry,
+        config.catalog,
+        mode=config.model_control_mode,
+        poll_s=config.repository_poll_secs,
+        drain_timeout_s=config.drain_timeout_s,
+    )
+
+
 def _grpc_server(
-    config: ServerConfig, inference: Inference, api_keys: ApiKeys | None
+    config: ServerConfig,
+    inference: Inference,
+    api_keys: ApiKeys | None,
+    control: ModelControl | None,
 ) -> GrpcServer:
     # Imported here, and only here: grpc and tritonclient load only when the gRPC port is
     # on. (grpc_service imports neither this module nor the app: no cycle.)
@@ -103,6 +123,7 @@ def _grpc_server(
         tls=tls,
         share_port=config.frontends > 1,  # every front end listens on the one port
         max_concurrent_rpcs=config.grpc_max_concurrent_rpcs,
+        control=control,
     )
 
 

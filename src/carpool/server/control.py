@@ -1,0 +1,254 @@
+"""Model control: models loaded, reloaded and unloaded while the server serves, as Triton's
+model control modes and repository extension do it (``--model-control-mode``).
+
+``explicit``: a load (``POST /v2/repository/models/NAME/load``, gRPC
+``RepositoryModelLoad``, tritonclient's ``load_model``) reads the model from the repository
+again, starts its workers and warms it up, and only then moves traffic to it; the version
+it replaces stops taking requests, finishes those on their way to it, its queue and its
+batches, and frees its workers. A load that fails leaves the version serving as it was,
+and answers why. An unload stops the model taking requests (they are then a 404, as for a
+model never loaded), drains it the same way and frees its workers; it shows ``UNLOADING``,
+then ``UNAVAILABLE`` (``unloaded``). Loads and unloads of one model run one at a time.
+
+``poll``: the repository is looked at every ``poll_s`` seconds (:mod:`carpool.server.watch`
+says what changed): a new model folder loads, a changed one reloads, a removed one unloads,
+each once per change, once the folder has stayed the same for one look (a copy still
+being written is left for the next). The load and unload routes then answer 503, as
+Triton's do outside explicit mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from carpool.errors import CarpoolError, ConfigError, WorkerStartError
+from carpool.loading import Catalog, LoadFailure
+from carpool.loading.catalog import read_version
+from carpool.server import watch
+from carpool.server.load_config import check_unload, load_overrides
+from carpool.server.registry import Registry, ServedModel
+
+__all__ = ["CONTROL_OFF", "ControlUnavailable", "LoadFailed", "ModelControl", "act"]
+
+log = logging.getLogger("carpool.server")
+CONTROL_OFF = (
+    "explicit model load / unload is not allowed: start the server with "
+    "--model-control-mode explicit"
+)
+
+
+class ControlUnavailable(CarpoolError):
+    """Loading and unloading on request are off (a 503, Triton's UNAVAILABLE): the server
+    runs without explicit model control, or is stopping."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+    def _fields(self) -> dict[str, Any]:
+        return {"reason": self.reason}
+
+
+class LoadFailed(CarpoolError):
+    """A model could not be loaded (a 400, Triton's INVALID_ARG); the version serving
+    before, if any, still serves."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name = name
+        self.reason = reason
+        super().__init__(f"failed to load '{name}': {reason}")
+
+    def _fields(self) -> dict[str, Any]:
+        return {"name": self.name, "reason": self.reason}
+
+
+async def act(
+    control: ModelControl | None, name: str, action: str, parameters: Mapping[str, Any]
+) -> None:
+    """A load or unload request (``action``) for ``name`` with its ``parameters``, as REST
+    and gRPC both receive it; ``control`` None: the server has no model control (503)."""
+    overrides = None
+    if action == "load":
+        overrides = load_overrides(parameters, name)
+    else:
+        check_unload(parameters)
+    if control is None:
+        raise ControlUnavailable(CONTROL_OFF)
+    if action == "load":
+        await control.load(name, overrides)
+    else:
+        await control.unload(name)
+
+
+class ModelControl:
+    """Loads and unloads the models of ``catalog`` into ``registry`` while serving, in
+    ``mode`` ``explicit`` or ``poll`` (see the module docstring). A replaced or unloaded
+    version gets ``drain_timeout_s`` to finish what it accepted."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        catalog: Catalog,
+        *,
+        mode: str,
+        poll_s: float = 15.0,
+        drain_timeout_s: float = 30.0,
+        serve: Callable[[Any], ServedModel] = ServedModel,
+    ) -> None:
+        self.registry = registry
+        self.catalog = catalog
+        self.mode = mode
+        self.poll_s = poll_s
+        self.drain_timeout_s = drain_timeout_s
+        self._serve = serve
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._closing = False
+        self._poller: asyncio.Task[None] | None = None
+        self._applied: dict[str, watch.Fingerprint] = {}  # poll: folders as last acted on
+        self._seen: dict[str, watch.Fingerprint] = {}  # poll: folders at the last look
+        registry.known = catalog.names
+        registry.needs_a_model = mode == "none"
+
+    # ------------------------------------------------------------- the routes
+
+    async def load(self, name: str, overrides: Mapping[str, Any] | None = None) -> None:
+        """Load (or reload) ``name``, with ``overrides`` over its settings: returns once
+        the new version serves and the one before has drained."""
+        self._check_explicit()
+        if name not in self.catalog.names():
+            raise LoadFailed(name, "no such model in the model repository")
+        await self.load_now(name, overrides)
+
+    async def unload(self, name: str) -> None:
+        """Stop serving ``name``: returns once it has drained and its workers are gone."""
+        self._check_explicit()
+        if name not in self.catalog.names() and name not in self.registry.load_failures:
+            raise LoadFailed(name, "no such model in the model repository")
+        await self.unload_now(name)
+
+    def _check_explicit(self) -> None:
+        if self._closing:
+            raise ControlUnavailable("the server is stopping")
+        if self.mode != "explicit":
+            raise ControlUnavailable(
+                "explicit model load / unload is not allowed if polling is enabled"
+                if self.mode == "poll"
+                else CONTROL_OFF
+            )
+
+    # ------------------------------------------------------------- the work
+
+    async def load_now(self, name: str, overrides: Mapping[str, Any] | None = None) -> None:
+        async with self._lock(name):
+            old = self.registry.find(name)
+            if old is None:
+                self.registry.mark(name, self._version(name), "LOADING")
+            try:
+                served = await self._start(name, overrides)
+            except LoadFailed as failed:
+                if old is None:
+                    self.registry.states.pop(name, None)
+                    failure = LoadFailure(name, self._version(name), failed.reason)
+                    self.registry.load_failures[name] = failure
+                log.error("%s", failed)
+                raise
+            replaced = self.registry.put(served)
+            self._forget(name)
+            log.info(
+                "%s model %r: %s", "reloaded" if replaced else "loaded", name, served.describe()
+            )
+            if replaced is not None:
+                await self._drain(replaced)
+
+    async def unload_now(self, name: str) -> None:
+        async with self._lock(name):
+            served = self.registry.remove(name)
+            if served is None:
+                self.registry.mark(name, self._version(name), "UNAVAILABLE", "unloaded")
+                return
+            self.registry.mark(name, served.version, "UNLOADING")
+            self._forget(name)
+            try:
+                await self._drain(served)
+            finally:
+                self.registry.mark(name, served.version, "UNAVAILABLE", "unloaded")
+            log.info("unloaded model %r", name)
+
+    async def _start(self, name: str, overrides: Mapping[str, Any] | None) -> ServedModel:
+        """The new version, loaded (in a thread: reading and building a model blocks),
+        started and warmed up; :class:`LoadFailed` says why not."""
+        try:
+            model = await asyncio.to_thread(self.catalog.load, name, overrides)
+            served = self._serve(model)
+        except (ConfigError, TypeError, ValueError) as exc:
+            raise LoadFailed(name, str(exc)) from None
+        try:
+            await served.batcher.__aenter__()
+        except WorkerStartError as exc:
+            raise LoadFailed(name, exc.reason) from None
+        return served
+
+    async def _drain(self, served: ServedModel) -> None:
+        """``served``, out of the registry: the requests on their way to it reach it, it
+        finishes its queue and batches, and its workers stop."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.drain_timeout_s
+        await served.retire(timeout=self.drain_timeout_s)
+        await served.batcher.aclose(timeout=max(0.0, deadline - loop.time()))
+
+    def _forget(self, name: str) -> None:
+        if self.registry.cache is not None:
+            self.registry.cache.drop(name)
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    def _version(self, name: str) -> str:
+        folder = self.catalog.folder(name)
+        return read_version(folder) if folder is not None else "1"
+
+    # ------------------------------------------------------------- polling
+
+    def start(self) -> None:
+        """Begin (in ``poll`` mode) looking at the repository, from how it is now."""
+        if self.mode != "poll":
+            return
+        self._seen = watch.fingerprints(self.catalog.folders())
+        self._applied = dict(self._seen)
+        self._poller = asyncio.get_running_loop().create_task(self._poll())
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_s)
+            try:
+                await self.poll_once()
+            except Exception:  # a look that failed is tried again at the next
+                log.exception("looking at the model repository failed")
+
+    async def poll_once(self) -> None:
+        """Act on the repository's changes that have settled since the last look."""
+        now = await asyncio.to_thread(watch.fingerprints, self.catalog.folders())
+        changes = watch.settled(self._applied, self._seen, now)
+        self._seen = now
+        for name in changes.unload:
+            self._applied.pop(name, None)
+            await self.unload_now(name)
+        for name in changes.load:
+            self._applied[name] = now[name]
+            try:
+                await self.load_now(name)
+            except LoadFailed:
+                pass  # logged, shown in the index; tried again when the folder changes
+
+    async def close(self) -> None:
+        """Stop taking loads and unloads, and stop polling; wait for those under way."""
+        self._closing = True
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
+        for lock in list(self._locks.values()):
+            async with lock:
+                pass

@@ -1,0 +1,76 @@
+"""What changed in a model repository between two looks (``--model-control-mode poll``).
+
+A model folder's :data:`Fingerprint` is every file in it with its size, inode and
+modification time, and for a small file (code, settings) a hash of its bytes: a file
+timestamp moves in clock ticks, so a model file rewritten within one tick at the same size
+still shows. :func:`settled` compares what was last acted on, the previous look and this
+one: a change acts once the folder has looked the same twice in a row, so a folder still
+being copied in is left alone until it is complete. :func:`fingerprints` reads the disk;
+:func:`settled` is pure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Changes", "Fingerprint", "fingerprint", "fingerprints", "settled"]
+
+# (path in the folder, size, inode, mtime in ns, hash of the bytes or "" for a large file)
+Fingerprint = tuple[tuple[str, int, int, int, str], ...]
+_HASHED_BYTES = 1 << 20  # files up to 1 MiB (code, settings) are hashed: big weights are not
+
+
+@dataclass(frozen=True, slots=True)
+class Changes:
+    """Models to load (new or changed folders) and to unload (removed ones), by name."""
+
+    load: tuple[str, ...] = ()
+    unload: tuple[str, ...] = ()
+
+
+def fingerprint(folder: Path) -> Fingerprint:
+    """``folder``'s files as they are now (hidden files and ``__pycache__`` left out)."""
+    files = []
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
+        for name in sorted(names):
+            if name.startswith("."):
+                continue
+            path = Path(root) / name
+            try:
+                stat = path.stat()
+                digest = _digest(path) if stat.st_size <= _HASHED_BYTES else ""
+            except OSError:  # removed while looked at: the next look sees what is left
+                continue
+            relative = str(path.relative_to(folder))
+            files.append((relative, stat.st_size, stat.st_ino, stat.st_mtime_ns, digest))
+    return tuple(files)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.blake2b(path.read_bytes(), digest_size=16).hexdigest()
+
+
+def fingerprints(folders: Iterable[Path]) -> dict[str, Fingerprint]:
+    """Each model folder's fingerprint, by model name."""
+    return {folder.name: fingerprint(folder) for folder in folders}
+
+
+def settled(
+    applied: Mapping[str, Fingerprint],
+    seen: Mapping[str, Fingerprint],
+    now: Mapping[str, Fingerprint],
+) -> Changes:
+    """What to do now: load a folder that differs from what was ``applied`` and looked the
+    same at the last look (``seen``); unload one that was applied and is gone from both."""
+    load = [
+        name
+        for name in sorted(now)
+        if now[name] != applied.get(name) and seen.get(name) == now[name]
+    ]
+    unload = [name for name in sorted(applied) if name not in now and name not in seen]
+    return Changes(tuple(load), tuple(unload))
