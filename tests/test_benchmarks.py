@@ -81,6 +81,10 @@ def quick_run(script: str, *args: str, timeout: float = 120) -> str:
         ),
         ("check_cost.py", ["headers sent twice", "goal: the checks together < 2 us"]),
         (
+            "model_control.py",
+            ["failed requests during", "p99 reloading / steady", "after unload / before load, big"],
+        ),
+        (
             "grpc_batching.py",
             ["(a) 200 concurrent calls at once", "double_2ms", "(b) carpool bench on demo"],
         ),

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from carpool.errors import ConfigError
-from carpool.loading.repository import LoadFailure, load_folder, model_folders
+from carpool.loading.repository import LoadFailure, forget_module, load_folder, model_folders
 from carpool.loading.settings import apply_settings
 from carpool.loading.targets import DEMO, load_target
 from carpool.model import Model, Tensor
@@ -147,6 +147,12 @@ class Catalog:
         except _LOAD_ERRORS as exc:
             raise ConfigError(f"{folder or name}: {exc}") from exc
         raise ConfigError(f"no model named {name!r} in the model repository")
+
+    def release(self, name: str) -> None:
+        """Model ``name`` was unloaded: let go of what loading it left in this process (its
+        ``model.py`` module, and what that holds: weights, say)."""
+        if self.folder(name) is not None:
+            forget_module(name)
 
     def check_settings(self, names: set[str]) -> None:
         """The config file and ``--response-cache`` name only models in ``names``."""

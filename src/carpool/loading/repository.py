@@ -24,7 +24,16 @@ from typing import Any
 from carpool.errors import ConfigError
 from carpool.model import Model
 
-__all__ = ["MODEL_FILE", "LoadFailure", "as_model", "load_file", "load_folder", "model_folders"]
+__all__ = [
+    "MODEL_FILE",
+    "LoadFailure",
+    "as_model",
+    "forget_module",
+    "load_file",
+    "load_folder",
+    "model_folders",
+    "module_name",
+]
 
 MODEL_FILE = "carpool.toml"
 _BACKENDS = {".onnx": "onnx", ".pt": "torch", ".pth": "torch", ".ts": "torch", ".py": "python"}
@@ -70,7 +79,7 @@ def load_file(path: Path, *, name: str | None, options: Mapping[str, Any]) -> Mo
         return torch_model(path, name=name, **_table(options, "torch"))
     if backend == "python":
         attr = str(options.get("target", "model"))
-        module = _import_file(path, f"carpool_models.{name}")
+        module = _import_file(path, module_name(name))
         if not hasattr(module, attr):
             raise ConfigError(
                 f'{path.name} has no attribute {attr!r}; define it, or set target = "NAME" '
@@ -89,6 +98,16 @@ def _table(options: Mapping[str, Any], key: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ConfigError(f"[{key}] must be a table of {key} backend options")
     return value
+
+
+def module_name(name: str) -> str:
+    """The module a model's ``model.py`` runs as while the model is loaded."""
+    return f"carpool_models.{name}"
+
+
+def forget_module(name: str) -> None:
+    """Model ``name`` is unloaded: its module goes, and with it what its code holds."""
+    sys.modules.pop(module_name(name), None)
 
 
 def _import_file(path: Path, module_name: str) -> Any:

@@ -20,6 +20,7 @@ Triton's do outside explicit mode.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -175,6 +176,9 @@ class ModelControl:
                 await self._drain(served)
             finally:
                 self.registry.mark(name, served.version, "UNAVAILABLE", "unloaded")
+                self.catalog.release(name)
+                del served
+                gc.collect()  # a model's objects in cycles go now, not at some later scan
             log.info("unloaded model %r", name)
 
     async def _start(self, name: str, overrides: Mapping[str, Any] | None) -> ServedModel:
