@@ -52,6 +52,11 @@ FLAGS = {
     "--max-batch-tokens": "CARPOOL_MAX_BATCH_TOKENS",
     "--max-client-batch-size": "CARPOOL_MAX_CLIENT_BATCH_SIZE",
     "--grpc-max-concurrent-rpcs": "CARPOOL_GRPC_MAX_CONCURRENT_RPCS",
+    "--model-control-mode": "CARPOOL_MODEL_CONTROL_MODE",
+    "--load-model": "CARPOOL_LOAD_MODEL",
+    "--repository-poll-secs": "CARPOOL_REPOSITORY_POLL_SECS",
+    "--response-cache": "CARPOOL_RESPONSE_CACHE",
+    "--cache-size": "CARPOOL_CACHE_SIZE",
 }
 
 

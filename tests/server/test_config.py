@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
 from carpool import Model
 from carpool.errors import ConfigError
+from carpool.loading import Catalog
 from carpool.server.config import ServerConfig
 
 
@@ -38,3 +40,33 @@ def test_server_config_defaults() -> None:
 def test_server_config_refuses_what_it_cannot_serve(settings: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         ServerConfig(**settings)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"model_control_mode": "sometimes"}, "must be none, explicit or poll, got 'sometimes'"),
+        ({"model_control_mode": ""}, "must be none, explicit or poll, got ''"),
+        ({"model_control_mode": "explicit"}, "needs the catalog of models"),
+        (
+            {"model_control_mode": "poll", "catalog": Catalog(["demo"]), "frontends": 2},
+            "runs with one front end: leave out --frontends (got 2)",
+        ),
+        ({"repository_poll_secs": 0}, "--repository-poll-secs must be > 0 seconds, got 0"),
+        ({"repository_poll_secs": True}, "--repository-poll-secs must be > 0 seconds"),
+        ({"cache_size": 0}, "--cache-size must be a whole number of bytes >= 1, got 0"),
+        ({"cache_size": 1.5}, "--cache-size must be a whole number of bytes >= 1"),
+    ],
+)
+def test_model_control_and_cache_settings_are_checked(
+    settings: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        ServerConfig(**settings)
+
+
+def test_model_control_takes_its_catalog() -> None:
+    catalog = Catalog(["demo"])
+    config = ServerConfig(model_control_mode="explicit", catalog=catalog)
+    assert (config.model_control_mode, config.catalog) == ("explicit", catalog)
+    assert ServerConfig().model_control_mode == "none"
