@@ -150,9 +150,9 @@ class Catalog:
 
     def release(self, name: str) -> None:
         """Model ``name`` was unloaded: let go of what loading it left in this process (its
-        ``model.py`` module, and what that holds: weights, say)."""
-        if self.folder(name) is not None:
-            forget_module(name)
+        ``model.py`` module, and what that holds: weights, say), even if its folder is
+        gone already."""
+        forget_module(name)
 
     def check_settings(self, names: set[str]) -> None:
         """The config file and ``--response-cache`` name only models in ``names``."""

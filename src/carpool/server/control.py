@@ -57,10 +57,10 @@ class LoadFailed(CarpoolError):
     """A model could not be loaded (a 400, Triton's INVALID_ARG); the version serving
     before, if any, still serves."""
 
-    def __init__(self, name: str, reason: str) -> None:
+    def __init__(self, name: str, reason: str, *, action: str = "load") -> None:
         self.name = name
         self.reason = reason
-        super().__init__(f"failed to load '{name}': {reason}")
+        super().__init__(f"failed to {action} '{name}': {reason}")
 
     def _fields(self) -> dict[str, Any]:
         return {"name": self.name, "reason": self.reason}
@@ -71,13 +71,13 @@ async def act(
 ) -> None:
     """A load or unload request (``action``) for ``name`` with its ``parameters``, as REST
     and gRPC both receive it; ``control`` None: the server has no model control (503)."""
+    if control is None:
+        raise ControlUnavailable(CONTROL_OFF)
     overrides = None
     if action == "load":
         overrides = load_overrides(parameters, name)
     else:
         check_unload(parameters)
-    if control is None:
-        raise ControlUnavailable(CONTROL_OFF)
     if action == "load":
         await control.load(name, overrides)
     else:
@@ -126,8 +126,9 @@ class ModelControl:
     async def unload(self, name: str) -> None:
         """Stop serving ``name``: returns once it has drained and its workers are gone."""
         self._check_explicit()
-        if name not in self.catalog.names() and name not in self.registry.load_failures:
-            raise LoadFailed(name, "no such model in the model repository")
+        known = self.registry.find(name) is not None or name in self.registry.load_failures
+        if not known and name not in self.catalog.names():  # a served model's folder may be gone
+            raise LoadFailed(name, "no such model in the model repository", action="unload")
         await self.unload_now(name)
 
     def _check_explicit(self) -> None:

@@ -149,10 +149,12 @@ def _dynamic_batching(value: Any) -> dict[str, Any]:
     for key, item in value.items():
         if key == "max_queue_delay_microseconds":
             overrides["max_wait_ms"] = _number(item, f"{where}.{key}") / 1000.0
-        elif key in ("priority_levels", "default_priority_level", "policy"):
+        elif key == "policy":
             overrides[key] = item
+        elif key in ("priority_levels", "default_priority_level"):
+            overrides[key] = _whole(item, f"{where}.{key}")
         elif key == "max_queue_size":
-            overrides[key] = item or None  # Triton's 0: no limit
+            overrides[key] = _whole(item, f"{where}.{key}") or None  # Triton's 0: no limit
         elif key == "default_queue_policy":
             overrides.update(_queue_policy(item, f"{where}.{key}"))
         elif key != "preferred_batch_size":  # carpool shows it; its batch sizes follow load
@@ -183,8 +185,15 @@ def _instances(value: Any) -> int:
     for index, group in enumerate(value):
         if not isinstance(group, Mapping):
             raise ProtocolError("an instance group must be an object", field=f"{where}[{index}]")
-        total += int(_number(group.get("count", 1), f"{where}[{index}].count"))
+        total += _whole(group.get("count", 1), f"{where}[{index}].count")
     return total
+
+
+def _whole(value: Any, where: str) -> int:
+    number = _number(value, where)
+    if not number.is_integer():
+        raise ProtocolError(f"{where.rsplit('.', 1)[-1]} must be a whole number", field=where)
+    return int(number)
 
 
 def _number(value: Any, where: str) -> float:
