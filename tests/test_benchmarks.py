@@ -81,6 +81,16 @@ def quick_run(script: str, *args: str, timeout: float = 120) -> str:
         ),
         ("check_cost.py", ["headers sent twice", "goal: the checks together < 2 us"]),
         (
+            "response_cache.py",
+            [
+                "check cached: ok",
+                "check uncached: ok",
+                "(a) server CPU per request, every request a hit / computed",
+                "the inference path alone, in process",
+                "(b) req/s with 50% repeated requests, cache / no cache",
+            ],
+        ),
+        (
             "model_control.py",
             ["failed requests during", "p99 reloading / steady", "after unload / before load, big"],
         ),

@@ -73,6 +73,7 @@ LAYERS: list[tuple[str, ...]] = [
         "server.openapi",
         "server.registry",
         "server.watch",
+        "server.sharing",
     ),
     ("server.messages", "server.bodies", "server.connections", "server.grpc_access"),
     ("server.load_config", "server.control"),  # model control: loads, unloads, polls
@@ -80,6 +81,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("server.json_text",),  # REST's JSON text: orjson, and the stdlib for NaN
     ("server.admission", "server.rest_codec", "server.grpc_codec"),  # wire <-> records
     ("server.outcomes", "server.metrics"),  # exceptions -> statuses; Prometheus
+    ("server.cache",),  # the response cache: request keys, answers kept, LRU by bytes
     ("server.inference",),  # the one path: ready, admit, batch, respond, record, time
     ("server.hub", "server.remote"),  # front-end processes: the main's end, a front end's
     ("server.openai",),  # OpenAI's bodies on that path

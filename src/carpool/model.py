@@ -238,13 +238,7 @@ class Model:
         for kind in ("inputs", "outputs"):
             tensors = getattr(self, kind)
             if tensors is not None:
-                tensors = tuple(tensors)
-                if not tensors:
-                    raise ValueError(f"{kind} must name at least one tensor, or be None")
-                names = [t.name for t in tensors]
-                if len(set(names)) != len(names):
-                    raise ValueError(f"{kind} has duplicate names: {names}")
-                setattr(self, kind, tensors)
+                setattr(self, kind, _tensors(kind, tensors))
         for flag in ("openai", "response_cache"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"Model {flag} must be True or False, got {getattr(self, flag)!r}")
@@ -342,6 +336,17 @@ class Model:
             return adapt.after(fn(adapt.argument(arg)), arg, rows)
 
         return call
+
+
+def _tensors(kind: str, tensors: Sequence[Tensor]) -> tuple[Tensor, ...]:
+    """A model's ``inputs`` or ``outputs``, checked: some, and each name once."""
+    tensors = tuple(tensors)
+    if not tensors:
+        raise ValueError(f"{kind} must name at least one tensor, or be None")
+    names = [t.name for t in tensors]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{kind} has duplicate names: {names}")
+    return tensors
 
 
 def _check_text_to_vector(model: Model) -> None:

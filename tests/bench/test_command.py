@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from bench.conftest import latency, report, step
+from carpool.bench.payload import is_unique
 from carpool.bench.report import Report
 from carpool.cli import main
 from server.conftest import Launcher, Server, free_port, wait_until
@@ -108,6 +109,24 @@ def test_each_load_mode_records_its_requests_and_writes_a_report(
         assert step.server.rows >= 1
         assert "demo on http://" in out
         assert f"wrote {path}" in out
+
+
+@pytest.mark.parametrize("encoding", ["binary", "json"])
+def test_the_others_of_a_repeat_fraction_miss_a_response_cache(
+    servers: Launcher, tmp_path: Path, capsys: pytest.CaptureFixture[str], encoding: str
+) -> None:
+    cached = servers("--response-cache", "demo")
+    path = tmp_path / "half.json"
+    flags = ["--concurrency", "8", "--requests", "200", "--warmup", "0", "--distinct", "4",
+             "--repeat-fraction", "0.5", "--unique", "1000", "--encoding", encoding]  # fmt: skip
+    code, out, err = bench(capsys, url(cached), *flags, "--json", str(path))
+    assert (code, err) == (0, ""), out
+    settings = Report.load(path).settings
+    assert (settings["repeat_fraction"], settings["unique"]) == (0.5, 1000)
+    others = sum(is_unique(i, 0.5) for i in range(200))  # each another request: a miss
+    stats = cached.stats("demo")["inference_stats"]
+    assert stats["cache_miss"]["count"] == others + 4  # and the 4 repeated ones, once each
+    assert stats["cache_hit"]["count"] == 200 - others - 4
 
 
 @pytest.mark.slow  # interpreters started: seconds
@@ -313,6 +332,9 @@ def test_sweep_batching_runs_every_setting_and_names_the_best(
         (("no_such_module:fn",), "cannot import module 'no_such_module'"),
         (("demo", "--policy", "bogus"), "policy must be one of"),
         (("--compare", "a.json"), "two reports or more"),
+        (("http://127.0.0.1:1/v2/models/m", "--repeat-fraction", "2"), "must be in [0, 1]"),
+        (("demo", "--repeat-fraction", "0.5"), "--repeat-fraction applies to v2 targets"),
+        (("http://127.0.0.1:1/v2/models/m", "--unique", "9"), "add that"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(

@@ -23,6 +23,8 @@ FLAGS = {
     "--strings": "CARPOOL_BENCH_STRINGS",
     "--rows": "CARPOOL_BENCH_ROWS",
     "--distinct": "CARPOOL_BENCH_DISTINCT",
+    "--repeat-fraction": "CARPOOL_BENCH_REPEAT_FRACTION",
+    "--unique": "CARPOOL_BENCH_UNIQUE",
     "--encoding": "CARPOOL_BENCH_ENCODING",
     "--model": "CARPOOL_BENCH_MODEL",
     "--client-processes": "CARPOOL_BENCH_CLIENT_PROCESSES",

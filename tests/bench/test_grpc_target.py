@@ -25,7 +25,7 @@ from carpool.bench.grpc_target import (
     parse_grpc,
     stats_of,
 )
-from carpool.bench.payload import InputSpec, RequestSpec
+from carpool.bench.payload import InputSpec, RequestSpec, is_unique
 from carpool.bench.report import Report, ServerSide
 from carpool.bench.targets import BenchError, target_kind
 from carpool.cli import main
@@ -232,6 +232,21 @@ async def test_load_through_a_grpc_channel_counts_status_codes(echo: tuple[str, 
     assert before == GrpcStats(0, 0, {}, 0, 0, 0)
     assert after is not None
     assert (after.executions, after.inferences, after.batch_sizes) == (4, 4, {1: 4})
+
+
+async def test_a_share_of_the_sends_are_the_others(echo: tuple[str, Echo]) -> None:
+    url, servicer = echo
+    async with GrpcTarget.connect(url, "echo") as target:
+        spec = RequestSpec((InputSpec("X", "FP32", (1, 3)),))
+        repeated = [{"X": np.full((1, 3), v, np.float32)} for v in (1.0, 2.0)]
+        others = [{"X": np.full((1, 3), 10.0 + v, np.float32)} for v in range(50)]
+        client = target.client(repeated, spec, timeout_s=10.0, others=others, repeat_fraction=0.5)
+        async with client.open(4) as send:
+            assert [await send(i) for i in range(40)] == [None] * 40
+    sent = [float(np.frombuffer(r.raw_input_contents[0], np.float32)[0]) for r in servicer.requests]
+    expected = [10.0 + i % 50 if is_unique(i, 0.5) else 1.0 + i % 2 for i in range(40)]
+    assert sent == expected
+    assert 10 < sum(v >= 10.0 for v in sent) < 30
 
 
 async def test_a_model_the_server_does_not_have_is_a_usage_error(echo: tuple[str, Echo]) -> None:

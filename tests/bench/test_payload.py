@@ -17,6 +17,7 @@ from carpool.bench.payload import (
     RequestSpec,
     encode,
     generate,
+    is_unique,
     spec_from_metadata,
 )
 from carpool.datatypes import DATATYPES
@@ -215,6 +216,14 @@ def test_encode_headers_and_output_parameters() -> None:
     assert body == header + request["INPUT0"].astype("<f4").tobytes()
     body, headers = encode(request, spec, binary=True, binary_output=False)
     assert "parameters" not in json.loads(body[: int(headers[HEADER_LENGTH])])
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.25, 0.5, 0.9, 1.0])
+def test_the_share_of_others_is_spread_over_any_stride(fraction: float) -> None:
+    for first, stride in ((0, 1), (0, 2), (1, 2), (2, 3)):  # client processes take strides
+        indices = range(first, 20_000, stride)
+        others = sum(is_unique(i, fraction) for i in indices) / len(indices)
+        assert others == pytest.approx(1.0 - fraction, abs=0.02)
 
 
 def test_encode_uses_the_arrays_shapes() -> None:

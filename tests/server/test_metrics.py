@@ -1,5 +1,6 @@
 """``/metrics``: one family per figure, a sample per model, the adaptive ones only where a
-model learns; the server's own family for the answers no model counts."""
+model learns, the cache's only where a model caches; the server's own family for the answers
+no model counts."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from carpool import Batching, Model
+from carpool.server.admission import AdmittedRequest
+from carpool.server.cache import Entry, ResponseCache
+from carpool.server.messages import OutputTensor
 from carpool.server.metrics import Metrics
 from carpool.server.registry import Registry
 
@@ -105,3 +109,27 @@ def test_answers_no_model_counts_are_the_servers_own_family() -> None:
     counts.shown = {"http": {200: 7}}  # a front end's: every front end's, summed
     assert samples() == {("success", "http"): 7.0}
     assert counts.export() == {"http": {404: 2}, "openai": {400: 1}, "grpc": {401: 1}}
+
+
+def test_the_response_cache_has_its_counts_per_model_and_its_bytes() -> None:
+    registry = Registry(
+        [Model(_double, name="cached", response_cache=True), Model(_double, name="plain")]
+    )
+    assert not {"carpool_cache_hits", "carpool_cache_bytes"} & set(families(registry))  # none
+    registry.cache = ResponseCache(1 << 20)
+    entry, nbytes = Entry.copied(
+        "cached",
+        AdmittedRequest({}, 1, (("OUTPUT0", False),), 0, None),
+        [(OutputTensor("OUTPUT0", "FP32", (1, 2), np.zeros((1, 2), np.float32)), False)],
+        keep_inputs=False,
+    )
+    registry.cache.put(b"key", entry, nbytes)
+    cached = registry.get("cached")
+    cached.cache_counts.hit(0.001)
+    cached.cache_counts.hit(0.001)
+    cached.cache_counts.miss(0.002)
+    found = families(registry)
+    for name, count in (("carpool_cache_hits", 2.0), ("carpool_cache_misses", 1.0)):
+        assert {s.labels["model"]: s.value for s in found[name].samples} == {"cached": count}
+    (held,) = found["carpool_cache_bytes"].samples
+    assert held.value == nbytes

@@ -125,6 +125,20 @@ _GROUPS: dict[str, list[tuple[str, Callable[[str], Any], str, str]]] = {
         ("--rows", int, "N", "rows (batch axis) per request; /v1/embeddings: texts [1]"),
         ("--distinct", int, "N", "distinct requests generated and cycled through [64]"),
         (
+            "--repeat-fraction",
+            float,
+            "F",
+            "v2 HTTP and gRPC: the share of requests that repeat one of --distinct; the "
+            "rest cycle through --unique others, for a response cache [1]",
+        ),
+        (
+            "--unique",
+            int,
+            "N",
+            "with --repeat-fraction: the others, generated; more than the server's cache "
+            "holds, so that each comes back a miss [4096]",
+        ),
+        (
             "--encoding",
             str,
             "NAME",

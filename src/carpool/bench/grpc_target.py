@@ -202,11 +202,23 @@ class GrpcTarget:
                 raise _refused(url, exc) from None
             yield cls(url, metadata_of(answer), stub)
 
-    def client(self, requests: Sequence[Mapping[str, Any]], spec: Any, timeout_s: float) -> Client:
-        """Each request serialized once; ``ValueError`` for one the spec cannot carry."""
+    def client(
+        self,
+        requests: Sequence[Mapping[str, Any]],
+        spec: Any,
+        timeout_s: float,
+        others: Sequence[Mapping[str, Any]] = (),
+        repeat_fraction: float = 1.0,
+    ) -> Client:
+        """Each request serialized once, ``requests`` sent in turn; with ``others``, a share
+        ``1 - repeat_fraction`` of the sends are ``others``' in turn instead.
+        ``ValueError`` for a request the spec cannot carry."""
         u = self.url
-        bodies = tuple(encode_request(r, spec, model=u.model, version=u.version) for r in requests)
-        return GrpcClient(u.address, bodies, timeout_s)
+        bodies, also = (
+            tuple(encode_request(r, spec, model=u.model, version=u.version) for r in given)
+            for given in (requests, others)
+        )
+        return GrpcClient(u.address, bodies, timeout_s, also, repeat_fraction)
 
     async def snapshot(self) -> GrpcStats | None:
         """The model's ``ModelStatistics``; ``None`` when the server does not give them."""
@@ -261,17 +273,26 @@ class GrpcClient:
     address: str
     bodies: tuple[bytes, ...]
     timeout_s: float
+    others: tuple[bytes, ...] = ()  # --repeat-fraction's others
+    repeat_fraction: float = 1.0  # the share of sends that are ``bodies``'
 
     @asynccontextmanager
     async def open(self, connections: int) -> AsyncIterator[Send]:
+        from carpool.bench.payload import is_unique
+
         rpc_error = _aio().AioRpcError
         async with _channel(self.address) as channel:
             infer = channel.unary_unary(INFER)  # no (de)serializers: bytes both ways
             bodies, n, timeout = self.bodies, len(self.bodies), self.timeout_s
+            others, fraction = self.others, self.repeat_fraction
 
             async def send(i: int) -> str | None:
+                if others and is_unique(i, fraction):
+                    body = others[i % len(others)]
+                else:
+                    body = bodies[i % n]
                 try:
-                    await infer(bodies[i % n], timeout=timeout)
+                    await infer(body, timeout=timeout)
                 except rpc_error as exc:  # counted by its status code: "UNAVAILABLE", ...
                     return str(exc.code().name)
                 except Exception as exc:  # any other failure is counted by its kind

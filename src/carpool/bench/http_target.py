@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from carpool.bench.payload import is_unique
 from carpool.bench.report import ServerSide
 from carpool.bench.scrape import Snapshot, parse_metrics, server_side
 from carpool.bench.targets import BenchError, Client, Send
@@ -191,8 +192,17 @@ class HttpTarget(ScrapedTarget):
                 raise BenchError(f"{url.metadata} is not v2 model metadata: {exc}") from None
             yield cls(url, metadata, session)
 
-    def client(self, bodies: Sequence[tuple[bytes, Mapping[str, str]]], timeout_s: float) -> Client:
-        return HttpClient(self.url.infer, tuple((b, dict(h)) for b, h in bodies), timeout_s)
+    def client(
+        self,
+        bodies: Sequence[tuple[bytes, Mapping[str, str]]],
+        timeout_s: float,
+        others: Sequence[tuple[bytes, Mapping[str, str]]] = (),
+        repeat_fraction: float = 1.0,
+    ) -> Client:
+        """``bodies`` in turn; with ``others``, a share ``1 - repeat_fraction`` of the sends
+        are ``others``' in turn instead."""
+        sent, also = (tuple((b, dict(h)) for b, h in given) for given in (bodies, others))
+        return HttpClient(self.url.infer, sent, timeout_s, also, repeat_fraction)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +213,8 @@ class HttpClient:
     url: str
     bodies: tuple[tuple[bytes, dict[str, str]], ...]
     timeout_s: float
+    others: tuple[tuple[bytes, dict[str, str]], ...] = ()  # --repeat-fraction's others
+    repeat_fraction: float = 1.0  # the share of sends that are ``bodies``'
 
     @asynccontextmanager
     async def open(self, connections: int) -> AsyncIterator[Send]:
@@ -218,9 +230,13 @@ class HttpClient:
             auto_decompress=False,
         ) as session:
             post, url, bodies, n = session.post, self.url, self.bodies, len(self.bodies)
+            others, fraction = self.others, self.repeat_fraction
 
             async def send(i: int) -> str | None:
-                body, headers = bodies[i % n]
+                if others and is_unique(i, fraction):
+                    body, headers = others[i % len(others)]
+                else:
+                    body, headers = bodies[i % n]
                 try:
                     async with post(url, data=body, headers=headers) as response:
                         await response.read()

@@ -22,6 +22,9 @@ CONCURRENCY = (1, 8, 64, 256)  # one caller, then the levels where batching star
 DURATION_S = 5.0  # perf_analyzer's measurement interval
 WARMUP_S = 1.0  # connections opened, caches and the batcher's pool warm
 DISTINCT = 64  # requests cycled through: no cache sees one body; encoding takes milliseconds
+# --repeat-fraction's others: more than a response cache of a few MiB holds (an answer of a
+# few floats takes about 1 KiB there); 4096 demo requests encode in ~0.1 s and take 4.5 MB.
+UNIQUE = 4096
 CONNECTIONS = 256  # open loop: in flight at once before requests wait for a connection
 TIMEOUT_S = 30.0  # a request this late is a failure (TimeoutError), not a latency
 
@@ -52,6 +55,8 @@ class Options:
     input_data: str | None = None
     strings: str | None = None
     distinct: int = DISTINCT
+    repeat_fraction: float = 1.0  # the share that repeats --distinct; the rest: --unique
+    unique: int = UNIQUE
     encoding: str = "json"  # v2 HTTP: json|binary; grpc: raw; openai: float|base64
     model: str | None = None  # grpc and openai targets: the model asked for
     processes: int = 1
@@ -111,6 +116,8 @@ def options_from(
         input_data=args.input_data,
         strings=args.strings,
         distinct=args.distinct or DISTINCT,
+        repeat_fraction=1.0 if args.repeat_fraction is None else args.repeat_fraction,
+        unique=args.unique or UNIQUE,
         encoding=encoding,
         model=args.model,
         processes=args.client_processes or 1,
@@ -198,12 +205,28 @@ def _check(args: argparse.Namespace) -> None:
         if value is not None and not (value >= 0 if zero else value > 0):
             flag = "--" + name.replace("_", "-")
             raise BenchError(f"{flag} must be {'>= 0' if zero else '> 0'}, got {value:g}")
-    for name in ("requests", "rows", "distinct", "client_processes", "connections"):
+    for name in ("requests", "rows", "distinct", "unique", "client_processes", "connections"):
         count = getattr(args, name)
         if count is not None and count < 1:
             raise BenchError(f"--{name.replace('_', '-')} must be >= 1, got {count}")
+    _check_repeats(args)
     if args.input_data and args.strings:
         raise BenchError("--input-data gives whole requests; --strings applies to generated ones")
+
+
+def _check_repeats(args: argparse.Namespace) -> None:
+    """``--repeat-fraction`` in range, for a target and requests it can apply to."""
+    fraction = args.repeat_fraction
+    if fraction is None:
+        if args.unique is not None:
+            raise BenchError("--unique is the pool of --repeat-fraction's others; add that")
+        return
+    if not 0.0 <= fraction <= 1.0:
+        raise BenchError(f"--repeat-fraction must be in [0, 1], got {fraction:g}")
+    if args.target and target_kind(args.target) not in ("http", "grpc"):
+        raise BenchError("--repeat-fraction applies to v2 targets: an HTTP model URL or grpc://")
+    if args.input_data:
+        raise BenchError("--repeat-fraction generates its others; --input-data gives every request")
 
 
 def _batching_flags(

@@ -4,7 +4,8 @@ Pure: numpy and :mod:`carpool.server.tensors` (the v2 codecs the server itself d
 with), no HTTP client, no orjson. ``carpool bench`` resolves a :class:`RequestSpec` from
 ``GET /v2/models/NAME``, generates a few distinct requests (or reads them, with
 :mod:`carpool.bench.requests_file`), encodes each once with :func:`encode`, and sends the
-bytes over and over.
+bytes over and over. With ``--repeat-fraction F`` a share ``1 - F`` of the sends, spread by
+:func:`is_unique`, cycle through a second, larger set of generated requests instead.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ __all__ = [
     "described_inputs",
     "encode",
     "generate",
+    "is_unique",
     "spec_from_metadata",
 ]
 
@@ -45,6 +47,7 @@ Request = dict[str, Array]
 #: The header that splits a binary body into its JSON part and the tensors after it.
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
+_GOLDEN = 0x9E3779B1  # Knuth's multiplicative hash: spreads indices evenly over 2**32
 _INT_HIGH = 100  # ints in [0, 100): valid for every integer type, and for embedding ids
 _WORDS_PER_TEXT = (1, 8)  # random BYTES elements: 1 to 8 words ...
 _WORD_LETTERS = (2, 9)  # ... of 2 to 9 lowercase letters
@@ -174,6 +177,13 @@ def encode(
         return header, {"Content-Type": "application/json"}
     headers = {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(header))}
     return b"".join([header, *blobs]), headers
+
+
+def is_unique(index: int, repeat_fraction: float) -> bool:
+    """Whether send ``index`` is one of the others (``--repeat-fraction``): a share
+    ``1 - repeat_fraction`` of the indices, spread evenly, so that every caller, client
+    process and stride of indices gets its share."""
+    return (index * _GOLDEN) & 0xFFFFFFFF >= repeat_fraction * 2**32
 
 
 def checked_inputs(

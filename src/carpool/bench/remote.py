@@ -17,7 +17,9 @@ import numpy as np
 from carpool.bench.options import Options
 from carpool.bench.targets import BenchError, Client
 
-__all__ = ["client_for", "connect", "requests_for", "texts_for"]
+__all__ = ["client_for", "connect", "others_for", "requests_for", "texts_for"]
+
+_OTHERS_SEED = 1 << 32  # added to --seed: the others share no draw with any run's --distinct
 
 
 def requests_for(
@@ -45,6 +47,16 @@ def requests_for(
         return spec, payload.generate(spec, options.distinct, seed=options.seed, strings=strings)
     except (OSError, ValueError) as exc:
         raise BenchError(f"requests for model {metadata.get('name')!r}: {exc}") from None
+
+
+def others_for(spec: Any, options: Options) -> list[dict[str, np.ndarray[Any, Any]]]:
+    """``--repeat-fraction``'s others: ``--unique`` requests of random data (BYTES elements
+    random words, not ``--strings``: each must differ), none when every request repeats."""
+    from carpool.bench import payload
+
+    if options.repeat_fraction >= 1.0:
+        return []
+    return payload.generate(spec, options.unique, seed=options.seed + _OTHERS_SEED)
 
 
 def texts_for(options: Options) -> Sequence[str]:
@@ -76,11 +88,13 @@ def client_for(target: Any, options: Options) -> Client:
             )
             return cast(Client, target.client(bodies, options.timeout_s))
         spec, requests = requests_for(target.metadata, options, batched=None)
+        others, fraction = others_for(spec, options), options.repeat_fraction
         if options.kind == "grpc":
-            return cast(Client, target.client(requests, spec, options.timeout_s))
+            return cast(Client, target.client(requests, spec, options.timeout_s, others, fraction))
         binary = options.encoding == "binary"
         encoded = [payload.encode(r, spec, binary=binary) for r in requests]
-        return cast(Client, target.client(encoded, options.timeout_s))
+        also = [payload.encode(r, spec, binary=binary) for r in others]
+        return cast(Client, target.client(encoded, options.timeout_s, also, fraction))
     except ValueError as exc:
         raise BenchError(f"cannot encode requests: {exc}") from None
 

@@ -163,8 +163,7 @@ class Catalog:
             unknown = named - names
             if unknown:
                 raise ConfigError(
-                    f"{what} models {sorted(unknown)} that are not served; "
-                    f"serving {sorted(names)}"
+                    f"{what} models {sorted(unknown)} that are not served; serving {sorted(names)}"
                 )
 
     def _load_target(self, target: str, overrides: Mapping[str, Any] | None = None) -> Model:

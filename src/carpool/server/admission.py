@@ -43,6 +43,7 @@ __all__ = [
     "admit",
     "reaches",
     "respond",
+    "scheduling",
 ]
 
 T = TypeVar("T")
@@ -358,12 +359,23 @@ def _priority(model: Model, request: InferRequest) -> int:
     return priority or model.batching.default_priority_level
 
 
+def scheduling(model: Model, request: InferRequest) -> tuple[int, float | None]:
+    """``request``'s priority for ``model``, and the timeout in ms it sets itself (None: it
+    sets none); :class:`ProtocolError` for either out of range. What :func:`admit` checks of
+    them, for a request answered without admission (from the response cache)."""
+    return _priority(model, request), _requested_timeout_ms(request)
+
+
+def _requested_timeout_ms(request: InferRequest) -> float | None:
+    timeout_us = request.parameters and _int_parameter(request, "timeout")  # us, 0 = none
+    return timeout_us / 1000.0 if timeout_us else None
+
+
 def _timeout_ms(model: Model, request: InferRequest) -> float | None:
     # The request's own timeout may shorten the model's default, never extend it.
-    timeout_us = request.parameters and _int_parameter(request, "timeout")  # us, 0 = none
     timeout_ms = model.batching.default_timeout_ms
-    if timeout_us:
-        requested_ms = timeout_us / 1000.0
+    requested_ms = _requested_timeout_ms(request)
+    if requested_ms is not None:
         timeout_ms = requested_ms if timeout_ms is None else min(timeout_ms, requested_ms)
     return timeout_ms
 

@@ -154,3 +154,10 @@ def _check_models(config: ServerConfig) -> None:
     size = config.cache_size
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ConfigError(f"--cache-size must be a whole number of bytes >= 1, got {size!r}")
+    cached = [m.name for m in config.models if m.response_cache]
+    if cached and config.frontends > 1:
+        raise ConfigError(
+            f"the response cache (models {', '.join(map(str, cached))}) runs with one front "
+            f"end: leave out --frontends (got {config.frontends}), or turn the cache off for "
+            "them (--response-cache, [models.NAME] response_cache)"
+        )

@@ -13,6 +13,18 @@ client goes, the call is cancelled or its deadline passes), respond
 Decode and encode run inside the path so that a request refused while decoding, or whose
 answer cannot be encoded, counts under its model, as every other outcome does.
 
+For a model with the response cache on (``response_cache``, and ``registry.cache`` set),
+admit, batch and respond give way, after decode, to a lookup under the request's key
+(:func:`~carpool.server.cache.request_key`): a hit is answered from the cache without
+admission or queue; a miss joins the identical request's computation in flight, or starts
+one (:class:`~carpool.server.sharing.Flights`) that admits, batches, responds and stores the
+answer. That computation is nobody's own: it carries the model's queue timeout and the
+starter's priority, but no caller's deadline, and outlives any caller but the last; each
+caller waits under its own limits (client gone, ``timeout`` parameter, deadline). What it
+raises is every waiter's outcome (identical inputs fail alike: a model error, a full queue,
+the model's queue timeout); a caller's own withdrawal is its own. Each successful request
+counts once in ``served.cache_counts``: a miss if it started the computation, else a hit.
+
 Free of ASGI and grpc: "the client is gone" is an awaitable the front end passes, a
 deadline is seconds. So it is also the seam for front ends in other processes: one that
 decoded a request already passes a ``decode`` that returns it. It must not import the app,
@@ -25,14 +37,24 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 from carpool.errors import BatcherClosed, DeadlineExceeded
 from carpool.model import Model
-from carpool.server.admission import Admissions, AdmittedRequest, respond
+from carpool.server.admission import (
+    DECODE_OFFLOAD_BYTES,
+    Admissions,
+    AdmittedRequest,
+    reaches,
+    respond,
+    scheduling,
+)
+from carpool.server.cache import Entry, ResponseCache, request_key
 from carpool.server.messages import InferRequest, OutputTensor
 from carpool.server.outcomes import error_status
 from carpool.server.registry import ModelNotFound, ModelUnavailable, Registry, ServedModel
+from carpool.server.sharing import Flights
 from carpool.server.statuses import HTTPError, Status
 
 __all__ = ["Answer", "ClientGone", "GoneSignal", "Inference", "Withdrawal"]
@@ -77,7 +99,11 @@ NOT_WITHDRAWN = Withdrawal()
 @dataclass(frozen=True, slots=True, eq=False)
 class Answer:
     """What a request's ``encode`` step gets: the request as decoded, as admitted, and its
-    response tensors, each with whether to send it binary, in the order asked for."""
+    response tensors, each with whether to send it binary, in the order asked for.
+
+    From the response cache, ``admitted`` is the identical request's that computed it, its
+    ``value`` (the admitted inputs) kept only for a model that counts tokens, else empty.
+    """
 
     served: ServedModel
     request: InferRequest
@@ -93,6 +119,7 @@ class Inference:
         self.registry = registry
         self.admissions = admissions if admissions is not None else Admissions()
         self.server_counts = registry.server_counts  # the answers no model counts
+        self.flights: Flights[tuple[Entry, float]] = Flights()  # cached models' computations
 
     async def infer(
         self,
@@ -122,6 +149,7 @@ class Inference:
         except (ModelNotFound, ModelUnavailable) as exc:
             self.server_counts.record(protocol, error_status(exc).status)
             raise
+        served.enter()  # on its way through this version (a reload waits for it)
         started = time.perf_counter()
         try:
             encoded = encode(await self._answer(served, decode, withdrawal))
@@ -132,6 +160,8 @@ class Inference:
         except Exception as exc:
             served.record(protocol, error_status(exc).status)
             raise
+        finally:
+            served.leave()
         served.record(protocol, Status.OK, time.perf_counter() - started)
         return encoded
 
@@ -144,9 +174,67 @@ class Inference:
         if not self.registry.ready:
             raise BatcherClosed(served.name, "is stopping")
         request = await decode(served.model)
+        cache = self.registry.cache
+        if cache is not None and served.model.response_cache:
+            return await self._cached(cache, served, request, withdrawal)
         admitted = await self.admissions.admit(served.model, request)
         outputs = await _batched(served, admitted, withdrawal)
         return Answer(served, request, admitted, respond(served.model, admitted, outputs))
+
+    async def _cached(
+        self, cache: ResponseCache, served: ServedModel, request: InferRequest, w: Withdrawal
+    ) -> Answer:
+        """``request``'s answer from ``cache``, from the identical request's computation in
+        flight, or computed and stored (see the module docstring); counted in
+        ``served.cache_counts`` (a hit's seconds: its lookup's; a miss's: lookup and store)."""
+        started = time.perf_counter()
+        priority, timeout_ms = scheduling(served.model, request)  # admission's 400s, first
+        if reaches(request, DECODE_OFFLOAD_BYTES):  # hashing ~1 ms a MiB: not on the loop
+            key = await self.admissions.run(request_key, served.name, served.generation, request)
+        else:
+            key = request_key(served.name, served.generation, request)
+        entry = cache.get(key)
+        if entry is not None:
+            served.cache_counts.hit(time.perf_counter() - started, entry.admitted.rows)
+        else:
+            looked_up = time.perf_counter() - started
+            compute = partial(self._compute, cache, served, request, key, priority)
+            (entry, stored), started_it = await _waited(
+                self.flights.share(key, compute), w, timeout_ms
+            )
+            if started_it:
+                served.cache_counts.miss(looked_up + stored)
+            else:
+                served.cache_counts.hit(looked_up, entry.admitted.rows)
+        return Answer(served, request, entry.admitted, list(entry.outputs))
+
+    async def _compute(
+        self,
+        cache: ResponseCache,
+        served: ServedModel,
+        request: InferRequest,
+        key: bytes,
+        priority: int,
+    ) -> tuple[Entry, float]:
+        """The shared computation of ``request``'s answer, stored under ``key``: the entry
+        and the seconds storing it took. Under the model's queue timeout and ``priority``,
+        no caller's own limits: those bound each caller's wait (:func:`_waited`)."""
+        model = served.model
+        admitted = await self.admissions.admit(model, request)
+        outputs = respond(
+            model,
+            admitted,
+            await served.batcher.infer_many(
+                admitted.value, timeout_ms=model.batching.default_timeout_ms, priority=priority
+            ),
+        )
+        started = time.perf_counter()
+        keep = model.count_tokens is not None  # OpenAI's usage is counted from the inputs
+        entry, nbytes = Entry.copied(
+            served.name, admitted, outputs, keep_inputs=keep, limit=cache.max_bytes
+        )
+        cache.put(key, entry, nbytes)
+        return entry, time.perf_counter() - started
 
 
 async def _batched(served: ServedModel, admitted: AdmittedRequest, withdrawal: Withdrawal) -> Any:
@@ -170,6 +258,37 @@ async def _batched(served: ServedModel, admitted: AdmittedRequest, withdrawal: W
         if deadline_ms is None or timeout_ms is not deadline_ms:
             raise  # the queue timeout's 503
         raise HTTPError(Status.GATEWAY_TIMEOUT, f"the call's deadline passed: {exc}") from None
+
+
+async def _waited(work: Awaitable[T], withdrawal: Withdrawal, timeout_ms: float | None) -> T:
+    """``work`` (a wait for a shared computation), within this request's own limits: until
+    its client goes (:class:`ClientGone`), its ``timeout`` parameter's ``timeout_ms`` pass
+    (as the queue timeout's 503: :class:`~carpool.errors.DeadlineExceeded`), or its call's
+    deadline (a 504's kind). Either bounds the whole wait: the computation is shared, so no
+    queue is this request's alone."""
+    deadline_ms = None
+    if withdrawal.deadline_s is not None:
+        deadline_ms = max(withdrawal.deadline_s * 1000.0, 1e-3)
+    limits = [ms for ms in (timeout_ms, deadline_ms) if ms is not None]
+    if not limits:  # no timer to set (one costs the wait a third more)
+        if withdrawal.client_gone is None:
+            return await work
+        return await _unless_gone(work, withdrawal.client_gone)
+    bound_ms = min(limits)
+    try:
+        async with asyncio.timeout(bound_ms / 1000.0) as bound:
+            if withdrawal.client_gone is None:
+                return await work
+            return await _unless_gone(work, withdrawal.client_gone)
+    except TimeoutError:
+        if not bound.expired():
+            raise  # the computation's own: the model's queue timeout
+        if bound_ms == deadline_ms:
+            raise HTTPError(
+                Status.GATEWAY_TIMEOUT, "the call's deadline passed while its answer was computed"
+            ) from None
+        assert timeout_ms is not None
+        raise DeadlineExceeded(timeout_ms=timeout_ms, stage="queued") from None
 
 
 async def _unless_gone(work: Awaitable[T], client_gone: GoneSignal) -> T:

@@ -2,9 +2,9 @@
 
 Nothing is recorded here: at scrape time a collector reads each batcher's ``stats()``
 snapshot and the server's request counts by status and protocol (each model's, and the
-server's own for answers no model counts: ``registry.server_counts``),
-so the request path never touches a metrics library. The only module that imports
-``prometheus_client``; it must not import the app.
+server's own for answers no model counts: ``registry.server_counts``) and the response
+cache's counts, so the request path never touches a metrics library. The only module that
+imports ``prometheus_client``; it must not import the app.
 """
 
 from __future__ import annotations
@@ -170,6 +170,7 @@ class _Collector:
             families.add(served)
         yield from families
         yield _server_requests(self._registry)
+        yield from _cache(self._registry)
         yield from _event_loop_tasks()
 
 
@@ -186,6 +187,32 @@ def _server_requests(registry: Registry) -> Metric:
         for status, count in sorted(counts.items()):
             family.add_metric([outcome(status), protocol], count)
     return family
+
+
+def _cache(registry: Registry) -> Iterator[Metric]:
+    """The response cache's counts, for each model with it on, and the bytes it holds across
+    models (nothing when the server has no cache)."""
+    if registry.cache is None:
+        return
+    hits = _counter(
+        "carpool_cache_hits",
+        "Requests answered from the response cache, or by an identical request's computation "
+        "in flight: no batch slot of their own",
+    )
+    misses = _counter(
+        "carpool_cache_misses", "Requests computed and their answers stored in the cache"
+    )
+    for served in registry:
+        if served.model.response_cache:
+            hits.add_metric([served.name], served.cache_counts.hits)
+            misses.add_metric([served.name], served.cache_counts.misses)
+    yield hits
+    yield misses
+    yield GaugeMetricFamily(
+        "carpool_cache_bytes",
+        "Bytes the response cache holds (answers, and their bookkeeping), across models",
+        value=registry.cache.bytes,
+    )
 
 
 def _event_loop_tasks() -> Iterator[Metric]:

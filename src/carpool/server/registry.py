@@ -94,19 +94,22 @@ def _duration(count: int, seconds: float) -> dict[str, int]:
 class CacheCounts:
     """A model's response-cache lookups, as Triton's statistics count them: ``hits`` (answered
     from the cache) and ``misses`` (computed, then stored), each with the seconds the lookup
-    (and, for a miss, the insert) took."""
+    (and, for a miss, the insert) took; ``hit_rows``, the rows the hits answered (Triton's
+    ``inference_count`` counts them)."""
 
-    __slots__ = ("hit_seconds", "hits", "miss_seconds", "misses")
+    __slots__ = ("hit_rows", "hit_seconds", "hits", "miss_seconds", "misses")
 
     def __init__(self) -> None:
         self.hits = 0
         self.hit_seconds = 0.0
+        self.hit_rows = 0
         self.misses = 0
         self.miss_seconds = 0.0
 
-    def hit(self, seconds: float) -> None:
+    def hit(self, seconds: float, rows: int = 1) -> None:
         self.hits += 1
         self.hit_seconds += seconds
+        self.hit_rows += rows
 
     def miss(self, seconds: float) -> None:
         self.misses += 1
@@ -252,13 +255,15 @@ class ServedModel:
         # Triton counts compute per request, and perf_analyzer requires the three compute
         # phases to agree; carpool's model time covers all of them, so input/output are 0 ns.
         computed = s.completed + s.failed
+        # A cache hit is a success and its rows are inferences, but it ran nothing: no
+        # execution, compute or queue time (as Triton counts it).
         return {
             "name": self.name,
             "version": self.version,
-            "inference_count": s.rows,
+            "inference_count": s.rows + cache.hit_rows,
             "execution_count": s.batches,
             "inference_stats": {
-                "success": _duration(s.completed, self.request_seconds),
+                "success": _duration(s.completed + cache.hits, self.request_seconds),
                 "fail": _duration(failed, 0.0),
                 "queue": _duration(s.queue_wait_seconds.count, s.queue_wait_seconds.sum),
                 "compute_input": _duration(computed, 0.0),

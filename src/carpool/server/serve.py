@@ -35,6 +35,7 @@ from carpool.lifelines import set_title
 from carpool.loading import LoadFailure
 from carpool.server.app import App
 from carpool.server.auth import ApiKeys
+from carpool.server.cache import ResponseCache
 from carpool.server.config import ServerConfig
 from carpool.server.connections import over_tls, protocol_class
 from carpool.server.control import ModelControl
@@ -72,6 +73,8 @@ def build_app(config: ServerConfig, registry: Registry | None = None) -> App:
     over ``registry`` (a front end's), else a registry of ``config``'s models."""
     if registry is None:
         registry = Registry(config.models, load_failures=config.unavailable)
+    if config.model_control_mode != "none" or any(m.response_cache for m in config.models):
+        registry.cache = ResponseCache(config.cache_size)  # models loaded later may use it
     inference = Inference(registry)
     api_keys = ApiKeys(config.api_keys) if config.api_keys else None
     control = _control(config, registry)
