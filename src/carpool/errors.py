@@ -32,6 +32,10 @@ working in code that does not know carpool::
     │                                     start: a 400
     ├── ModelOutputError (RuntimeError)   carpool.server.admission: outputs that do not match
     │                                     the model's declared signature: a 500
+    ├── LoadFailed                        carpool.server.control: a model that could not be
+    │                                     loaded or unloaded on request: a 400
+    ├── ControlUnavailable                carpool.server.control: load and unload are off
+    │                                     (no explicit model control, or stopping): a 503
     ├── HTTPError                         carpool.server.statuses: an answer other than 200,
     │   │                                 with its status and headers
     │   └── ClientGone                    carpool.server.inference: the client left before
