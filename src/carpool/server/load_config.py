@@ -18,28 +18,13 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from carpool.model import Batching
 from carpool.server.messages import ProtocolError
 
 __all__ = ["config_overrides", "load_overrides", "request_parameters", "check_unload"]
 
-# carpool's own settings a load may change: how the model is batched and run.
-_OWN = frozenset(
-    {
-        "max_batch_size",
-        "max_wait_ms",
-        "policy",
-        "workers",
-        "max_queue_size",
-        "default_timeout_ms",
-        "priority_levels",
-        "default_priority_level",
-        "allowed_batch_sizes",
-        "latency_slo_ms",
-        "max_rows_per_request",
-        "max_batch_tokens",
-        "batch_timeout_ms",
-    }
-)
+# carpool's own settings a load may change: how the model is batched and run, all of them.
+_OWN = frozenset(Batching.__dataclass_fields__)
 # Fields of the config carpool shows that describe the model, not its serving: left alone.
 _DESCRIPTIVE = frozenset(
     {
