@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from carpool.errors import CarpoolError, ConfigError, WorkerStartError
-from carpool.loading import Catalog, LoadFailure
+from carpool.loading import Catalog
 from carpool.loading.catalog import read_version
 from carpool.server import watch
 from carpool.server.load_config import check_unload, load_overrides
@@ -152,9 +152,7 @@ class ModelControl:
                 served = await self._start(name, overrides)
             except LoadFailed as failed:
                 if old is None:
-                    self.registry.states.pop(name, None)
-                    failure = LoadFailure(name, self._version(name), failed.reason)
-                    self.registry.load_failures[name] = failure
+                    self.registry.fail(name, failed.reason, self._version(name))
                 log.error("%s", failed)
                 raise
             replaced = self.registry.put(served)

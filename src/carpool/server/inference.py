@@ -269,17 +269,15 @@ async def _waited(work: Awaitable[T], withdrawal: Withdrawal, timeout_ms: float 
     deadline_ms = None
     if withdrawal.deadline_s is not None:
         deadline_ms = max(withdrawal.deadline_s * 1000.0, 1e-3)
+    if withdrawal.client_gone is not None:
+        work = _unless_gone(work, withdrawal.client_gone)
     limits = [ms for ms in (timeout_ms, deadline_ms) if ms is not None]
     if not limits:  # no timer to set (one costs the wait a third more)
-        if withdrawal.client_gone is None:
-            return await work
-        return await _unless_gone(work, withdrawal.client_gone)
+        return await work
     bound_ms = min(limits)
     try:
         async with asyncio.timeout(bound_ms / 1000.0) as bound:
-            if withdrawal.client_gone is None:
-                return await work
-            return await _unless_gone(work, withdrawal.client_gone)
+            return await work
     except TimeoutError:
         if not bound.expired():
             raise  # the computation's own: the model's queue timeout

@@ -377,10 +377,16 @@ class Registry:
     def __iter__(self) -> Iterator[ServedModel]:
         return iter(self._models.values())
 
-    def fail(self, name: str, reason: str) -> None:
-        """``name`` could not start (no worker process loaded it): unavailable from now on."""
-        served = self._models.pop(name)
-        self.load_failures[name] = LoadFailure(name, served.version, reason)
+    def fail(self, name: str, reason: str, version: str | None = None) -> None:
+        """``name`` could not start (no worker process loaded it, or model control could
+        not load it): unavailable from now on, showing ``reason``; ``version`` is the one
+        it would have served (None: the one it was registered with)."""
+        served = self._models.pop(name, None)
+        self.states.pop(name, None)
+        if version is None:
+            assert served is not None, "a model never registered names its version"
+            version = served.version
+        self.load_failures[name] = LoadFailure(name, version, reason)
 
     def __len__(self) -> int:
         return len(self._models)
