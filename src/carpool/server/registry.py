@@ -87,6 +87,11 @@ def _config_tensor(spec: Tensor) -> dict[str, Any]:
     return {"name": spec.name, "data_type": datatype, "dims": list(spec.shape)}
 
 
+def _entry(name: str, version: str, state: str, reason: str = "") -> dict[str, str]:
+    """One model's line in the repository index."""
+    return {"name": name, "version": version, "state": state, "reason": reason}
+
+
 def _duration(count: int, seconds: float) -> dict[str, int]:
     return {"count": count, "ns": int(seconds * 1e9)}
 
@@ -448,23 +453,12 @@ class Registry:
         its name alone, as Triton lists it."""
         if ready_only:
             return [entry for entry in self.index() if entry.get("state") == "READY"]
-        entries = {
-            m.name: {"name": m.name, "version": m.version, "state": "READY", "reason": ""}
-            for m in self
-        }
-        for failure in self.load_failures.values():
-            entries.setdefault(
-                failure.name,
-                {
-                    "name": failure.name,
-                    "version": failure.version,
-                    "state": "UNAVAILABLE",
-                    "reason": failure.reason,
-                },
-            )
+        entries = {m.name: _entry(m.name, m.version, "READY") for m in self}
+        for f in self.load_failures.values():
+            entries.setdefault(f.name, _entry(f.name, f.version, "UNAVAILABLE", f.reason))
         for name, (version, state, reason) in self.states.items():
             if name not in entries or state == "UNLOADING":
-                entries[name] = {"name": name, "version": version, "state": state, "reason": reason}
+                entries[name] = _entry(name, version, state, reason)
         for name in self.known():
             entries.setdefault(name, {"name": name})
         return [entries[name] for name in sorted(entries)]
