@@ -92,3 +92,34 @@ def test_perf_analyzer_runs_clean_against_carpool_serve(
     failed = after["inference_stats"]["fail"]["count"] - before["inference_stats"]["fail"]["count"]
     assert failed == 0
     assert served >= int(completed.group(1)) > 0  # its measured requests, and its warm-up
+
+
+@pytest.fixture(scope="module")
+def cached(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    launcher = Launcher(tmp_path_factory.mktemp("servers"))
+    yield launcher("demo", "--response-cache", "demo", grpc=True)
+    launcher.close()
+
+
+@pytest.mark.timeout(SETUP_WITHIN_S + 2 * RUN_WITHIN_S)
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_perf_analyzer_measures_a_cached_model_whose_every_request_is_a_hit(
+    perf_analyzer: dict[str, str], cached: Server, protocol: str
+) -> None:
+    """The same request again and again (``--input-data zero``), no version given: after the
+    first, every request is a hit that runs nothing, and perf_analyzer still finds the model's
+    statistics (by its queue count) and reports the cache's hits, as against Triton."""
+    url = cached.grpc_address if protocol == "grpc" else cached.address
+    before = cached.stats("demo")
+    output = run_perf_analyzer(
+        perf_analyzer, "-u", url, "-i", protocol, "--input-data", "zero", "--shape", "INPUT0:256"
+    )
+    after = cached.stats("demo")
+    hits = re.search(r"Cache hit count: (\d+)", output)
+    assert hits is not None, output[-3000:]
+    assert int(hits.group(1)) > 0
+    misses = re.search(r"Cache miss count: (\d+)", output)
+    assert misses is not None, output[-3000:]
+    assert int(misses.group(1)) <= 1  # the first request's, if in a measured window
+    assert "error" not in output.lower(), output[-3000:]
+    assert after["execution_count"] - before["execution_count"] <= 1  # the first request's

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from typing import Any
 
@@ -93,6 +94,13 @@ def test_config_follows_triton_model_configuration() -> None:
         "instance_group": [{"count": 3, "kind": "KIND_CPU"}],
         "model_transaction_policy": {"decoupled": False},
     }
+
+
+def test_config_shows_the_response_cache_only_where_it_is_on() -> None:
+    """Triton's ``response_cache.enable``: perf_analyzer reports hits and misses by it."""
+    cached = dataclasses.replace(declared(), response_cache=True)
+    assert ServedModel(cached).config()["response_cache"] == {"enable": True}
+    assert "response_cache" not in ServedModel(declared()).config()
 
 
 def test_config_queue_policy_with_a_default_timeout() -> None:

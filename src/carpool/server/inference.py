@@ -195,7 +195,7 @@ class Inference:
             key = request_key(served.name, served.generation, request)
         entry = cache.get(key)
         if entry is not None:
-            served.cache_counts.hit(time.perf_counter() - started, entry.admitted.rows)
+            served.cache_counts.hit(time.perf_counter() - started)
         else:
             looked_up = time.perf_counter() - started
             compute = partial(self._compute, cache, served, request, key, priority)
@@ -205,7 +205,7 @@ class Inference:
             if started_it:
                 served.cache_counts.miss(looked_up + stored)
             else:
-                served.cache_counts.hit(looked_up, entry.admitted.rows)
+                served.cache_counts.hit(looked_up)
         return Answer(served, request, entry.admitted, list(entry.outputs))
 
     async def _compute(

@@ -99,22 +99,19 @@ def _duration(count: int, seconds: float) -> dict[str, int]:
 class CacheCounts:
     """A model's response-cache lookups, as Triton's statistics count them: ``hits`` (answered
     from the cache) and ``misses`` (computed, then stored), each with the seconds the lookup
-    (and, for a miss, the insert) took; ``hit_rows``, the rows the hits answered (Triton's
-    ``inference_count`` counts them)."""
+    (and, for a miss, the insert) took."""
 
-    __slots__ = ("hit_rows", "hit_seconds", "hits", "miss_seconds", "misses")
+    __slots__ = ("hit_seconds", "hits", "miss_seconds", "misses")
 
     def __init__(self) -> None:
         self.hits = 0
         self.hit_seconds = 0.0
-        self.hit_rows = 0
         self.misses = 0
         self.miss_seconds = 0.0
 
-    def hit(self, seconds: float, rows: int = 1) -> None:
+    def hit(self, seconds: float) -> None:
         self.hits += 1
         self.hit_seconds += seconds
-        self.hit_rows += rows
 
     def miss(self, seconds: float) -> None:
         self.misses += 1
@@ -241,6 +238,8 @@ class ServedModel:
             "instance_group": [{"count": b.workers, "kind": "KIND_CPU"}],
             "model_transaction_policy": {"decoupled": False},
         }
+        if self.model.response_cache:  # perf_analyzer reports cache hits and misses then
+            config["response_cache"] = {"enable": True}
         if b.batched:  # Triton leaves dynamic_batching out of a model that does not batch
             config["dynamic_batching"] = {
                 "max_queue_delay_microseconds": int(b.max_wait_ms * 1000),
@@ -260,17 +259,19 @@ class ServedModel:
         # Triton counts compute per request, and perf_analyzer requires the three compute
         # phases to agree; carpool's model time covers all of them, so input/output are 0 ns.
         computed = s.completed + s.failed
-        # A cache hit is a success and its rows are inferences, but it ran nothing: no
-        # execution, compute or queue time (as Triton counts it).
+        # A cache hit counts as in Triton: a success through the queue (in no time), with no
+        # inference, execution or compute (perf_analyzer needs the queue count to rise).
         return {
             "name": self.name,
             "version": self.version,
-            "inference_count": s.rows + cache.hit_rows,
+            "inference_count": s.rows,
             "execution_count": s.batches,
             "inference_stats": {
                 "success": _duration(s.completed + cache.hits, self.request_seconds),
                 "fail": _duration(failed, 0.0),
-                "queue": _duration(s.queue_wait_seconds.count, s.queue_wait_seconds.sum),
+                "queue": _duration(
+                    s.queue_wait_seconds.count + cache.hits, s.queue_wait_seconds.sum
+                ),
                 "compute_input": _duration(computed, 0.0),
                 "compute_infer": _duration(computed, s.model_seconds.sum),
                 "compute_output": _duration(computed, 0.0),
