@@ -18,6 +18,9 @@ demo`` (cache off); ``carpool bench`` on the last CPU loads each in turn, closed
       8,192 others (misses: each comes back after 4,096 others, long evicted from a cache of
       ~2,000, which is full and evicts one answer per miss); req/s with the cache against
       req/s without, the same load.
+  (c) every request a miss (``--repeat-fraction 0``: the 8,192 cycled): server CPU per
+      request with the cache against without, what the cache costs the requests it cannot
+      answer (the key, the shared computation, the copy and the insert, an eviction).
 
 Why: a hit is meant to cost next to nothing, so that traffic that repeats itself (the same
 query embedded again, the same features scored again) frees the model for the rest. Goals
@@ -62,6 +65,7 @@ SERVERS = {
 LOADS = {
     "hits": ("--distinct", str(DISTINCT)),
     "half": ("--distinct", str(DISTINCT), "--repeat-fraction", "0.5", "--unique", str(UNIQUE)),
+    "misses": ("--distinct", str(DISTINCT), "--repeat-fraction", "0", "--unique", str(UNIQUE)),
 }
 
 
@@ -200,6 +204,11 @@ def report(
     print(
         f"(b) req/s with 50% repeated requests, cache / no cache: {speedup:.2f}x "
         f"(goal >= {SPEEDUP_GOAL:g}x): {_bench.verdict(speedup, SPEEDUP_GOAL)}"
+    )
+    miss = _ratios(runs, "misses", "us_per_request")
+    print(
+        f"(c) server CPU per request, every request a miss, cache / no cache: {miss:.2f} "
+        "(what looking up, sharing and storing add to a request the cache cannot answer)"
     )
     capacity = 1.0 / _ratios(runs, "half", "us_per_request")
     print(
