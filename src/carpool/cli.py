@@ -316,11 +316,12 @@ def _serve(args: argparse.Namespace) -> int:
         )
         mode = server.get("model_control_mode", "none")
         load = _names(args.load_model, "--load-model")
+        given = "--load-model" if args.load_model is not None else "CARPOOL_LOAD_MODEL"
         if load and mode != "explicit":
-            raise ConfigError("--load-model applies to --model-control-mode explicit")
+            raise ConfigError(f"{given} applies to --model-control-mode explicit")
         unavailable: tuple[LoadFailure, ...] = ()
         if mode == "explicit":
-            models = catalog.load_some(load)
+            models = catalog.load_some(load, given=given)
         else:
             models, unavailable = catalog.load_all()
         if mode != "none":

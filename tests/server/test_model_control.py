@@ -873,12 +873,31 @@ def test_poll_removal_lets_go_of_the_models_module(polling: Server, watched: Pat
             "--load-model 'nope': no such model folder in the repository (there: ['a'])",
         ),
         (
+            ["--model-control-mode", "explicit"],
+            {"CARPOOL_LOAD_MODEL": "a,nope"},
+            "CARPOOL_LOAD_MODEL 'nope': no such model folder in the repository (there: ['a'])",
+        ),
+        (
+            [],
+            {"CARPOOL_LOAD_MODEL": "a"},
+            "CARPOOL_LOAD_MODEL applies to --model-control-mode explicit",
+        ),
+        (
             ["--model-control-mode", "poll", "--repository-poll-secs", "0"],
             {},
             "--repository-poll-secs must be > 0 seconds, got 0.0",
         ),
     ],
-    ids=["load-model-without-explicit", "bogus", "bogus-env", "frontends", "no-folder", "poll-0"],
+    ids=[
+        "load-model-without-explicit",
+        "bogus",
+        "bogus-env",
+        "frontends",
+        "no-folder",
+        "no-folder-env",
+        "load-model-env-without-explicit",
+        "poll-0",
+    ],
 )
 def test_the_command_line_refuses_what_model_control_cannot_do(
     tmp_path: Path, flags: list[str], env: dict[str, str], message: str

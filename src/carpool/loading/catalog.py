@@ -116,16 +116,16 @@ class Catalog:
             raise ConfigError(f"no model of the repository loaded ({problems})")
         return tuple(models), tuple(failures)
 
-    def load_some(self, names: Sequence[str]) -> tuple[Model, ...]:
+    def load_some(self, names: Sequence[str], given: str = "--load-model") -> tuple[Model, ...]:
         """The models a server in explicit model control starts with: every target that is
         not a repository (those always load), and of the repositories' models those named
-        (``--load-model``); a name that is not there, or a model that fails, is a
-        :class:`ConfigError`."""
+        (by ``given``: ``--load-model`` or its variable); a name that is not there, or a
+        model that fails, is a :class:`ConfigError`."""
         models = [self._load_target(target) for target in self.targets]
         for name in names:
             if self.folder(name) is None:
                 raise ConfigError(
-                    f"--load-model {name!r}: no such model folder in the repository "
+                    f"{given} {name!r}: no such model folder in the repository "
                     f"(there: {sorted(f.name for f in self.folders())})"
                 )
             models.append(self.load(name))
