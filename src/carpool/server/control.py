@@ -73,14 +73,10 @@ async def act(
     and gRPC both receive it; ``control`` None: the server has no model control (503)."""
     if control is None:
         raise ControlUnavailable(CONTROL_OFF)
-    overrides = None
     if action == "load":
-        overrides = load_overrides(parameters, name)
+        await control.load(name, load_overrides(parameters, name))
     else:
         check_unload(parameters)
-    if action == "load":
-        await control.load(name, overrides)
-    else:
         await control.unload(name)
 
 

@@ -188,7 +188,7 @@ class Inference:
         flight, or computed and stored (see the module docstring); counted in
         ``served.cache_counts`` (a hit's seconds: its lookup's; a miss's: lookup and store)."""
         started = time.perf_counter()
-        priority, timeout_ms = scheduling(served.model, request)  # admission's 400s, first
+        _, timeout_ms = scheduling(served.model, request)  # admission's 400s, even for a hit
         if reaches(request, DECODE_OFFLOAD_BYTES):  # hashing ~1 ms a MiB: not on the loop
             key = await self.admissions.run(request_key, served.name, served.generation, request)
         else:
@@ -198,7 +198,7 @@ class Inference:
             served.cache_counts.hit(time.perf_counter() - started)
         else:
             looked_up = time.perf_counter() - started
-            compute = partial(self._compute, cache, served, request, key, priority)
+            compute = partial(self._compute, cache, served, request, key)
             (entry, stored), started_it = await _waited(
                 self.flights.share(key, compute), w, timeout_ms
             )
@@ -214,18 +214,19 @@ class Inference:
         served: ServedModel,
         request: InferRequest,
         key: bytes,
-        priority: int,
     ) -> tuple[Entry, float]:
         """The shared computation of ``request``'s answer, stored under ``key``: the entry
-        and the seconds storing it took. Under the model's queue timeout and ``priority``,
-        no caller's own limits: those bound each caller's wait (:func:`_waited`)."""
+        and the seconds storing it took. Under the model's queue timeout and the starter's
+        priority, no caller's own limits: those bound each caller's wait (:func:`_waited`)."""
         model = served.model
         admitted = await self.admissions.admit(model, request)
         outputs = respond(
             model,
             admitted,
             await served.batcher.infer_many(
-                admitted.value, timeout_ms=model.batching.default_timeout_ms, priority=priority
+                admitted.value,
+                timeout_ms=model.batching.default_timeout_ms,
+                priority=admitted.priority,
             ),
         )
         started = time.perf_counter()
