@@ -16,8 +16,9 @@ import pytest
 
 from carpool import Batching, Model
 from carpool.errors import DeadlineExceeded
-from carpool.server.cache import ResponseCache, request_key
-from carpool.server.inference import Answer, ClientGone, Inference, Withdrawal
+from carpool.server.admission import DECODE_OFFLOAD_BYTES
+from carpool.server.cache import ENTRY_OVERHEAD, REPLAY_OVERHEAD, ResponseCache, request_key
+from carpool.server.inference import Answer, ClientGone, Inference, Replay, Withdrawal
 from carpool.server.messages import InferInput, InferRequest, ProtocolError
 from carpool.server.registry import Registry, ServedModel
 from carpool.server.statuses import HTTPError, Status
@@ -262,3 +263,93 @@ class Leaving:
     def leave(self) -> None:
         assert self.callback is not None, "nobody watched"
         self.callback()
+
+
+class Wire:
+    """A front end's request as it came: its bytes, what ``decode`` makes of them, and how
+    often it was read, decoded and encoded (a replay does neither of the last two)."""
+
+    def __init__(self, decoded: InferRequest, body: bytes, header: bytes | None = None) -> None:
+        self.decoded, self.parts = decoded, (header, body)
+        self.reads = self.decodes = self.encodes = 0
+
+    async def received(self) -> tuple[bytes | None, ...]:
+        self.reads += 1
+        return self.parts
+
+    async def decode(self, model: Model) -> InferRequest:
+        self.decodes += 1
+        return self.decoded
+
+    def encode(self, answer: Answer) -> bytes:
+        self.encodes += 1
+        return repr(encode(answer)).encode()
+
+
+async def sent(inference: Inference, wire: Wire) -> bytes:
+    replay: Replay[bytes] = Replay(wire.received, len)
+    return await inference.infer(
+        "m", None, protocol="test", decode=wire.decode, encode=wire.encode, replay=replay
+    )
+
+
+async def test_a_request_repeated_byte_for_byte_is_replayed_neither_decoded_nor_encoded(
+    inference: Inference, model: Counting
+) -> None:
+    cache = inference.registry.cache
+    assert cache is not None
+    wire = Wire(request(1.0, request_id="a"), b"the bytes of a")
+    answer = repr(("a", [2.0])).encode()
+    assert await sent(inference, wire) == answer  # computed: nothing kept encoded
+    assert cache.bytes == ENTRY_OVERHEAD + 4
+    assert await sent(inference, wire) == answer  # a hit: its encoded answer kept
+    assert cache.bytes == ENTRY_OVERHEAD + 4 + REPLAY_OVERHEAD + len(answer)
+    assert (wire.reads, wire.decodes, wire.encodes) == (2, 2, 2)
+    for _ in range(3):
+        assert await sent(inference, wire) == answer  # replayed
+    assert (wire.reads, wire.decodes, wire.encodes) == (5, 2, 2)
+    assert model.rows == 1
+    counts = only(inference).cache_counts
+    assert (counts.misses, counts.hits) == (1, 4)
+    assert only(inference).statuses == {"test": {Status.OK: 5}}
+
+
+async def test_other_bytes_for_the_same_inputs_share_the_answer_not_the_replay(
+    inference: Inference, model: Counting
+) -> None:
+    first = Wire(request(1.0, request_id="a"), b"a")
+    other = Wire(request(1.0, request_id="b"), b"b")  # another id: other bytes, other answer
+    unsent = Wire(request(1.0, request_id="a"), b"a", header=b"")  # a header sent empty
+    for wire in (first, first, other, other, unsent, unsent, unsent):
+        await sent(inference, wire)
+    assert model.rows == 1
+    assert (first.encodes, other.encodes, unsent.encodes) == (2, 1, 1)
+    assert await sent(inference, other) == repr(("b", [2.0])).encode()
+
+
+async def test_a_failed_request_keeps_no_replay(inference: Inference, model: Counting) -> None:
+    wire = Wire(request(-1.0), b"-1")
+    for _ in range(3):
+        with pytest.raises(ValueError, match="negative input"):
+            await sent(inference, wire)
+    assert model.rows == 3
+    assert (wire.decodes, wire.encodes) == (3, 0)
+    assert inference.registry.cache is not None
+    assert inference.registry.cache.bytes == 0
+
+
+async def test_a_large_body_is_hashed_off_the_loop(
+    inference: Inference, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran: list[str] = []
+    run = inference.admissions.run
+
+    async def recorded(step: Any, *args: Any, **kwargs: Any) -> Any:
+        ran.append(step.__name__)
+        return await run(step, *args, **kwargs)
+
+    monkeypatch.setattr(inference.admissions, "run", recorded)
+    await sent(inference, Wire(request(1.0), b"small"))
+    assert ran == []
+    await sent(inference, Wire(request(1.0), bytes(DECODE_OFFLOAD_BYTES)))
+    assert ran == ["replay_key"]

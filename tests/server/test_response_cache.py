@@ -1,9 +1,10 @@
 """The response cache on a real ``carpool serve`` (``--response-cache``, ``[models.NAME]
 response_cache``, ``--cache-size``), through tritonclient (HTTP JSON and binary, gRPC) and
-the ``openai`` client: a repeated request reaches no model, identical requests in flight
-share one computation, failures are never stored, a model without the cache computes every
-request, the least recently used answers go first, an unload or a reload drops the model's
-answers, and the counts show in Triton's statistics and ``/metrics``.
+the ``openai`` client: a repeated request reaches no model (one repeated byte for byte is
+replayed, its headers still checked), identical requests in flight share one computation,
+failures are never stored, a model without the cache computes every request, the least
+recently used answers go first, an unload or a reload drops the model's answers, and the
+counts show in Triton's statistics and ``/metrics``.
 
 One server per module serves every model; each test uses inputs of its own and compares
 before/after snapshots. Computations are seen in the gated models' logs of the batches they
@@ -20,13 +21,14 @@ from typing import Any
 
 import numpy as np
 import openai
+import orjson
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from carpool import Model
 from carpool.errors import ConfigError
-from carpool.server.cache import ENTRY_OVERHEAD
+from carpool.server.cache import ENTRY_OVERHEAD, REPLAY_OVERHEAD
 from carpool.server.config import ServerConfig
 
 from .conftest import Launcher, Server, float_request, json_tensor, wait_until
@@ -39,6 +41,8 @@ response_cache = true
 """
 CACHED = ("--response-cache", "gated", "--response-cache", "not_numbers")
 CALLERS = 6  # identical requests sent together
+INFER = "/v2/models/gated/infer"
+JSON_BODY = {"content-type": "application/json"}
 
 
 @pytest.fixture(scope="module")
@@ -201,6 +205,32 @@ def test_identical_requests_in_flight_share_one_computation(
     assert (changed["miss"], changed["hit"], changed["executions"]) == (1, CALLERS - 1, 1)
 
 
+def test_a_request_repeated_byte_for_byte_is_replayed_and_still_checked(server: Server) -> None:
+    body = orjson.dumps(float_request(8.5, id="replayed"))
+    before, rows = counts(server), computed(server)
+    bytes_before = gauge(server, "carpool_cache_bytes")
+    answers = [server.http.post(INFER, content=body, headers=JSON_BODY) for _ in range(4)]
+    assert [a.status_code for a in answers] == [200] * 4
+    assert len({a.content for a in answers}) == 1  # the same bytes, the id echoed
+    assert answers[0].json()["id"] == "replayed"
+    assert computed(server) - rows == 1
+    assert since(before, counts(server))["hit"] == 3  # one stored it, two were replayed
+    kept = gauge(server, "carpool_cache_bytes") - bytes_before
+    assert kept == ENTRY_OVERHEAD + 4 + REPLAY_OVERHEAD + len(answers[0].content)
+    # Its headers are part of what was replayed, and checked as for any request.
+    whole = {**JSON_BODY, "inference-header-content-length": str(len(body))}  # all JSON
+    assert server.http.post(INFER, content=body, headers=whole).content == answers[0].content
+    bad = {**JSON_BODY, "inference-header-content-length": "many"}
+    refused = server.http.post(INFER, content=body, headers=bad)
+    assert refused.status_code == 400
+    assert "Inference-Header-Content-Length" in refused.json()["error"]
+    twice = [*JSON_BODY.items(), ("content-encoding", "identity"), ("content-encoding", "gzip")]
+    refused = server.http.post(INFER, content=body, headers=twice)
+    assert refused.status_code == 400
+    assert "content-encoding header came more than once" in refused.json()["error"]
+    assert computed(server) - rows == 1
+
+
 def test_a_failed_request_is_not_cached(server: Server) -> None:
     before, rows = counts(server, "not_numbers"), computed(server, "not_numbers")
     for _ in range(2):
@@ -230,20 +260,26 @@ def test_metrics_show_the_counts_and_the_bytes_held(server: Server) -> None:
     assert gauge(server, "carpool_cache_bytes") >= ENTRY_OVERHEAD
 
 
-def test_the_least_recently_used_answers_go_first(serve: Launcher) -> None:
-    # An answer of one FP32 row [v] holds ENTRY_OVERHEAD + 4 bytes: room for two.
-    size = 2 * (ENTRY_OVERHEAD + 4) + 100
-    server = serve("models:gated", "--response-cache", "gated", "--cache-size", str(size))
+def test_the_least_recently_used_answers_go_first(server: Server, serve: Launcher) -> None:
+    # An answer of one FP32 row [v] holds ENTRY_OVERHEAD + 4 bytes; once the cache has
+    # answered a request, its JSON body is kept for a replay too: REPLAY_OVERHEAD + its bytes.
+    # Room for two answers and one replay.
+    body = len(server.infer("gated", float_request(2.0)).content)
+    room = 2 * (ENTRY_OVERHEAD + 4) + REPLAY_OVERHEAD + body
+    server = serve("models:gated", "--response-cache", "gated", "--cache-size", str(room + 50))
     for value in (1.0, 2.0, 3.0, 2.0):  # 1.0 goes when 3.0 comes; 2.0 was used again
         assert server.infer("gated", float_request(value)).status_code == 200
     assert computed(server) == 3
     assert server.infer("gated", float_request(1.0)).status_code == 200  # gone: computed
     assert computed(server) == 4  # ... and 3.0, least recently used now, went for it
-    assert server.infer("gated", float_request(2.0)).status_code == 200
+    assert len(server.infer("gated", float_request(2.0)).content) == body  # its replay
     assert computed(server) == 4
-    assert gauge(server, "carpool_cache_bytes") == 2 * (ENTRY_OVERHEAD + 4)
-    (held,) = {server.stats("gated")["inference_stats"]["cache_hit"]["count"]}
-    assert held == 2
+    assert gauge(server, "carpool_cache_bytes") == room
+    assert server.stats("gated")["inference_stats"]["cache_hit"]["count"] == 2
+    again = server.infer("gated", float_request(2.0, id="again"))  # other bytes, same inputs
+    assert again.json()["id"] == "again"
+    assert computed(server) == 4  # its answer was kept while its replay was used
+    assert server.stats("gated")["inference_stats"]["cache_hit"]["count"] == 3
 
 
 def test_an_unload_or_a_reload_drops_the_models_answers(serve: Launcher, tmp_path: Path) -> None:

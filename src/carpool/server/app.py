@@ -36,7 +36,7 @@ from carpool.server.asgi import (
 from carpool.server.auth import UNAUTHORIZED, ApiKeys, is_open
 from carpool.server.bodies import read_body, request_headers
 from carpool.server.control import ModelControl, act
-from carpool.server.inference import Answer, ClientGone, Inference, Withdrawal
+from carpool.server.inference import Answer, ClientGone, Inference, Replay, Withdrawal
 from carpool.server.load_config import request_parameters
 from carpool.server.logs import access_log, log_access
 from carpool.server.messages import HEADER_LENGTH, MAX_ELEMENTS, InferRequest, ProtocolError
@@ -319,17 +319,28 @@ class App:
         self, name: str, version: str | None, scope: Scope, receive: Receive, send: Send
     ) -> int:
         """A v2 inference request (JSON, binary or raw): decoded and encoded here, its life
-        in between the inference path's."""
+        in between the inference path's. Read once, by whichever step asks first: the
+        response cache's replay (the parts its answer depends on) or the decoder."""
+        read: list[tuple[bytes | None, bytes | None, bytes]] = []
+
+        async def received() -> tuple[bytes | None, bytes | None, bytes]:
+            if not read:
+                headers = request_headers(scope)
+                body = await self._read_body(headers, scope, receive)
+                length = headers.get(b"inference-header-content-length")
+                read.append((length, headers.get(b"content-type"), body))
+            return read[0]
 
         async def decode(model: Model) -> InferRequest:
-            return await self._read_request(model, scope, receive)
+            return await self._decode(model, *await received())
 
         scope[_COUNTED] = True
         gone = Withdrawal(client_gone=gone_signal(scope, receive), cancel_counts_as=_CUT_OFF)
         try:
             body, json_length = await self.inference.infer(
-                name, version, protocol=_HTTP, decode=decode, encode=_encode, withdrawal=gone
-            )
+                name, version, protocol=_HTTP, decode=decode, encode=_encode, withdrawal=gone,
+                replay=Replay(received, _encoded_size),
+            )  # fmt: skip
         except ClientGone:
             return Status.CLIENT_CLOSED  # nobody to answer
         await send_response(send, 200, body, _infer_headers(json_length))
@@ -394,14 +405,14 @@ class App:
             headers, receive, self.max_body_bytes, timeout_s=self.body_timeout_s, arrived=arrived
         )
 
-    async def _read_request(self, model: Model, scope: Scope, receive: Receive) -> InferRequest:
-        headers = request_headers(scope)
-        body = await self._read_body(headers, scope, receive)
-        header_length = parse_header_length(
-            _text(headers.get(b"inference-header-content-length")), len(body)
-        )
+    async def _decode(
+        self, model: Model, length: bytes | None, content_type: bytes | None, body: bytes
+    ) -> InferRequest:
+        """The request of ``body`` and its ``inference-header-content-length`` and
+        ``content-type`` headers (None where not sent) for ``model``."""
+        header_length = parse_header_length(_text(length), len(body))
         if header_length == 0:
-            check_raw_content_type(_text(headers.get(b"content-type")))
+            check_raw_content_type(_text(content_type))
             return _raw_request(model, body)
         json_bytes = len(body) if header_length is None else header_length
         return await self.inference.admissions.decode(
@@ -416,6 +427,10 @@ def _encode(answer: Answer) -> tuple[bytes, int | None]:
         request_id=answer.request.id,
         outputs=answer.outputs,
     )
+
+
+def _encoded_size(encoded: tuple[bytes, int | None]) -> int:
+    return len(encoded[0])
 
 
 def _raw_request(model: Model, body: bytes) -> InferRequest:

@@ -5,8 +5,11 @@ generation, each input's name, datatype, shape, bytes and parameters, the output
 and how, the request's parameters but the scheduling ones); :class:`ResponseCache` holds
 answers (:class:`Entry`, copied out of their batch) under such keys, in at most
 ``max_bytes``, least recently used out first, and drops a model's when it is unloaded or
-reloaded. Pure: numpy and the standard library; no event loop, no clock. It must not import
-the registry, the app or anything that does I/O.
+reloaded. Beside them, under the :func:`replay_key` of a request as it came on the wire, it
+holds front ends' encoded answers (:class:`Replayed`), so that a request repeated byte for
+byte is answered without being decoded or its answer encoded again. Pure: numpy and the
+standard library; no event loop, no clock. It must not import the registry, the app or
+anything that does I/O.
 """
 
 from __future__ import annotations
@@ -23,7 +26,16 @@ import numpy as np
 from carpool.server.admission import AdmittedRequest
 from carpool.server.messages import InferRequest, OutputTensor
 
-__all__ = ["ENTRY_OVERHEAD", "SCHEDULING", "Entry", "ResponseCache", "request_key"]
+__all__ = [
+    "ENTRY_OVERHEAD",
+    "REPLAY_OVERHEAD",
+    "SCHEDULING",
+    "Entry",
+    "Replayed",
+    "ResponseCache",
+    "replay_key",
+    "request_key",
+]
 
 #: Request parameters that change when a request is answered, never what: not in the key.
 #: (``binary_data_output`` is lifted out of the parameters into its own field, which is.)
@@ -32,7 +44,13 @@ SCHEDULING = frozenset({"priority", "timeout"})
 #: LRU's node), counted with it: tracemalloc measured ~840 for a one-output entry. A small
 #: answer (the demo's 8 floats: 32 bytes) costs more here than its data does.
 ENTRY_OVERHEAD = 1024
+#: Bytes a :class:`Replayed` holds beyond its encoded answer's data (its key, the record, the
+#: answer's objects, the LRU's node), half an entry's: tracemalloc measured ~420 for REST's.
+REPLAY_OVERHEAD = ENTRY_OVERHEAD // 2
 _KEY_BYTES = 16  # blake2b's digest: 128 bits, no collision in any cache's lifetime
+# A replay key is another hash function's (blake2b personalized): no request_key is one.
+_REPLAY = b"carpool.replay"
+_ABSENT = b"\xff" * 8  # a part not sent: no length (a part is far shorter than 2**64 bytes)
 Key = bytes  # a request_key (named: ResponseCache.bytes hides the builtin in the class)
 
 
@@ -84,6 +102,17 @@ class Entry:
         return cls(model, slim, tuple(kept)), nbytes
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class Replayed:
+    """One encoded answer of model ``model``, as a front end sent it (REST: the body and
+    its JSON header's length): what it sends again for the same request's bytes. ``entry``
+    is the key of the :class:`Entry` it was encoded from, used again whenever it is."""
+
+    model: str
+    encoded: Any
+    entry: Key
+
+
 def _owned(array: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], int]:
     """A read-only copy of ``array`` that owns its data (not a view of a batch or a body),
     and the bytes it holds (a BYTES array's elements too)."""
@@ -106,7 +135,7 @@ class ResponseCache:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
             raise ValueError(f"max_bytes must be a whole number >= 1, got {max_bytes!r}")
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[Key, tuple[Entry, int]] = OrderedDict()  # oldest first
+        self._entries: OrderedDict[Key, tuple[Entry | Replayed, int]] = OrderedDict()
         self._keys: defaultdict[str, set[Key]] = defaultdict(set)  # model -> its keys
         self._bytes = 0
 
@@ -119,14 +148,29 @@ class ResponseCache:
         return len(self._entries)
 
     def get(self, key: Key) -> Entry | None:
-        """The entry under ``key``, now the most recently used; None if there is none."""
+        """The entry under ``key`` (a :func:`request_key`), now the most recently used;
+        None if there is none."""
+        found = self._get(key)
+        return found if isinstance(found, Entry) else None
+
+    def replayed(self, key: Key) -> Replayed | None:
+        """The encoded answer under ``key`` (a :func:`replay_key`), now the most recently
+        used, as is the entry it was encoded from; None if there is none."""
+        found = self._get(key)
+        if not isinstance(found, Replayed):
+            return None
+        if found.entry in self._entries:
+            self._entries.move_to_end(found.entry)
+        return found
+
+    def _get(self, key: Key) -> Entry | Replayed | None:
         found = self._entries.get(key)
         if found is None:
             return None
         self._entries.move_to_end(key)
         return found[0]
 
-    def put(self, key: Key, entry: Entry, nbytes: int) -> bool:
+    def put(self, key: Key, entry: Entry | Replayed, nbytes: int) -> bool:
         """Hold ``entry`` (``nbytes``) under ``key``, evicting the least recently used
         entries until all fit; an entry larger than the whole cache is not held (False)."""
         if nbytes > self.max_bytes:
@@ -194,6 +238,23 @@ def request_key(model: str, generation: int, request: InferRequest) -> bytes:
     h.update(described)
     for tensor in request.inputs:
         _data(h, tensor.data)
+    return h.digest()
+
+
+def replay_key(model: str, generation: int, received: Sequence[bytes | None]) -> bytes:
+    """The key of the answer to a request whose bytes, as they came (``received``: every
+    part of the request its encoded answer depends on; None for one not sent, such as a
+    header, which is not the same as one sent empty), were sent to ``model`` as loaded in
+    ``generation``: a 16-byte blake2b of the generation, then the name and each part, framed
+    by their lengths. Requests alike but for their encoding (JSON or binary, another ``id``)
+    have different keys: their :func:`request_key` is what they share."""
+    h = hashlib.blake2b(generation.to_bytes(8, "little"), digest_size=_KEY_BYTES, person=_REPLAY)
+    for part in (model.encode("utf-8", "surrogatepass"), *received):
+        if part is None:
+            h.update(_ABSENT)
+            continue
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
     return h.digest()
 
 

@@ -24,6 +24,12 @@ caller waits under its own limits (client gone, ``timeout`` parameter, deadline)
 raises is every waiter's outcome (identical inputs fail alike: a model error, a full queue,
 the model's queue timeout); a caller's own withdrawal is its own. Each successful request
 counts once in ``served.cache_counts``: a miss if it started the computation, else a hit.
+A front end that passes a :class:`Replay` goes one step further: before decoding, its
+request's bytes as they came are looked up (:func:`~carpool.server.cache.replay_key`), and a
+request repeated byte for byte is answered with the encoded answer kept from the last time,
+neither decoded nor encoded again (over REST that was most of a hit's CPU). An answer is
+kept encoded once the cache answered it (a request seen once keeps none: to a miss, the
+replay adds only the hash of its bytes and a lookup).
 
 Free of ASGI and grpc: "the client is gone" is an awaitable the front end passes, a
 deadline is seconds. So it is also the seam for front ends in other processes: one that
@@ -38,7 +44,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from carpool.errors import BatcherClosed, DeadlineExceeded
 from carpool.model import Model
@@ -50,14 +56,21 @@ from carpool.server.admission import (
     respond,
     scheduling,
 )
-from carpool.server.cache import Entry, ResponseCache, request_key
+from carpool.server.cache import (
+    REPLAY_OVERHEAD,
+    Entry,
+    Replayed,
+    ResponseCache,
+    replay_key,
+    request_key,
+)
 from carpool.server.messages import InferRequest, OutputTensor
 from carpool.server.outcomes import error_status
 from carpool.server.registry import ModelNotFound, ModelUnavailable, Registry, ServedModel
 from carpool.server.sharing import Flights
 from carpool.server.statuses import HTTPError, Status
 
-__all__ = ["Answer", "ClientGone", "GoneSignal", "Inference", "Withdrawal"]
+__all__ = ["Answer", "ClientGone", "GoneSignal", "Inference", "Replay", "Withdrawal"]
 
 T = TypeVar("T")
 
@@ -96,6 +109,22 @@ class Withdrawal:
 NOT_WITHDRAWN = Withdrawal()
 
 
+@dataclass(frozen=True, slots=True)
+class Replay(Generic[T]):
+    """How a front end lets the response cache answer a request repeated byte for byte
+    with the answer it encoded the last time (see the module docstring).
+
+    ``received()`` reads the request (after the readiness check, as ``decode`` would) and
+    returns its parts as they came: every byte its encoded answer depends on, but the
+    model (REST: the header-length and content-type headers, None if not sent, and the
+    body); ``decode`` then decodes those bytes, not the client's again. ``size(encoded)``:
+    the bytes an encoded answer holds, which the cache counts.
+    """
+
+    received: Callable[[], Awaitable[tuple[bytes | None, ...]]]
+    size: Callable[[T], int]
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Answer:
     """What a request's ``encode`` step gets: the request as decoded, as admitted, and its
@@ -130,13 +159,15 @@ class Inference:
         decode: Callable[[Model], Awaitable[InferRequest]],
         encode: Callable[[Answer], T],
         withdrawal: Withdrawal = NOT_WITHDRAWN,
+        replay: Replay[T] | None = None,
     ) -> T:
         """One request to model ``name`` (``version``, or None for the served one), which
         came by ``protocol`` (a label in ``/metrics``): its encoded answer.
 
         ``decode`` reads the request for the model (after the readiness check, so a server
         that is stopping reads no body); ``encode`` turns the :class:`Answer` into what the
-        front end sends. Raises what the request ended in, already counted under its model:
+        front end sends; with ``replay``, a cached model's answers are also kept encoded
+        (:class:`Replay`). Raises what the request ended in, already counted under its model:
         :class:`ClientGone`, a cancellation, or any exception
         :func:`~carpool.server.outcomes.error_status` classifies; an unknown or unavailable
         model (:class:`~carpool.server.registry.ModelNotFound`,
@@ -152,7 +183,7 @@ class Inference:
         served.enter()  # on its way through this version (a reload waits for it)
         started = time.perf_counter()
         try:
-            encoded = encode(await self._answer(served, decode, withdrawal))
+            encoded = await self._encoded(served, decode, encode, withdrawal, replay)
         except asyncio.CancelledError:
             if withdrawal.cancel_counts_as is not None:
                 served.record(protocol, withdrawal.cancel_counts_as)
@@ -165,28 +196,54 @@ class Inference:
         served.record(protocol, Status.OK, time.perf_counter() - started)
         return encoded
 
-    async def _answer(
+    async def _encoded(
         self,
         served: ServedModel,
         decode: Callable[[Model], Awaitable[InferRequest]],
+        encode: Callable[[Answer], T],
         withdrawal: Withdrawal,
-    ) -> Answer:
+        replay: Replay[T] | None,
+    ) -> T:
         if not self.registry.ready:
             raise BatcherClosed(served.name, "is stopping")
-        request = await decode(served.model)
         cache = self.registry.cache
-        if cache is not None and served.model.response_cache:
-            return await self._cached(cache, served, request, withdrawal)
-        admitted = await self.admissions.admit(served.model, request)
-        outputs = await _batched(served, admitted, withdrawal)
-        return Answer(served, request, admitted, respond(served.model, admitted, outputs))
+        if cache is None or not served.model.response_cache:
+            request = await decode(served.model)
+            admitted = await self.admissions.admit(served.model, request)
+            outputs = await _batched(served, admitted, withdrawal)
+            return encode(
+                Answer(served, request, admitted, respond(served.model, admitted, outputs))
+            )
+        if replay is None:
+            request = await decode(served.model)
+            answer, _ = await self._cached(cache, served, request, withdrawal)
+            return encode(answer)
+        received = await replay.received()
+        started = time.perf_counter()
+        if sum(len(part or b"") for part in received) >= DECODE_OFFLOAD_BYTES:  # off the loop
+            key = await self.admissions.run(replay_key, served.name, served.generation, received)
+        else:
+            key = replay_key(served.name, served.generation, received)
+        replayed = cache.replayed(key)
+        if replayed is not None:
+            served.cache_counts.hit(time.perf_counter() - started)
+            encoded: T = replayed.encoded
+            return encoded
+        request = await decode(served.model)
+        answer, entry = await self._cached(cache, served, request, withdrawal)
+        encoded = encode(answer)
+        if entry is not None:  # seen before: kept encoded (a request seen once is not)
+            replayed = Replayed(served.name, encoded, entry)
+            cache.put(key, replayed, REPLAY_OVERHEAD + replay.size(encoded))
+        return encoded
 
     async def _cached(
         self, cache: ResponseCache, served: ServedModel, request: InferRequest, w: Withdrawal
-    ) -> Answer:
+    ) -> tuple[Answer, bytes | None]:
         """``request``'s answer from ``cache``, from the identical request's computation in
         flight, or computed and stored (see the module docstring); counted in
-        ``served.cache_counts`` (a hit's seconds: its lookup's; a miss's: lookup and store)."""
+        ``served.cache_counts`` (a hit's seconds: its lookup's; a miss's: lookup and store).
+        With it, its key if it was a hit, else None."""
         started = time.perf_counter()
         _, timeout_ms = scheduling(served.model, request)  # admission's 400s, even for a hit
         if reaches(request, DECODE_OFFLOAD_BYTES):  # hashing ~1 ms a MiB: not on the loop
@@ -204,9 +261,9 @@ class Inference:
             )
             if started_it:
                 served.cache_counts.miss(looked_up + stored)
-            else:
-                served.cache_counts.hit(looked_up)
-        return Answer(served, request, entry.admitted, list(entry.outputs))
+                return Answer(served, request, entry.admitted, list(entry.outputs)), None
+            served.cache_counts.hit(looked_up)
+        return Answer(served, request, entry.admitted, list(entry.outputs)), key
 
     async def _compute(
         self,
