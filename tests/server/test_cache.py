@@ -1,5 +1,6 @@
 """The response cache: what a request's key holds and what it leaves out, entries copied out
-of their batch, LRU eviction by bytes, a model's entries dropped. Pure: no server."""
+of their batch, LRU eviction by bytes, a model's entries dropped, replays' keys and their
+entries. Pure: no server."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ import numpy as np
 import pytest
 
 from carpool.server.admission import AdmittedRequest
-from carpool.server.cache import ENTRY_OVERHEAD, Entry, ResponseCache, request_key
+from carpool.server.cache import (
+    ENTRY_OVERHEAD,
+    Entry,
+    Replayed,
+    ResponseCache,
+    replay_key,
+    request_key,
+)
 from carpool.server.messages import InferInput, InferRequest, OutputTensor, RequestedOutput
 
 
@@ -229,3 +237,59 @@ def test_an_evicted_entry_is_not_dropped_twice() -> None:
 def test_the_size_is_checked(size: Any) -> None:
     with pytest.raises(ValueError, match="max_bytes"):
         ResponseCache(size)
+
+
+# -- replays -------------------------------------------------------------------------------
+
+PARTS = (b"141", None, b"the body")
+
+
+@pytest.mark.parametrize(
+    ("model", "generation", "parts"),
+    [
+        pytest.param("n", 1, PARTS, id="model"),
+        pytest.param("m", 2, PARTS, id="generation"),
+        pytest.param("m", 1, (b"140", None, b"the body"), id="a header"),
+        pytest.param("m", 1, (b"141", b"", b"the body"), id="a header sent empty"),
+        pytest.param("m", 1, (b"141", None, b"the bodY"), id="a byte"),
+        pytest.param("m", 1, (b"14", b"1", b"the body"), id="framing"),
+        pytest.param("m", 1, (b"141", None), id="a part fewer"),
+    ],
+)
+def test_every_byte_received_is_in_a_replays_key(
+    model: str, generation: int, parts: tuple[bytes | None, ...]
+) -> None:
+    assert replay_key(model, generation, parts) != replay_key("m", 1, PARTS)
+
+
+def test_a_replays_key_is_no_requests() -> None:
+    assert replay_key("m", 1, PARTS) == replay_key("m", 1, list(PARTS))
+    assert len(replay_key("m", 1, PARTS)) == len(BASE) == 16
+    assert replay_key("m", 1, ()) != key(request(inputs=()))
+
+
+def test_a_replay_and_its_entry_are_used_together() -> None:
+    cache = ResponseCache(300)
+    replayed = Replayed("m", b"answer", b"e1")
+    cache.put(b"e1", entry(), 100)
+    cache.put(b"r1", replayed, 50)
+    cache.put(b"e2", entry(), 100)
+    assert cache.replayed(b"r1") is replayed
+    assert cache.get(b"r1") is None  # each key answers for its own kind
+    assert cache.replayed(b"e1") is None
+    cache.put(b"e3", entry(), 100)  # 350 bytes: e2, the least recently used, goes
+    assert [k for k in (b"e1", b"e2", b"e3") if cache.get(k) is not None] == [b"e1", b"e3"]
+    assert cache.replayed(b"r1") is not None
+
+
+def test_a_replay_outlives_its_entry_and_goes_with_its_model() -> None:
+    cache = ResponseCache(250)
+    cache.put(b"e1", entry(), 100)
+    cache.put(b"r1", Replayed("m", b"answer", b"e1"), 50)
+    cache.put(b"e2", entry("n"), 100)
+    cache.put(b"e3", entry("n"), 100)  # e1 goes; its replay stays, as correct as it was
+    assert cache.get(b"e1") is None
+    assert cache.replayed(b"r1") is not None
+    assert cache.drop("m") == 1
+    assert cache.replayed(b"r1") is None
+    assert cache.bytes == 200
