@@ -21,12 +21,19 @@ demo`` (cache off); ``carpool bench`` on the last CPU loads each in turn, closed
   (c) every request a miss (``--repeat-fraction 0``: the 8,192 cycled): server CPU per
       request with the cache against without, what the cache costs the requests it cannot
       answer (the key, the shared computation, the copy and the insert, an eviction).
+  (d) the floor (demo only): bare uvicorn on the same core (``_frontend_refs.bare_app``,
+      carpool's server settings) reading each request of load (a) and answering it with the
+      bytes carpool answered one of them, recorded: what any answer over this HTTP stack
+      costs, and so the least a hit can. Against a computed request it bounds (a) from
+      below and (b) from above (``1 / (0.5 + 0.5 x floor)``, were a miss free of the cache).
 
 Why: a hit is meant to cost next to nothing, so that traffic that repeats itself (the same
 query embedded again, the same features scored again) frees the model for the rest. Goals
 (issue 21): (a) a hit's CPU <= 10% of a miss's; (b) req/s with 50% repeated requests >= 1.8x
 no cache. Over HTTP both pay the protocol (reading, decoding and encoding a request is most
-of a small model's request): (a)'s in-process figure shows the cache's own share.
+of a small model's request): (a)'s in-process figure shows the cache's own share, and (d)
+what no cache can take off a request. A repeated request's bytes are replayed (its encoded
+answer kept once the cache answered it): a hit is not decoded, nor its answer encoded.
 
 ``--model minilm`` runs the same on the packaged all-MiniLM-L6-v2 (its v2 ``TEXT`` input, one
 text per request, ~2 ms of model CPU a request at full batches): a model whose compute, not
@@ -47,9 +54,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import pickle
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import _bench  # first: one BLAS thread for everything numpy in this process tree
@@ -65,6 +75,7 @@ SPEEDUP_GOAL = 1.8  # req/s with 50% repeated requests / without the cache
 CACHE_SIZE = 2 * 1024 * 1024
 UNIQUE = 8192  # the half-repeated load's others: 4,096 between two sends of one, > 2,000
 SERVERS = ("cached", "uncached")
+FLOOR = "floor"  # (d): bare uvicorn answering recorded bytes, demo only
 
 
 def server_flags(name: str, model: str) -> tuple[str, ...]:
@@ -111,6 +122,30 @@ def bench(server: _process.Server, load: str, args: Any) -> dict[str, float]:
     return row
 
 
+def floor_server(uncached: _process.Server, args: Any, folder: Path) -> _process.Server:
+    """(d)'s server: bare uvicorn on the servers' core answering every request with the
+    bytes ``uncached`` answered the one carpool bench sends first, recorded (the paths
+    carpool bench reads before it loads, too); started, not yet ready."""
+    from _frontend_check import fetch, requests
+    from _frontend_refs import FIXTURE_ENV, Recording
+
+    base = uncached.base
+    sent = requests(base, args.model, args.model)
+    answer = fetch(base, "POST", f"/v2/models/{args.model}/infer", *sent.binary)
+    paths = (f"/v2/models/{args.model}", f"/v2/models/{args.model}/ready", "/v2/health/ready")
+    recording = Recording(args.model, {path: fetch(base, "GET", path) for path in paths},
+                          answer, answer, answer, b"", b"")  # fmt: skip
+    fixture = folder / "recording.pickle"
+    fixture.write_bytes(pickle.dumps(recording))
+    here = Path(__file__).resolve().parent
+    port = _process.free_port()
+    argv = [sys.executable, "-m", "uvicorn", "--factory", "--app-dir", str(here),
+            "_frontend_refs:bare_app", "--port", str(port), *_process.UVICORN_FLAGS]  # fmt: skip
+    paths_env = _process.child_env()["PYTHONPATH"]
+    env = _process.child_env(**{FIXTURE_ENV: str(fixture), "PYTHONPATH": f"{here}:{paths_env}"})
+    return _process.Server("bare uvicorn", argv, port, args.cores.server, env)
+
+
 def measure(args: Any) -> dict[tuple[str, str], list[dict[str, float]]]:
     results: dict[tuple[str, str], list[dict[str, float]]] = {}
     servers = {
@@ -119,13 +154,19 @@ def measure(args: Any) -> dict[tuple[str, str], list[dict[str, float]]]:
         )
         for name in SERVERS
     }
+    folder = tempfile.TemporaryDirectory(prefix="response-cache-")
     try:
         _process.wait_all(servers.values())
         check(servers, args.model)
+        if args.model == "demo":
+            servers[FLOOR] = floor_server(servers["uncached"], args, Path(folder.name))
+            servers[FLOOR].wait_ready()
         for r in range(args.repeats):
             order = list(servers) if r % 2 == 0 else list(servers)[::-1]
             for load in LOADS:
                 for name in order:
+                    if name == FLOOR and load != "hits":
+                        continue  # it answers every load alike
                     row = bench(servers[name], load, args)
                     results.setdefault((load, name), []).append(row)
                     errors = f"  ERRORS {row['errors']:.0f}" if row["errors"] else ""
@@ -135,6 +176,7 @@ def measure(args: Any) -> dict[tuple[str, str], list[dict[str, float]]]:
     finally:
         for server in servers.values():
             server.stop()
+        folder.cleanup()
     return results
 
 
@@ -189,8 +231,10 @@ def _returning(request: Any) -> Callable[[Any], Any]:
 # ----------------------------------------------------------------- report
 
 
-def _ratios(runs: dict[tuple[str, str], list[dict[str, float]]], load: str, field: str) -> float:
-    pairs = zip(runs[(load, "cached")], runs[(load, "uncached")], strict=True)
+def _ratios(
+    runs: dict[tuple[str, str], list[dict[str, float]]], load: str, field: str, of: str = "cached"
+) -> float:
+    pairs = zip(runs[(load, of)], runs[(load, "uncached")], strict=True)
     return _bench.median(a[field] / b[field] for a, b in pairs)
 
 
@@ -199,14 +243,12 @@ def report(
 ) -> None:
     print(f"\n{args.model}, {args.clients} clients, REST binary (medians of {args.repeats}):")
     rows = []
-    for load in LOADS:
-        for name in SERVERS:
-            done = runs[(load, name)]
-            rps = _bench.median(r["throughput"] for r in done)
-            rows.append([f"{load} {name}", _bench.fmt_num(rps),
-                         f"{_bench.median(r['p50_ms'] for r in done):.2f}",
-                         f"{_bench.median(r['us_per_request'] for r in done):.1f}",
-                         f"{_bench.median(r['server_cpu'] for r in done):.0%}"])  # fmt: skip
+    for (load, name), done in sorted(runs.items(), key=lambda item: list(LOADS).index(item[0][0])):
+        rps = _bench.median(r["throughput"] for r in done)
+        rows.append([f"{load} {name}", _bench.fmt_num(rps),
+                     f"{_bench.median(r['p50_ms'] for r in done):.2f}",
+                     f"{_bench.median(r['us_per_request'] for r in done):.1f}",
+                     f"{_bench.median(r['server_cpu'] for r in done):.0%}"])  # fmt: skip
     print(_bench.table(["load, server", "req/s", "p50 ms", "server us/req", "server CPU"], rows))
     hit = _ratios(runs, "hits", "us_per_request")
     speedup = _ratios(runs, "half", "throughput")
@@ -235,6 +277,13 @@ def report(
         f"    server CPU per request, no cache / cache: {capacity:.2f}x (the req/s ratio "
         "where the server has no CPU to spare; below 100% server CPU, the client bounds req/s)"
     )
+    if ("hits", FLOOR) in runs:
+        floor = _ratios(runs, "hits", "us_per_request", of=FLOOR)
+        print(
+            f"(d) server CPU per request, bare uvicorn answering recorded bytes / computed: "
+            f"{floor:.2f}: no answer over this HTTP stack costs less, so for any cache (a) >= "
+            f"{floor:.2f}, and (b) <= {1 / (0.5 + 0.5 * floor):.2f}x even were a miss free"
+        )
 
 
 def run(args: Any) -> None:
