@@ -51,7 +51,7 @@ _KEY_BYTES = 16  # blake2b's digest: 128 bits, no collision in any cache's lifet
 # A replay key is another hash function's (blake2b personalized): no request_key is one.
 _REPLAY = b"carpool.replay"
 _ABSENT = b"\xff" * 8  # a part not sent: no length (a part is far shorter than 2**64 bytes)
-Key = bytes  # a request_key (named: ResponseCache.bytes hides the builtin in the class)
+Key = bytes  # a request_key or a replay_key (named: ResponseCache.bytes hides the builtin)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
