@@ -220,10 +220,8 @@ class Inference:
             return encode(answer)
         received = await replay.received()
         started = time.perf_counter()
-        if sum(len(part or b"") for part in received) >= DECODE_OFFLOAD_BYTES:  # off the loop
-            key = await self.admissions.run(replay_key, served.name, served.generation, received)
-        else:
-            key = replay_key(served.name, served.generation, received)
+        large = sum(len(part or b"") for part in received) >= DECODE_OFFLOAD_BYTES
+        key = await self._key(replay_key, served, received, large)
         replayed = cache.replayed(key)
         if replayed is not None:
             served.cache_counts.hit(time.perf_counter() - started)
@@ -237,6 +235,15 @@ class Inference:
             cache.put(key, replayed, REPLAY_OVERHEAD + replay.size(encoded))
         return encoded
 
+    async def _key(
+        self, hashed: Callable[[str, int, Any], bytes], served: ServedModel, of: Any, large: bool
+    ) -> bytes:
+        """``hashed(name, generation, of)`` for ``served``: in a thread if ``large`` (hashing
+        takes ~1 ms a MiB: not on the loop)."""
+        if large:
+            return await self.admissions.run(hashed, served.name, served.generation, of)
+        return hashed(served.name, served.generation, of)
+
     async def _cached(
         self, cache: ResponseCache, served: ServedModel, request: InferRequest, w: Withdrawal
     ) -> tuple[Answer, bytes | None]:
@@ -246,10 +253,7 @@ class Inference:
         With it, its key if it was a hit, else None."""
         started = time.perf_counter()
         _, timeout_ms = scheduling(served.model, request)  # admission's 400s, even for a hit
-        if reaches(request, DECODE_OFFLOAD_BYTES):  # hashing ~1 ms a MiB: not on the loop
-            key = await self.admissions.run(request_key, served.name, served.generation, request)
-        else:
-            key = request_key(served.name, served.generation, request)
+        key = await self._key(request_key, served, request, reaches(request, DECODE_OFFLOAD_BYTES))
         entry = cache.get(key)
         if entry is not None:
             served.cache_counts.hit(time.perf_counter() - started)
