@@ -353,3 +353,19 @@ async def test_a_large_body_is_hashed_off_the_loop(
     assert ran == []
     await sent(inference, Wire(request(1.0), bytes(DECODE_OFFLOAD_BYTES)))
     assert ran == ["replay_key"]
+
+
+async def test_an_answer_computed_for_a_version_no_longer_serving_is_not_kept(
+    inference: Inference, model: Counting
+) -> None:
+    cache = inference.registry.cache
+    assert cache is not None
+    model.open.clear()
+    wire = Wire(request(1.0), b"1")
+    asked = asyncio.ensure_future(sent(inference, wire))
+    await started(model)
+    assert inference.registry.remove("m") is not None  # unloaded while it computes
+    cache.drop("m")
+    model.open.set()
+    assert await asked == repr(("r", [2.0])).encode()  # answered all the same
+    assert (len(cache), cache.bytes) == (0, 0)

@@ -158,7 +158,6 @@ class ModelControl:
             )
             if replaced is not None:
                 await self._drain(replaced)
-                self._forget(name)  # what its last requests stored as they drained
 
     async def unload_now(self, name: str) -> None:
         async with self._lock(name):
@@ -171,7 +170,6 @@ class ModelControl:
             try:
                 await self._drain(served)
             finally:
-                self._forget(name)  # what its last requests stored as they drained
                 self.registry.mark(name, served.version, "UNAVAILABLE", "unloaded")
                 self.catalog.release(name)
                 del served

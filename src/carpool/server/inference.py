@@ -232,8 +232,22 @@ class Inference:
         encoded = encode(answer)
         if entry is not None:  # seen before: kept encoded (a request seen once is not)
             replayed = Replayed(served.name, encoded, entry)
-            cache.put(key, replayed, REPLAY_OVERHEAD + replay.size(encoded))
+            self._keep(cache, served, key, replayed, REPLAY_OVERHEAD + replay.size(encoded))
         return encoded
+
+    def _keep(
+        self,
+        cache: ResponseCache,
+        served: ServedModel,
+        key: bytes,
+        held: Entry | Replayed,
+        nbytes: int,
+    ) -> None:
+        """``held`` in ``cache`` under ``key``, unless ``served`` no longer serves (replaced
+        or unloaded while this request ran: its answers were dropped then, and one kept now
+        would outlive it unused)."""
+        if self.registry.find(served.name) is served:
+            cache.put(key, held, nbytes)
 
     async def _key(
         self, hashed: Callable[[str, int, Any], bytes], served: ServedModel, of: Any, large: bool
@@ -295,7 +309,7 @@ class Inference:
         entry, nbytes = Entry.copied(
             served.name, admitted, outputs, keep_inputs=keep, limit=cache.max_bytes
         )
-        cache.put(key, entry, nbytes)
+        self._keep(cache, served, key, entry, nbytes)
         return entry, time.perf_counter() - started
 
 
