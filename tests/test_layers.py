@@ -71,6 +71,7 @@ LAYERS: list[tuple[str, ...]] = [
         "server.zygote",
         "server.grpc_wire",
         "server.openapi",
+        "server.statistics",
         "server.registry",
         "server.watch",
         "server.sharing",

@@ -14,6 +14,7 @@ from carpool.stats import (
     LATENCY_BOUNDS,
     SAMPLE_WINDOW,
     BatcherStats,
+    BatchTimes,
     Histogram,
     HistogramSnapshot,
     Percentiles,
@@ -216,8 +217,28 @@ def test_histogram_counts_are_cumulative_and_bounds_inclusive() -> None:
 def test_recorder_feeds_percentiles_and_histograms() -> None:
     recorder = StatsRecorder()
     recorder.waited([0.002, 0.004])
-    recorder.model_call(0.003)
+    recorder.model_call(2, 0.003, stack=0.001, split=0.002)
     stats = recorder.snapshot(submitted=2, queued_rows=0)
     assert (stats.queue_wait_ms.count, stats.queue_wait_seconds.count) == (2, 2)
     assert (stats.model_ms.p50, stats.model_seconds.count) == (3.0, 1)
     assert stats.queue_wait_seconds.counts[LATENCY_BOUNDS.index(0.005)] == 2
+    assert stats.batch_times == {2: BatchTimes(stack=0.001, model=0.003, split=0.002)}
+
+
+def test_model_calls_are_summed_per_batch_size_as_the_histogram_sums_them() -> None:
+    """Triton's per-size compute phases: every call's seconds under its batch's size (a
+    bisected batch's calls too, whatever their own rows), adding up to the model's total."""
+    recorder = StatsRecorder()
+    for size, model in ((4, 0.25), (4, 0.5), (1, 0.125), (4, 0.0625)):
+        recorder.model_call(size, model, stack=0.001, split=0.002)
+    before = recorder.snapshot(submitted=0, queued_rows=0)
+    recorder.model_call(1, 1.0, stack=0.0, split=0.0)
+    assert dict(before.batch_times) == {
+        1: BatchTimes(stack=0.001, model=0.125, split=0.002),
+        4: BatchTimes(stack=0.003, model=0.8125, split=0.006),
+    }
+    assert sum(before.batch_times.values(), BatchTimes()).model == before.model_seconds.sum
+    with pytest.raises(TypeError):
+        before.batch_times[2] = BatchTimes()  # type: ignore[index]
+    after = recorder.snapshot(submitted=0, queued_rows=0)
+    assert after.batch_times[1] == BatchTimes(stack=0.001, model=1.125, split=0.002)

@@ -97,8 +97,10 @@ def isolate(
 
 
 class BatchExecutor:
-    """Executes batches of one model. ``record_model_time`` gets each call's rows, seconds
-    and collation key; ``claim`` is :meth:`carpool.request.Resolver.claim`."""
+    """Executes batches of one model. ``record_model_time`` gets each call that returned:
+    its batch's rows, its own rows, its collation key, and the seconds to stack its rows,
+    of the model, and to split its output (:class:`carpool.warmup.ModelTimes`); ``claim``
+    is :meth:`carpool.request.Resolver.claim`."""
 
     def __init__(
         self,
@@ -110,7 +112,7 @@ class BatchExecutor:
         isolate_errors: bool,
         name: str,
         workers: int,
-        record_model_time: Callable[[int, float, Any], None],
+        record_model_time: Callable[[int, int, Any, float, float, float], None],
         claim: Callable[[Batch], list[int] | None],
     ) -> None:
         self._model_fn = model_fn
@@ -191,8 +193,9 @@ class BatchExecutor:
         if live is not None and not live:  # every request was answered while staged
             return [None] * len(segments)
         key = segments[0][0].key
+        size = batch.rows
         try:  # the whole batch first: isolate()'s first attempt, without its machinery
-            parts = self._execute(*attempt, key, handoff)
+            parts = self._execute(*attempt, size, key, handoff)
         except Exception as exc:  # isolate the rows that raised: halves, then quarters...
             plan = self._plan(attempt)
             try:
@@ -200,7 +203,7 @@ class BatchExecutor:
                 while True:
                     try:
                         outcome: Outcome = (
-                            self._execute(*attempt, key, handoff, self._retry_fn),
+                            self._execute(*attempt, size, key, handoff, self._retry_fn),
                             None,
                         )
                     except Exception as error:
@@ -216,15 +219,16 @@ class BatchExecutor:
         if live is not None and not live:  # every request was answered while staged
             return [None] * len(segments)
         key = segments[0][0].key
+        size = batch.rows
         try:
-            parts = await self._execute_async(*attempt, key)
+            parts = await self._execute_async(*attempt, size, key)
         except Exception as exc:
             plan = self._plan(attempt)
             try:
                 attempt = plan.send((None, exc))
                 while True:
                     try:
-                        outcome: Outcome = (await self._execute_async(*attempt, key), None)
+                        outcome: Outcome = (await self._execute_async(*attempt, size, key), None)
                     except Exception as error:
                         outcome = (None, error)
                     attempt = plan.send(outcome)
@@ -243,24 +247,38 @@ class BatchExecutor:
         values: list[Any],
         spans: list[Span] | None,
         rows: int,
+        size: int,
         key: Any,
         handoff: Handoff,
         model_fn: Callable[[Any], Any] | None = None,
     ) -> list[Any]:
+        """One model call on ``rows`` of a batch of ``size``; the stacking, the call and
+        the split are each timed (a split that raises, its time to fail)."""
         collator = self._collator
-        batch = collator.stack(values, spans)
-        handoff()  # the previous batch's results go to the loop as this model call begins
         started = time.perf_counter()
+        batch = collator.stack(values, spans)
+        stacked = time.perf_counter()
+        handoff()  # the previous batch's results go to the loop as this model call begins
+        called = time.perf_counter()
         output = (model_fn or self._model_fn)(batch)
-        self._record_model_time(rows, time.perf_counter() - started, key)
-        return collator.split(output, spans, rows)
+        returned = time.perf_counter()
+        try:
+            return collator.split(output, spans, rows)
+        finally:
+            split = time.perf_counter() - returned
+            self._record_model_time(size, rows, key, stacked - started, returned - called, split)
 
     async def _execute_async(
-        self, values: list[Any], spans: list[Span] | None, rows: int, key: Any
+        self, values: list[Any], spans: list[Span] | None, rows: int, size: int, key: Any
     ) -> list[Any]:
         collator = self._collator
-        batch = collator.stack(values, spans)
         started = time.perf_counter()
+        batch = collator.stack(values, spans)
+        called = time.perf_counter()
         output = await self._model_fn(batch)
-        self._record_model_time(rows, time.perf_counter() - started, key)
-        return collator.split(output, spans, rows)
+        returned = time.perf_counter()
+        try:
+            return collator.split(output, spans, rows)
+        finally:
+            split = time.perf_counter() - returned
+            self._record_model_time(size, rows, key, called - started, returned - called, split)

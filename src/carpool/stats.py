@@ -9,15 +9,22 @@ from __future__ import annotations
 import math
 import threading
 from bisect import bisect_left
-from collections import Counter, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from types import MappingProxyType
 
 from carpool.cost import CostCurve
 
-__all__ = ["BatcherStats", "Histogram", "HistogramSnapshot", "Percentiles", "StatsRecorder"]
+__all__ = [
+    "BatchTimes",
+    "BatcherStats",
+    "Histogram",
+    "HistogramSnapshot",
+    "Percentiles",
+    "StatsRecorder",
+]
 
 # Seconds. Prometheus' default latency buckets, extended down to 100 µs (batching overhead
 # and small models live there) and up to 60 s (queueing under overload).
@@ -99,6 +106,23 @@ class Histogram:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchTimes:
+    """Seconds summed over the model calls that returned in batches of one size: stacking
+    their rows (``stack``), the model itself (``model``), splitting its output (``split``).
+    Triton's ``compute_input``, ``compute_infer`` and ``compute_output`` per batch size."""
+
+    stack: float = 0.0
+    model: float = 0.0
+    split: float = 0.0
+
+    def __add__(self, other: BatchTimes) -> BatchTimes:
+        """Both sums, phase by phase: ``sum(times, BatchTimes())`` is a model's total."""
+        return BatchTimes(
+            self.stack + other.stack, self.model + other.model, self.split + other.split
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class BatcherStats:
     """A consistent snapshot. Requests are counted once each, by their one outcome:
     ``submitted == completed + failed + expired + cancelled + pending``; ``rejected``
@@ -138,6 +162,9 @@ class BatcherStats:
     # difference is padding
     tokens_computed: int = 0
     tokens_real: int = 0
+    # rows in a batch -> the seconds its model calls took, summed (the sizes of batch_sizes;
+    # a size whose every call failed is missing)
+    batch_times: Mapping[int, BatchTimes] = field(default_factory=dict)
 
     @property
     def mean_batch_size(self) -> float:
@@ -163,9 +190,12 @@ class StatsRecorder:
         self.model_times: deque[float] = deque(maxlen=SAMPLE_WINDOW)
         self.queue_wait_hist = Histogram()
         self.model_time_hist = Histogram()
-        # Model times not yet in their histogram: a worker only appends (between two model
-        # calls, where every microsecond idles the model); snapshots bin them.
-        self._unbinned: deque[float] = deque()
+        # Model calls not yet in their histogram and per-size sums, as (batch size, stack,
+        # model, split seconds): a worker only appends (between two model calls, where
+        # every microsecond idles the model); snapshots bin them.
+        self._unbinned: deque[tuple[int, float, float, float]] = deque()
+        self._batch_times: defaultdict[int, list[float]] = defaultdict(lambda: [0.0] * 3)
+        self._times_lock = threading.Lock()  # a worker bins too when no snapshot comes
         self.prediction_ratios: deque[float] = deque(maxlen=SAMPLE_WINDOW)
         self.tokens_computed = 0
         self.tokens_real = 0
@@ -175,10 +205,12 @@ class StatsRecorder:
         self.queue_waits.extend(seconds)
         self.queue_wait_hist.add_many(seconds)
 
-    def model_call(self, seconds: float) -> None:
-        """One model call's duration; from any thread."""
+    def model_call(self, size: int, seconds: float, *, stack: float, split: float) -> None:
+        """One model call that returned in ``seconds``, in a batch of ``size`` rows (as
+        :meth:`batch` counted it), and the seconds its rows took to ``stack`` and its output
+        to ``split``; from any thread."""
         self.model_times.append(seconds)
-        self._unbinned.append(seconds)
+        self._unbinned.append((size, stack, seconds, split))
         if len(self._unbinned) >= SAMPLE_WINDOW:  # nobody takes snapshots: bin them now
             self._bin_model_times()
 
@@ -189,8 +221,23 @@ class StatsRecorder:
                 taken.append(unbinned.popleft())
         except IndexError:
             pass
-        if taken:
-            self.model_time_hist.add_many(taken)
+        if not taken:
+            return
+        with self._times_lock:
+            self.model_time_hist.add_many([seconds for _, _, seconds, _ in taken])
+            for size, stack, seconds, split in taken:
+                sums = self._batch_times[size]
+                sums[0] += stack
+                sums[1] += seconds
+                sums[2] += split
+
+    def _model_times(self) -> tuple[HistogramSnapshot, Mapping[int, BatchTimes]]:
+        """The model times' histogram and per-size sums, binned together: they agree."""
+        self._bin_model_times()
+        with self._times_lock:
+            hist = self.model_time_hist.snapshot()
+            times = {size: BatchTimes(*sums) for size, sums in sorted(self._batch_times.items())}
+        return hist, MappingProxyType(times)
 
     def batch(self, rows: int, reason: str, tokens: tuple[int, int] = (0, 0)) -> None:
         """One batch dispatched: its rows, why, and its tokens (computed, real)."""
@@ -221,7 +268,7 @@ class StatsRecorder:
     ) -> BatcherStats:
         """``submitted``: requests ever admitted, as the queue counts them."""
         done = self.completed + self.failed + self.expired + self.cancelled
-        self._bin_model_times()
+        model_seconds, batch_times = self._model_times()
         return BatcherStats(
             submitted=submitted,
             completed=self.completed,
@@ -239,10 +286,11 @@ class StatsRecorder:
             queue_wait_ms=Percentiles.of(self.queue_waits),
             model_ms=Percentiles.of(self.model_times),
             queue_wait_seconds=self.queue_wait_hist.snapshot(),
-            model_seconds=self.model_time_hist.snapshot(),
+            model_seconds=model_seconds,
             overloaded=self.overloaded,
             tokens_computed=self.tokens_computed,
             tokens_real=self.tokens_real,
+            batch_times=batch_times,
             cost_curve=cost_curve,
             prediction_ratio=(
                 Percentiles.of(self.prediction_ratios, scale=1.0)

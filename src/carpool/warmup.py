@@ -96,16 +96,21 @@ def learned(policy: Policy, hooks: PolicyHooks, refused: int) -> str:
 
 
 class ModelTimes:
-    """Takes each model call's rows, seconds and collation key, from the worker that made
-    it: into the stats, and to a policy that observes (with how well it had predicted)."""
+    """Takes each model call that returned, from the worker that made it: its batch's
+    ``size`` (the rows dispatched), its own ``rows`` (fewer when some were withdrawn or the
+    batch is bisected), its collation ``key``, and the seconds to ``stack`` its rows, of the
+    model itself, and to ``split`` its output. Into the stats, and the rows and model
+    seconds to a policy that observes (with how well it had predicted)."""
 
     def __init__(self, stats: StatsRecorder, hooks: PolicyHooks) -> None:
         self._stats = stats
         self._observe = hooks.observe
         self._cost = hooks.cost
 
-    def __call__(self, rows: int, seconds: float, key: Any) -> None:
-        self._stats.model_call(seconds)
+    def __call__(
+        self, size: int, rows: int, key: Any, stack: float, seconds: float, split: float
+    ) -> None:
+        self._stats.model_call(size, seconds, stack=stack, split=split)
         if self._observe is not None:
             predicted = self._cost.predict(rows, key) if self._cost is not None else None
             if predicted:

@@ -122,8 +122,8 @@ def test_a_client_pickles_for_client_processes() -> None:
 
 
 def statistics(executions: int, sizes: dict[int, int], *, model_ns: int = 0) -> Any:
-    """A ``ModelStatistics`` as carpool fills it: model time in the request-level
-    ``compute_infer``, 0 ns in ``batch_stats``; queue waits of 1 ms per row."""
+    """A ``ModelStatistics`` with model time in the request-level ``compute_infer`` only
+    (0 ns in ``batch_stats``); queue waits of 1 ms per row."""
     rows = sum(size * n for size, n in sizes.items())
     stats = pb.ModelStatistics(name="m", inference_count=rows, execution_count=executions)
     stats.inference_stats.queue.count = rows

@@ -336,6 +336,28 @@ def test_request_larger_than_max_batch_size_is_split_and_reassembled(
     assert delta(batch_sizes(after), batch_sizes(before)) == {4: 1, MAX_BATCH: 2}
 
 
+def test_batch_stats_time_each_batch_size(
+    client: triton.InferenceServerClient, server: Server
+) -> None:
+    """Triton's per-size compute phases: each size's batches with the seconds they took,
+    which add up to the model's compute time."""
+    before = server.stats("add_one")
+    x = np.zeros((2 * MAX_BATCH + 4, 3), np.float32)
+    client.infer("add_one", [infer_input("INPUT0", x)])  # batches of 8, 8 and 4 rows
+    after = server.stats("add_one")
+    old = {b["batch_size"]: b for b in before["batch_stats"]}
+    for size, n in ((4, 1), (MAX_BATCH, 2)):
+        (new,) = [b for b in after["batch_stats"] if b["batch_size"] == size]
+        for phase in ("compute_input", "compute_infer", "compute_output"):
+            was = old.get(size, {}).get(phase, {"count": 0, "ns": 0})
+            assert new[phase]["count"] - was["count"] == n, (size, phase)
+            assert new[phase]["ns"] > was["ns"], (size, phase)
+    for phase in ("compute_input", "compute_infer", "compute_output"):
+        per_size = sum(b[phase]["ns"] for b in after["batch_stats"])
+        total = after["inference_stats"][phase]["ns"]
+        assert abs(per_size - total) <= len(after["batch_stats"]), phase  # ns rounding
+
+
 def payload(i: int) -> np.ndarray[Any, Any]:
     """Request ``i``'s distinct rows: 1 to 3 rows of 5 values that encode ``i``."""
     rows = 1 + i % 3

@@ -157,11 +157,16 @@ def test_front_ends_show_in_ps_and_serve_rest_and_grpc_counted_once(serve: Launc
         stats = json.loads(conn.getresponse().read())["model_stats"][0]
         assert stats["inference_stats"]["success"]["count"] == 10
         assert stats["inference_count"] == 6 + 8
+        # the main process's per-size compute times, through the front end
+        sizes = {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
+        assert sizes == {1: 6, 2: 4}
+        assert all(b["compute_infer"]["ns"] > 0 for b in stats["batch_stats"])
     for protocol, count in (("http", 6), ("grpc", 4)):
         labels = {"model": "add_one", "outcome": "success", "protocol": protocol}
         assert server.metric("carpool_requests_total", **labels) == count
     grpc_stats = client.get_inference_statistics("add_one").model_stats[0]
     assert grpc_stats.inference_stats.success.count == 10
+    assert all(b.compute_infer.ns > 0 for b in grpc_stats.batch_stats)
 
 
 def test_requests_from_both_front_ends_share_one_batch(

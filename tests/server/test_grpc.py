@@ -300,6 +300,34 @@ def test_concurrent_requests_share_one_batch(
     assert batch_sizes(stats) == {1: 1, MAX_BATCH: 1}
 
 
+def test_batch_stats_time_each_batch_size_over_grpc(
+    client: triton.InferenceServerClient, server: Server
+) -> None:
+    """``ModelStatistics.batch_stats`` carries each size's compute time, as REST does."""
+    x = np.zeros((MAX_BATCH + 3, 3), np.float32)
+    client.infer("add_one", [infer_input("INPUT0", x)])  # batches of 8 and 3 rows
+    stats = grpc_stats(client, "add_one")
+    sizes = {int(b.batch_size): b for b in stats.batch_stats}
+    assert {3, MAX_BATCH} <= set(sizes)
+    for size in (3, MAX_BATCH):
+        b = sizes[size]
+        for phase in (b.compute_input, b.compute_infer, b.compute_output):
+            assert (phase.count, phase.ns > 0) == (b.compute_infer.count, True), size
+    per_size = sum(int(b.compute_infer.ns) for b in stats.batch_stats)
+    total = int(stats.inference_stats.compute_infer.ns)
+    assert abs(per_size - total) <= len(stats.batch_stats)  # ns rounding
+    assert server.stats("add_one")["batch_stats"] == [
+        {
+            "batch_size": int(b.batch_size),
+            **{
+                phase: {"count": int(getattr(b, phase).count), "ns": int(getattr(b, phase).ns)}
+                for phase in ("compute_input", "compute_infer", "compute_output")
+            },
+        }
+        for b in stats.batch_stats
+    ]
+
+
 # ---------------------------------------------------------------- errors
 
 

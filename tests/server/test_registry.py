@@ -186,8 +186,31 @@ async def test_statistics_count_rows_batches_and_failures() -> None:
     assert stats["inference_stats"]["compute_infer"]["count"] == 3  # calls that returned
     sizes = {b["batch_size"]: b["compute_infer"]["count"] for b in stats["batch_stats"]}
     assert sizes == {1: 1, 2: 1, 3: 1, 4: 1}
+    timed = {b["batch_size"]: b["compute_infer"]["ns"] > 0 for b in stats["batch_stats"]}
+    assert timed == {1: False, 2: True, 3: True, 4: True}  # the one call that raised: untimed
     assert sum(stats["dispatch_reasons"].values()) == 4
     assert (stats["pending"], stats["queued_rows"]) == (0, 0)
+
+
+async def test_batch_stats_time_each_size_s_compute_phases() -> None:
+    """Triton's batch_stats: per size, its batches and the seconds of stacking their rows
+    (compute_input), the model (compute_infer) and the split (compute_output), which add up
+    to the model-wide phases."""
+    served = ServedModel(Model(lambda batch: batch, name="t", batching=Batching(max_batch_size=4)))
+    async with served.batcher:
+        await served.batcher.infer_many({"INPUT0": np.ones((10, 2))})  # 4 + 4 + 2
+    stats = served.statistics()
+    phases = ("compute_input", "compute_infer", "compute_output")
+    assert [b["batch_size"] for b in stats["batch_stats"]] == [2, 4]
+    for b in stats["batch_stats"]:
+        assert set(b) == {"batch_size", *phases}
+        for phase in phases:
+            assert b[phase]["count"] == {2: 1, 4: 2}[b["batch_size"]]
+            assert b[phase]["ns"] > 0
+    for phase in phases:
+        per_size = sum(b[phase]["ns"] for b in stats["batch_stats"])
+        assert abs(stats["inference_stats"][phase]["ns"] - per_size) <= 1  # ns rounding, 2 sizes
+        assert stats["inference_stats"][phase]["count"] == 1  # one request
 
 
 # ---------------------------------------------------------------- registry

@@ -107,8 +107,8 @@ class GrpcStats:
 
 def stats_of(statistics: Any) -> GrpcStats:
     """:class:`GrpcStats` from a ``ModelStatistics`` message. Model time: the per batch
-    size ``compute_infer`` durations when the server fills them (Triton), else the
-    request-level ``compute_infer`` (carpool's holds its whole model time)."""
+    size ``compute_infer`` durations, one per model call (carpool and Triton fill them),
+    else the request-level ``compute_infer`` (Triton's counts each batch once per request)."""
     inference = statistics.inference_stats
     per_size = sum(int(b.compute_infer.ns) for b in statistics.batch_stats)
     return GrpcStats(

@@ -10,6 +10,8 @@ counted):
   decoder shares (duplicate names, shared memory, classification, the element limit); pure.
 - ``rest_codec``: REST's v2 bodies to records and back; pure.
 - ``admission``: a request checked against its model, the model's outputs shaped; pure.
+- ``statistics``: Triton's statistics extension: durations, the compute phases (per batch
+  size too) and response-cache counts, from a batcher's stats; pure.
 - ``registry``: the served models, their batchers, metadata, config, statistics, and
   readiness (``ready``, ``is_ready``, ``model_ready``, the ready-only index).
 - ``outcomes``: ``error_status``, the one classification of exceptions into statuses.

@@ -265,5 +265,8 @@ class Hub:
 def _picklable(stats: BatcherStats) -> BatcherStats:
     """``stats`` with plain dicts where it holds read-only views (which do not pickle)."""
     return replace(
-        stats, batch_sizes=dict(stats.batch_sizes), dispatch_reasons=dict(stats.dispatch_reasons)
+        stats,
+        batch_sizes=dict(stats.batch_sizes),
+        dispatch_reasons=dict(stats.dispatch_reasons),
+        batch_times=dict(stats.batch_times),
     )

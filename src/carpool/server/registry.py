@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from carpool.errors import CarpoolError, ConfigError, WorkerStartError
 from carpool.loading import LoadFailure
 from carpool.model import Model, Tensor
-from carpool.stats import BatcherStats
+from carpool.server.statistics import CacheCounts, batch_stats, compute_phases, duration
+from carpool.stats import BatcherStats, BatchTimes
 
 __all__ = [
-    "CacheCounts",
     "ModelNotFound",
     "ModelUnavailable",
     "Registry",
@@ -90,32 +90,6 @@ def _config_tensor(spec: Tensor) -> dict[str, Any]:
 def _entry(name: str, version: str, state: str, reason: str = "") -> dict[str, str]:
     """One model's line in the repository index."""
     return {"name": name, "version": version, "state": state, "reason": reason}
-
-
-def _duration(count: int, seconds: float) -> dict[str, int]:
-    return {"count": count, "ns": int(seconds * 1e9)}
-
-
-class CacheCounts:
-    """A model's response-cache lookups, as Triton's statistics count them: ``hits`` (answered
-    from the cache) and ``misses`` (computed, then stored), each with the seconds the lookup
-    (and, for a miss, the insert) took."""
-
-    __slots__ = ("hit_seconds", "hits", "miss_seconds", "misses")
-
-    def __init__(self) -> None:
-        self.hits = 0
-        self.hit_seconds = 0.0
-        self.misses = 0
-        self.miss_seconds = 0.0
-
-    def hit(self, seconds: float) -> None:
-        self.hits += 1
-        self.hit_seconds += seconds
-
-    def miss(self, seconds: float) -> None:
-        self.misses += 1
-        self.miss_seconds += seconds
 
 
 class ServedBatcher(Protocol):
@@ -256,8 +230,8 @@ class ServedModel:
         s = stats if stats is not None else self.batcher.stats()
         failed = s.failed + s.expired + s.rejected
         cache = self.cache_counts
-        # Triton counts compute per request, and perf_analyzer requires the three compute
-        # phases to agree; carpool's model time covers all of them, so input/output are 0 ns.
+        # Triton counts compute per request (perf_analyzer requires the three phases' counts
+        # to agree); the seconds are the model calls', summed over every batch size.
         computed = s.completed + s.failed
         # A cache hit counts as in Triton: a success through the queue (in no time), with no
         # inference, execution or compute (perf_analyzer needs the queue count to rise).
@@ -267,21 +241,16 @@ class ServedModel:
             "inference_count": s.rows,
             "execution_count": s.batches,
             "inference_stats": {
-                "success": _duration(s.completed + cache.hits, self.request_seconds),
-                "fail": _duration(failed, 0.0),
-                "queue": _duration(
+                "success": duration(s.completed + cache.hits, self.request_seconds),
+                "fail": duration(failed, 0.0),
+                "queue": duration(
                     s.queue_wait_seconds.count + cache.hits, s.queue_wait_seconds.sum
                 ),
-                "compute_input": _duration(computed, 0.0),
-                "compute_infer": _duration(computed, s.model_seconds.sum),
-                "compute_output": _duration(computed, 0.0),
-                "cache_hit": _duration(cache.hits, cache.hit_seconds),
-                "cache_miss": _duration(cache.misses, cache.miss_seconds),
+                **compute_phases(computed, sum(s.batch_times.values(), BatchTimes())),
+                "cache_hit": duration(cache.hits, cache.hit_seconds),
+                "cache_miss": duration(cache.misses, cache.miss_seconds),
             },
-            "batch_stats": [
-                {"batch_size": size, "compute_infer": _duration(count, 0.0)}
-                for size, count in s.batch_sizes.items()
-            ],
+            "batch_stats": batch_stats(s),
             "dispatch_reasons": dict(s.dispatch_reasons),
             "pending": s.pending,
             "queued_rows": s.queued_rows,
