@@ -180,7 +180,35 @@ def test_in_process_target_reports_batching_from_the_batchers_stats(
     assert step.server is not None
     assert step.server.batch_size_mean > 1.0
     assert step.server.queue_wait_share is not None
-    assert "batch sizes at 16 clients:" in out
+    (line,) = [line for line in out.splitlines() if line.startswith("batch sizes at 16 clients:")]
+    assert step.server.batch_size_floors == {}  # the batcher counts every size
+    printed = dict(item.split(":") for item in line.split(": ", 1)[1].split())
+    assert printed == {size: str(n) for size, n in step.server.batch_sizes.items()}
+
+
+def test_batch_sizes_from_metrics_print_as_the_ranges_they_count(
+    demo: Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """/metrics has a bucket per power of two: the line names each bucket's range (never
+    its bound, as if it were a size), and each range holds what the server's exact
+    statistics counted in it."""
+    before = demo.stats("demo")
+    code, out, _ = bench(
+        capsys, url(demo), "--concurrency", "8", "--requests", "300", "--warmup", "0"
+    )
+    assert code == 0
+    after = demo.stats("demo")
+    (line,) = [line for line in out.splitlines() if line.startswith("batch sizes at 8 clients:")]
+    printed = dict(item.split(":") for item in line.split(": ", 1)[1].split())
+    counted = {b["batch_size"]: b["compute_infer"]["count"] for b in after["batch_stats"]}
+    for b in before["batch_stats"]:
+        counted[b["batch_size"]] -= b["compute_infer"]["count"]
+    assert set(printed) <= {"1", "2", "3-4", "5-8", "9-16", "17-32"}  # max_batch_size 32
+    for label, n in printed.items():
+        low, _, high = label.partition("-")
+        sizes = range(int(low), int(high or low) + 1)
+        assert int(n) == sum(counted.get(size, 0) for size in sizes), label
+    assert sum(map(int, printed.values())) == sum(counted.values())
 
 
 # ----------------------------------------------------------------------------- errors

@@ -164,8 +164,20 @@ def test_a_window_of_statistics_is_the_steps_server_side() -> None:
         queue_wait_ms_mean=1.0,
         model_ms_mean=2.0,  # 8 ms over 4 model calls
         queue_wait_share=0.017 / 0.05,
+        batch_size_floors={},  # each size exactly: "4" is 4 rows, not 2 to 4
     )
     assert target.server_side(None, after, latency_sum_s=1.0) is None
+    idle = stats_of(statistics(0, {}))
+    assert target.server_side(idle, idle, latency_sum_s=1.0) == ServerSide(
+        batches=0,
+        rows=0,
+        batch_size_mean=0.0,
+        batch_sizes={},
+        queue_wait_ms_mean=0.0,
+        model_ms_mean=0.0,
+        queue_wait_share=0.0,
+        batch_size_floors={},
+    )
 
 
 # ----------------------------------------------------------------------------- a servicer here

@@ -6,6 +6,7 @@ them."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -70,8 +71,9 @@ async def test_a_model_without_batching_gets_its_whole_tensor() -> None:
 
 
 async def test_in_process_server_side_reads_as_a_scrape_of_the_same_batcher() -> None:
-    """snapshot_of(stats) is what parse_metrics reads from /metrics for that batcher, so
-    in-process and HTTP steps report the same figures."""
+    """snapshot_of(stats) is what parse_metrics reads from /metrics for that batcher but
+    for its buckets, one per size, so in-process and HTTP steps report the same figures and
+    in-process batch sizes are exact."""
     model = Model(lambda batch: batch * 2, name="double", batching=Batching(max_batch_size=8))
     registry = Registry([model])
     (served,) = registry
@@ -83,7 +85,10 @@ async def test_in_process_server_side_reads_as_a_scrape_of_the_same_batcher() ->
         stats = batcher.stats()
         text = Metrics(registry).render().decode()
     scraped = parse_metrics(text, "double")
-    assert snapshot_of(stats, 8) == scraped
-    side = server_side(empty, snapshot_of(stats, 8), latency_sum_s=1.0)
+    assert scraped is not None
+    snapshot = snapshot_of(stats, 8)
+    assert dataclasses.replace(snapshot, batch_buckets=scraped.batch_buckets) == scraped
+    side = server_side(empty, snapshot, latency_sum_s=1.0)
     assert (side.rows, side.batches) == (11, stats.batches)
-    assert sum(side.batch_sizes.values()) == stats.batches
+    assert side.batch_sizes == {str(size): n for size, n in stats.batch_sizes.items()}
+    assert side.batch_size_floors == {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -87,12 +88,24 @@ def test_plot_report_batch_panel_stacks_shares(tmp_path: Path) -> None:
     labels = [t.get_text() for t in batches.get_xticklabels()]
     assert labels == ["1 clients", "8 clients", "64 clients"]
     containers = batches.containers
-    assert [c.get_label() for c in containers] == ["1", "≤ 4", "≤ 8", "≤ 32"]
+    assert [c.get_label() for c in containers] == ["1", "≤4", "≤8", "≤32"]  # bounds alone
     heights = [[bar.get_height() for bar in c] for c in containers]
     assert heights == [[100.0, 10.0, 0.0], [0.0, 30.0, 0.0], [0.0, 60.0, 5.0], [0.0, 0.0, 95.0]]
     bottoms = [[bar.get_y() for bar in c] for c in containers]
     assert bottoms[3] == [100.0, 100.0, 5.0]  # stacked on what is below
     assert batches.get_ylim() == (0.0, 100.0)
+
+
+def test_plot_report_batch_panel_names_each_bucket_s_sizes(tmp_path: Path) -> None:
+    floors = {"4": 3, "8": 5, "32": 17}  # /metrics: a bucket per power of two
+    steps = [
+        dataclasses.replace(s, server=dataclasses.replace(s.server, batch_size_floors=floors))
+        for s in SERVER_REPORT.steps
+        if s.server is not None
+    ]
+    fig = plot_report(dataclasses.replace(SERVER_REPORT, steps=steps), tmp_path / "r.png")
+    labels = [c.get_label() for c in fig.axes[1].containers]
+    assert labels == ["1", "3-4", "5-8", "17-32"]
 
 
 def test_plot_report_log_axis_for_a_wide_range(tmp_path: Path) -> None:

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from bench.conftest import latency, report, step
@@ -119,8 +121,19 @@ def test_errors_text() -> None:
 
 
 def test_batch_histogram_in_bucket_order() -> None:
-    assert batch_histogram(_step(1, 1.0, 1.0, server=SERVER)) == "1:12 4:37 8:200 +Inf:1"
+    # A report without floors knows each bucket by its bound alone.
+    assert batch_histogram(_step(1, 1.0, 1.0, server=SERVER)) == "1:12 ≤4:37 ≤8:200 +Inf:1"
     assert batch_histogram(_step(1, 1.0, 1.0)) == "-"
+
+
+def test_batch_histogram_shows_ranges_never_a_bound_as_a_size() -> None:
+    """/metrics' buckets (powers of two) read as the ranges they count; a server that
+    counts every size (gRPC's statistics, in process) shows each size as it is."""
+    ranges = dataclasses.replace(SERVER, batch_size_floors={"4": 3, "8": 5, "+Inf": 9})
+    assert batch_histogram(_step(8, 1.0, 1.0, server=ranges)) == "1:12 3-4:37 5-8:200 ≥9:1"
+    sizes = {"3": 71, "5": 75, "6": 243, "7": 178}
+    exact = dataclasses.replace(SERVER, batch_sizes=sizes, batch_size_floors={})
+    assert batch_histogram(_step(8, 1.0, 1.0, server=exact)) == "3:71 5:75 6:243 7:178"
 
 
 # a report

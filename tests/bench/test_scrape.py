@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from carpool.bench.report import ServerSide
-from carpool.bench.scrape import Snapshot, parse_metrics, server_side
+from carpool.bench.scrape import Snapshot, exact_buckets, parse_metrics, server_side
 from carpool.model import Batching, Model, Tensor
 from carpool.server.metrics import Metrics
 from carpool.server.registry import Registry
@@ -87,6 +87,7 @@ def test_server_side_of_a_window_between_real_scrapes() -> None:
         queue_wait_ms_mean=1000.0 * wait_s / 4,
         model_ms_mean=1000.0 * model_s / 4,
         queue_wait_share=wait_s / 2.0,
+        batch_size_floors={"8": 5},  # "2" holds 2 alone
     )
 
 
@@ -163,6 +164,7 @@ def test_server_side_exact() -> None:
     assert side.rows == 74
     assert side.batch_size_mean == 3.7
     assert side.batch_sizes == {"1": 1, "2": 2, "4": 17}  # "+Inf" had none: left out
+    assert side.batch_size_floors == {"4": 3}  # 3 or 4 rows
     assert side.queue_wait_ms_mean == pytest.approx(1000 * 1.85 / 74, rel=1e-12)
     assert side.model_ms_mean == pytest.approx(2.0, rel=1e-12)
     assert side.queue_wait_share == pytest.approx(1.85 / 3.7, rel=1e-12)
@@ -187,6 +189,7 @@ def test_server_side_of_an_idle_window() -> None:
         queue_wait_ms_mean=0.0,
         model_ms_mean=0.0,
         queue_wait_share=None,
+        batch_size_floors={},
     )
 
 
@@ -202,3 +205,20 @@ def test_server_side_after_a_restart_counts_from_zero() -> None:
 def test_parse_metrics_with_only_the_batch_histogram() -> None:
     text = 'carpool_batch_size_count{model="m"} 3\ncarpool_batch_size_sum{model="m"} 5\n'
     assert parse_metrics(text, "m") == Snapshot(batch_count=3, batch_rows=5)
+
+
+def test_exact_buckets_hold_one_size_each() -> None:
+    buckets = exact_buckets({3: 2, 1: 1, 5: 4}, 6)
+    assert buckets == {"1": 1.0, "2": 1.0, "3": 3.0, "4": 3.0, "5": 7.0, "6": 7.0, "+Inf": 7.0}
+    assert exact_buckets({}, 2) == {"1": 0.0, "2": 0.0, "+Inf": 0.0}
+    before = Snapshot(batch_count=1, batch_rows=1, batch_buckets=exact_buckets({1: 1}, 6))
+    after = Snapshot(batch_count=7, batch_rows=28, batch_buckets=buckets)
+    side = server_side(before, after, latency_sum_s=None)
+    assert (side.batch_sizes, side.batch_size_floors) == ({"3": 2, "5": 4}, {})
+
+
+def test_the_last_bucket_counts_from_the_bound_below_it() -> None:
+    before = Snapshot(batch_count=0, batch_rows=0)
+    after = Snapshot(batch_count=3, batch_rows=30, batch_buckets={"1": 1.0, "8": 1.0, "+Inf": 3.0})
+    side = server_side(before, after, latency_sum_s=None)
+    assert (side.batch_sizes, side.batch_size_floors) == ({"1": 1, "+Inf": 2}, {"+Inf": 9})

@@ -17,7 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from carpool.bench.report import ServerSide
-from carpool.bench.scrape import Snapshot, server_side
+from carpool.bench.scrape import Snapshot, exact_buckets, server_side
 from carpool.bench.targets import BenchError, Client, Send
 
 __all__ = [
@@ -121,16 +121,12 @@ def stats_of(statistics: Any) -> GrpcStats:
     )
 
 
-def _snapshot(stats: GrpcStats, bounds: Sequence[int]) -> Snapshot:
-    # As a scrape of /metrics reads it, with a bucket at every batch size either call saw.
-    buckets = {
-        str(b): float(sum(n for size, n in stats.batch_sizes.items() if size <= b)) for b in bounds
-    }
-    buckets["+Inf"] = float(sum(stats.batch_sizes.values()))
+def _snapshot(stats: GrpcStats, largest: int) -> Snapshot:
+    # As a scrape of /metrics reads it, with a bucket per batch size: the sizes are exact.
     return Snapshot(
         batch_count=stats.executions,
         batch_rows=stats.inferences,
-        batch_buckets=buckets,
+        batch_buckets=exact_buckets(stats.batch_sizes, largest),
         queue_wait_count=stats.queue_count,
         queue_wait_sum=stats.queue_ns / 1e9,
         model_count=stats.executions,
@@ -241,8 +237,8 @@ class GrpcTarget:
     ) -> ServerSide | None:
         if before is None or after is None:
             return None
-        bounds = sorted({*before.batch_sizes, *after.batch_sizes})
-        old, new = _snapshot(before, bounds), _snapshot(after, bounds)
+        largest = max([*before.batch_sizes, *after.batch_sizes], default=0)
+        old, new = _snapshot(before, largest), _snapshot(after, largest)
         return server_side(old, new, latency_sum_s=latency_sum_s)
 
 

@@ -15,10 +15,9 @@ import numpy as np
 
 from carpool.batcher import Batcher
 from carpool.bench.report import ServerSide
-from carpool.bench.scrape import Snapshot, server_side
+from carpool.bench.scrape import Snapshot, exact_buckets, server_side
 from carpool.bench.targets import Client, Send
 from carpool.model import Model, Preprocess
-from carpool.server.buckets import batch_size_buckets
 from carpool.stats import BatcherStats
 
 __all__ = ["LocalClient", "LocalTarget", "metadata_of", "snapshot_of"]
@@ -109,13 +108,14 @@ class LocalClient:
 
 
 def snapshot_of(stats: BatcherStats, max_batch_size: int) -> Snapshot:
-    """What ``/metrics`` would say of a batcher with these stats, as a scrape reads it; so
-    in-process and HTTP steps get their server-side figures from the same arithmetic."""
-    buckets = dict(batch_size_buckets(stats.batch_sizes, max(1, max_batch_size)))
+    """What ``/metrics`` would say of a batcher with these stats, as a scrape reads it, but
+    with a bucket per batch size up to ``max_batch_size`` (the batcher counts each size
+    exactly); so in-process and HTTP steps get their server-side figures from the same
+    arithmetic."""
     return Snapshot(
         batch_count=stats.batches,
         batch_rows=stats.rows,
-        batch_buckets=buckets,
+        batch_buckets=exact_buckets(stats.batch_sizes, max(1, max_batch_size)),
         queue_wait_count=stats.queue_wait_seconds.count,
         queue_wait_sum=stats.queue_wait_seconds.sum,
         model_count=stats.model_seconds.count,

@@ -145,7 +145,7 @@ def _batch_panel(ax: Axes, steps: Sequence[Step]) -> None:
             positions,
             shares,
             bottom=bottoms,
-            label=_bucket_label(le, buckets[index - 1] if index else None),
+            label=_bucket_label(le, steps),
             color=f"C{index % 10}",
         )
         bottoms = [b + s for b, s in zip(bottoms, shares, strict=True)]
@@ -156,11 +156,10 @@ def _batch_panel(ax: Axes, steps: Sequence[Step]) -> None:
     ax.legend(title="rows per batch", loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
 
 
-def _bucket_label(le: str, below: str | None) -> str:
-    # Buckets are upper bounds; with zero buckets dropped the one below may be unknown.
-    if le == "+Inf":
-        return f"> {below}" if below is not None else "more"
-    return le if le == "1" else f"\N{LESS-THAN OR EQUAL TO} {le}"
+def _bucket_label(le: str, steps: Sequence[Step]) -> str:
+    # The sizes of the bucket ``le``, as the first step that has it names them.
+    sides = (step.server for step in steps if step.server is not None)
+    return next(side for side in sides if le in side.batch_sizes).size_label(le)
 
 
 def _title(report: Report) -> str:

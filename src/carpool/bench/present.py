@@ -99,12 +99,14 @@ def errors_text(errors: dict[str, int]) -> str:
 
 
 def batch_histogram(step: Step) -> str:
-    """Model calls per batch-size bucket, e.g. ``"1:12 2:3 4:40 8:200"`` (``4`` counts
-    batches of 3 or 4 rows); ``"-"`` without server data."""
-    if step.server is None or not step.server.batch_sizes:
+    """Model calls per batch size, e.g. ``"1:12 3:3 5:40 7:200"`` where the server counts
+    each size, ``"1:12 2:3 3-4:40 5-8:200"`` where its histogram has a bucket per power of
+    two (:meth:`ServerSide.size_label`); ``"-"`` without server data."""
+    server = step.server
+    if server is None or not server.batch_sizes:
         return MISSING
-    sizes = sorted(step.server.batch_sizes.items(), key=lambda item: _bound(item[0]))
-    return " ".join(f"{le}:{n}" for le, n in sizes)
+    sizes = sorted(server.batch_sizes.items(), key=lambda item: _bound(item[0]))
+    return " ".join(f"{server.size_label(le)}:{n}" for le, n in sizes)
 
 
 def compare_table(reports: Sequence[Report]) -> Table:

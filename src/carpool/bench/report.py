@@ -109,9 +109,13 @@ class ServerSide:
     """What a carpool server's ``/metrics`` said about the step's window (scraped before
     and after it). ``batch_sizes``: model calls by batch size bucket (the histogram's upper
     bound, as a string, e.g. ``"8"``; ``"+Inf"`` for the last), within the window.
-    ``queue_wait_share``: the queue-wait seconds summed over the window's requests divided
-    by the client-side latency summed over them: how much of what callers waited was spent
-    queueing for a batch."""
+    ``batch_size_floors``: the smallest size of each of those buckets that holds more than
+    one size (``/metrics`` has a bucket per power of two: ``{"8": 5}``); a bucket not in it
+    holds exactly its bound's size (gRPC's statistics and an in-process batcher count every
+    size). ``None`` in reports written before it was recorded, whose buckets are known by
+    their bound alone. ``queue_wait_share``: the queue-wait seconds summed over the window's
+    requests divided by the client-side latency summed over them: how much of what callers
+    waited was spent queueing for a batch."""
 
     batches: int
     rows: int
@@ -120,6 +124,20 @@ class ServerSide:
     queue_wait_ms_mean: float
     model_ms_mean: float
     queue_wait_share: float | None
+    batch_size_floors: dict[str, int] | None = None
+
+    def size_label(self, le: str) -> str:
+        """The sizes a person reads for the bucket ``le`` of :attr:`batch_sizes`: its one
+        size (``"3"``), its range (``"5-8"``, or ``"≥9"`` past the last bound), or where the
+        report has no floors, its bound (``"≤8"``)."""
+        floors = self.batch_size_floors
+        if floors is None:
+            return le if le in ("1", "+Inf") else f"\N{LESS-THAN OR EQUAL TO}{le}"
+        if le not in floors:
+            return le
+        if le == "+Inf":
+            return f"\N{GREATER-THAN OR EQUAL TO}{floors[le]}"
+        return f"{floors[le]}-{le}"
 
 
 @dataclass(frozen=True, slots=True)

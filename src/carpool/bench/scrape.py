@@ -9,11 +9,12 @@ The names read are those :mod:`carpool.server.metrics` writes.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from carpool.bench.report import ServerSide
 
-__all__ = ["Snapshot", "parse_metrics", "server_side"]
+__all__ = ["Snapshot", "exact_buckets", "parse_metrics", "server_side"]
 
 _BATCH = "carpool_batch_size"
 _QUEUE_WAIT = "carpool_queue_wait_seconds"
@@ -82,7 +83,8 @@ def server_side(before: Snapshot, after: Snapshot, *, latency_sum_s: float | Non
     """What happened between two scrapes of the same model.
 
     ``batch_sizes`` holds the window's model calls per bucket (not cumulative), zero
-    buckets left out. Means are 0 for a window without batches or requests.
+    buckets left out; ``batch_size_floors`` the smallest size of each that holds more than
+    one (the bound below it, plus one). Means are 0 for a window without batches or requests.
     ``latency_sum_s``: the client-side latency summed over the window's requests, to give
     ``queue_wait_share``; ``None`` (or 0) leaves the share ``None``. When ``after`` counts
     fewer batches than ``before`` the server restarted in between, and ``after`` alone is
@@ -96,12 +98,17 @@ def server_side(before: Snapshot, after: Snapshot, *, latency_sum_s: float | Non
         le: n - before.batch_buckets.get(le, 0.0) for le, n in after.batch_buckets.items()
     }
     sizes: dict[str, int] = {}
-    below = 0.0
+    floors: dict[str, int] = {}
+    below, bound = 0.0, 0  # the bucket below: its cumulative count, its bound
     for le in sorted(cumulative, key=_bound):
         count = _count(cumulative[le] - below)
         below = cumulative[le]
         if count > 0:
             sizes[le] = count
+            if _bound(le) > bound + 1:  # more sizes than one: from the one above bound
+                floors[le] = bound + 1
+        if le != "+Inf":
+            bound = int(_bound(le))
     waits = after.queue_wait_count - before.queue_wait_count
     wait_s = after.queue_wait_sum - before.queue_wait_sum
     calls = after.model_count - before.model_count
@@ -114,7 +121,22 @@ def server_side(before: Snapshot, after: Snapshot, *, latency_sum_s: float | Non
         queue_wait_ms_mean=1000.0 * wait_s / waits if waits else 0.0,
         model_ms_mean=1000.0 * model_s / calls if calls else 0.0,
         queue_wait_share=wait_s / latency_sum_s if latency_sum_s else None,
+        batch_size_floors=floors,
     )
+
+
+def exact_buckets(sizes: Mapping[int, int], largest: int) -> dict[str, float]:
+    """Cumulative counts of ``sizes`` (batch size -> batches), as a scrape reads them, with a
+    bucket at every size up to ``largest``: what a server that counts each size (gRPC's
+    statistics, an in-process batcher) would expose, so that every bucket holds one size.
+    Two snapshots of a window need the same ``largest``, as a histogram keeps its bounds."""
+    running = 0
+    buckets: dict[str, float] = {}
+    for size in range(1, largest + 1):
+        running += sizes.get(size, 0)
+        buckets[str(size)] = float(running)
+    buckets["+Inf"] = float(sum(sizes.values()))
+    return buckets
 
 
 def _count(value: float | None) -> int:
