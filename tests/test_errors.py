@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import copy
+import importlib
 import pickle
+import pkgutil
+from types import ModuleType
 
 import pytest
 
@@ -204,17 +207,36 @@ def test_module_docstring_draws_the_tree() -> None:
     assert set(errors.__all__) == {type(e).__name__ for e in every} | {"CarpoolError"}
 
 
-def test_module_docstring_draws_every_carpool_error_in_the_package() -> None:
-    import importlib
-    import pkgutil
+def every_module() -> list[ModuleType]:
+    """Every module of the carpool package, its subpackages' too (``__main__`` aside: it runs)."""
+    found = pkgutil.walk_packages(carpool.__path__, prefix="carpool.")
+    names = [info.name for info in found if not info.name.endswith("__main__")]
+    return [importlib.import_module(name) for name in names]
 
+
+def test_every_public_exception_is_a_carpool_error() -> None:
+    """What carpool defines and names without an underscore, callers may meet and catch:
+    ``except CarpoolError`` must catch it. A signal that never leaves its package is private."""
+    public = [
+        (module.__name__, name, cls)
+        for module in every_module()
+        for name, cls in vars(module).items()
+        if isinstance(cls, type)
+        and issubclass(cls, BaseException)
+        and cls.__module__ == module.__name__
+        and not name.startswith("_")
+    ]
+    assert len(public) >= 20  # the walk found the tree, errors.py's and the server's
+    strays = [
+        f"{module}.{name}" for module, name, cls in public if not issubclass(cls, CarpoolError)
+    ]
+    assert strays == []
+
+
+def test_module_docstring_draws_every_carpool_error_in_the_package() -> None:
     import carpool.errors as errors
 
-    for package in ("carpool", "carpool.server", "carpool.bench", "carpool.loading"):
-        module = importlib.import_module(package)
-        for info in pkgutil.iter_modules(module.__path__, prefix=f"{package}."):
-            if not info.ispkg and not info.name.endswith("__main__"):
-                importlib.import_module(info.name)
+    every_module()
 
     def subclasses(cls: type) -> set[type]:
         direct = set(cls.__subclasses__())

@@ -27,9 +27,9 @@ from carpool.runners.replicas import (
     STARTING,
     STOPPED,
     OnOwnLoop,
-    ReplicaLost,
     ReplicaSet,
     Slot,
+    _ReplicaLost,
     load_replica,
     replica_fn,
 )
@@ -68,7 +68,7 @@ class FakeReplicas(ReplicaSet[FakeSlot]):
         if fate == "lost":
             with self.roster.cond:
                 slot.state = DOWN
-            raise ReplicaLost(-9, "gone")
+            raise _ReplicaLost(-9, "gone")
         with self.roster.cond:
             self.roster.give_back(slot, healthy=True)
         return slot.name, payload

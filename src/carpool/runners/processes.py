@@ -37,7 +37,7 @@ from typing import Any
 
 from carpool.errors import BatchTimeout
 from carpool.runners.replica_process import replica_main
-from carpool.runners.replicas import ReplicaLost, ReplicaSet
+from carpool.runners.replicas import ReplicaSet, _ReplicaLost
 from carpool.runners.supervisor import Child, ProcessSlot, Supervisor
 from carpool.transport import (
     SHRINK_AFTER_S,
@@ -163,7 +163,7 @@ class ProcessReplicas(ReplicaSet[ProcessSlot]):
 
     def _exchange(self, slot: ProcessSlot, child: Child, run: bytes, now: float) -> Any:
         """The child's ``ok`` or ``error`` reply (growing its output arena on request), or
-        None when batch_timeout_ms passed first. Raises ReplicaLost when its pipe breaks."""
+        None when batch_timeout_ms passed first. Raises _ReplicaLost when its pipe breaks."""
         timeout = self.batch_timeout_ms
         deadline = None if timeout is None else time.monotonic() + timeout / 1000
         message = run
@@ -175,7 +175,7 @@ class ProcessReplicas(ReplicaSet[ProcessSlot]):
             message = dumps(("out", slot.outputs.name))
 
     def _talk(self, child: Child, message: bytes, deadline: float | None) -> Any:
-        """Send ``message`` and read the answer (None past ``deadline``); ReplicaLost when the
+        """Send ``message`` and read the answer (None past ``deadline``); _ReplicaLost when the
         child's pipe breaks, with its exit code once the supervisor has reaped it."""
         conn = child.conn
         try:
@@ -188,7 +188,7 @@ class ProcessReplicas(ReplicaSet[ProcessSlot]):
             assert sup is not None  # started
             with sup.cond:
                 code = sup.await_exit(child)
-            raise ReplicaLost(code) from None
+            raise _ReplicaLost(code) from None
 
     def _timed_out_on(self, slot: ProcessSlot, child: Child) -> BatchTimeout:
         """Kill ``child``, whose batch ran past batch_timeout_ms; the error to raise."""

@@ -48,9 +48,9 @@ from carpool.runners.replicas import (
     DOWN,
     IDLE,
     STOPPED,
-    ReplicaLost,
     ReplicaSet,
     Slot,
+    _ReplicaLost,
     load_replica,
 )
 
@@ -198,7 +198,7 @@ class RayReplicas(ReplicaSet[_ActorSlot]):
         except (exceptions.RayActorError, exceptions.ObjectLostError) as exc:
             reason = _reason(exc)
             self._lost(slot, reason)
-            raise ReplicaLost(-signal.SIGKILL, reason) from None
+            raise _ReplicaLost(-signal.SIGKILL, reason) from None
         with self.roster.cond:
             self.roster.give_back(slot, healthy=True)
         return result

@@ -39,7 +39,6 @@ __all__ = [
     "LoadedReplica",
     "ModelLike",
     "OnOwnLoop",
-    "ReplicaLost",
     "ReplicaSet",
     "ReplicaState",
     "ReplicaStats",
@@ -176,9 +175,11 @@ class Roster(Generic[S]):
         return None
 
 
-class ReplicaLost(Exception):
+class _ReplicaLost(Exception):
     """Raised by a runner's :meth:`ReplicaSet._carry` when the replica died running the
-    batch: ``exitcode`` (negative: its signal) and, when no exit code says it, ``cause``."""
+    batch: ``exitcode`` (negative: its signal) and, when no exit code says it, ``cause``.
+    Private to the runners: :meth:`ReplicaSet.call` retries the batch or raises
+    :class:`WorkerDied`, so callers never meet it."""
 
     def __init__(self, exitcode: int, cause: str | None = None) -> None:
         super().__init__(exitcode, cause)
@@ -253,7 +254,7 @@ class ReplicaSet(Generic[S]):
             slot = self._acquire()
             try:
                 return self._carry(slot, payload)
-            except ReplicaLost as lost:
+            except _ReplicaLost as lost:
                 if self.roster.closing:
                     raise WorkerPoolClosed(self.name, "was closed while the batch ran") from None
                 if retried or not retry:
@@ -335,7 +336,7 @@ class ReplicaSet(Generic[S]):
 
     def _carry(self, slot: S, payload: Any) -> Any:
         """Run the batch on ``slot``'s replica and give the slot back; raise the model's
-        error, :class:`BatchTimeout` (see :meth:`_ran_past`), or :class:`ReplicaLost`."""
+        error, :class:`BatchTimeout` (see :meth:`_ran_past`), or :class:`_ReplicaLost`."""
         raise NotImplementedError
 
     def _stop(self, deadline: float) -> None:
