@@ -8,6 +8,7 @@ import ast
 import dataclasses
 import inspect
 import re
+import shlex
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 
 import carpool
 from carpool.backends.demo import demo_model
+from carpool.bench.report import Report
 from carpool.cli import build_parser
 from carpool.loading.settings import LOAD_KEYS
 from carpool.server.config import ServerConfig
@@ -25,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 LIBRARY = ROOT / "docs" / "library.md"
 SERVER = ROOT / "docs" / "server.md"
+BENCH = ROOT / "docs" / "bench.md"
+DEMO_WAITS = (0, 2, 5, 10)  # max_wait_ms of the demo curve's reports (docs/bench/)
 REQUIRED = "(required)"  # how a table writes a parameter without a default
 NONE_CELL = "—"  # how a table writes "no such thing" (no env var, no default)
 # Keys a [models.NAME] table takes besides Batching's fields (carpool.loading.settings).
@@ -232,6 +236,40 @@ def test_readme_client_example_speaks_the_demo_models_signature() -> None:
     assert f'.infer("{model.name}", ' in code
     assert f'InferInput("{given.name}", [1, {given.shape[0]}], "{given.datatype}")' in code
     assert f'.as_numpy("{wanted.name}")' in code
+
+
+def test_readme_shows_batching_with_the_load_that_makes_it() -> None:
+    """One request is one batch: the stats show batching after concurrent requests, which
+    the README makes with a ``carpool bench`` command the CLI takes, at the served demo."""
+    section = _section(_text(README), "As a client of `carpool serve`")
+    blocks = re.findall(r"^```bash\n(.*?)^```", section, flags=re.DOTALL | re.MULTILINE)
+    (command,) = [line for block in blocks for line in block.splitlines()]
+    args = build_parser().parse_args(shlex.split(command)[1:])
+    assert (args.command, args.target) == ("bench", "http://127.0.0.1:8000/v2/models/demo")
+    assert min(args.concurrency) > 1
+    assert "`inference_count` 1 and\n`execution_count` 1" in section  # the one request's
+
+
+# ----------------------------------------------------------------- docs/bench.md
+
+
+def test_bench_demo_table_is_its_reports_measured_as_the_page_says() -> None:
+    """The demo curve's table is the reports beside it, run with the steps the page names,
+    and the page's other claims about the demo model's throughput quote that table."""
+    text = _text(BENCH)
+    section = _section(text, "The demo model's curve, by batching window")
+    words = " ".join(section.split())
+    rows = _table(section, "clients", *(f"wait {w} ms" for w in DEMO_WAITS))
+    best = 0
+    for column, wait in enumerate(DEMO_WAITS, start=1):
+        report = Report.load(ROOT / "docs" / "bench" / f"demo-wait-{wait}ms.json")
+        steps = report.settings["warmup_s"], report.settings["duration_s"]
+        assert "--warmup {:g} --duration {:g}".format(*steps) in words
+        assert [row[0] for row in rows] == [f"{step.load.value:g}" for step in report.steps]
+        for row, step in zip(rows, report.steps, strict=True):
+            assert row[column].startswith(f"{step.throughput_rps:,.0f}, "), (wait, row[0])
+            best = max(best, round(step.throughput_rps))
+    assert f"{best:,} req/s" in _without_code(text).replace("\n", " ")  # the peak it quotes
 
 
 # ----------------------------------------------------------------- links
