@@ -10,18 +10,12 @@ version and export recipe: the file is cached under ``$XDG_CACHE_HOME/carpool/mi
 file first and renamed, so a process never reads another's half-written graph. A cached load
 needs only onnxruntime.
 
-int8 (``onnxruntime.quantization.quantize_dynamic``, weights per channel): quantising every
-MatMul costs too much accuracy (cosine 0.85-0.97 to sentence-transformers on short texts), the
-feed-forward output MatMuls most of all, and the LayerNorm outputs that feed the other MatMuls
-carry outlier channels. So the recipe smooths those inputs first (SmoothQuant: x / s into
-the graph, W * s into the weights, s = sqrt(max|x| / max|W|) per input channel, calibrated on
-the texts below) and keeps the six feed-forward output MatMuls in fp32. Measured in
-``docs/models.md``.
+int8: :mod:`carpool.backends.minilm_int8` (the recipe, the weights each CPU gets, and the
+check that runs at load). Measured in ``docs/models.md``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -29,11 +23,27 @@ import os
 import stat
 import tempfile
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from carpool.backends.cpu_features import cpu_features
+from carpool.backends.minilm_int8 import (
+    INT8_RECIPE,
+    MIN_COSINE,
+    Weights,
+    check_metadata,
+    choose_weights,
+    quantize,
+    smooth,
+    worst_cosine,
+)
+from carpool.backends.minilm_int8 import (
+    VARIANTS as QUANTIZED,
+)
+from carpool.errors import ConfigError
 
 __all__ = ["cache_dir", "graph_file", "onnx_embedder"]
 
@@ -47,28 +57,10 @@ RECIPE: dict[str, Any] = {
     "attention": "eager",
     "outputs": "mean pooling, L2 normalised",
 }
-INT8_RECIPE: dict[str, Any] = {
-    "quantize": "dynamic, QInt8 weights per channel, MatMul",
-    "fp32": "feed-forward output dense",
-    "smooth": "query, key, value, attention output dense, intermediate dense",
-    "alpha": 0.5,
-}
-VARIANTS = ("fp32", "int8")
-# Calibration for smoothing: ordinary sentences of several lengths and kinds (none of them
-# the texts the tests check accuracy on). Smoothing needs only each channel's rough scale.
-CALIBRATION = (
-    "A man is playing a guitar on the street.",
-    "Shares dropped sharply after the quarterly report was published.",
-    "How do I reset my password if I no longer have access to my email?",
-    "Photosynthesis converts light energy into chemical energy stored in glucose.",
-    "Error: connection refused while contacting the server at port 8080.",
-    "The committee approved the new budget for 2024 after a long debate, and the mayor "
-    "promised that the libraries, the parks and the night buses would all keep their funding.",
-    "Berlin, Tokyo, São Paulo and Lagos are among the largest cities in the world.",
-    "ok thanks",
-)
-_FEED_FORWARD_OUT = "/output/dense/"  # in node names; "/attention/output/dense/" excepted
+VARIANTS = ("fp32", *QUANTIZED)  # the cached graphs: fp32, and int8's by weights
 _ARGS = ("input_ids", "attention_mask")
+EMBEDDING = "EMBEDDING"
+Embedder = Callable[[Mapping[str, np.ndarray[Any, Any]]], dict[str, np.ndarray[Any, Any]]]
 _READABLE = stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IROTH  # rw-r--r--
 
 
@@ -86,17 +78,19 @@ def cache_dir() -> Path:
 
 
 def graph_file(variant: str, weights: Path, version: str) -> Path:
-    """The cache path of ``variant`` ('fp32', 'int8') for these weights: the name holds a
-    hash of the weights package's version, the weights file's size and the recipe."""
+    """The cache path of ``variant`` ('fp32', 'int8', 'int7') for these weights: the name
+    holds a hash of the weights package's version, the weights file's size and the recipe
+    (for the quantized graphs, the int8 recipe and the weights' bits), so a cache filled on
+    one CPU and mounted on another never serves it the other's weights."""
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-    recipe = {**RECIPE, **(INT8_RECIPE if variant == "int8" else {})}
+    quantized = {} if variant == "fp32" else {**INT8_RECIPE, **QUANTIZED[variant]}
     key = json.dumps(
         {
             "package": WEIGHTS_PACKAGE,
             "version": version,
             "weights_bytes": (weights / "model.safetensors").stat().st_size,
-            "recipe": recipe,
+            "recipe": {**RECIPE, **quantized},
         },
         sort_keys=True,
     )
@@ -105,22 +99,79 @@ def graph_file(variant: str, weights: Path, version: str) -> Path:
 
 
 def onnx_embedder(
-    variant: str,
+    engine: str,
     weights: Path,
     version: str,
     tokenizer: Any,
     *,
     threads: int | None,
     device: str | None,
-) -> tuple[Callable[[Mapping[str, np.ndarray[Any, Any]]], dict[str, np.ndarray[Any, Any]]], str]:
+) -> tuple[Embedder, str]:
     """The model function on an onnxruntime session of the cached graph (exported first if
-    missing), and a few words on where it runs, for the log."""
+    missing), and a few words on where it runs, for the log. ``engine``: 'fp32', or 'int8',
+    whose weights this CPU chooses and whose numbers are checked before it serves."""
     ort = _import_onnxruntime()
-    providers = _providers(ort, variant, device)
+    providers = _providers(ort, engine, device)
     options = ort.SessionOptions()
     # onnxruntime's default is a thread per core of the machine, pinned or not: on a
     # container's or taskset's share of cores, the extra threads only contend.
     options.intra_op_num_threads = threads if threads is not None else _usable_cores()
+
+    def open_graph(variant: str) -> tuple[Any, str]:
+        return _open(ort, variant, weights, version, tokenizer, options, providers)
+
+    if engine == "fp32":
+        session, where = open_graph("fp32")
+        return _run(session), f"{providers[0]}, {where}"
+    session, where = _checked_int8(open_graph, tokenizer)
+    return _run(session), f"{providers[0]}, {where}"
+
+
+def _checked_int8(open_graph: Callable[[str], tuple[Any, str]], tokenizer: Any) -> tuple[Any, str]:
+    """The int8 graph this CPU's features choose, checked on it; 7-bit weights when 8-bit
+    ones fail the check (a CPU whose flags promised exact products); ``ConfigError`` naming
+    the engine to use when neither holds :data:`MIN_COSINE`."""
+    cpu = cpu_features()
+    chosen = choose_weights(cpu)
+    session, where = open_graph(chosen.variant)
+    worst = _worst(session, tokenizer)
+    if worst < MIN_COSINE and chosen.variant == "int8":
+        log.warning(
+            "minilm onnx-int8: int8 weights give cosine %.4f (< %s) on %s; using int7 weights",
+            worst,
+            MIN_COSINE,
+            cpu.describe(),
+        )
+        chosen = Weights("int7", f"int7 weights, as int8 ones gave cosine {worst:.4f} here")
+        session, where = open_graph(chosen.variant)
+        worst = _worst(session, tokenizer)
+    if worst < MIN_COSINE:
+        raise ConfigError(
+            f'engine "onnx-int8" gives cosine {worst:.4f} to the fp32 model on this CPU '
+            f'({cpu.describe()}), below the {MIN_COSINE} it promises; set engine = "onnx" '
+            "(the exact embeddings), or delete the minilm graphs in the cache if they were "
+            "copied from elsewhere"
+        )
+    return session, f"{chosen.reason}, check cosine >= {worst:.4f}, {where}"
+
+
+def _worst(session: Any, tokenizer: Any) -> float:
+    """The session's lowest cosine on the check texts its graph carries."""
+    embed = _run(session)
+    metadata = dict(session.get_modelmeta().custom_metadata_map)
+    return worst_cosine(metadata, lambda feed: embed(feed)[EMBEDDING], tokenizer)
+
+
+def _open(
+    ort: Any,
+    variant: str,
+    weights: Path,
+    version: str,
+    tokenizer: Any,
+    options: Any,
+    providers: list[str],
+) -> tuple[Any, str]:
+    """A session of ``variant``'s cached graph, exported first if missing, and its path."""
     try:
         target = graph_file(variant, weights, version)
         if not target.is_file():
@@ -134,9 +185,8 @@ def onnx_embedder(
         with tempfile.TemporaryDirectory(prefix="carpool-minilm-") as scratch:
             spare = Path(scratch) / f"{variant}.onnx"
             _export(variant, weights, tokenizer, spare)
-            session = _session(ort, spare, options, providers)
-        return _run(session), f"{providers[0]}, uncached"
-    return _run(_session(ort, target, options, providers)), f"{providers[0]}, {target}"
+            return _session(ort, spare, options, providers), "uncached"
+    return _session(ort, target, options, providers), str(target)
 
 
 def _session(ort: Any, path: Path, options: Any, providers: list[str]) -> Any:
@@ -182,15 +232,13 @@ def _providers(ort: Any, variant: str, device: str | None) -> list[str]:
     )
 
 
-def _run(
-    session: Any,
-) -> Callable[[Mapping[str, np.ndarray[Any, Any]]], dict[str, np.ndarray[Any, Any]]]:
+def _run(session: Any) -> Embedder:
     """The model function: token ids and mask in, unit embeddings out (the graph pools)."""
 
     def embed(batch: Mapping[str, np.ndarray[Any, Any]]) -> dict[str, np.ndarray[Any, Any]]:
         feed = {name: np.ascontiguousarray(batch[name], dtype=np.int64) for name in _ARGS}
         (unit,) = session.run(None, feed)
-        return {"EMBEDDING": np.asarray(unit, dtype=np.float32)}
+        return {EMBEDDING: np.asarray(unit, dtype=np.float32)}
 
     return embed
 
@@ -209,7 +257,9 @@ def _export(variant: str, weights: Path, tokenizer: Any, target: Path) -> None:
             with tempfile.TemporaryDirectory(prefix="carpool-minilm-") as scratch:
                 smoothed = Path(scratch) / "smoothed.onnx"
                 _export_fp32(_load_bert(weights, tokenizer), smoothed)
-                _quantize(smoothed, partial)
+                reference = _run(_import_onnxruntime().InferenceSession(str(smoothed)))
+                check = check_metadata(lambda feed: reference(feed)[EMBEDDING], tokenizer)
+                quantize(smoothed, partial, variant, check)
         partial.chmod(_READABLE)  # mkstemp's 0600 would lock out a shared cache's other users
         os.replace(partial, target)
     finally:
@@ -232,7 +282,7 @@ def _load_bert(weights: Path, calibrate: Any) -> Any:
             transformers.utils.logging.enable_progress_bar()
     bert = bert.to(dtype=torch.float32).eval()
     if calibrate is not None:
-        _smooth(torch, bert, calibrate)
+        smooth(torch, bert, calibrate)
     return bert
 
 
@@ -290,116 +340,6 @@ def _export_fp32(bert: Any, path: Path) -> None:
             dynamic_axes={**axes, "embedding": {0: "batch"}},
             opset_version=RECIPE["opset"],
         )
-
-
-def _smooth(torch: Any, bert: Any, tokenizer: Any) -> None:
-    """SmoothQuant on the MatMuls fed by LayerNorm outputs (and the attention output): each
-    input channel j divided by s_j inside the graph, the weight's column j multiplied by it,
-    so fp32 results are unchanged and int8 ranges lose their outlier channels."""
-    targets = [
-        (owner, attr)
-        for block in bert.encoder.layer
-        for owner, attr in (
-            (block.attention.self, "query"),
-            (block.attention.self, "key"),
-            (block.attention.self, "value"),
-            (block.attention.output, "dense"),
-            (block.intermediate, "dense"),
-        )
-    ]
-    linears = [getattr(owner, attr) for owner, attr in targets]
-    peaks = _input_peaks(torch, bert, tokenizer, linears)
-    alpha = INT8_RECIPE["alpha"]
-    for (owner, attr), linear, peak in zip(targets, linears, peaks, strict=True):
-        column_peak = linear.weight.detach().abs().amax(dim=0).clamp(min=1e-5)
-        scale = (peak.clamp(min=1e-5) ** alpha / column_peak ** (1 - alpha)).clamp(min=1e-5)
-        setattr(owner, attr, _scaled(torch, linear, scale))
-
-
-def _input_peaks(torch: Any, bert: Any, tokenizer: Any, linears: list[Any]) -> list[Any]:
-    """Each linear layer's largest |input| per channel over the calibration texts."""
-    peaks = [torch.zeros(linear.in_features) for linear in linears]
-
-    def hook(index: int) -> Callable[..., None]:
-        def record(module: Any, inputs: tuple[Any, ...], output: Any) -> None:
-            seen = inputs[0].detach().abs().flatten(0, -2).amax(dim=0)
-            peaks[index] = torch.maximum(peaks[index], seen)
-
-        return record
-
-    handles = [linear.register_forward_hook(hook(i)) for i, linear in enumerate(linears)]
-    try:
-        with torch.inference_mode():
-            for text in CALIBRATION:
-                encoding = tokenizer.encode(text)
-                ids = torch.tensor([encoding.ids])
-                bert(input_ids=ids, attention_mask=torch.ones_like(ids))
-    finally:
-        for handle in handles:
-            handle.remove()
-    return peaks
-
-
-def _scaled(torch: Any, linear: Any, scale: Any) -> Any:
-    """``linear`` taking inputs pre-divided by ``scale``: the same function in fp32."""
-
-    class Smoothed(torch.nn.Module):  # type: ignore[misc]
-        def __init__(self) -> None:
-            super().__init__()
-            self.linear = torch.nn.Linear(linear.in_features, linear.out_features)
-            with torch.no_grad():
-                self.linear.weight.copy_(linear.weight * scale)
-                self.linear.bias.copy_(linear.bias)
-            self.register_buffer("inverse", (1.0 / scale).contiguous())
-
-        def forward(self, x: Any) -> Any:
-            return self.linear(x * self.inverse)
-
-    return Smoothed().eval()
-
-
-def _quantize(source: Path, target: Path) -> None:
-    """Dynamic int8 on every MatMul with a constant weight but the feed-forward outputs."""
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    matmuls = [node.name for node in onnx.load(str(source)).graph.node if node.op_type == "MatMul"]
-    kept = [n for n in matmuls if _FEED_FORWARD_OUT in n and "/attention/" not in n]
-    if len(kept) != 6:  # one per layer: a transformers change renamed them
-        raise RuntimeError(
-            f"minilm int8 export: expected 6 feed-forward output MatMuls to keep in fp32, "
-            f"found {kept}; the exported graph's node names changed"
-        )
-    with _quiet_quantizer():
-        quantize_dynamic(
-            source,
-            target,
-            op_types_to_quantize=["MatMul"],
-            per_channel=True,
-            weight_type=QuantType.QInt8,
-            nodes_to_exclude=kept,
-        )
-
-
-@contextlib.contextmanager
-def _quiet_quantizer() -> Iterator[None]:
-    """Without the quantizer's advice on the root logger ("consider pre-processing": its
-    pre-processing cannot infer this graph's shapes), and without ``logging.warning``'s
-    side effect of configuring the root logger when it has no handler."""
-    root = logging.getLogger()
-    spare = logging.NullHandler() if not root.handlers else None
-    # Drops what is logged on the root logger itself (the quantizer's advice); records of
-    # named loggers (carpool's, anyone's) reach the root's handlers without meeting it.
-    drop = logging.Filter("\0")
-    if spare is not None:
-        root.addHandler(spare)
-    root.addFilter(drop)
-    try:
-        yield
-    finally:
-        root.removeFilter(drop)
-        if spare is not None:
-            root.removeHandler(spare)
 
 
 def _usable_cores() -> int:
