@@ -3,6 +3,8 @@ folders, a folder's model file, version and ``carpool.toml``, and backend option
 
 from __future__ import annotations
 
+import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,13 @@ import pytest
 from carpool import Model
 from carpool.errors import ConfigError
 from carpool.loading import resolve_models
-from carpool.loading.repository import as_model, load_folder, model_folders
+from carpool.loading.repository import (
+    as_model,
+    forget_module,
+    load_folder,
+    model_folders,
+    module_name,
+)
 
 
 def test_unknown_backend_option_is_a_config_error(tmp_path: Path) -> None:
@@ -81,6 +89,19 @@ def test_a_folder_without_versions_and_a_named_file(tmp_path: Path) -> None:
         ({"model.py": "x = 1\n"}, r"^model\.py has no attribute 'model'; define it"),
         ({"model.py": "model = 3\n"}, r"^model\.py:model is a int; it must be a batched"),
         ({"model.py": "import carpool_nowhere\n"}, r"^importing model\.py failed: Module"),
+        ({"model.py": "raise SystemExit(3)\n"}, r"^importing model\.py failed: SystemExit: 3$"),
+        (
+            {"model.py": "raise KeyboardInterrupt\n"},
+            r"^importing model\.py failed: KeyboardInterrupt$",
+        ),
+        (
+            {"model.py": "raise GeneratorExit('gone')\n"},
+            r"^importing model\.py failed: GeneratorExit: gone$",
+        ),
+        (
+            {"model.py": "class Stop(BaseException): ...\nraise Stop\n"},
+            r"^importing model\.py failed: Stop$",
+        ),
         ({"m.bin": "", "carpool.toml": 'file = "m.bin"\n'}, r"^m\.bin: no backend for '\.bin'"),
     ],
 )
@@ -89,6 +110,30 @@ def test_a_broken_folder_says_what_to_fix(
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         load_folder(folder(tmp_path, "broken", files), {})
+
+
+def test_a_model_that_exits_at_import_leaves_no_module_behind(tmp_path: Path) -> None:
+    """SystemExit raised by a model.py is its failed load: a ConfigError carrying it, and
+    the half-run module is forgotten, as for any other error."""
+    with pytest.raises(ConfigError) as info:
+        load_folder(folder(tmp_path, "quits", {"model.py": "import sys\nsys.exit(3)\n"}), {})
+    assert isinstance(info.value.__cause__, SystemExit)
+    assert info.value.__cause__.code == 3
+    assert module_name("quits") not in sys.modules
+
+
+def test_a_real_interrupt_while_a_model_imports_still_interrupts(tmp_path: Path) -> None:
+    """Ctrl-C during a load at start reaches the caller as KeyboardInterrupt, not as the
+    model's failed load: the model's code runs in a thread of its own, and the signal
+    interrupts the main thread, which only waits for it."""
+    body = "import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(2)\n"
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            load_folder(folder(tmp_path, "ctrl_c", {"model.py": body}), {})
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        forget_module("ctrl_c")
 
 
 def test_as_model_names_what_it_wraps() -> None:

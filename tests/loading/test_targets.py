@@ -94,6 +94,30 @@ def test_module_whose_own_import_fails(module: Callable[[str], str]) -> None:
         load_target(f"{name}:f")
 
 
+@pytest.mark.parametrize(
+    ("source", "raised"),
+    [
+        ("import sys\nsys.exit(3)\n", "SystemExit: 3"),
+        ("raise KeyboardInterrupt\n", "KeyboardInterrupt"),
+    ],
+)
+def test_module_that_exits_at_import(
+    module: Callable[[str], str], source: str, raised: str
+) -> None:
+    """A target's module that exits is a target that cannot be used (``carpool serve``
+    exits 2 naming it), never an exit with the module's code."""
+    name = module(source)
+    with pytest.raises(ConfigError) as info:
+        load_target(f"{name}:f")
+    assert str(info.value) == f"cannot import module '{name}' of target '{name}:f': {raised}"
+
+
+def test_module_whose_import_raises_keeps_its_error(module: Callable[[str], str]) -> None:
+    name = module("raise RuntimeError('no weights')\n")
+    with pytest.raises(RuntimeError, match=r"^no weights$"):
+        load_target(f"{name}:f")
+
+
 @pytest.mark.usefixtures("test_models")
 def test_missing_attribute() -> None:
     with pytest.raises(ConfigError) as info:

@@ -13,9 +13,10 @@ Each load reads the folder again (model control loads and reloads them while ser
 from __future__ import annotations
 
 import sys
+import threading
 import tomllib
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -28,11 +29,13 @@ __all__ = [
     "MODEL_FILE",
     "LoadFailure",
     "as_model",
+    "described",
     "forget_module",
     "load_file",
     "load_folder",
     "model_folders",
     "module_name",
+    "run_model_code",
 ]
 
 MODEL_FILE = "carpool.toml"
@@ -121,12 +124,42 @@ def _import_file(path: Path, module_name: str) -> Any:
     module = types.ModuleType(module_name)
     module.__file__ = str(path)
     sys.modules[module_name] = module
-    try:
+
+    def run() -> None:
         exec(compile(source, str(path), "exec"), module.__dict__)
-    except Exception as exc:
+
+    error = run_model_code(run, name=module_name)
+    if error is not None:
         del sys.modules[module_name]
-        raise ConfigError(f"importing {path.name} failed: {type(exc).__name__}: {exc}") from exc
+        raise ConfigError(f"importing {path.name} failed: {described(error)}") from error
     return module
+
+
+def run_model_code(call: Callable[[], object], *, name: str) -> BaseException | None:
+    """Run ``call``, a model's own code at load (its ``model.py``, a target's module), in a
+    thread of its own, and return what it raised, if anything. Whatever that is (SystemExit,
+    KeyboardInterrupt, any BaseException) is the model's failed load, never the server's
+    exit: signals interrupt only the main thread, so a real Ctrl-C still arrives here as
+    this thread waits, and goes on up. The thread is a daemon, so that an interrupted
+    server does not wait for the import to end."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # the model's, whatever it is: see the docstring
+            raised.append(exc)
+
+    thread = threading.Thread(target=run, name=f"carpool-load {name}", daemon=True)
+    thread.start()
+    thread.join()
+    return raised[0] if raised else None
+
+
+def described(exc: BaseException) -> str:
+    """``SystemExit: 3``, ``KeyboardInterrupt``: an error's type, and its message if any."""
+    message = str(exc)
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
 def read_model_file(folder: Path) -> dict[str, Any]:

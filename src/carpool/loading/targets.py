@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from carpool.errors import ConfigError
-from carpool.loading.repository import as_model, load_file
+from carpool.loading.repository import as_model, described, load_file, run_model_code
 from carpool.loading.settings import parse_tensor
 from carpool.model import Model
 
@@ -67,13 +67,18 @@ def _load_attr(target: str) -> Model:
         )
     if "" not in sys.path and "." not in sys.path:
         sys.path.insert(0, "")  # like `python -m`, find modules in the current folder
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
+    imported: list[Any] = []
+    error = run_model_code(
+        lambda: imported.append(importlib.import_module(module_name)), name=module_name
+    )
+    if isinstance(error, Exception) and not isinstance(error, ImportError):
+        raise error  # the module's own bug, with its traceback
+    if error is not None:  # not there, or it exited: SystemExit is no exit of the server
+        why = error if isinstance(error, ImportError) else described(error)
         raise ConfigError(
-            f"cannot import module {module_name!r} of target {target!r}: {exc}"
-        ) from exc
-    obj: Any = module
+            f"cannot import module {module_name!r} of target {target!r}: {why}"
+        ) from error
+    obj: Any = imported[0]
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
