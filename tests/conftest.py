@@ -50,6 +50,24 @@ def _own_cache(tmp_path_factory: pytest.TempPathFactory) -> Any:
         os.environ["XDG_CACHE_HOME"] = saved
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_bytecode(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Compiled modules kept in this session's own folder for every process it starts (its
+    servers, workers, benchmarks): each compiles carpool once, not at every start, even where
+    ``PYTHONDONTWRITEBYTECODE`` is set; nothing is written beside the sources."""
+    saved = {
+        name: os.environ.get(name) for name in ("PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE")
+    }
+    os.environ["PYTHONPYCACHEPREFIX"] = str(tmp_path_factory.getbasetemp() / "pycache")
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 def rows(batch: Any) -> list[Any]:
     """A batch's rows as plain lists (or the rows themselves, when not arrays)."""
     return [row.tolist() if hasattr(row, "tolist") else row for row in batch]
