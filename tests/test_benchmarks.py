@@ -173,11 +173,14 @@ def test_protocols_bench_quick_run() -> None:
     assert "\nprotocols_bench: " not in out, out[-3000:]
 
 
-@pytest.mark.timeout(150)  # carpool, FastAPI and the offline worker import torch (infinity too)
+@pytest.mark.timeout(150)  # carpool, FastAPI and the offline worker import torch
 def test_embeddings_bench_quick_run() -> None:
-    out = quick_run("embeddings_bench.py", timeout=140)
+    # infinity-emb, where benchmarks/.venv-embeddings has it, is left out: its two servers and
+    # the ONNX export import torch beside carpool's three processes (half the run), and what
+    # this checks is carpool's side of the report.
+    out = quick_run("embeddings_bench.py", "--infinity-engines", "none", timeout=140)
     for text in [
-        "infinity-emb ",  # its version and interpreter, or why it is not run
+        "infinity-emb not run: --infinity-engines none",
         "check carpool: ok",
         "check fastapi: ok",
         "[short texts (5-15 words), 1 text per request]",
