@@ -1,7 +1,7 @@
 """Requests built to cost the server memory, one after another, against a ``carpool serve``
 held to 1 GiB of data (RLIMIT_DATA: what malloc and numpy's buffers count against): each
-gets its answer, a refusal or a result, ``/v2/health/ready`` answers within 1 s all along,
-and the server lives to the end.
+gets its answer, a refusal or a result, ``/v2/health/ready`` answers within 1 s all along
+(or half the longest bomb's time, on a machine that slow), and the server lives to the end.
 
 Each of these cost a gigabyte or more, or stalled the loop for seconds, before issue 19:
 a JSON body of compact floats (16x its size), gRPC typed contents (14x), bytes contents
@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from .conftest import Launcher, Server
 GIB = 1 << 30
 MIB = 1 << 20
 KEY = "bombs-key"
-HEALTH_WITHIN_S = 1.0
+HEALTH_WITHIN_S = 1.0  # on a machine where no bomb takes more than 2 s (see _Prober.within)
 pytestmark = pytest.mark.timeout(240)
 
 
@@ -40,6 +41,7 @@ class _Prober:
     def __init__(self, url: str) -> None:
         self._url = url
         self.slowest = 0.0
+        self.longest_bomb = 0.0
         self.failures: list[str] = []
         self.probes = 0
         self._done = threading.Event()
@@ -52,6 +54,21 @@ class _Prober:
     def __exit__(self, *exc: object) -> None:
         self._done.set()
         self._thread.join()
+
+    @contextmanager
+    def bomb(self) -> Iterator[None]:
+        """Time one bomb, from sending it to its answer."""
+        started = time.monotonic()
+        yield
+        self.longest_bomb = max(self.longest_bomb, time.monotonic() - started)
+
+    def within(self) -> float:
+        """The bound on the slowest answer: HEALTH_WITHIN_S, or half the longest bomb's time
+        where the machine is slow enough for that to be more. A loop blocked by a bomb keeps
+        health waiting about the whole of it; a loop that is not waits in proportion to how
+        loaded the machine is (2 cores: the JSON floats took 1.9 s and health 0.4 s at worst
+        when quiet, 6.6 s and 1.6 s under a load of 5)."""
+        return max(HEALTH_WITHIN_S, self.longest_bomb / 2)
 
     def _run(self) -> None:
         while not self._done.wait(0.05):
@@ -157,18 +174,22 @@ def test_memory_bombs_are_answered_one_after_another_within_1_gib(server: Server
         assert f"it holds {2**59} rows" in answer.json()["error"]
 
         # 60 MB of compact JSON floats: read piece by piece, in a thread, answered.
-        answer = http.post("/v2/models/rowsum/infer", content=floats)
+        with prober.bomb():
+            answer = http.post("/v2/models/rowsum/infer", content=floats)
         assert answer.status_code == 200, answer.text[:300]
         assert answer.json()["outputs"][0]["data"] == [count * 0.125]
 
         # 48 MiB of binary FP32: a view of the body, answered.
-        answer = http.post("/v2/models/rowsum/infer", content=binary, headers=binary_headers)
+        with prober.bomb():
+            answer = http.post("/v2/models/rowsum/infer", content=binary, headers=binary_headers)
         assert answer.status_code == 200, answer.text[:300]
         assert answer.json()["outputs"][0]["data"] == [DATA.size * 0.5]
 
         # 48 MiB of gRPC fp32_contents and of raw contents: views of the message, answered.
-        assert _sum_of(_grpc_call(server, calls["typed"])) == DATA.size * 0.5
-        assert _sum_of(_grpc_call(server, calls["raw"])) == DATA.size * 0.5
+        for kind in ("typed", "raw"):
+            with prober.bomb():
+                reply = _grpc_call(server, calls[kind])
+            assert _sum_of(reply) == DATA.size * 0.5
 
         # 1,000,000 one-byte texts in bytes_contents (3 MB): refused as too many rows.
         assert _grpc_call(server, calls["texts"]) == grpc.StatusCode.INVALID_ARGUMENT
@@ -183,7 +204,7 @@ def test_memory_bombs_are_answered_one_after_another_within_1_gib(server: Server
     assert server.process.poll() is None
     assert prober.failures == []
     assert prober.probes > 10
-    assert prober.slowest < HEALTH_WITHIN_S, prober.slowest
+    assert prober.slowest < prober.within(), (prober.slowest, prober.longest_bomb)
 
 
 def _unread_stream(server: Server) -> None:
