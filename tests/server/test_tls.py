@@ -169,8 +169,12 @@ def test_a_handshake_that_stalls_is_closed_at_the_header_timeout(
 ) -> None:
     """The connection is closed, silently, once it has taken --header-timeout's seconds
     (it was held 60 s, whatever --header-timeout said); the server goes on."""
+    # Timed from before the connect, which the server's timeout follows: a client held up
+    # after connecting (a loaded machine) cannot read the timeout short.
+    opened = time.monotonic()
     with stall(strict, sent) as sock:
-        took = seconds_until_closed(sock)
+        seconds_until_closed(sock)
+    took = time.monotonic() - opened
     assert HANDSHAKE_S - 0.1 < took < CLOSED_WITHIN_S
     assert strict.http.get("/v2/health/ready").status_code == 200
 
