@@ -262,11 +262,15 @@ def fds() -> Iterator[None]:
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-async def _hold(port: int, kind: str, answered: asyncio.Queue[str]) -> tuple[str, bytes, float]:
-    """One held connection: what the server sent, and the seconds from before the connect
-    until the server ended the connection (what the server took, and a little more)."""
+async def _hold(
+    port: int, kind: str, answered: asyncio.Queue[str]
+) -> tuple[str, bytes, float, float]:
+    """One held connection: what the server sent; the seconds from before the connect until
+    the server ended the connection (what the server took, and a little more); and those
+    until its answer came, if it came before the body (else 0.0), where its linger starts."""
     first, trickles = HOLDS[kind]
     opened = time.monotonic()
+    answer_s = 0.0
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(first)
     received = b""
@@ -283,13 +287,14 @@ async def _hold(port: int, kind: str, answered: asyncio.Queue[str]) -> tuple[str
             break
         if trickles and not received:
             answered.put_nowait(kind)
+            answer_s = time.monotonic() - opened
         received += chunk
     took = time.monotonic() - opened
     writer.close()
-    return kind, received, took
+    return kind, received, took, answer_s
 
 
-async def _attack(port: int, held: int) -> tuple[list[tuple[str, bytes, float]], int, float]:
+async def _attack(port: int, held: int) -> tuple[list[tuple[str, bytes, float, float]], int, float]:
     """``held`` connections, a quarter of each kind; once every trickling one has its
     answer (all accepted before the probe: accepts are in order), a fresh client asks
     /v2/health/ready. Each held connection's outcome; the probe's status and seconds."""
@@ -324,15 +329,19 @@ def test_500_held_connections_neither_starve_health_nor_outlive_their_timeouts(
     outcomes, probe_status, probe_s = asyncio.run(_attack(server.port, HELD))
     assert probe_status == 200
     assert probe_s < 1.0, f"health was answered after {probe_s:.3f}s"
-    statuses = Counter((kind, split_response(sent)[0]) for kind, sent, _ in outcomes)
+    statuses = Counter((kind, split_response(sent)[0]) for kind, sent, *_ in outcomes)
     assert statuses == {
         ("half a request line", 408): HELD // 4,
         ("one byte", 408): HELD // 4,
         ("401, then a trickled body", 401): HELD // 4,
         ("health, then a trickled body", 200): HELD // 4,
     }
-    took = sorted(seconds for _, _, seconds in outcomes)
+    took = sorted(seconds for _, _, seconds, _ in outcomes)
     assert took[0] > ATTACK_TIMEOUT_S - 0.05  # none cut before its timeout
     bound = max(ATTACK_TIMEOUT_S, LINGER_S) + 1.0  # the documented bound, 1 s to spare
-    assert took[-1] < bound, f"the last held connection was closed after {took[-1]:.2f}s"
+    # A linger's bound runs from the answer, which a loaded machine is slow to send to 250
+    # connections at once (0.15-0.5 s on 2 cores, spent from the 1 s to spare before):
+    # that time is not the linger's.
+    last = max(seconds - answer_s for _, _, seconds, answer_s in outcomes)
+    assert last < bound, f"a held connection was closed {last:.2f}s after its bound began"
     assert server.is_live()
