@@ -25,6 +25,7 @@ SETUP = ROOT / "benchmarks" / "perf_analyzer" / "setup.sh"
 ENV_SH = SETUP.parent / "env.sh"
 SETUP_WITHIN_S = 300  # apt-get update + install and two wheels on a slow mirror
 RUN_WITHIN_S = 60  # a bounded run takes a few seconds; perf_analyzer hangs are cut here
+MEASURE_MS = 400  # a window: hundreds of requests of the demo at concurrency 4
 
 
 def _read_env() -> dict[str, str]:
@@ -52,16 +53,17 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def run_perf_analyzer(tools: dict[str, str], *args: str) -> str:
-    """A short run; ``-s 1000`` (windows within 11x of each other) because what is checked is
-    that every request is served without an error, not a stable figure, and on a loaded
-    machine one window's req/s can be more than twice another's."""
+    """A short run: windows of ``MEASURE_MS`` and ``-s 1000`` (windows within 11x of each
+    other) because what is checked is that every request is served without an error, not a
+    stable figure, and on a loaded machine one window's req/s can be more than twice
+    another's."""
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(
         p for p in (tools["PERF_ANALYZER_LIBS"], env.get("LD_LIBRARY_PATH", "")) if p
     )
     done = subprocess.run(
         [tools["PERF_ANALYZER"], "-m", "demo", "--concurrency-range", "4",
-         "--measurement-interval", "1000", "--max-trials", "3", "-s", "1000", *args],
+         "--measurement-interval", str(MEASURE_MS), "--max-trials", "3", "-s", "1000", *args],
         capture_output=True, text=True, timeout=RUN_WITHIN_S, env=env,
     )  # fmt: skip
     output = done.stdout + done.stderr
