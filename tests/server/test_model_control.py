@@ -96,9 +96,18 @@ def model(x):
 """
 
 SLOW_IMPORT = """
+import os
 import time
+from pathlib import Path
 
-time.sleep(1.5)  # a model that takes a while to load
+# A model that takes a while to load: its import logs that it started, then waits while
+# conftest's gate file exists.
+GATES = Path(os.environ["CARPOOL_TEST_GATES"])
+with open(GATES / "slow.imports", "a") as log:
+    log.write("import\\n")
+deadline = time.monotonic() + 60.0
+while (GATES / "slow.closed").exists() and time.monotonic() < deadline:
+    time.sleep(0.002)
 
 
 def model(x):
@@ -425,23 +434,34 @@ def test_a_slow_load_shows_loading_while_the_others_serve(
     rpc: grpcclient.InferenceServerClient,
 ) -> None:
     with ThreadPoolExecutor(1) as pool:
-        loading = pool.submit(_load, explicit, "slow")
-        wait_until(lambda: state(explicit, "slow") == ("LOADING", ""), "slow to show LOADING")
-        assert not rpc.is_model_ready("slow")
-        assert answer(rpc, "a") == 2.0  # a load runs beside the loop, not on it
+        with explicit.gate_closed("slow"):  # its import waits here
+            loading = pool.submit(_load, explicit, "slow")
+            wait_until(lambda: state(explicit, "slow") == ("LOADING", ""), "slow to show LOADING")
+            assert not rpc.is_model_ready("slow")
+            assert answer(rpc, "a") == 2.0  # a load runs beside the loop, not on it
         loading.result()
     assert state(explicit, "slow") == ("READY", "")
     assert answer(http, "slow") == 8.0
 
     seen = set()  # a reload: the old version shows READY, and serves, until the new one does
     with ThreadPoolExecutor(1) as pool:
-        reloading = pool.submit(_load, explicit, "slow")
+        with explicit.gate_closed("slow"):
+            reloading = pool.submit(_load, explicit, "slow")
+            wait_until(lambda: imports(explicit, "slow") == 2, "the new version's import")
+            seen.add(state(explicit, "slow"))
+            assert answer(rpc, "slow") == 8.0
         while not reloading.done():
             seen.add(state(explicit, "slow"))
             assert answer(rpc, "slow") == 8.0
         reloading.result()
     assert seen == {("READY", "")}
     explicit.stderr_showing("reloaded model 'slow'")
+
+
+def imports(server: Server, name: str) -> int:
+    """How many times a gated import (``SLOW_IMPORT``) of ``name`` has started."""
+    log = server.gates / f"{name}.imports"
+    return log.read_text().count("import") if log.exists() else 0
 
 
 def _load(server: Server, name: str, **parameters: Any) -> None:
