@@ -7,7 +7,9 @@ highest is served), plus an optional ``carpool.toml`` with the model's settings.
 needs no ``carpool.toml``: its inputs, outputs and batch axis come from the graph.
 
 In a repository a broken model is reported, by folder and problem, and the others serve.
-Each load reads the folder again (model control loads and reloads them while serving).
+Each load reads the folder again (model control loads and reloads them while serving), and
+serves a copy of the version folder taken then (:mod:`carpool.loading.snapshots`), which is
+what replicas restart into.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from carpool.errors import ConfigError
+from carpool.loading.snapshots import Snapshot, take
 from carpool.model import Model
 
 __all__ = [
@@ -206,16 +209,26 @@ def load_folder(folder: Path, settings: Mapping[str, Any]) -> tuple[Model, dict[
                 f'several model files {names}; choose one with file = "..." in {MODEL_FILE}'
             )
         path = candidates[0]
-    model = load_file(path, name=folder.name, options=options)
-    recipe = partial(_folder_model, folder, dict(settings))  # how a worker process loads it
+    # The model loads from a copy of its version folder, and each replica, started or
+    # restarted, rebuilds it from that copy: the code of this version, whatever the folder
+    # holds by then (see carpool.loading.snapshots).
+    snapshot = take(where, name=folder.name)
+    inside = path.relative_to(where)
+    try:
+        model = load_file(snapshot.folder / inside, name=folder.name, options=options)
+    except BaseException:  # a failed load's copy goes now, not when its traceback does
+        snapshot.remove()
+        raise
+    recipe = partial(_snapshot_model, snapshot, str(inside), folder.name, options)
     model = replace(model, name=folder.name, recipe=recipe)
     if version is not None:
         model = replace(model, version=version)
     return model, own
 
 
-def _folder_model(folder: Path, settings: dict[str, Any]) -> Model:
-    return load_folder(folder, settings)[0]
+def _snapshot_model(snapshot: Snapshot, inside: str, name: str, options: dict[str, Any]) -> Model:
+    """In a replica: the model of a loaded version, from its snapshot."""
+    return load_file(snapshot.folder / inside, name=name, options=options)
 
 
 def model_folders(repository: Path) -> list[Path]:

@@ -93,6 +93,9 @@ class ProcessReplicas(ReplicaSet[ProcessSlot]):
         self.shrink_after_s = shrink_after_s
         self._clock = clock
         self._spec = _pickled_spec(spec)
+        # Held while children may restart from it: what the spec refers to (a repository
+        # version's snapshot of its files, say) lives as long as its holders.
+        self._spec_source = spec
         self._warmup = None if warmup is None else pickle.dumps(warmup)
         self._sup: Supervisor | None = None
         # Run at exit if the owner never closed it, before multiprocessing's own exit hook
