@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from carpool.server.watch import Changes, fingerprint, fingerprints, settled
+from carpool.server.watch import NOT_READ, Changes, fingerprint, fingerprints, settled
 
 A = (("model.py", 10, 1, 1, "aa"),)
 B = (("model.py", 10, 1, 2, "bb"),)
@@ -58,3 +58,14 @@ def test_fingerprint_leaves_out_hidden_files_and_bytecode(tmp_path: Path) -> Non
     (folder / "1" / "__pycache__" / "model.pyc").write_bytes(b"\0")
     assert fingerprint(folder) == before
     assert fingerprints([folder]) == {"m": before}
+
+
+def test_a_named_pipe_is_listed_but_never_opened(tmp_path: Path) -> None:
+    """Opening a pipe blocks until something writes to it: the look would hang for ever."""
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "model.py").write_text("x = 1\n")
+    os.mkfifo(folder / "weights.bin")
+    files = {path: digest for path, *_, digest in fingerprint(folder)}
+    assert files["weights.bin"] == NOT_READ
+    assert files["model.py"] not in ("", NOT_READ)

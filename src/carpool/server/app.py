@@ -178,7 +178,7 @@ class App:
         assert self._drain_deadline is not None
         started, self._started = self._started, []
         if self.control is not None:  # loads and unloads end first; then what serves closes
-            await self.control.close()
+            await self.control.close(timeout=max(0.0, self._drain_deadline - time.monotonic()))
             started = list(self.registry)
         left = max(0.0, self._drain_deadline - time.monotonic())
         await self.registry.close(started, timeout=left)

@@ -15,6 +15,13 @@ says what changed): a new model folder loads, a changed one reloads, a removed o
 each once per change, once the folder has stayed the same for one look (a copy still
 being written is left for the next). The load and unload routes then answer 503, as
 Triton's do outside explicit mode.
+
+A model's code and the repository's files are read in daemon threads of their own
+(:func:`_off_loop`), never on the loop nor in its default executor: a ``model.py`` whose
+import never returns, or a named pipe in a model folder, holds only its thread, which the
+process abandons at exit (asyncio.run joins the default executor's threads, and
+concurrent.futures joins its workers at exit, each without a bound). :meth:`ModelControl.close`
+waits for loads under way only until the drain's deadline.
 """
 
 from __future__ import annotations
@@ -22,8 +29,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from carpool.errors import CarpoolError, ConfigError, WorkerStartError
 from carpool.loading import Catalog
@@ -35,6 +43,8 @@ from carpool.server.registry import Registry, ServedModel
 __all__ = ["CONTROL_OFF", "ControlUnavailable", "LoadFailed", "ModelControl", "act"]
 
 log = logging.getLogger("carpool.server")
+T = TypeVar("T")
+_LOOK_WAIT_S = 10.0  # a look at the repository waited for at most this long per poll
 CONTROL_OFF = (
     "explicit model load / unload is not allowed: start the server with "
     "--model-control-mode explicit"
@@ -106,6 +116,8 @@ class ModelControl:
         self._poller: asyncio.Task[None] | None = None
         self._applied: dict[str, watch.Fingerprint] = {}  # poll: folders as last acted on
         self._seen: dict[str, watch.Fingerprint] = {}  # poll: folders at the last look
+        self._look: asyncio.Future[dict[str, watch.Fingerprint]] | None = None  # under way
+        self._unread: set[str] = set()  # poll: files not read (not regular), logged once
         registry.known = catalog.names
         registry.needs_a_model = mode == "none"
 
@@ -180,7 +192,7 @@ class ModelControl:
         """The new version, loaded (in a thread: reading and building a model blocks),
         started and warmed up; :class:`LoadFailed` says why not."""
         try:
-            model = await asyncio.to_thread(self.catalog.load, name, overrides)
+            model = await _off_loop(f"carpool-load {name}", self.catalog.load, name, overrides)
             served = self._serve(model)
         except (ConfigError, TypeError, ValueError) as exc:
             raise LoadFailed(name, str(exc)) from None
@@ -215,6 +227,8 @@ class ModelControl:
         """Begin (in ``poll`` mode) looking at the repository, from how it is now."""
         if self.mode != "poll":
             return
+        # On the loop, as the repository's models were read at start: a file that is not
+        # regular is never opened (watch.fingerprint), so no named pipe blocks it.
         self._seen = watch.fingerprints(self.catalog.folders())
         self._applied = dict(self._seen)
         self._poller = asyncio.get_running_loop().create_task(self._poll())
@@ -229,7 +243,9 @@ class ModelControl:
 
     async def poll_once(self) -> None:
         """Act on the repository's changes that have settled since the last look."""
-        now = await asyncio.to_thread(watch.fingerprints, self.catalog.folders())
+        now = await self._looked()
+        if now is None:
+            return
         changes = watch.settled(self._applied, self._seen, now)
         self._seen = now
         for name in changes.unload:
@@ -242,12 +258,78 @@ class ModelControl:
             except LoadFailed:
                 pass  # logged, shown in the index; tried again when the folder changes
 
-    async def close(self) -> None:
-        """Stop taking loads and unloads, and stop polling; wait for those under way."""
+    async def _looked(self) -> dict[str, watch.Fingerprint] | None:
+        """The repository's fingerprints, read off the loop; None when the look (a slow or
+        hung file system) takes over ``_LOOK_WAIT_S``: it is waited for again at the next
+        poll, never started twice."""
+        if self._look is None:
+            folders = self.catalog.folders
+            self._look = asyncio.ensure_future(
+                _off_loop("carpool-poll", lambda: watch.fingerprints(folders()))
+            )
+        done, _ = await asyncio.wait({self._look}, timeout=_LOOK_WAIT_S)
+        if not done:
+            log.warning("looking at the model repository took over %gs; waiting on", _LOOK_WAIT_S)
+            return None
+        look, self._look = self._look, None
+        now = look.result()
+        for name, files in now.items():
+            for path, *_, digest in files:
+                where = f"{name}/{path}"
+                if digest == watch.NOT_READ and where not in self._unread:
+                    self._unread.add(where)
+                    log.warning("model repository: %s is not a regular file; not read", where)
+        return now
+
+    async def close(self, *, timeout: float | None = None) -> None:  # noqa: ASYNC109 - a drain bound
+        """Stop taking loads and unloads, and stop polling; wait for those under way, for
+        up to ``timeout`` seconds (a model's import that never returns is abandoned)."""
         self._closing = True
         if self._poller is not None:
             self._poller.cancel()
             await asyncio.gather(self._poller, return_exceptions=True)
-        for lock in list(self._locks.values()):
-            async with lock:
-                pass
+        if self._look is not None:
+            self._look.cancel()
+
+        async def finished() -> None:
+            for lock in list(self._locks.values()):
+                async with lock:
+                    pass
+
+        try:
+            await asyncio.wait_for(finished(), timeout)
+        except TimeoutError:
+            busy = sorted(name for name, lock in self._locks.items() if lock.locked())
+            log.error("loads or unloads still under way at the drain deadline: %s", busy)
+
+
+async def _off_loop(name: str, call: Callable[..., T], *args: Any) -> T:
+    """``call(*args)`` in a daemon thread called ``name``: the loop goes on meanwhile, and
+    nothing waits for the thread at exit (asyncio.to_thread's executor is joined, without a
+    bound, as asyncio.run ends and again at interpreter exit). Cancelled, the caller stops
+    waiting; the thread runs on, its result dropped."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    def run() -> None:
+        try:
+            result = call(*args)
+        except BaseException as exc:  # handed to the caller, whatever it is
+            outcome: tuple[T | None, BaseException | None] = (None, exc)
+        else:
+            outcome = (result, None)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the loop closed: nobody waits any more
+            pass
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return await future

@@ -58,6 +58,9 @@ log = logging.getLogger("carpool.server")
 # cost about a fifth of a binary request's CPU at 64 clients (38 -> 31 us in process). Only
 # cyclic garbage waits longer; what refcounting frees is freed at once as before.
 _GC_THRESHOLDS = (10_000, 10, 10)
+# After uvicorn's whole-second drain: _after_drain's second for threads to end, and room for
+# the batchers' workers to be stopped; past it, something hangs the main thread.
+_LAST_RESORT_S = 3.0
 
 
 def _loop() -> str:
@@ -164,7 +167,26 @@ class _Server(uvicorn.Server):
                 signal.Signals(sig).name,
                 self.config.timeout_graceful_shutdown or 0,
             )
+            if not self.should_exit:
+                _exit_at_the_latest((self.config.timeout_graceful_shutdown or 0) + _LAST_RESORT_S)
             self.should_exit = True
+
+
+def _exit_at_the_latest(after_s: float) -> None:
+    """The last resort behind the drain's bound: exit 0 ``after_s`` from now, whatever the
+    main thread still waits on (the drain and :func:`_after_drain` end before it when
+    nothing hangs; something that does, a model's code or a file in its thread, say, is
+    named in the log and abandoned)."""
+
+    def fire() -> None:
+        alive = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
+        log.error("the drain did not end within %gs; exiting anyway (threads: %s)", after_s, alive)
+        _exit_now(0)
+
+    timer = threading.Timer(after_s, fire)
+    timer.name = "carpool-exit-deadline"
+    timer.daemon = True
+    timer.start()
 
 
 def _stuck_threads(within_s: float) -> list[str]:

@@ -4,24 +4,29 @@ A model folder's :data:`Fingerprint` is every file in it with its size, inode an
 modification time, and for a small file (code, settings) a hash of its bytes: a file
 timestamp moves in clock ticks, so a model file rewritten within one tick at the same size
 still shows. :func:`settled` compares what was last acted on, the previous look and this
-one: a change acts once the folder has looked the same twice in a row, so a folder still
-being copied in is left alone until it is complete. :func:`fingerprints` reads the disk;
-:func:`settled` is pure.
+one: a change acts once the folder has looked the same twice in a row. That is all it
+knows of a copy: a file written in parts further apart than one poll interval can look the
+same twice while half-written, and is then loaded as it is (write a folder elsewhere and
+rename it in). A file that is not regular (a named pipe, a device, a socket) is never read,
+only listed, its hash :data:`NOT_READ`: opening a pipe would block the look until something
+wrote to it. :func:`fingerprints` reads the disk; :func:`settled` is pure.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Changes", "Fingerprint", "fingerprint", "fingerprints", "settled"]
+__all__ = ["NOT_READ", "Changes", "Fingerprint", "fingerprint", "fingerprints", "settled"]
 
 # (path in the folder, size, inode, mtime in ns, hash of the bytes or "" for a large file)
 Fingerprint = tuple[tuple[str, int, int, int, str], ...]
 _HASHED_BYTES = 1 << 20  # files up to 1 MiB (code, settings) are hashed: big weights are not
+NOT_READ = "not a regular file"  # the hash of a pipe, device or socket: never opened
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,17 +47,31 @@ def fingerprint(folder: Path) -> Fingerprint:
                 continue
             path = Path(root) / name
             try:
-                stat = path.stat()
-                digest = _digest(path) if stat.st_size <= _HASHED_BYTES else ""
+                found = path.stat()
+                if not stat.S_ISREG(found.st_mode):
+                    digest = NOT_READ
+                elif found.st_size <= _HASHED_BYTES:
+                    digest = _digest(path)
+                else:
+                    digest = ""
             except OSError:  # removed while looked at: the next look sees what is left
                 continue
             relative = str(path.relative_to(folder))
-            files.append((relative, stat.st_size, stat.st_ino, stat.st_mtime_ns, digest))
+            files.append((relative, found.st_size, found.st_ino, found.st_mtime_ns, digest))
     return tuple(files)
 
 
 def _digest(path: Path) -> str:
-    return hashlib.blake2b(path.read_bytes(), digest_size=16).hexdigest()
+    """The hash of ``path``'s bytes; opened without blocking and checked again once open,
+    so that a file swapped for a named pipe since its stat is not waited on."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return NOT_READ
+        with os.fdopen(fd, "rb", closefd=False) as file:
+            return hashlib.blake2b(file.read(_HASHED_BYTES + 1), digest_size=16).hexdigest()
+    finally:
+        os.close(fd)
 
 
 def fingerprints(folders: Iterable[Path]) -> dict[str, Fingerprint]:
