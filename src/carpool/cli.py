@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from carpool.bench.flags import add_bench_command
 from carpool.envflags import add_flag, parse_bool
+from carpool.lifelines import keep_title_room
 
 if TYPE_CHECKING:
     from carpool.bench.flags import Commands
@@ -352,7 +353,9 @@ def _server_settings(file: dict[str, Any], args: argparse.Namespace) -> dict[str
             "to anyone; give it a key, or leave api_keys out to serve without keys"
         )
     # Read once and taken out of the environment, so that no child process (a model
-    # worker, Ray's, the resource tracker) inherits the key.
+    # worker, Ray's, the resource tracker) inherits the key; the processes' titles keep
+    # their room (it was the last variable: front ends showed no title).
+    keep_title_room()
     from_env = os.environ.pop(API_KEY_ENV, None)
     if from_env is not None and not args.api_key:
         keys = [k.strip() for k in from_env.split(",") if k.strip()]

@@ -13,7 +13,7 @@ import signal
 import threading
 import time
 
-__all__ = ["die_with_parent", "set_title"]
+__all__ = ["die_with_parent", "keep_title_room", "set_title"]
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
@@ -37,6 +37,17 @@ def _watch_parent(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(0.5)
     os._exit(1)
+
+
+def keep_title_room() -> None:
+    """Have setproctitle take, now, the memory it writes titles into (the command line's
+    and the environment's), before the environment changes: once the last variable is
+    taken out (``CARPOOL_API_KEY``, scrubbed), it finds no room and every later
+    :func:`set_title` leaves ``ps`` showing the command line."""
+    try:
+        importlib.import_module("setproctitle").getproctitle()
+    except ImportError:
+        pass
 
 
 def set_title(title: str, short: str) -> None:

@@ -20,7 +20,7 @@ import pickle
 import re
 import secrets
 import struct
-from multiprocessing import shared_memory
+from multiprocessing import resource_tracker, shared_memory
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -41,6 +41,7 @@ __all__ = [
     "extent",
     "plan",
     "sweep_orphans",
+    "unlink_made_by",
 ]
 
 ALIGN = 64  # bytes: a cache line, and the widest SIMD load numpy uses
@@ -320,6 +321,28 @@ def sweep_orphans(folder: str = "/dev/shm") -> list[str]:
             os.unlink(os.path.join(folder, name))
             swept.append(name)
     return swept
+
+
+def unlink_made_by(pid: int, folder: str = "/dev/shm") -> list[str]:
+    """Unlink the segments process ``pid`` made and left (it was killed), and take them off
+    the resource tracker's list: the tracker every process shares would unlink them again
+    as the server ends and warn that they leaked. The names unlinked."""
+    unlinked: list[str] = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return unlinked
+    for name in names:
+        match = _ORPHAN.fullmatch(name)
+        if match is None or int(match.group(1)) != pid:
+            continue
+        try:
+            os.unlink(os.path.join(folder, name))
+        except FileNotFoundError:
+            continue
+        resource_tracker.unregister(f"/{name}", "shared_memory")  # as SharedMemory names it
+        unlinked.append(name)
+    return unlinked
 
 
 def _alive(pid: int) -> bool:

@@ -22,6 +22,7 @@ from carpool.errors import BatcherClosed, QueueFull
 from carpool.server.hub import Hub
 from carpool.server.registry import Registry
 from carpool.server.remote import FrontEndRegistry, Upstream
+from carpool.server.tallies import Tallies
 
 Array = np.ndarray[Any, Any]
 
@@ -79,13 +80,14 @@ async def setup() -> AsyncIterator[Setup]:
     model = Model(gate, name="m", batching=Batching(max_batch_size=16, max_queue_size=8))
     main = Registry([model])
     started = await main.start()
-    hub = Hub(main)
+    tallies = Tallies(["m"], 2)
+    hub = Hub(main, tallies)
     fronts = []
     made = Setup(gate, main, hub, fronts)
     for index in (1, 2):
         ours, theirs = socket.socketpair()
         await hub.attach(index, ours, made.lost.append)
-        front = FrontEndRegistry([model], [], Upstream(), theirs)
+        front = FrontEndRegistry([model], [], Upstream(), theirs, tallies.slot(index))
         await front.start()
         fronts.append(front)
     yield made

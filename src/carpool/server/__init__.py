@@ -38,6 +38,8 @@ counted):
 - ``links``: a front-end process's link to the main one: framed ops over a Unix socket,
   their arrays through shared memory, one frame of arrays in flight each way.
 - ``zygote``: the single-threaded process, forked at the start, that forks the front ends.
+- ``tallies``: ``--frontends N``: every front end's counts of its answers, in memory shared
+  with the main process (a slot per front end, that outlives it), summed there.
 - ``hub`` / ``remote``: ``--frontends N``: the main process's end (requests into the one
   batcher per model, answers back, every front end's counts summed) and a front end's
   (``FrontEndRegistry``, whose batchers are ``RemoteBatcher``, the main's over the link).

@@ -54,10 +54,13 @@ def protocol_class(
     limit_concurrency: int,
     write_timeout_s: float = 30.0,
     record: Callable[[int], None] | None = None,
+    sent: Callable[[], None] | None = None,
 ) -> type[_LimitedProtocol]:
     """The protocol uvicorn runs (``uvicorn.Config(http=...)``), with these limits;
     ``record(status)`` counts each answer it gives itself, before any app sees a request
-    (a header timeout's 408, the 503 past the limit, a malformed request's 400)."""
+    (a header timeout's 408, the 503 past the limit, a malformed request's 400); ``sent()``
+    is called as each answer's last bytes are written (a front end's counts are committed
+    then: :mod:`carpool.server.tallies`)."""
     counted = record or _uncounted
     overloaded = _overloaded_app(limit_concurrency, counted)
 
@@ -66,6 +69,7 @@ def protocol_class(
         _write_timeout_s = write_timeout_s
         _overloaded = staticmethod(overloaded)
         _record = staticmethod(counted)
+        _sent = staticmethod(sent or _nothing)
 
     return Configured
 
@@ -111,10 +115,15 @@ def _uncounted(status: int) -> None:
     pass
 
 
+def _nothing() -> None:
+    pass
+
+
 class _LimitedProtocol(HttpToolsProtocol):
     _header_timeout_s = 10.0
     _overloaded: Any = None
     _record: Callable[[int], None] = staticmethod(_uncounted)
+    _sent: Callable[[], None] = staticmethod(_nothing)
     _header_timer: asyncio.TimerHandle | None = None
     _partial = False  # part of a request's head has arrived
     _linger: asyncio.TimerHandle | None = None  # answered before its body was read
@@ -196,6 +205,7 @@ class _LimitedProtocol(HttpToolsProtocol):
         unread = bool(self._watches) and not self._watches[0].body_complete
         if self._watches:
             del self._watches[0]  # answered: its client may go now without a word
+        self._sent()
         super().on_response_complete()
         if unread and not self.transport.is_closing():
             # Answered before its body was read (a 401, a health answer, a 413 from the

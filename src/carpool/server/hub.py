@@ -8,17 +8,17 @@ posted to the link (frames of many requests each way, :mod:`carpool.server.links
 task per request. A request's deadline, priority and cancellation cross with it.
 
 The front ends count their own requests' outcomes (each model's, and the server's own
-answers that no model counts). A query for statistics (``/metrics``,
-``/v2/models/stats``, gRPC's ``ModelStatistics``) asks every other front end for its counts
-first (``FLUSH``), so each front end's requests are counted once, in whichever front end
-answers; a front end that ended leaves its last counts behind. Only asyncio and the links.
+answers that no model counts) in memory shared with this process, one slot each
+(:mod:`carpool.server.tallies`): a query for statistics (``/metrics``,
+``/v2/models/stats``, gRPC's ``ModelStatistics``) is answered at once with every slot
+summed, whichever front end asks, and a front end that died (``kill -9`` too) leaves its
+counts behind. Only asyncio, the links and the tallies.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
-from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
@@ -28,9 +28,7 @@ from carpool.batcher import Batcher
 from carpool.errors import CarpoolError
 from carpool.server.links import (
     CANCEL,
-    COUNTS,
     ERROR,
-    FLUSH,
     INFER,
     QUERY,
     RESULT,
@@ -41,36 +39,21 @@ from carpool.server.links import (
     pickled_error,
 )
 from carpool.server.registry import Registry
+from carpool.server.tallies import Statuses, Tallies
 from carpool.stats import BatcherStats
 
 __all__ = ["Hub"]
 
-# What a front end counted: each model's ({protocol: {status: requests}}, seconds), and the
-# server's own answers that no model counts ({protocol: {status: requests}}).
-Statuses = dict[str, dict[int, int]]
-Counts = tuple[dict[str, tuple[Statuses, float]], Statuses]
 _WATCH_S = 0.1  # how often the workers' liveness is looked at, for the front ends' readiness
-_FLUSH_TIMEOUT_S = 1.0  # how long a query waits for a front end that does not answer
 
 
 class _FrontEnd:
-    __slots__ = ("counts", "index", "inflight", "link")
+    __slots__ = ("index", "inflight", "link")
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.link: Link | None = None
         self.inflight: dict[int, Callable[[], None]] = {}  # request id -> its withdrawal
-        self.counts: Counts = ({}, {})
-
-
-class _Query:
-    __slots__ = ("asker", "qid", "timer", "waiting")
-
-    def __init__(self, asker: _FrontEnd, qid: int, waiting: set[int]) -> None:
-        self.asker = asker
-        self.qid = qid
-        self.waiting = waiting  # front ends whose counts it waits for
-        self.timer: asyncio.TimerHandle | None = None
 
 
 class _Answer:
@@ -96,13 +79,13 @@ class _Answer:
 
 
 class Hub:
-    """The links to the front ends, over the started batchers of ``registry``."""
+    """The links to the front ends, over the started batchers of ``registry``; the front
+    ends count their answers in ``tallies``."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, tallies: Tallies) -> None:
         self.registry = registry
+        self.tallies = tallies
         self._front_ends: dict[int, _FrontEnd] = {}
-        self._retired: list[Counts] = []  # the last counts of front ends that ended
-        self._queries: list[_Query] = []
         self._state: dict[str, int] = {}
         self._batchers: dict[str, Batcher] = {}
         self._watch: asyncio.TimerHandle | None = None
@@ -146,11 +129,9 @@ class Hub:
                 withdraw = front_end.inflight.pop(op[1], None)
                 if withdraw is not None:
                     withdraw()
-            elif kind == COUNTS:
-                front_end.counts = op[1]
-                self._counted(front_end.index)
             elif kind == QUERY:
-                self._query(front_end, op[1])
+                assert front_end.link is not None
+                front_end.link.post((SNAPSHOT, op[1], self.snapshot()))
 
     def _infer(self, front_end: _FrontEnd, op: Op, value: Any) -> None:
         _, rid, name, timeout_ms, priority = op
@@ -184,67 +165,24 @@ class Hub:
         front_end.inflight.clear()
         for withdraw in withdrawals:  # nobody is left to answer
             withdraw()
-        self._retired.append(front_end.counts)
         if self._front_ends.get(front_end.index) is front_end:
             del self._front_ends[front_end.index]
-        self._counted(front_end.index)
         lost(front_end.index)
 
     # ------------------------------------------------------------- statistics
 
-    def _query(self, asker: _FrontEnd, qid: int) -> None:
-        others = {index for index, other in self._front_ends.items() if other is not asker}
-        query = _Query(asker, qid, others)
-        if not others:
-            self._reply(query)
-            return
-        for index in others:
-            link = self._front_ends[index].link
-            assert link is not None
-            link.post((FLUSH,))
-        query.timer = asyncio.get_running_loop().call_later(_FLUSH_TIMEOUT_S, self._reply, query)
-        self._queries.append(query)
-
-    def _counted(self, index: int) -> None:
-        for query in list(self._queries):
-            query.waiting.discard(index)
-            if not query.waiting:
-                self._reply(query)
-
-    def _reply(self, query: _Query) -> None:
-        if query in self._queries:
-            self._queries.remove(query)
-        if query.timer is not None:
-            query.timer.cancel()
-        link = query.asker.link
-        if link is not None and not link.lost:
-            link.post((SNAPSHOT, query.qid, self.snapshot()))
-
     def snapshot(self) -> tuple[dict[str, tuple[Any, Statuses, float]], Statuses]:
         """Every model's batcher statistics, and its requests' outcomes and seconds summed
         over the front ends, live and ended; and the server's own answers, summed too."""
-        statuses: defaultdict[str, defaultdict[str, Counter[int]]] = defaultdict(
-            lambda: defaultdict(Counter)
-        )
-        seconds: defaultdict[str, float] = defaultdict(float)
-        server: defaultdict[str, Counter[int]] = defaultdict(Counter)
-        every = [f.counts for f in self._front_ends.values()] + self._retired
-        for models, own in every:
-            for name, (by_protocol, spent) in models.items():
-                seconds[name] += spent
-                for protocol, by_status in by_protocol.items():
-                    statuses[name][protocol].update(by_status)
-            for protocol, by_status in own.items():
-                server[protocol].update(by_status)
+        counted, server = self.tallies.totals()
         models_now = {
             served.name: (
                 _picklable(served.batcher.stats()),
-                {protocol: dict(counts) for protocol, counts in statuses[served.name].items()},
-                seconds[served.name],
+                *counted.get(served.name, ({}, 0.0)),
             )
             for served in self.registry
         }
-        return models_now, {protocol: dict(counts) for protocol, counts in server.items()}
+        return models_now, server
 
     # ------------------------------------------------------------- readiness
 

@@ -36,9 +36,7 @@ from carpool.transport import ALIGN, Arena, Attached, ShrinkPolicy, decode, plan
 
 __all__ = [
     "CANCEL",
-    "COUNTS",
     "ERROR",
-    "FLUSH",
     "INFER",
     "QUERY",
     "RESULT",
@@ -50,14 +48,13 @@ __all__ = [
 ]
 
 # The ops. A front end sends (INFER, id, model, timeout_ms, priority) with the request's
-# inputs as its value, (CANCEL, id), (COUNTS, ({model: (statuses, seconds)}, own)) and
-# (QUERY, id), ``own`` being the server's counts of answers no model counts. The main
-# process sends (RESULT, id) with the outputs as its value, (ERROR, id, exception),
-# (STATE, {model: workers alive}), (SNAPSHOT, id, ({model: (stats, statuses, seconds)},
-# own)) and (FLUSH,): send your COUNTS now.
+# inputs as its value, (CANCEL, id) and (QUERY, id). The main process sends (RESULT, id)
+# with the outputs as its value, (ERROR, id, exception), (STATE, {model: workers alive})
+# and (SNAPSHOT, id, ({model: (stats, statuses, seconds)}, own)), ``own`` being the
+# server's counts of answers no model counts (every front end's: carpool.server.tallies).
 _clock = time.monotonic  # the arenas' shrink policy's (a test's own, there)
-INFER, CANCEL, COUNTS, QUERY = "infer", "cancel", "counts", "query"
-RESULT, ERROR, STATE, SNAPSHOT, FLUSH = "result", "error", "state", "snapshot", "flush"
+INFER, CANCEL, QUERY = "infer", "cancel", "query"
+RESULT, ERROR, STATE, SNAPSHOT = "result", "error", "state", "snapshot"
 # The link's own: (TAKEN, n): the reader copied the next n frames of values out, their
 # arenas are free again; (WANT,): the writer waits for its TAKEN, send it now.
 TAKEN, WANT = "taken", "want"

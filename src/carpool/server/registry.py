@@ -294,9 +294,9 @@ class ServerCounts:
     """The answers of one server that no model counts, by protocol and status (as
     ``ServedModel.statuses``): ``carpool_server_requests_total`` in ``/metrics``.
 
-    ``counted`` is this process's. A front-end process (``--frontends``) shows every front
-    end's, summed in the main process as of the last query: ``shown``, set by its
-    :class:`~carpool.server.remote.FrontEndRegistry`.
+    ``counted`` is this process's. A front-end process (``--frontends``) counts in memory
+    shared with the main process instead, and shows every front end's, summed there as of
+    the last query: ``shown``, set by its :class:`~carpool.server.remote.FrontEndRegistry`.
     """
 
     def __init__(self) -> None:
@@ -310,10 +310,6 @@ class ServerCounts:
     def totals(self) -> Mapping[str, Mapping[int, int]]:
         """What ``/metrics`` shows."""
         return self.counted if self.shown is None else self.shown
-
-    def export(self) -> dict[str, dict[int, int]]:
-        """``counted`` as plain dicts, to send to the main process."""
-        return {protocol: dict(counts) for protocol, counts in self.counted.items()}
 
 
 class Registry:

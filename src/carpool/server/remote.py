@@ -5,9 +5,10 @@ Each front end runs the whole server, REST, OpenAI and gRPC, over a
 :class:`FrontEndRegistry`: reading, keys, limits, decoding, admission, encoding and logging
 all happen here. Only the admitted inputs cross, with the request's deadline and priority; a
 caller that is cancelled (its client left, its deadline passed) withdraws its request in the
-main process. Outcomes are counted here and summed there (each model's, and the server's own
-answers that no model counts): a statistics query first sends this front end's counts, and
-the main process answers with every front end's (:class:`~carpool.server.hub.Hub`).
+main process. Outcomes are counted here, each model's and the server's own answers that no
+model counts, in this front end's slot of memory shared with the main process
+(:mod:`carpool.server.tallies`), which outlives it; a statistics query gets every front
+end's summed from the main process (:class:`~carpool.server.hub.Hub`).
 Readiness follows the main process's workers, which it pushes when they change.
 """
 
@@ -25,9 +26,7 @@ from carpool.loading import LoadFailure
 from carpool.model import Model
 from carpool.server.links import (
     CANCEL,
-    COUNTS,
     ERROR,
-    FLUSH,
     INFER,
     QUERY,
     RESULT,
@@ -36,8 +35,9 @@ from carpool.server.links import (
     Link,
     Op,
 )
-from carpool.server.registry import Registry, ServedModel
+from carpool.server.registry import Registry, ServedModel, ServerCounts
 from carpool.server.statuses import HTTPError, Status
+from carpool.server.tallies import Tally
 from carpool.stats import BatcherStats, StatsRecorder
 
 __all__ = ["FrontEndRegistry", "RemoteBatcher", "Upstream"]
@@ -54,7 +54,6 @@ class Upstream:
         self.link = Link(self._ops, self._lost, self._refused)
         self.on_lost = on_lost
         self.workers: dict[str, int] = {}  # model -> workers alive, as the main process says
-        self.counts: Callable[[], Any] = lambda: ({}, {})  # this front end's, for COUNTS
         self.pending: dict[int, asyncio.Future[Any]] = {}  # request id -> its answer
         self._queries: dict[int, asyncio.Future[Any]] = {}
         self._ids = 0
@@ -81,7 +80,6 @@ class Upstream:
             raise HTTPError(Status.UNAVAILABLE, f"this front end {_GONE}")
         qid = self.next_id()
         answer = self._queries[qid] = asyncio.get_running_loop().create_future()
-        self.link.post((COUNTS, self.counts()))
         self.link.post((QUERY, qid))
         try:
             async with asyncio.timeout(_QUERY_TIMEOUT_S):
@@ -109,8 +107,6 @@ class Upstream:
                 self.workers = op[1]
                 if self._state is not None and not self._state.done():
                     self._state.set_result(None)
-            elif kind == FLUSH:
-                self.link.post((COUNTS, self.counts()))
             elif kind == SNAPSHOT:
                 query = self._queries.get(op[1])
                 if query is not None and not query.done():
@@ -177,23 +173,36 @@ class RemoteBatcher:
 
 
 class _FrontEndModel(ServedModel):
-    """A served model whose outcomes this front end counts for the main process to sum;
-    ``statuses`` and ``request_seconds`` hold every front end's, as of the last query."""
+    """A served model whose outcomes this front end counts in ``tally``, for the main
+    process to sum; ``statuses`` and ``request_seconds`` hold every front end's, as of the
+    last query."""
 
-    def __init__(self, model: Model, upstream: Upstream) -> None:
+    def __init__(self, model: Model, upstream: Upstream, tally: Tally) -> None:
         assert model.name is not None  # ServedModel says so if not
         super().__init__(model, RemoteBatcher(model.name, upstream))
-        self.counted: defaultdict[str, Counter[int]] = defaultdict(Counter)
-        self.counted_seconds = 0.0
+        self._tally = tally
 
     def record(self, protocol: str, status: int, seconds: float = 0.0) -> None:
-        self.counted[protocol][status] += 1
-        self.counted_seconds += seconds
+        self._tally.record(self.name, protocol, status, seconds)
+
+
+class _FrontEndServerCounts(ServerCounts):
+    """The server's own answers, counted in ``tally``; ``shown`` holds every front end's,
+    as of the last query."""
+
+    def __init__(self, tally: Tally) -> None:
+        super().__init__()
+        self._tally = tally
+        self.shown = {}
+
+    def record(self, protocol: str, status: int) -> None:
+        self._tally.record(None, protocol, status)
 
 
 class FrontEndRegistry(Registry):
     """The models of a front-end process: ``models`` less the ones that failed in the main
-    process (among ``load_failures``), each behind ``upstream``."""
+    process (among ``load_failures``), each behind ``upstream``; their answers counted in
+    ``tally``, this front end's slot."""
 
     local = False
 
@@ -203,31 +212,27 @@ class FrontEndRegistry(Registry):
         load_failures: Sequence[LoadFailure],
         upstream: Upstream,
         link: socket.socket,
+        tally: Tally,
     ) -> None:
         failed = {failure.name for failure in load_failures}
         kept = [model for model in models if model.name not in failed]
-        super().__init__(kept, load_failures, serve=partial(_FrontEndModel, upstream=upstream))
+        serve = partial(_FrontEndModel, upstream=upstream, tally=tally)
+        super().__init__(kept, load_failures, serve=serve)
+        self.server_counts = _FrontEndServerCounts(tally)
         self._upstream = upstream
         self._link = link
-        upstream.counts = self._counts
+        self._tally = tally
 
     async def start(self) -> list[ServedModel]:
         """Link up with the main process, whose batchers are started already."""
         await self._upstream.connect(self._link)
         return list(self)
 
-    def _counts(self) -> tuple[dict[str, tuple[dict[str, dict[int, int]], float]], Any]:
-        """What this front end counted: each model's, and the server's own answers."""
-        counts = {}
-        for served in self:
-            assert isinstance(served, _FrontEndModel)
-            by_protocol = {protocol: dict(c) for protocol, c in served.counted.items()}
-            counts[served.name] = (by_protocol, served.counted_seconds)
-        return counts, self.server_counts.export()
-
     async def close(self, started: Sequence[ServedModel], *, timeout: float) -> None:  # noqa: ASYNC109
         """Close the link: its requests are answered (the server drained them first), and
-        its shared memory is freed. The main process closes the batchers."""
+        its shared memory is freed; what it counted is in its slot (they were sent). The
+        main process closes the batchers."""
+        self._tally.commit()
         self._upstream.link.close()
 
     async def refresh(self) -> None:

@@ -23,7 +23,7 @@ import ssl
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from types import FrameType
 from typing import TYPE_CHECKING, NoReturn, cast
@@ -44,6 +44,7 @@ from carpool.server.logs import configure_logging
 from carpool.server.registry import Registry
 from carpool.server.remote import FrontEndRegistry, Upstream
 from carpool.server.spread import bind, serve_spread
+from carpool.server.tallies import Tallies
 from carpool.transport import sweep_orphans
 
 if TYPE_CHECKING:
@@ -222,16 +223,21 @@ def serve(config: ServerConfig) -> NoReturn:
 
 
 def _front_end(
-    config: ServerConfig, index: int, link: socket.socket, failures: list[LoadFailure]
+    config: ServerConfig,
+    tallies: Tallies,
+    index: int,
+    link: socket.socket,
+    failures: list[LoadFailure],
 ) -> NoReturn:
     """A front-end process (forked by the zygote): the whole server, listening on the
     ports beside the other front ends, its models' batchers the main process's, over
-    ``link``."""
+    ``link``; its answers counted in its slot of ``tallies``."""
     set_title(f"carpool: frontend#{index}", f"frontend#{index}")
     listening = bind(config.host, config.port, listen=True)
     upstream = Upstream()
-    app = build_app(config, FrontEndRegistry(config.models, failures, upstream, link))
-    server = _server(app, config)
+    tally = tallies.slot(index)
+    app = build_app(config, FrontEndRegistry(config.models, failures, upstream, link, tally))
+    server = _server(app, config, sent=tally.commit)
     upstream.on_lost = partial(_main_gone, server)
     _run(server, sockets=[listening])
     _exit_now(0 if server.started else 1)
@@ -246,12 +252,14 @@ def _main_gone(server: _Server) -> None:
         server.handle_exit(signal.SIGTERM, None)
 
 
-def _server(app: App, config: ServerConfig) -> _Server:
+def _server(app: App, config: ServerConfig, *, sent: Callable[[], None] | None = None) -> _Server:
+    """uvicorn's server of ``app``; ``sent()`` after each HTTP answer is written."""
     protocol = protocol_class(
         header_timeout_s=config.header_timeout_s,
         limit_concurrency=config.limit_concurrency,
         write_timeout_s=config.body_timeout_s,  # a stalled reader, as a stalled writer
         record=partial(app.registry.server_counts.record, "http"),  # answers no app saw
+        sent=sent,
     )
     http: type[asyncio.Protocol] = protocol
     tls = None

@@ -31,7 +31,9 @@ from carpool.errors import ConfigError
 from carpool.server.config import ServerConfig
 from carpool.server.hub import Hub
 from carpool.server.registry import Registry, ServedModel
+from carpool.server.tallies import Tallies
 from carpool.server.zygote import Zygote
+from carpool.transport import unlink_made_by
 
 __all__ = ["bind", "serve_spread"]
 
@@ -40,8 +42,9 @@ _YOUNG_S = 5.0  # a front end that dies sooner died young: the next one waits lo
 _PAUSE_S = (0.0, 0.5, 1.0, 2.0, 5.0)  # the wait before a replacement, by deaths in a row
 _BACKLOG = 2048  # uvicorn's
 
-# The front end's own main: (config, its number, its link, the models that failed).
-Entry = Callable[[ServerConfig, int, socket.socket, Any], NoReturn]
+# The front end's own main: (config, where the front ends count their answers, its number,
+# its link, the models that failed).
+Entry = Callable[[ServerConfig, Tallies, int, socket.socket, Any], NoReturn]
 
 
 def bind(host: str, port: int, *, listen: bool) -> socket.socket:
@@ -74,7 +77,10 @@ def serve_spread(config: ServerConfig, entry: Entry) -> int:
     # One shared-memory tracker for every process: each segment is unlinked by its writer,
     # and whatever a killed process leaves is unlinked when the last of them ends.
     resource_tracker.ensure_running()
-    zygote = Zygote(partial(entry, config))
+    # The front ends' counts, mapped before the zygote is forked: every front end shares it.
+    names = [model.name for model in config.models if model.name is not None]
+    tallies = Tallies(names, config.frontends)
+    zygote = Zygote(partial(entry, config, tallies))
     try:
         registry = Registry(config.models, load_failures=config.unavailable)
         try:
@@ -84,7 +90,7 @@ def serve_spread(config: ServerConfig, entry: Entry) -> int:
         except ImportError:
             factory = None
         with asyncio.Runner(loop_factory=factory) as runner:
-            return runner.run(_Primary(config, registry, zygote).run())
+            return runner.run(_Primary(config, registry, zygote, tallies).run())
     finally:
         zygote.stop()
         for sock in reserved:
@@ -92,10 +98,12 @@ def serve_spread(config: ServerConfig, entry: Entry) -> int:
 
 
 class _Primary:
-    def __init__(self, config: ServerConfig, registry: Registry, zygote: Zygote) -> None:
+    def __init__(
+        self, config: ServerConfig, registry: Registry, zygote: Zygote, tallies: Tallies
+    ) -> None:
         self.config = config
         self.registry = registry
-        self.hub = Hub(registry)
+        self.hub = Hub(registry, tallies)
         self._zygote = zygote
         self._pids: dict[int, int] = {}  # front end -> pid
         self._born: dict[int, float] = {}  # front end -> when it started (monotonic)
@@ -142,6 +150,7 @@ class _Primary:
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)  # its link is gone: so must it be
+            unlink_made_by(pid)  # what it left in /dev/shm (a drained one left nothing)
         if self._deadline is not None:
             if not self._pids:
                 self._all_gone.set()
