@@ -170,6 +170,12 @@ _SETTING_FLAGS: tuple[Flag, ...] = (
         "with --model-control-mode poll: seconds between looks at the repository [15]",
     ),
     (
+        "--repository-poll-settle-secs",
+        float,
+        "with --model-control-mode poll: seconds a changed folder must stay unchanged "
+        "before it loads (0: two looks agree); longer than a copy's longest pause [0]",
+    ),
+    (
         "--cache-size",
         int,
         "bytes the response cache holds across models (--response-cache); the least "
@@ -207,6 +213,7 @@ _SERVER_KEYS = {
     "grpc_max_concurrent_rpcs": "grpc_max_concurrent_rpcs",
     "model_control_mode": "model_control_mode",
     "repository_poll_secs": "repository_poll_secs",
+    "repository_poll_settle_secs": "repository_poll_settle_secs",
     "cache_size": "cache_size",
 }
 API_KEY_ENV = "CARPOOL_API_KEY"  # comma-separated; from a Secret, out of sight of `ps`

@@ -55,6 +55,7 @@ FLAGS = {
     "--model-control-mode": "CARPOOL_MODEL_CONTROL_MODE",
     "--load-model": "CARPOOL_LOAD_MODEL",
     "--repository-poll-secs": "CARPOOL_REPOSITORY_POLL_SECS",
+    "--repository-poll-settle-secs": "CARPOOL_REPOSITORY_POLL_SETTLE_SECS",
     "--response-cache": "CARPOOL_RESPONSE_CACHE",
     "--cache-size": "CARPOOL_CACHE_SIZE",
 }

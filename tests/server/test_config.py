@@ -54,6 +54,11 @@ def test_server_config_refuses_what_it_cannot_serve(settings: dict[str, Any], me
         ),
         ({"repository_poll_secs": 0}, "--repository-poll-secs must be > 0 seconds, got 0"),
         ({"repository_poll_secs": True}, "--repository-poll-secs must be > 0 seconds"),
+        (
+            {"repository_poll_settle_secs": -1},
+            "--repository-poll-settle-secs must be >= 0 seconds, got -1",
+        ),
+        ({"repository_poll_settle_secs": "3"}, "--repository-poll-settle-secs must be >= 0"),
         ({"cache_size": 0}, "--cache-size must be a whole number of bytes >= 1, got 0"),
         ({"cache_size": 1.5}, "--cache-size must be a whole number of bytes >= 1"),
     ],

@@ -111,3 +111,33 @@ def test_the_last_resort_exits_whatever_holds_the_main_thread() -> None:
     assert result.returncode == 0, result.stderr
     assert "the drain did not end within 0.5s; exiting anyway" in result.stderr
     assert "'stuck'" in result.stderr
+
+
+def test_a_settle_time_keeps_a_file_written_in_two_parts_from_loading_half(
+    serve: Launcher, tmp_path: Path
+) -> None:
+    """Two looks agree while a copy pauses longer than the poll interval: the first half
+    loads and serves. ``--repository-poll-settle-secs`` longer than the pause waits for the
+    whole file."""
+    repository = tmp_path / "models"
+    write_model(repository / "a", adds(1))
+    server = serve(
+        str(repository),
+        "--model-control-mode",
+        "poll",
+        "--repository-poll-secs",
+        "0.3",
+        "--repository-poll-settle-secs",
+        "4",
+    )
+    write_model(repository / "halves", "")
+    with open(repository / "halves" / "model.py", "w") as model:
+        model.write(adds(1))
+        model.flush()
+        time.sleep(1.5)  # five looks: without a settle time, two agree on the first half
+        model.write(adds(2))  # the whole file redefines it: x + 2
+    wait_until(lambda: state(server, "halves") == ("READY", ""), "halves to load", WITHIN_S)
+    assert infer(server, "halves") == (200, 3.0)
+    log = server.stderr()
+    assert "loaded model 'halves'" in log
+    assert "reloaded model 'halves'" not in log  # the half never served

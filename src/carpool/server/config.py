@@ -52,6 +52,8 @@ class ServerConfig:
     # repository's folders, looked at every repository_poll_secs (Triton's default: 15 s).
     model_control_mode: str = "none"
     repository_poll_secs: float = 15.0
+    # poll: a changed folder is left until it has not changed for this long (0: two looks)
+    repository_poll_settle_secs: float = 0.0
     # The response cache's size across models (those with response_cache on), in bytes.
     cache_size: int = 64 * 1024 * 1024
     models: tuple[Model, ...] = field(default_factory=tuple)
@@ -151,6 +153,9 @@ def _check_models(config: ServerConfig) -> None:
     seconds = config.repository_poll_secs
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
         raise ConfigError(f"--repository-poll-secs must be > 0 seconds, got {seconds!r}")
+    settle = config.repository_poll_settle_secs
+    if isinstance(settle, bool) or not isinstance(settle, int | float) or not settle >= 0:
+        raise ConfigError(f"--repository-poll-settle-secs must be >= 0 seconds, got {settle!r}")
     size = config.cache_size
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ConfigError(f"--cache-size must be a whole number of bytes >= 1, got {size!r}")

@@ -12,8 +12,9 @@ then ``UNAVAILABLE`` (``unloaded``). Loads and unloads of one model run one at a
 
 ``poll``: the repository is looked at every ``poll_s`` seconds (:mod:`carpool.server.watch`
 says what changed): a new model folder loads, a changed one reloads, a removed one unloads,
-each once per change, once the folder has stayed the same for one look (a copy still
-being written is left for the next). The load and unload routes then answer 503, as
+each once per change, once the folder has stayed the same for one look, and for
+``settle_s`` seconds (``--repository-poll-settle-secs``): a copy that pauses for less is
+left for a later look. The load and unload routes then answer 503, as
 Triton's do outside explicit mode.
 
 A model's code and the repository's files are read in daemon threads of their own
@@ -29,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import math
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -102,6 +104,7 @@ class ModelControl:
         *,
         mode: str,
         poll_s: float = 15.0,
+        settle_s: float = 0.0,
         drain_timeout_s: float = 30.0,
         serve: Callable[[Any], ServedModel] = ServedModel,
     ) -> None:
@@ -109,6 +112,7 @@ class ModelControl:
         self.catalog = catalog
         self.mode = mode
         self.poll_s = poll_s
+        self.settle_s = settle_s
         self.drain_timeout_s = drain_timeout_s
         self._serve = serve
         self._locks: dict[str, asyncio.Lock] = {}
@@ -118,6 +122,7 @@ class ModelControl:
         self._seen: dict[str, watch.Fingerprint] = {}  # poll: folders at the last look
         self._look: asyncio.Future[dict[str, watch.Fingerprint]] | None = None  # under way
         self._unread: set[str] = set()  # poll: files not read (not regular), logged once
+        self._changed_at: dict[str, float] = {}  # poll: when each folder last looked different
         registry.known = catalog.names
         registry.needs_a_model = mode == "none"
 
@@ -247,11 +252,17 @@ class ModelControl:
         if now is None:
             return
         changes = watch.settled(self._applied, self._seen, now)
+        looked = asyncio.get_running_loop().time()
+        for name in now:
+            if now[name] != self._seen.get(name):
+                self._changed_at[name] = looked
         self._seen = now
         for name in changes.unload:
             self._applied.pop(name, None)
             await self.unload_now(name)
         for name in changes.load:
+            if looked - self._changed_at.get(name, -math.inf) < self.settle_s:
+                continue  # still settling: loaded at a later look, if it stays the same
             self._applied[name] = now[name]
             try:
                 await self.load_now(name)

@@ -105,6 +105,7 @@ def _control(config: ServerConfig, registry: Registry) -> ModelControl | None:
         config.catalog,
         mode=config.model_control_mode,
         poll_s=config.repository_poll_secs,
+        settle_s=config.repository_poll_settle_secs,
         drain_timeout_s=config.drain_timeout_s,
     )
 
