@@ -99,16 +99,17 @@ def run_serve(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
         text=True,
     ) as process:
         deadline = time.monotonic() + READY_WITHIN_S
-        while process.poll() is None:
-            try:
-                started = httpx.get(f"http://127.0.0.1:{port}/v2/health/live", timeout=1.0)
-            except httpx.TransportError:
-                started = None
-            if started is not None or time.monotonic() > deadline:
-                process.kill()
-                process.communicate()
-                pytest.fail(f"carpool serve {' '.join(args)} started serving; it should refuse")
-            time.sleep(POLL_S)
+        with httpx.Client(timeout=1.0) as probe:  # one SSL context, not one a poll
+            while process.poll() is None:
+                try:
+                    started = probe.get(f"http://127.0.0.1:{port}/v2/health/live")
+                except httpx.TransportError:
+                    started = None
+                if started is not None or time.monotonic() > deadline:
+                    process.kill()
+                    process.communicate()
+                    pytest.fail(f"carpool serve {' '.join(args)} started serving; it should refuse")
+                time.sleep(POLL_S)
         stdout, stderr = process.communicate()
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
