@@ -11,6 +11,7 @@ observes, never races it hopes to win.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -18,6 +19,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,6 +31,8 @@ import openai
 import pytest
 import tritonclient.grpc as grpcclient
 import trustme
+
+from carpool.server.hub import HEARTBEAT_S, SILENT_S
 
 from .conftest import HERE, Launcher, Server, float_request, free_port, wait_until
 
@@ -214,6 +218,58 @@ def test_a_front_end_that_dies_is_replaced_and_costs_only_its_connections(
     assert infer(again, "gated", 3.0)[1]["outputs"][0]["data"] == [3.0]
     assert server.batches_started("gated") == [1, 1]
     assert "front end #2" in server.stderr_showing("starting another")
+
+
+def _get_promptly(conn: http.client.HTTPConnection, path: str) -> int:
+    """``path``'s status through ``conn``, which must answer within 2 s."""
+    start = time.monotonic()
+    conn.request("GET", path)
+    response = conn.getresponse()
+    response.read()
+    assert time.monotonic() - start < 2.0, f"{path} took {time.monotonic() - start:.1f}s"
+    return response.status
+
+
+def test_a_hung_front_end_is_killed_and_replaced_and_health_never_waits_on_it(
+    serve: Launcher, threads: ThreadPoolExecutor
+) -> None:
+    server = serve("models:gated", *FRONTENDS)
+    (on_one,) = connections(server, 1, 1)
+    (on_two,) = connections(server, 2, 1)
+    (probe,) = connections(server, 1, 1)
+    hung = front_ends(server)[2]
+    with server.gate_closed("gated"):
+        running = threads.submit(infer, on_one, "gated", 1.0)
+        server.wait_started("gated", 1)
+        lost = threads.submit(infer, on_two, "gated", 2.0)
+        server.wait_queued("gated", pending=2, queued_rows=1)
+        os.kill(hung, signal.SIGSTOP)
+        try:
+            stopped = time.monotonic()
+
+            def killed() -> bool:  # meanwhile the live front end answers at once
+                assert _get_promptly(probe, "/v2/health/ready") == 200
+                assert _get_promptly(probe, "/metrics") == 200
+                assert _get_promptly(probe, "/v2/models/gated/stats") == 200
+                return not alive(hung)
+
+            # SILENT_S from its last answer; a front end yet to answer has SILENT_S more
+            bound = 2 * SILENT_S + HEARTBEAT_S
+            wait_until(killed, "the hung front end to be killed", within=bound + 10)
+            assert time.monotonic() - stopped < bound + 3
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(hung, signal.SIGCONT)
+        with pytest.raises((http.client.RemoteDisconnected, ConnectionError)):
+            lost.result()
+        server.wait_queued("gated", pending=1, queued_rows=0)  # withdrawn, never run
+    assert running.result()[1]["outputs"][0]["data"] == [1.0]
+    wait_until(lambda: front_ends(server).get(2, hung) != hung, "front end #2 to be replaced")
+    (again,) = connections(server, 2, 1)
+    assert infer(again, "gated", 3.0)[1]["outputs"][0]["data"] == [3.0]
+    assert infer(on_one, "gated", 4.0)[1]["outputs"][0]["data"] == [4.0]
+    assert server.batches_started("gated") == [1, 1, 1]
+    assert "front end #2 answered no heartbeat" in server.stderr_showing("no heartbeat")
 
 
 def test_sigterm_drains_every_front_end_and_every_process_ends(

@@ -3,8 +3,8 @@ batcher, and two front ends' registries, linked by real Unix socket pairs on one
 
 Requests from both front ends share the one batcher's batches; a cancelled request is
 withdrawn there; errors cross typed; each front end's counts are summed once, also after
-it is gone; a front end that is lost has its queued requests withdrawn; readiness follows
-the workers."""
+it is gone; a front end that is lost has its queued requests withdrawn, also one that only
+stops answering the heartbeat; readiness follows the workers."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import pytest
 
 from carpool import Batching, Model
 from carpool.errors import BatcherClosed, QueueFull
+from carpool.server import hub as hub_module
 from carpool.server.hub import Hub
 from carpool.server.registry import Registry
 from carpool.server.remote import FrontEndRegistry, Upstream
@@ -187,3 +188,37 @@ async def test_readiness_follows_the_main_process(setup: Setup) -> None:
     assert not front.is_ready()
     with pytest.raises(BatcherClosed, match="lost the server's main process"):
         await setup.batcher(0).infer_many(rows(1))
+
+
+@pytest.fixture
+def fast_heartbeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A heartbeat every 50 ms; 300 ms of silence loses a front end (set before the hub
+    starts beating)."""
+    monkeypatch.setattr(hub_module, "HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(hub_module, "SILENT_S", 0.3)
+
+
+async def test_a_front_end_that_stops_answering_is_lost_and_its_requests_withdrawn(
+    fast_heartbeat: None, setup: Setup
+) -> None:
+    setup.gate.open.clear()
+    running = asyncio.create_task(setup.batcher(0).infer_many(rows(1)))
+    await setup.started(1)
+    orphan = asyncio.create_task(setup.batcher(1).infer_many(rows(2)))
+    await setup.queued(1)
+    await asyncio.sleep(0.5)  # both answer the heartbeat: neither is lost
+    assert setup.lost == []
+    hung = setup.fronts[1]._upstream.link  # its loop stops reading: no PONG
+    assert hung._transport is not None
+    hung._transport.pause_reading()
+    await until(lambda: setup.lost == [2])
+    await setup.queued(0)  # its queued request was withdrawn
+    assert setup.hub.front_ends == 1
+    await asyncio.sleep(0.5)  # the other one answers on
+    assert setup.lost == [2]
+    setup.gate.open.set()
+    await running
+    assert setup.gate.sizes == [1]  # the withdrawn request never ran
+    hung._transport.resume_reading()  # it sees the link closed
+    with pytest.raises(BatcherClosed):
+        await orphan

@@ -12,13 +12,23 @@ answers that no model counts) in memory shared with this process, one slot each
 (:mod:`carpool.server.tallies`): a query for statistics (``/metrics``,
 ``/v2/models/stats``, gRPC's ``ModelStatistics``) is answered at once with every slot
 summed, whichever front end asks, and a front end that died (``kill -9`` too) leaves its
-counts behind. Only asyncio, the links and the tallies.
+counts behind. So health, readiness and statistics never wait on another front end.
+
+A front end that stops answering is lost as surely as one that exits: every front end is
+sent a heartbeat (``PING``) each :data:`HEARTBEAT_S`, which its loop answers (``PONG``) at
+once; one not heard from for :data:`SILENT_S` (stopped, ``SIGSTOP``; or its loop blocked;
+one just started has twice that) has its link closed, so its requests are withdrawn and
+the main process kills it and starts another, as when one exits. A heartbeat found late
+(the main process's own loop stalled) judges nobody that round. Only asyncio, the links
+and the tallies.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
@@ -30,6 +40,8 @@ from carpool.server.links import (
     CANCEL,
     ERROR,
     INFER,
+    PING,
+    PONG,
     QUERY,
     RESULT,
     SNAPSHOT,
@@ -42,18 +54,24 @@ from carpool.server.registry import Registry
 from carpool.server.tallies import Statuses, Tallies
 from carpool.stats import BatcherStats
 
-__all__ = ["Hub"]
+__all__ = ["HEARTBEAT_S", "SILENT_S", "Hub"]
 
+log = logging.getLogger("carpool.server")
 _WATCH_S = 0.1  # how often the workers' liveness is looked at, for the front ends' readiness
+HEARTBEAT_S = 1.0  # how often each front end is asked whether its loop still turns
+SILENT_S = 5.0  # a front end not heard from for this long is lost: killed and replaced
+_clock = time.monotonic
 
 
 class _FrontEnd:
-    __slots__ = ("index", "inflight", "link")
+    __slots__ = ("heard", "index", "inflight", "link")
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.link: Link | None = None
         self.inflight: dict[int, Callable[[], None]] = {}  # request id -> its withdrawal
+        # When it last answered a heartbeat (monotonic); a new one has SILENT_S more, to start.
+        self.heard = _clock() + SILENT_S
 
 
 class _Answer:
@@ -89,6 +107,8 @@ class Hub:
         self._state: dict[str, int] = {}
         self._batchers: dict[str, Batcher] = {}
         self._watch: asyncio.TimerHandle | None = None
+        self._beat: asyncio.TimerHandle | None = None
+        self._beat_at = 0.0  # when the last heartbeat went (monotonic)
 
     @property
     def front_ends(self) -> int:
@@ -109,11 +129,15 @@ class Hub:
         link.post((STATE, self._workers()))
         if self._watch is None:
             self._watch_workers()
+        if self._beat is None:
+            self._heartbeat()
 
     def close(self) -> None:
         """Close every link (the front ends see the main process gone) and stop watching."""
         if self._watch is not None:
             self._watch.cancel()
+        if self._beat is not None:
+            self._beat.cancel()
         for front_end in list(self._front_ends.values()):
             assert front_end.link is not None
             front_end.link.close()
@@ -129,6 +153,8 @@ class Hub:
                 withdraw = front_end.inflight.pop(op[1], None)
                 if withdraw is not None:
                     withdraw()
+            elif kind == PONG:
+                front_end.heard = _clock()
             elif kind == QUERY:
                 assert front_end.link is not None
                 front_end.link.post((SNAPSHOT, op[1], self.snapshot()))
@@ -168,6 +194,27 @@ class Hub:
         if self._front_ends.get(front_end.index) is front_end:
             del self._front_ends[front_end.index]
         lost(front_end.index)
+
+    # ------------------------------------------------------------- liveness
+
+    def _heartbeat(self) -> None:
+        """Declare lost each front end silent for :data:`SILENT_S`, and ping the others."""
+        now = _clock()
+        on_time = now - self._beat_at < 2 * HEARTBEAT_S  # else this loop stalled: the
+        self._beat_at = now  # answers may be waiting unread, so nobody is judged
+        for front_end in list(self._front_ends.values()):
+            link = front_end.link
+            assert link is not None
+            if on_time and now - front_end.heard > SILENT_S:
+                log.warning(
+                    "front end #%d answered no heartbeat for %gs: it is lost",
+                    front_end.index,
+                    SILENT_S,
+                )
+                link.close()  # its requests withdrawn; the main process kills it
+            else:
+                link.post((PING,))
+        self._beat = asyncio.get_running_loop().call_later(HEARTBEAT_S, self._heartbeat)
 
     # ------------------------------------------------------------- statistics
 

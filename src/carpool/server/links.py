@@ -38,6 +38,8 @@ __all__ = [
     "CANCEL",
     "ERROR",
     "INFER",
+    "PING",
+    "PONG",
     "QUERY",
     "RESULT",
     "SNAPSHOT",
@@ -52,9 +54,12 @@ __all__ = [
 # with the outputs as its value, (ERROR, id, exception), (STATE, {model: workers alive})
 # and (SNAPSHOT, id, ({model: (stats, statuses, seconds)}, own)), ``own`` being the
 # server's counts of answers no model counts (every front end's: carpool.server.tallies).
+# The main process sends (PING,) every second; a front end answers (PONG,) (the hub's
+# liveness probe: carpool.server.hub).
 _clock = time.monotonic  # the arenas' shrink policy's (a test's own, there)
 INFER, CANCEL, QUERY = "infer", "cancel", "query"
 RESULT, ERROR, STATE, SNAPSHOT = "result", "error", "state", "snapshot"
+PING, PONG = "ping", "pong"
 # The link's own: (TAKEN, n): the reader copied the next n frames of values out, their
 # arenas are free again; (WANT,): the writer waits for its TAKEN, send it now.
 TAKEN, WANT = "taken", "want"

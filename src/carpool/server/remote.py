@@ -9,7 +9,9 @@ main process. Outcomes are counted here, each model's and the server's own answe
 model counts, in this front end's slot of memory shared with the main process
 (:mod:`carpool.server.tallies`), which outlives it; a statistics query gets every front
 end's summed from the main process (:class:`~carpool.server.hub.Hub`).
-Readiness follows the main process's workers, which it pushes when they change.
+Readiness follows the main process's workers, which it pushes when they change. Its
+heartbeat (``PING``) is answered at once (``PONG``): a front end that stops answering is
+killed and replaced (:class:`~carpool.server.hub.Hub`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from carpool.server.links import (
     CANCEL,
     ERROR,
     INFER,
+    PING,
+    PONG,
     QUERY,
     RESULT,
     SNAPSHOT,
@@ -111,6 +115,8 @@ class Upstream:
                 query = self._queries.get(op[1])
                 if query is not None and not query.done():
                     query.set_result(op[2])
+            elif kind == PING:  # the main process asks whether this loop still turns
+                self.link.post((PONG,))
 
     def _refused(self, op: Op, exc: Exception) -> None:
         answer = self.pending.pop(op[1], None)
