@@ -302,10 +302,10 @@ def test_carpool_serve_runs_its_model_in_ray_actors(
         }
 
 
-def readiness(url: str) -> tuple[int, int]:
+def readiness(http: httpx.Client) -> tuple[int, int]:
     """The statuses of /v2/health/ready and /v2/models/demo/ready."""
-    server = httpx.get(f"{url}/v2/health/ready", timeout=10)
-    model = httpx.get(f"{url}/v2/models/demo/ready", timeout=10)
+    server = http.get("/v2/health/ready")
+    model = http.get("/v2/models/demo/ready")
     return server.status_code, model.status_code
 
 
@@ -320,20 +320,23 @@ def test_a_lost_node_makes_the_server_unready_until_its_actors_are_back(
     lossy = cluster.add_node(num_cpus=1, resources={"lossy": 2})
     cluster.wait_for_nodes()
     try:
-        with serving(cluster, tmp_path, "--config", str(config)) as (client, url):
+        with (
+            serving(cluster, tmp_path, "--config", str(config)) as (client, url),
+            httpx.Client(base_url=url, timeout=10) as http,  # one for every poll below
+        ):
             assert infers_as_the_demo(client)
-            assert readiness(url) == (200, 200)
+            assert readiness(http) == (200, 200)
             cluster.remove_node(lossy)
             lossy = None
-            wait_until(lambda: readiness(url) == (503, 503), "readiness 503, node lost", 30)
+            wait_until(lambda: readiness(http) == (503, 503), "readiness 503, node lost", 30)
             assert workers(client)["alive"] == 0
             lossy = cluster.add_node(num_cpus=1, resources={"lossy": 2})
-            wait_until(lambda: readiness(url) == (200, 200), "readiness 200, actors back", 60)
+            wait_until(lambda: readiness(http) == (200, 200), "readiness 200, actors back", 60)
             assert infers_as_the_demo(client)
             # Readiness needs one actor back; the other may still be restarting: wait for
             # both (each restarted once), reading alive and restarts from one snapshot.
             wait_until(lambda: _alive_and_restarts(client) == (2, 2), "both actors back", 60)
-            metrics = httpx.get(f"{url}/metrics", timeout=10).text
+            metrics = http.get("/metrics").text
             assert 'carpool_worker_restarts_total{model="demo"} 2.0' in metrics
         lines = (tmp_path / "serve.log").read_text().splitlines()
         for actor in ("demo#0", "demo#1"):  # each loss and return said once
