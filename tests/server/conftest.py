@@ -83,10 +83,13 @@ class Server:
         self.grpc_port = grpc_port  # 0: gRPC off
         self.grpc_address = f"127.0.0.1:{grpc_port}"  # what tritonclient.grpc takes
         self.verify = verify  # with TLS (--ssl-certfile): trusts its certificate
+        # Built once for every client of it: httpx builds one a client otherwise (some 40 ms
+        # of CPU), and infer_alone makes a client a request.
+        self._tls = verify or ssl.create_default_context()
         self.url = f"{'http' if verify is None else 'https'}://{self.address}"
         self.gates = gates
         self.stderr_path = stderr
-        self.http = httpx.Client(base_url=self.url, timeout=30.0, verify=verify or True)
+        self.http = httpx.Client(base_url=self.url, timeout=30.0, verify=self._tls)
         self.signalled = False  # a test or stop() sent it a signal already
         self.killed = False  # SIGKILLed after failing to exit: its exit code means nothing
 
@@ -107,10 +110,9 @@ class Server:
     # ------------------------------------------------------------ lifecycle
 
     def wait_ready(self) -> None:
-        # One client for every poll: each client builds an SSL context (some 40 ms of CPU),
-        # which polling every 10 ms took from the server starting beside it. Closed once
-        # ready, so that no connection of it stays open.
-        with httpx.Client(timeout=1.0, verify=self.verify or True) as probe:
+        # One client for every poll: a client a poll every 10 ms took a core's share from
+        # the server starting beside it. Closed once ready: no connection of it stays open.
+        with httpx.Client(timeout=1.0, verify=self._tls) as probe:
 
             def ready() -> bool:
                 if self.process.poll() is not None:
@@ -191,7 +193,8 @@ class Server:
 
     def infer_alone(self, model: str, doc: Any) -> httpx.Response:
         """The same on a connection of its own, so that other threads can send meanwhile."""
-        return httpx.post(f"{self.url}/v2/models/{model}/infer", json=doc, timeout=30.0)
+        url = f"{self.url}/v2/models/{model}/infer"
+        return httpx.post(url, json=doc, timeout=30.0, verify=self._tls)
 
     def is_live(self) -> bool:
         response = self.http.get("/v2/health/live")
