@@ -21,12 +21,14 @@ from carpool.errors import (
     ConfigError,
     ConfigTypeError,
     DeadlineExceeded,
+    ModelExit,
     Overloaded,
     QueueFull,
     SharedMemoryFull,
     WorkerDied,
     WorkerPoolClosed,
     WorkerStartError,
+    call_model,
     describe_exit,
 )
 
@@ -201,9 +203,10 @@ def test_module_docstring_draws_the_tree() -> None:
         "WorkerStartError (RuntimeError)",
         "WorkerPoolClosed",
         "SharedMemoryFull (RuntimeError)",
+        "ModelExit (RuntimeError)",
     ):
         assert line in doc
-    every = examples() + worker_examples()
+    every = [*examples(), *worker_examples(), ModelExit(error=SystemExit(3))]
     assert set(errors.__all__) == {type(e).__name__ for e in every} | {"CarpoolError"}
 
 
@@ -327,3 +330,34 @@ def test_each_worker_error_is_also_the_builtin_it_resembles() -> None:
     assert isinstance(closed, BatcherClosed)
     assert isinstance(closed, RuntimeError)
     assert (closed.name, closed.reason) == ("demo", "was closed while the batch ran")
+
+
+def test_a_model_exit_holds_what_the_model_raised_and_survives_pickle() -> None:
+    error = ModelExit(error=SystemExit(3))
+    assert isinstance(error, RuntimeError)
+    assert str(error) == (
+        "the model raised SystemExit(3) while computing a batch; carpool turned it into this "
+        "error so that one batch cannot stop the process. Raise an Exception instead."
+    )
+    assert str(ModelExit(error=KeyboardInterrupt())).startswith(
+        "the model raised KeyboardInterrupt while"
+    )
+    clone = pickle.loads(pickle.dumps(error))  # from a replica process
+    assert type(clone) is ModelExit
+    assert str(clone) == str(error)
+    assert type(clone.error) is SystemExit
+    assert clone.error.args == (3,)
+
+
+def test_call_model_turns_only_a_base_exception_into_a_model_exit() -> None:
+    def model(raised: BaseException) -> None:
+        raise raised
+
+    assert call_model(lambda batch: batch + 1, 1) == 2
+    with pytest.raises(ValueError, match="bad row"):
+        call_model(model, ValueError("bad row"))
+    exit_ = SystemExit(3)
+    with pytest.raises(ModelExit) as caught:
+        call_model(model, exit_)
+    assert caught.value.error is exit_
+    assert caught.value.__cause__ is exit_

@@ -7,8 +7,9 @@ import asyncio
 import threading
 
 import numpy as np
+import pytest
 
-from carpool import Batcher, BatchSizeMismatch
+from carpool import Batcher, BatchSizeMismatch, ModelExit
 
 
 async def test_a_model_error_reaches_only_the_failing_rows() -> None:
@@ -36,6 +37,46 @@ async def test_a_model_error_reaches_only_the_failing_rows() -> None:
     # halves re-run down to the bad row: 8 -> 4 (bad) -> 2 (ok), 2 (bad) -> 1 (bad), 1 -> 4 (ok)
     assert calls == [8, 4, 2, 2, 1, 1, 4]
     assert (stats.completed, stats.failed) == (7, 1)
+
+
+@pytest.mark.parametrize("raised", [SystemExit(3), KeyboardInterrupt()])
+async def test_a_model_that_exits_fails_only_its_rows_and_the_batcher_serves_on(
+    raised: BaseException,
+) -> None:
+    # In a worker thread, SystemExit or KeyboardInterrupt would reach the loop and stop it.
+    def model(batch: np.ndarray) -> np.ndarray:
+        if (batch == 13).any():
+            raise raised
+        return batch * 2
+
+    async with Batcher(model, max_batch_size=4) as batcher:
+        results = await asyncio.gather(
+            *(batcher.infer(np.array([v])) for v in [1, 13, 3, 4]), return_exceptions=True
+        )
+        assert (await batcher.infer(np.array([5]))).tolist() == [10]  # it serves on
+    error = results[1]
+    assert isinstance(error, ModelExit)
+    assert error.error is raised
+    assert str(error).startswith(f"the model raised {type(raised).__name__}")
+    assert any("on a batch of 1 rows" in note for note in error.__notes__)
+    assert [r.tolist() for i, r in enumerate(results) if i != 1] == [[2], [6], [8]]
+
+
+async def test_an_async_model_that_exits_fails_its_rows_and_the_batcher_serves_on() -> None:
+    # On the loop's own thread: a task raising SystemExit would stop the loop.
+    async def model(batch: np.ndarray) -> np.ndarray:
+        if (batch == 13).any():
+            raise SystemExit(3)
+        return batch * 2
+
+    async with Batcher(model, max_batch_size=4) as batcher:
+        results = await asyncio.gather(
+            *(batcher.infer(np.array([v])) for v in [1, 13]), return_exceptions=True
+        )
+        assert (await batcher.infer(np.array([5]))).tolist() == [10]
+    assert results[0].tolist() == [2]  # type: ignore[union-attr]
+    assert isinstance(results[1], ModelExit)
+    assert isinstance(results[1].error, SystemExit)
 
 
 async def test_without_isolation_the_whole_batch_fails() -> None:

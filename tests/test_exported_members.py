@@ -40,6 +40,7 @@ def test_public_api() -> None:
         "ConfigTypeError",
         "BlockingCallOnLoop",
         "WorkerDied",
+        "ModelExit",
         "SharedMemoryFull",
         "BatchTimeout",
         "WorkerStartError",

@@ -141,6 +141,25 @@ async def test_a_warmup_the_model_fails_on_leaves_the_policy_cold(
     assert batcher.stats().batches == 1
 
 
+async def test_a_warmup_the_model_exits_on_leaves_the_policy_cold(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def model(batch: np.ndarray) -> np.ndarray:
+        if (batch < 0).any():
+            raise SystemExit(3)
+        return batch
+
+    batcher = Batcher(
+        model, policy="adaptive", latency_slo_ms=50, warmup=np.full(2, -1.0), name="m"
+    )
+    with caplog.at_level("WARNING", logger="carpool"):
+        async with batcher:  # SystemExit from the worker thread would stop the loop
+            assert (await batcher.infer(np.ones(2))).tolist() == [1.0, 1.0]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1
+    assert warnings[0].startswith("batcher 'm': warm-up failed (ModelExit: the model raised")
+
+
 async def test_a_warmup_slower_than_the_objective_warns(caplog: pytest.LogCaptureFixture) -> None:
     # The fake predicts 11 ms for one row whatever the profile measured.
     batcher = Batcher(

@@ -20,6 +20,8 @@ working in code that does not know carpool::
     ├── BatchTimeout (TimeoutError)       the batch ran past batch_timeout_ms on a replica
     ├── WorkerStartError (RuntimeError)   no replica (process, Ray actor) could load the model
     ├── SharedMemoryFull (RuntimeError)   /dev/shm has no room for a batch's arena
+    ├── ModelExit (RuntimeError)          the model raised SystemExit, KeyboardInterrupt or
+    │                                     another BaseException that is not an Exception
     │
     │   raised by the server and bench, defined with their code:
     ├── ProtocolError (ValueError)        carpool.server.messages: a request the v2 protocol
@@ -50,11 +52,15 @@ replicas outside the batcher's threads, child processes and Ray actors alike
 (``carpool.runners``); their names keep the word users catch them by.
 
 Errors raised by the model itself are not wrapped: the caller whose rows failed gets the
-model's own exception, with a note naming the batch it ran in.
+model's own exception, with a note naming the batch it ran in. The one exception is a
+``BaseException`` that is not an ``Exception`` (``SystemExit``, ``KeyboardInterrupt``): raised
+by a model call in a worker thread or child process, it would stop the batcher (or the
+server) for one batch, so it becomes a :class:`ModelExit` holding it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 __all__ = [
@@ -67,6 +73,7 @@ __all__ = [
     "ConfigError",
     "ConfigTypeError",
     "DeadlineExceeded",
+    "ModelExit",
     "Overloaded",
     "QueueFull",
     "SharedMemoryFull",
@@ -360,3 +367,38 @@ class SharedMemoryFull(CarpoolError, RuntimeError):
 
     def _fields(self) -> dict[str, Any]:
         return {"needed": self.needed, "free": self.free}
+
+
+class ModelExit(CarpoolError, RuntimeError):
+    """The model raised a ``BaseException`` that is not an ``Exception`` (``SystemExit``,
+    ``KeyboardInterrupt``, ``GeneratorExit``) while computing a batch; ``error`` is what it
+    raised. Raised in a worker thread or child process, it would have stopped the batcher,
+    or the whole server, for one batch: it fails only the rows whose model call raised it.
+    """
+
+    def __init__(self, *, error: BaseException) -> None:
+        self.error = error
+        name = type(error).__name__
+        raised = f"{name}({error.args[0]!r})" if len(error.args) == 1 else name
+        super().__init__(
+            f"the model raised {raised} while computing a batch; carpool turned it into this "
+            "error so that one batch cannot stop the process. Raise an Exception instead."
+        )
+
+    def _fields(self) -> dict[str, Any]:
+        return {"error": self.error}
+
+
+def call_model(model_fn: Callable[[Any], Any], batch: Any) -> Any:
+    """``model_fn(batch)`` in a worker thread, a replica's process or a Ray actor, where
+    whatever the model raises is the model's: a ``SystemExit`` or ``KeyboardInterrupt``
+    becomes a :class:`ModelExit`, an ``Exception`` that fails (and bisects) only its rows,
+    where it would otherwise stop the loop that awaits the thread (or end the replica, and
+    the retry's too). Signals interrupt only the main thread, and a replica's process
+    ignores SIGINT, so a real Ctrl-C is never caught here."""
+    try:
+        return model_fn(batch)
+    except Exception:
+        raise
+    except BaseException as exc:  # the model's: see the docstring
+        raise ModelExit(error=exc) from exc

@@ -10,8 +10,11 @@ worker threads.
 A plain ``model_fn`` runs in the batcher's worker threads (``carpool.runners.threads``) together
 with stacking, splitting and bisection, so large copies and GIL-releasing models (numpy, torch,
 onnxruntime) stay off the event loop, and a worker goes from one staged batch to the next
-without the loop. Which rows to re-run after an error is decided by :func:`isolate`, a generator
-that never calls the model itself, so the same plan drives threads and coroutines alike.
+without the loop. A model call that raises a ``BaseException`` that is not an ``Exception``
+(``SystemExit``) fails its rows with :class:`carpool.errors.ModelExit` instead of stopping
+the loop, or the process, that awaits it (:func:`carpool.errors.call_model`). Which rows to
+re-run after an error is decided by :func:`isolate`, a generator that never calls the model
+itself, so the same plan drives threads and coroutines alike.
 """
 
 from __future__ import annotations
@@ -24,12 +27,25 @@ from functools import partial
 from typing import Any
 
 from carpool.collate import Collator, Span
-from carpool.errors import BatcherClosed, BatchSizeMismatch, BatchTimeout, WorkerDied
+from carpool.errors import (
+    BatcherClosed,
+    BatchSizeMismatch,
+    BatchTimeout,
+    ModelExit,
+    WorkerDied,
+    call_model,
+)
 from carpool.inflight import Batch
 from carpool.queue import Segment
 from carpool.runners.threads import Handoff, ModelThreads
 
 __all__ = ["BatchExecutor", "Failure", "is_async_callable", "isolate"]
+
+# What an async model may raise through us untouched, on the loop's thread: a real Ctrl-C
+# (Python raises it wherever the main thread is, the model's frames included: a model's own
+# ``raise KeyboardInterrupt`` cannot be told from it), and the loop's cancellation and
+# closing of the coroutine.
+_LOOP_CONTROL = (KeyboardInterrupt, asyncio.CancelledError, GeneratorExit)
 
 
 def is_async_callable(fn: Callable[..., Any]) -> bool:
@@ -140,13 +156,13 @@ class BatchExecutor:
     async def call(self, batch: Any, pool: ModelThreads | None) -> Any:
         """One model call on a stacked ``batch``, outside any request (warm-up)."""
         if self._is_async:
-            return await self._model_fn(batch)
+            return await self._call_async(batch)
         assert pool is not None
         model_fn = self._model_fn
 
         def job(handoff: Handoff) -> Any:
             handoff()
-            return model_fn(batch)
+            return call_model(model_fn, batch)
 
         return await pool.submit(job)
 
@@ -260,7 +276,7 @@ class BatchExecutor:
         stacked = time.perf_counter()
         handoff()  # the previous batch's results go to the loop as this model call begins
         called = time.perf_counter()
-        output = (model_fn or self._model_fn)(batch)
+        output = call_model(model_fn or self._model_fn, batch)
         returned = time.perf_counter()
         try:
             return collator.split(output, spans, rows)
@@ -275,10 +291,21 @@ class BatchExecutor:
         started = time.perf_counter()
         batch = collator.stack(values, spans)
         called = time.perf_counter()
-        output = await self._model_fn(batch)
+        output = await self._call_async(batch)
         returned = time.perf_counter()
         try:
             return collator.split(output, spans, rows)
         finally:
             split = time.perf_counter() - returned
             self._record_model_time(size, rows, key, called - started, returned - called, split)
+
+    async def _call_async(self, batch: Any) -> Any:
+        """An async model's call, on the loop's thread: a ``SystemExit`` it raises becomes a
+        :class:`ModelExit` (a task raising it would stop the loop); ``KeyboardInterrupt``,
+        cancellation and ``GeneratorExit`` go on up (see ``_LOOP_CONTROL``)."""
+        try:
+            return await self._model_fn(batch)
+        except (Exception, *_LOOP_CONTROL):
+            raise
+        except BaseException as exc:  # the model's: SystemExit and the like
+            raise ModelExit(error=exc) from exc

@@ -24,6 +24,7 @@ from carpool import Batching, Model, Tensor
 __all__ = [
     "add_one",
     "deliberate",
+    "exits",
     "expand",
     "fails_in_worker",
     "flaky",
@@ -44,6 +45,7 @@ Array = np.ndarray[Any, Any]
 GATES_ENV = "CARPOOL_TEST_GATES"
 GATE_LIMIT_S = 60.0  # a gate left closed by a failed test must not hang the server forever
 NEGATIVE = "negative input is not allowed"
+EXIT_MARKER = 13  # the row value that makes ``exits`` raise SystemExit(3)
 
 
 def _gate(name: str, rows: int) -> None:
@@ -85,6 +87,13 @@ def flaky(batch: Array) -> Array:
     _gate("flaky", len(batch))
     if (batch < 0).any():
         raise ValueError(NEGATIVE)
+    return batch + 1
+
+
+def exits(batch: Array) -> Array:
+    """``add_one``, whose call raises ``SystemExit(3)`` when any row is ``EXIT_MARKER``."""
+    if (batch == EXIT_MARKER).any():
+        raise SystemExit(3)
     return batch + 1
 
 

@@ -1,7 +1,8 @@
 """A model whose own code exits or interrupts as it loads (``raise SystemExit(3)``,
 ``KeyboardInterrupt``, a BaseException of its own) is a failed load like any other, in every
 path: at start, an explicit load, a reload (the old version serves on), a poll, and in a
-replica process. A real ``carpool serve`` process, real sockets, Triton's answers, exactly.
+replica process. So is a model whose *call* raises one: its request fails (a 500 naming it),
+the server serves on. A real ``carpool serve`` process, real sockets, Triton's answers, exactly.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import HERE, READY_WITHIN_S, Launcher, Server, free_port, wait_until
+from .conftest import HERE, READY_WITHIN_S, Launcher, Server, float_request, free_port, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -237,3 +238,20 @@ def test_a_model_that_exits_in_its_replica_process_fails_to_load(
     assert "SystemExit: 3" in body["error"], body
     assert state(server, "p") == ("READY", "")
     assert infer(server, "p") == (200, 2.0)  # the old replica answers
+
+
+@pytest.mark.parametrize("runner", ["thread", "process"])
+def test_a_model_call_that_exits_fails_its_request_and_the_server_serves_on(
+    serve: Launcher, runner: str
+) -> None:
+    server = serve("models:exits", "--runner", runner, "--workers", "1")
+    for _ in range(2):  # the same worker, again: no worker died, none was restarted
+        response = server.infer_alone("exits", float_request(13.0))
+        assert response.status_code == 500, response.text
+        error = response.json()["error"]
+        assert error.startswith("model error: ModelExit: the model raised SystemExit(3)"), error
+        response = server.infer_alone("exits", float_request(1.0))
+        assert response.status_code == 200, response.text
+        assert response.json()["outputs"][0]["data"] == [2.0]
+    assert server.is_live()
+    assert "died" not in server.stderr(), server.stderr()

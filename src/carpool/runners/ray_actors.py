@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from carpool.errors import WorkerStartError
+from carpool.errors import WorkerStartError, call_model
 from carpool.runners.replicas import (
     DOWN,
     IDLE,
@@ -84,7 +84,7 @@ class _Replica:
     def run(self, batch: Any) -> Any:
         if self.fn is None:  # never sent: an actor that failed to load is stopped
             raise RuntimeError(f"the model did not load: {self.failure}")
-        return self.fn(batch)
+        return call_model(self.fn, batch)  # a SystemExit would end the actor
 
 
 class _Ping:

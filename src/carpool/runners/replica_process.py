@@ -26,6 +26,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from carpool.errors import call_model
 from carpool.lifelines import die_with_parent, set_title
 from carpool.runners.replicas import load_replica
 from carpool.transport import Attached, Channel, decode, plan
@@ -82,7 +83,7 @@ def _run(
     arrays it viewed in the arenas are dropped on return, before they may be replaced."""
     _, (in_name, tree), out_name = message
     try:
-        laid = plan(fn(decode(tree, inputs.buf(in_name))))
+        laid = plan(call_model(fn, decode(tree, inputs.buf(in_name))))
         if laid.nbytes > len(outputs.buf(out_name)):
             conn.send(("grow", laid.nbytes))
             reply = conn.receive()
