@@ -140,7 +140,7 @@ def total_cpu_seconds(pids: Iterable[int]) -> float:
 
 def worker_pids() -> list[int]:
     """This process's live model worker processes (children running multiprocessing's
-    spawn: ``runner="process"``)."""
+    spawn: ``runner="process"``; ``carpool-worker ...`` once setproctitle renamed them)."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -150,7 +150,8 @@ def worker_pids() -> list[int]:
             cmdline = (proc / "cmdline").read_bytes()
         except OSError:
             continue
-        if int(fields[1]) == os.getpid() and fields[0] != "Z" and b"spawn_main" in cmdline:
+        worker = b"spawn_main" in cmdline or cmdline.startswith(b"carpool-worker ")
+        if int(fields[1]) == os.getpid() and fields[0] != "Z" and worker:
             found.append(int(proc.name))
     return found
 

@@ -33,6 +33,13 @@ def test_benchmark_quick_run(script: str, expected: list[str]) -> None:
     for text in expected:
         assert text in done.stdout, done.stdout[-2000:]
     assert "worker restarts 0, retried 0" in done.stdout or script != "process_workers.py"
+    if script == "worker_faults.py":  # the faulty run really killed workers, each restarted
+        faulty = next(
+            line.split() for line in done.stdout.splitlines() if line.startswith("faulty")
+        )
+        killed, restarts = int(faulty[5]), int(faulty[6])
+        assert killed >= 1, done.stdout[-2000:]
+        assert restarts == killed, done.stdout[-2000:]
     assert "process_http: " not in done.stdout  # how process_http.py reports a failure
 
 
