@@ -7,10 +7,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
-
-pytest.importorskip("setproctitle")
-
 _SCRUB = """
 import os, sys
 from carpool.lifelines import keep_title_room, set_title
