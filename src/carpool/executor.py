@@ -270,34 +270,41 @@ class BatchExecutor:
     ) -> list[Any]:
         """One model call on ``rows`` of a batch of ``size``; the stacking, the call and
         the split are each timed (a split that raises, its time to fail)."""
-        collator = self._collator
         started = time.perf_counter()
-        batch = collator.stack(values, spans)
+        batch = self._collator.stack(values, spans)
         stacked = time.perf_counter()
         handoff()  # the previous batch's results go to the loop as this model call begins
         called = time.perf_counter()
         output = call_model(model_fn or self._model_fn, batch)
-        returned = time.perf_counter()
-        try:
-            return collator.split(output, spans, rows)
-        finally:
-            split = time.perf_counter() - returned
-            self._record_model_time(size, rows, key, stacked - started, returned - called, split)
+        return self._split(output, spans, rows, size, key, stacked - started, called)
 
     async def _execute_async(
         self, values: list[Any], spans: list[Span] | None, rows: int, size: int, key: Any
     ) -> list[Any]:
-        collator = self._collator
         started = time.perf_counter()
-        batch = collator.stack(values, spans)
+        batch = self._collator.stack(values, spans)
         called = time.perf_counter()
         output = await self._call_async(batch)
+        return self._split(output, spans, rows, size, key, called - started, called)
+
+    def _split(
+        self,
+        output: Any,
+        spans: list[Span] | None,
+        rows: int,
+        size: int,
+        key: Any,
+        stacking: float,
+        called: float,
+    ) -> list[Any]:
+        """``output`` split into its rows; the call's times recorded (since ``called``, the
+        model's; a split that raises, its time to fail)."""
         returned = time.perf_counter()
         try:
-            return collator.split(output, spans, rows)
+            return self._collator.split(output, spans, rows)
         finally:
             split = time.perf_counter() - returned
-            self._record_model_time(size, rows, key, called - started, returned - called, split)
+            self._record_model_time(size, rows, key, stacking, returned - called, split)
 
     async def _call_async(self, batch: Any) -> Any:
         """An async model's call, on the loop's thread: a ``SystemExit`` it raises becomes a
