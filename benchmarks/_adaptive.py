@@ -20,7 +20,7 @@ import numpy as np
 
 _bench.import_carpool()
 
-from carpool.bench.report import percentile  # noqa: E402
+from carpool.bench.report.data import percentile  # noqa: E402
 
 SLO_MS = 50.0  # the objective: adaptive's latency_slo_ms, and goodput's "in time"
 MAX_BATCH = 64

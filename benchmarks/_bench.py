@@ -193,7 +193,7 @@ def _terminate(signum: int, frame: Any) -> None:
 
 
 # --------------------------------------------------------------------------
-# statistics / output (percentiles: carpool.bench.report.percentile, numpy's linear)
+# statistics / output (percentiles: carpool.bench.report.data.percentile, numpy's linear)
 # --------------------------------------------------------------------------
 def median(xs: Iterable[float]) -> float:
     xs = list(xs)

@@ -62,10 +62,10 @@ def grpc_call(port: int, method: str, body: bytes) -> bytes:
 
 def requests(base: str, model: str, embed: str) -> Requests:
     """What carpool bench sends ``model`` (and ``embed`` over OpenAI) at ``base``."""
-    from carpool.bench import payload
-    from carpool.bench.grpc_target import encode_request
-    from carpool.bench.openai_target import embedding_bodies
-    from carpool.bench.sentences import SENTENCES
+    from carpool.bench.targets import payload
+    from carpool.bench.targets.grpc_target import encode_request
+    from carpool.bench.targets.openai_target import embedding_bodies
+    from carpool.bench.targets.sentences import SENTENCES
 
     metadata = json.loads(fetch(base, "GET", f"/v2/models/{model}")[1])
     spec = payload.spec_from_metadata(metadata, rows=1)

@@ -4,7 +4,7 @@ and child scripts, each pinned to its cores.
 Owns: which cores the servers and the load generator get (``--cpus``); a free port; a
 process's CPU seconds; a server started pinned, waited on until ``/v2/health/ready``
 answers and stopped as one process group; one ``carpool bench --json`` run pinned to the
-client's cores, its report loaded (:class:`carpool.bench.report.Report`) with the server's
+client's cores, its report loaded (:class:`carpool.bench.report.data.Report`) with the server's
 CPU share over it; this process's model worker processes; one v2 inference to check a
 server's answers; a child script answering JSON (once, or one line per command line). It
 measures nothing itself and prints nothing.
@@ -34,7 +34,7 @@ from typing import IO, TYPE_CHECKING, Any
 import _bench  # one BLAS thread for everything numpy in this process tree
 
 if TYPE_CHECKING:  # imported where used: overhead.py runs without carpool's bench extra
-    from carpool.bench.report import Report
+    from carpool.bench.report.data import Report
 
 REPO, SRC = _bench.REPO, _bench.SRC
 
@@ -301,7 +301,7 @@ def carpool_bench(
     requests/s instead). ``target``: another TARGET on ``server`` than its
     v2 model URL (``grpc://...``, ``.../v1/embeddings``). ``RuntimeError`` with its stderr if
     it fails."""
-    from carpool.bench.report import Report
+    from carpool.bench.report.data import Report
 
     with tempfile.TemporaryDirectory(prefix="carpool-bench-") as folder:
         out = Path(folder) / "report.json"
@@ -336,7 +336,7 @@ def infer(server: Server, model: str, inputs: Mapping[str, Any], *, binary: bool
     output as a float32 array. ``inputs``: name -> (datatype, array with the batch axis)."""
     import numpy as np
 
-    from carpool.bench.payload import HEADER_LENGTH, InputSpec, RequestSpec, encode
+    from carpool.bench.targets.payload import HEADER_LENGTH, InputSpec, RequestSpec, encode
 
     spec = RequestSpec(tuple(InputSpec(n, dt, a.shape) for n, (dt, a) in inputs.items()))
     body, headers = encode({n: a for n, (_, a) in inputs.items()}, spec, binary=binary)

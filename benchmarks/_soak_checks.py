@@ -20,7 +20,7 @@ from _soak_server import Proc
 
 _bench.import_carpool()
 
-from carpool.bench.report import percentile  # noqa: E402
+from carpool.bench.report.data import percentile  # noqa: E402
 
 
 @dataclass

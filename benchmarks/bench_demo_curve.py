@@ -30,7 +30,7 @@ from typing import Any
 import _bench
 import _process
 
-from carpool.bench.report import Latency, Report, Step
+from carpool.bench.report.data import Latency, Report, Step
 
 WAITS = (0, 2, 5, 10)
 QUICK_WAITS = (0, 5)  # --quick: a smoke test of the code paths

@@ -30,11 +30,12 @@ import numpy as np
 import orjson
 from tritonclient.grpc import service_pb2 as pb
 
-from carpool.server import admission, json_arrays
-from carpool.server.bodies import request_headers
-from carpool.server.grpc_wire import read_infer_request
+from carpool.server.grpc.wire import read_infer_request
+from carpool.server.inference import admission
+from carpool.server.lifecycle.registry import ServerCounts
 from carpool.server.messages import InferInput, InferRequest
-from carpool.server.registry import ServerCounts
+from carpool.server.rest import json_arrays
+from carpool.server.rest.bodies import request_headers
 
 GOAL_US = 2.0
 HEADERS = [

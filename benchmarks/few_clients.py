@@ -41,7 +41,7 @@ import numpy as np
 _bench.import_carpool()
 
 import carpool  # noqa: E402
-from carpool.bench.report import percentile  # noqa: E402
+from carpool.bench.report.data import percentile  # noqa: E402
 
 MAX_BATCH = 32
 SLO_MS = 25.0  # about 7 full batches of the sleep model: room to batch, tight enough to matter

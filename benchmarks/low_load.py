@@ -63,7 +63,7 @@ _bench.import_carpool()
 
 from carpool.backends.minilm import ENGINE_ENV, ENGINES, check_engine  # noqa: E402
 from carpool.bench.callers import closed_requests  # noqa: E402
-from carpool.bench.report import percentile  # noqa: E402
+from carpool.bench.report.data import percentile  # noqa: E402
 
 MAX_BATCH = 32
 # The eager target per model: the batcher's cost over a direct call, ms.

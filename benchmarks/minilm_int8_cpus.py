@@ -48,7 +48,7 @@ def main() -> None:
     if args.worker:
         _worker(Path(args.worker))
         return
-    from carpool.bench.sentences import SENTENCES
+    from carpool.bench.targets.sentences import SENTENCES
 
     texts = list(SENTENCES)
     with tempfile.TemporaryDirectory(prefix="carpool-int8-") as scratch:

@@ -209,8 +209,8 @@ def check_minilm(servers: dict[str, _process.Server]) -> str:
 
     import numpy as np
 
-    from carpool.bench.openai_target import embedding_bodies
-    from carpool.bench.sentences import SENTENCES
+    from carpool.bench.targets.openai_target import embedding_bodies
+    from carpool.bench.targets.sentences import SENTENCES
 
     got = {}
     for name, server in servers.items():

@@ -187,10 +187,10 @@ def path_cost(cached: bool, requests: int, clients: int) -> float:
     """CPU seconds per request of ``Inference.infer`` for the demo model, ``clients`` callers
     cycling through :data:`DISTINCT` requests (each once before the clock starts)."""
     from carpool.backends.demo import demo_model
-    from carpool.server.cache import ResponseCache
-    from carpool.server.inference import Inference
+    from carpool.server.inference.cache import ResponseCache
+    from carpool.server.inference.path import Inference
+    from carpool.server.lifecycle.registry import Registry
     from carpool.server.messages import InferInput, InferRequest
-    from carpool.server.registry import Registry
 
     model = dataclasses.replace(demo_model(), response_cache=cached)
     inference = Inference(Registry([model]))

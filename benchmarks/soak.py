@@ -51,7 +51,7 @@ from _soak_server import Proc, observe, settle
 _bench.import_carpool()
 
 from carpool.bench.callers import closed_window  # noqa: E402
-from carpool.bench.report import percentile  # noqa: E402
+from carpool.bench.report.data import percentile  # noqa: E402
 
 LOAD = 0.70  # of the measured capacity
 CLIENTS = 64  # closed-loop callers of the capacity step: enough to keep batches full

@@ -30,9 +30,9 @@ import numpy as np
 
 _bench.import_carpool()
 
-from carpool.bench.report import percentile  # noqa: E402
+from carpool.bench.report.data import percentile  # noqa: E402
+from carpool.ipc.transport import Arena, Channel, decode, plan  # noqa: E402
 from carpool.runners.processes import ProcessReplicas  # noqa: E402
-from carpool.transport import Arena, Channel, decode, plan  # noqa: E402
 
 EMBEDDING = np.random.default_rng(0).standard_normal((32, 384)).astype(np.float32)
 

@@ -17,14 +17,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from carpool.adaptive import AdaptivePolicy
+from carpool.policies.adaptive import AdaptivePolicy
 
 # Ray must stay on loopback (tests/runners/test_ray_actors.py): with this set before ray is first
 # imported, every node of a local cluster binds and advertises 127.0.0.1.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-from carpool.cost import CostCurve, CostModel
-from carpool.policy import Admission, Decision, QueueView
-from carpool.stats import BatcherStats
+from carpool.engine.stats import BatcherStats
+from carpool.policies.base import Admission, Decision, QueueView
+from carpool.policies.cost import CostCurve, CostModel
 
 WAIT_S = 10.0  # a bound on waits that only a broken engine reaches
 

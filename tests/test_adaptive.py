@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from carpool.adaptive import AdaptivePolicy, completion
-from carpool.cost import CostCurve, CostModel
-from carpool.options import make_policy
-from carpool.policy import Dispatch, DispatchReason, WaitUntil
+from carpool.engine.options import make_policy
+from carpool.policies.adaptive import AdaptivePolicy, completion
+from carpool.policies.base import Dispatch, DispatchReason, WaitUntil
+from carpool.policies.cost import CostCurve, CostModel
 from conftest import FakeCost, admission, view
 
 GAP_P90 = math.log(10.0)  # the next row's 90th-percentile gap, in mean gaps

@@ -1,5 +1,5 @@
 """The thread bridge: a batcher on a private loop in a thread (``with Batcher(...)``, built on
-:class:`~carpool.blocking.LoopThread`), ``submit()`` from many threads through the inbox,
+:class:`~carpool.engine.blocking.LoopThread`), ``submit()`` from many threads through the inbox,
 ``stats()`` from others, cancel, close.
 
 Threads are lined up with ``threading.Barrier`` and held with ``threading.Event``; no
@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from carpool import Batcher, BatcherClosed
-from carpool.blocking import Inbox, LoopThread, Portal
+from carpool.engine.blocking import Inbox, LoopThread, Portal
 
 # ----------------------------------------------------------------------- LoopThread alone
 

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from carpool.collate import Collator, Span
+from carpool.collation.collate import Collator, Span
 from carpool.errors import BatchSizeMismatch, CollationError
 
 

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from carpool.cost import CostCurve, CostModel, LinearFit
+from carpool.policies.cost import CostCurve, CostModel, LinearFit
 
 # A batch costs 4 ms, plus 0.5 ms per row.
 FIXED, PER_ROW = 0.004, 0.0005

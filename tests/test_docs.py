@@ -18,7 +18,7 @@ import pytest
 
 import carpool
 from carpool.backends.demo import demo_model
-from carpool.bench.report import Report
+from carpool.bench.report.data import Report
 from carpool.cli import build_parser
 from carpool.loading.settings import LOAD_KEYS
 from carpool.server.config import ServerConfig

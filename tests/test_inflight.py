@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
-from carpool.inflight import Batch, InFlight
-from carpool.queue import Entry
+from carpool.engine.inflight import Batch, InFlight
+from carpool.engine.queue import Entry
 
 
 def batch(*priorities: int, started: float | None = None) -> Batch:

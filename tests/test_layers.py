@@ -17,6 +17,7 @@ the two modules named, so the layering stays the one the README draws.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -31,64 +32,24 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "carpool"
 # name is a module or package path below ``carpool``; a module takes the layer of the longest
 # name that contains it (``runners.threads`` before ``runners``).
 LAYERS: list[tuple[str, ...]] = [
-    # stdlib and numpy only
-    (
-        "errors",
-        "datatypes",
-        "envflags",
-        "cost",
-        "blocking",
-        "transport",
-        "lifelines",
-        "runners.threads",
-        "tokens",
-    ),
-    ("stats", "collate", "queue", "padding"),  # pure data structures
-    ("policy", "adaptive"),  # when to dispatch: pure decisions
-    ("inflight", "executor"),  # the books of batches in flight; running one batch
-    ("runners.replicas",),  # the replica core: slots, acquire, retry, close, stats, loading
-    ("runners.replica_process", "runners.supervisor"),  # one replica, in a process of its own
-    ("runners.processes", "runners.ray_actors"),  # replicas in processes, in Ray actors
-    ("runners",),  # which runner: names, options, make_replicas
-    ("options",),  # the options record, validated once
-    ("request", "warmup", "scheduler"),  # the engine's parts
-    ("batcher",),  # the engine users hold
+    ("errors", "datatypes", "envflags"),  # the words: stdlib and numpy only
+    ("collation",),  # rows into batches and back: stacking, padding, tokens; pure
+    ("policies",),  # when a batch leaves: pure decisions and cost models
+    ("ipc",),  # between processes: shared-memory tensors, a parent's lifeline
+    ("runners",),  # where replicas live: threads, child processes, Ray actors
+    ("engine",),  # the batcher: queue, scheduler, requests, executor, options, stats
     ("model", "decorator", "compat"),  # what builds batchers
     ("backends",),  # models: onnxruntime, torch, minilm, the demo
     ("loading",),  # targets, files, repositories, settings -> Models
     # the v2 HTTP and gRPC server: a request goes down these layers and comes back up once
-    ("server",),  # its map, in the package's docstring
-    (  # the table of statuses, tensor codecs, plumbing: pure or nearly
-        "server.statuses",
-        "server.tensors",
-        "server.asgi",
-        "server.auth",
-        "server.buckets",
-        "server.config",
-        "server.logs",
-        "server.bursts",
-        "server.links",
-        "server.zygote",
-        "server.grpc_wire",
-        "server.openapi",
-        "server.statistics",
-        "server.registry",
-        "server.watch",
-        "server.sharing",
-    ),
-    ("server.messages", "server.bodies", "server.connections", "server.grpc_access"),
-    ("server.load_config", "server.control"),  # model control: loads, unloads, polls
-    ("server.json_arrays",),  # large JSON arrays of numbers, read piece by piece
-    ("server.json_text",),  # REST's JSON text: orjson, and the stdlib for NaN
-    ("server.admission", "server.rest_codec", "server.grpc_codec"),  # wire <-> records
-    ("server.outcomes", "server.metrics"),  # exceptions -> statuses; Prometheus
-    ("server.cache",),  # the response cache: request keys, answers kept, LRU by bytes
-    ("server.inference",),  # the one path: ready, admit, batch, respond, record, time
-    ("server.hub", "server.remote"),  # front-end processes: the main's end, a front end's
+    ("server.statuses", "server.messages", "server.tensors", "server.auth", "server.config"),
+    ("server.telemetry",),  # metrics, statistics, logs
+    ("server.lifecycle",),  # the registry; loads, unloads, polls
+    ("server.inference",),  # the one path: ready, admit, batch, cache, outcome
     ("server.openai",),  # OpenAI's bodies on that path
-    ("server.app", "server.grpc_service"),  # the REST and gRPC front ends
-    ("server.spread",),  # the main process with front ends: fork, replace, drain
-    ("server.serve",),  # the process: bind, serve, drain
+    ("server.rest", "server.grpc"),  # the front ends
+    ("server.frontends",),  # --frontends N: front-end processes around one batcher
+    ("server", "server.serve"),  # the process: bind, serve, drain
     ("bench",),  # the load generator (a v2 client; runs models in process too)
     ("tour", "cli", "__main__"),  # commands
 ]
@@ -342,3 +303,23 @@ def test_importing_any_module_runs_nothing() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+README = SRC.parent.parent / "README.md"
+
+
+def _readme_layers() -> list[set[str]]:
+    """The numbered list of the README's Development section, as ``LAYERS``' names."""
+    section = README.read_text().partition("## Development")[2].partition("\n## ")[0]
+    layers = []
+    for item in re.findall(r"^\d+\. (.*)$", section, re.MULTILINE):
+        tokens = re.findall(r"`([^`]+)`", item.partition(": ")[0])
+        nested = tokens[0].endswith("/") and len(tokens) > 1 and not tokens[1].endswith("/")
+        package, names = (tokens[0], tokens[1:]) if nested else ("", tokens)
+        layers.append({(package + t).rstrip("/").replace("/", ".") for t in names})
+    return layers
+
+
+def test_the_readme_lists_the_layers_as_they_are() -> None:
+    ours = [set(names) - {"server", "__main__"} for names in LAYERS]
+    assert _readme_layers() == ours

@@ -1,4 +1,4 @@
-"""carpool.lifelines: a process keeps the room for its title in ``ps`` when the variable it
+"""carpool.ipc.lifelines: a process keeps the room for its title in ``ps`` when the variable it
 scrubs from its environment was the last one (issue 31: ``CARPOOL_API_KEY`` alone in the
 environment, and no front end showed ``carpool: frontend#1``)."""
 
@@ -9,7 +9,7 @@ import sys
 
 _SCRUB = """
 import os, sys
-from carpool.lifelines import keep_title_room, set_title
+from carpool.ipc.lifelines import keep_title_room, set_title
 if sys.argv[1] == "keep":
     keep_title_room()
 os.environ.pop("CARPOOL_API_KEY")

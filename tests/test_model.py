@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from carpool import Batcher, Batching, ConfigError, Model, Tensor
+from carpool.collation.padding import PaddedBatch, Padding
 from carpool.errors import ConfigTypeError
-from carpool.padding import PaddedBatch, Padding
 from conftest import ThreadGate, settle
 
 GateKind = type[ThreadGate]  # the gate_kind fixture: ThreadGate or AsyncGate

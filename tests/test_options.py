@@ -10,10 +10,24 @@ from typing import Any
 import pytest
 
 from carpool import Batcher, Batching
-from carpool.adaptive import AdaptivePolicy
+from carpool.engine.options import (
+    DEFAULTS,
+    BatcherOptions,
+    check_bool,
+    check_int,
+    check_ms,
+    make_policy,
+)
 from carpool.errors import ConfigError, ConfigTypeError
-from carpool.options import DEFAULTS, BatcherOptions, check_bool, check_int, check_ms, make_policy
-from carpool.policy import Dispatch, DispatchReason, EagerPolicy, FixedPolicy, Policy, QueueView
+from carpool.policies.adaptive import AdaptivePolicy
+from carpool.policies.base import (
+    Dispatch,
+    DispatchReason,
+    EagerPolicy,
+    FixedPolicy,
+    Policy,
+    QueueView,
+)
 
 
 def test_check_int_names_the_option_type_then_range() -> None:

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from carpool.collate import Collator, Span
+from carpool.collation.collate import Collator, Span
+from carpool.collation.padding import PaddedBatch, Padding, allowed_size, pad_rows, take_rows
 from carpool.errors import CollationError
-from carpool.padding import PaddedBatch, Padding, allowed_size, pad_rows, take_rows
 
 
 def exactly(message: str) -> str:

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from carpool.adaptive import AdaptivePolicy
-from carpool.policy import (
+from carpool.policies.adaptive import AdaptivePolicy
+from carpool.policies.base import (
     Dispatch,
     DispatchReason,
     EagerPolicy,

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from carpool.collation.tokens import Meter
+from carpool.engine.queue import Entry, RequestQueue, Segment
 from carpool.errors import QueueFull
-from carpool.queue import Entry, RequestQueue, Segment
-from carpool.tokens import Meter
 
 
 def entry(value: Any, *, span: int | None = None, key: Hashable = "k", priority: int = 0) -> Entry:
@@ -585,7 +585,7 @@ def test_a_priority_level_is_forgotten_once_its_rows_are_gone() -> None:
     assert busy.queued is False
 
 
-# token budgets and batches formed by length (carpool.tokens)
+# token budgets and batches formed by length (carpool.collation.tokens)
 
 
 def measured(value: str, *, length: int, rows: int | None = None, priority: int = 0) -> Entry:

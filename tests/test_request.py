@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from carpool import Batcher, DeadlineExceeded
-from carpool.collate import Collator
-from carpool.inflight import Batch
-from carpool.queue import RequestQueue
-from carpool.request import Request, Resolver
-from carpool.stats import StatsRecorder
+from carpool.collation.collate import Collator
+from carpool.engine.inflight import Batch
+from carpool.engine.queue import RequestQueue
+from carpool.engine.request import Request, Resolver
+from carpool.engine.stats import StatsRecorder
 from conftest import Gate, rows, settle
 
 

@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from carpool.policy import DispatchReason
-from carpool.stats import (
+from carpool.engine.stats import (
     LATENCY_BOUNDS,
     SAMPLE_WINDOW,
     BatcherStats,
@@ -20,6 +19,7 @@ from carpool.stats import (
     Percentiles,
     StatsRecorder,
 )
+from carpool.policies.base import DispatchReason
 
 # Percentiles
 

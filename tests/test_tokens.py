@@ -1,4 +1,4 @@
-"""Token budgets (carpool.tokens): what fits in a batch being formed, counted two ways."""
+"""Token budgets (carpool.collation.tokens): what fits in a batch being formed, counted two ways."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from carpool import Batcher, Model, Padding
-from carpool.tokens import Meter
+from carpool.collation.tokens import Meter
 from conftest import Gate, settle
 
 

@@ -1,4 +1,4 @@
-"""carpool.transport: every batch structure and dtype survives plan -> write -> decode, views
+"""carpool.ipc.transport: every batch structure and dtype survives plan -> write -> decode, views
 alias the buffer and copies do not, arenas grow and shrink under a new name, messages cross a
 pipe."""
 
@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from carpool.collation.padding import PaddedBatch
 from carpool.errors import SharedMemoryFull
-from carpool.padding import PaddedBatch
-from carpool.transport import (
+from carpool.ipc.transport import (
     ALIGN,
     ARRAY,
     INLINE,

@@ -6,12 +6,12 @@ full, runs the model once on the stacked batch, and hands each caller exactly it
 
 from importlib.metadata import version as _version
 
-from carpool.adaptive import AdaptivePolicy
-from carpool.batcher import Batcher
-from carpool.collate import Collator, Handler
+from carpool.collation.collate import Collator, Handler
+from carpool.collation.padding import Padding
 from carpool.compat import InferenceBatcher, batch_inference
-from carpool.cost import CostCurve, CostModel
 from carpool.decorator import BatchedFunction, batch
+from carpool.engine.batcher import Batcher
+from carpool.engine.stats import BatcherStats, Percentiles
 from carpool.errors import (
     BatcherClosed,
     BatchSizeMismatch,
@@ -31,8 +31,8 @@ from carpool.errors import (
     WorkerStartError,
 )
 from carpool.model import Batching, Model, Tensor
-from carpool.padding import Padding
-from carpool.policy import (
+from carpool.policies.adaptive import AdaptivePolicy
+from carpool.policies.base import (
     Admission,
     Dispatch,
     DispatchReason,
@@ -43,7 +43,7 @@ from carpool.policy import (
     QueueView,
     WaitUntil,
 )
-from carpool.stats import BatcherStats, Percentiles
+from carpool.policies.cost import CostCurve, CostModel
 
 __version__ = _version("carpool")  # written once, in pyproject.toml
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from carpool.bench.flags import add_bench_command
 from carpool.envflags import add_flag, parse_bool
-from carpool.lifelines import keep_title_room
+from carpool.ipc.lifelines import keep_title_room
 
 if TYPE_CHECKING:
     from carpool.bench.flags import Commands
@@ -347,7 +347,7 @@ def _server_settings(file: dict[str, Any], args: argparse.Namespace) -> dict[str
     now, so that loading the models logs as asked (bad values are refused later, by
     ``ServerConfig``). A key setting that holds no key is a ConfigError here."""
     from carpool.errors import ConfigError
-    from carpool.server.logs import configure_logging
+    from carpool.server.telemetry.logs import configure_logging
 
     server = dict(file.get("server", {}))
     for flag, key in _SERVER_KEYS.items():

@@ -1,7 +1,8 @@
 """The classic, manually driven batcher: you decide when to poll and when to process.
 
 Kept for code written against carpool's seed API. It is a thin shell: the dispatch rule is
-:class:`~carpool.policy.FixedPolicy` and stacking/splitting is :class:`~carpool.collate.Collator`,
+:class:`~carpool.policies.base.FixedPolicy` and stacking/splitting is
+:class:`~carpool.collation.collate.Collator`,
 the same pieces the async engine uses.
 """
 
@@ -13,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from carpool.collate import Collator
-from carpool.policy import Dispatch, FixedPolicy, QueueView
+from carpool.collation.collate import Collator
+from carpool.policies.base import Dispatch, FixedPolicy, QueueView
 
 __all__ = ["InferenceBatcher", "batch_inference"]
 

@@ -27,12 +27,12 @@ import weakref
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from carpool.batcher import Batcher
-from carpool.collate import Collator, Handler
+from carpool.collation.collate import Collator, Handler
+from carpool.engine.batcher import Batcher
+from carpool.engine.options import DEFAULTS, BatcherOptions
 from carpool.errors import BlockingCallOnLoop
-from carpool.executor import is_async_callable
-from carpool.options import DEFAULTS, BatcherOptions
-from carpool.policy import Policy
+from carpool.policies.base import Policy
+from carpool.runners.threads import is_async_callable
 
 __all__ = ["BatchedFunction", "batch"]
 

@@ -26,25 +26,25 @@ working in code that does not know carpool::
     │   raised by the server and bench, defined with their code:
     ├── ProtocolError (ValueError)        carpool.server.messages: a request the v2 protocol
     │   │                                 cannot accept, or a response it cannot carry
-    │   └── OpenAIError                   carpool.server.openai: a /v1 request OpenAI's API
+    │   └── OpenAIError                   carpool.server.openai.codec: a /v1 request OpenAI's API
     │                                     refuses, with its param and code
-    ├── ModelNotFound (LookupError)       carpool.server.registry: no model (or version) by
+    ├── ModelNotFound (LookupError)       server.lifecycle.registry: no model (or version) by
     │                                     that name: a 404
-    ├── ModelUnavailable                  carpool.server.registry: the model failed to load at
+    ├── ModelUnavailable                  server.lifecycle.registry: the model failed to load at
     │                                     start: a 400
-    ├── ModelOutputError (RuntimeError)   carpool.server.admission: outputs that do not match
+    ├── ModelOutputError (RuntimeError)   server.inference.admission: outputs that do not match
     │                                     the model's declared signature: a 500
-    ├── LoadFailed                        carpool.server.control: a model that could not be
+    ├── LoadFailed                        server.lifecycle.control: a model that could not be
     │                                     loaded or unloaded on request: a 400
-    ├── ControlUnavailable                carpool.server.control: load and unload are off
+    ├── ControlUnavailable                carpool.server.lifecycle.control: load and unload are off
     │                                     (no explicit model control, or stopping): a 503
     ├── HTTPError                         carpool.server.statuses: an answer other than 200,
     │   │                                 with its status and headers
-    │   └── ClientGone                    carpool.server.inference: the client left before
+    │   └── ClientGone                    carpool.server.inference.path: the client left before
     │                                     its answer (a 499, withdrawn if still queued)
-    ├── BenchError (ValueError)           carpool.bench.targets: a bench target, flag or file
+    ├── BenchError (ValueError)           carpool.bench.targets.base: a bench target, flag or file
     │                                     that cannot be used
-    └── ReportError (ValueError)          carpool.bench.report: a file that is not a carpool
+    └── ReportError (ValueError)          carpool.bench.report.data: a file that is not a carpool
                                           bench report
 
 The four ``Worker*`` errors and ``BatchTimeout`` come from the runners that keep model

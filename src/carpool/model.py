@@ -5,7 +5,8 @@ a :class:`Model`, which declares input and output tensors the way Triton's model
 so that metadata is exact and mismatched requests are refused before they queue. A Model may
 also preprocess each request on arrival (tokenize text, say), pad ragged inputs so that rows
 of different lengths share a batch, and pad batches up to the sizes a static model allows.
-:class:`Batching` is checked as it is built, by the batcher's own rules (``carpool.options``).
+:class:`Batching` is checked as it is built, by the batcher's own rules
+(``carpool.engine.options``).
 Imports the batcher, collation, padding and the options; nothing here runs at import.
 """
 
@@ -18,14 +19,14 @@ from typing import Any
 
 import numpy as np
 
-from carpool.batcher import Batcher
-from carpool.collate import Collator
+from carpool.collation.collate import Collator
+from carpool.collation.padding import PaddedBatch, Padding, allowed_size, pad_rows, take_rows
 from carpool.datatypes import DATATYPES
+from carpool.engine.batcher import Batcher
+from carpool.engine.options import DEFAULTS, BatcherOptions, check_int, check_ms, check_sizes
 from carpool.errors import ConfigError, ConfigTypeError
-from carpool.executor import is_async_callable
-from carpool.options import DEFAULTS, BatcherOptions, check_int, check_ms, check_sizes
-from carpool.padding import PaddedBatch, Padding, allowed_size, pad_rows, take_rows
-from carpool.policy import Policy
+from carpool.policies.base import Policy
+from carpool.runners.threads import is_async_callable
 
 __all__ = ["Batching", "Model", "Tensor"]
 
@@ -91,11 +92,11 @@ class Batching:
     # Rows one request may hold; None: 4 x max_batch_size (a request past max_batch_size is
     # split over batches, as far as this).
     max_rows_per_request: int | None = None
-    # The most tokens one batch may compute (carpool.tokens); None: rows alone bound it.
+    # The most tokens one batch may compute (carpool.collation.tokens); None: rows alone bound it.
     max_batch_tokens: int | None = DEFAULTS.max_batch_tokens
 
     def __post_init__(self) -> None:
-        """Checked with the batcher's own rules (``carpool.options``): a bad setting is a
+        """Checked with the batcher's own rules (``carpool.engine.options``): a bad setting is a
         :class:`~carpool.errors.ConfigError` (a ``ValueError``) naming it, at construction."""
         check_int("max_batch_size", self.max_batch_size, 0, note="0 turns batching off")
         allowed = check_sizes("allowed_batch_sizes", self.allowed_batch_sizes)
@@ -191,13 +192,13 @@ class Model:
     token ids. ``carpool serve`` runs a large request's in one of a few threads, so that
     several may run at once: it must be thread-safe (Hugging Face tokenizers are).
     ``padding`` batches inputs whose rows differ in length (see
-    :class:`carpool.padding.Padding`); ``fn`` then receives a dict. With ``preprocess`` or
+    :class:`carpool.collation.padding.Padding`); ``fn`` then receives a dict. With ``preprocess`` or
     ``padding``, ``fn`` always receives a dict of arrays by name; with several declared
     inputs, in their declared order. Several outputs come back as a dict by name, or a tuple
     in declared order.
 
     ``openai``: also serve the model over OpenAI's ``/v1/embeddings`` (the server's
-    ``carpool.server.openai``); it needs one declared BYTES input (a string per row), one
+    ``carpool.server.openai.codec``); it needs one declared BYTES input (a string per row), one
     declared FP32 output (a vector per row) and batching on. ``count_tokens``: the tokens one
     request holds as the model sees them, from the inputs ``fn`` gets (after ``preprocess``),
     which OpenAI's ``usage`` reports; None counts 0. ``response_cache``: ``carpool serve``

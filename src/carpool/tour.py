@@ -14,8 +14,8 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from carpool.backends.demo import DemoMLP
-from carpool.batcher import Batcher
 from carpool.compat import batch_inference
+from carpool.engine.batcher import Batcher
 
 __all__ = ["run_demo"]
 

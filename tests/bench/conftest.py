@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from carpool.bench.plan import Plan
-from carpool.bench.report import Latency, Load, Report, ServerSide, Step
+from carpool.bench.report.data import Latency, Load, Report, ServerSide, Step
 
 
 def latency(p50: float, p99: float, *, max_ms: float | None = None, count: int = 100) -> Latency:

@@ -15,7 +15,7 @@ from bench.conftest import closed_plan, open_plan
 from carpool.bench.client_processes import ClientProcesses
 from carpool.bench.loops import step_of
 from carpool.bench.plan import Timing
-from carpool.bench.targets import Send
+from carpool.bench.targets.base import Send
 
 pytestmark = pytest.mark.slow  # each test spawns interpreters that import numpy and carpool
 

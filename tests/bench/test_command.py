@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from bench.conftest import latency, report, step
-from carpool.bench.payload import is_unique
-from carpool.bench.report import Report
+from carpool.bench.report.data import Report
+from carpool.bench.targets.payload import is_unique
 from carpool.cli import main
 from server.conftest import Launcher, Server, free_port, wait_until
 

@@ -1,4 +1,4 @@
-"""A model behind a v2 gRPC server (``carpool.bench.grpc_target``): targets, the
+"""A model behind a v2 gRPC server (``carpool.bench.targets.grpc_target``): targets, the
 ``ModelInferRequest`` bytes sent, ``ModelStatistics`` as server-side figures, and load sent
 through a real ``grpc.aio`` channel: to a small servicer on a loopback port here, and to
 ``carpool serve demo --grpc-port``."""
@@ -16,7 +16,9 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from carpool.bench.grpc_target import (
+from carpool.bench.report.data import Report, ServerSide
+from carpool.bench.targets.base import BenchError, target_kind
+from carpool.bench.targets.grpc_target import (
     GrpcAddress,
     GrpcClient,
     GrpcStats,
@@ -25,9 +27,7 @@ from carpool.bench.grpc_target import (
     parse_grpc,
     stats_of,
 )
-from carpool.bench.payload import InputSpec, RequestSpec, is_unique
-from carpool.bench.report import Report, ServerSide
-from carpool.bench.targets import BenchError, target_kind
+from carpool.bench.targets.payload import InputSpec, RequestSpec, is_unique
 from carpool.cli import main
 from server.conftest import Launcher, Server, free_port
 

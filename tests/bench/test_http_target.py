@@ -1,12 +1,12 @@
-"""A model behind a v2 server (``carpool.bench.http_target``): model URLs, and a server that
+"""A model behind a v2 server (``carpool.bench.targets.http_target``): model URLs, and a server that
 cannot be reached as a one-line usage error."""
 
 from __future__ import annotations
 
 import pytest
 
-from carpool.bench.http_target import HttpTarget, ModelURL, parse_url
-from carpool.bench.targets import BenchError
+from carpool.bench.targets.base import BenchError
+from carpool.bench.targets.http_target import HttpTarget, ModelURL, parse_url
 from server.conftest import free_port
 
 

@@ -1,4 +1,4 @@
-"""A model served in this process (``carpool.bench.local_target``): its metadata as
+"""A model served in this process (``carpool.bench.targets.local_target``): its metadata as
 ``carpool serve`` answers it, the in-process client, and server-side
 figures from a batcher's stats read exactly as a scrape of carpool's ``/metrics`` would read
 them."""
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from carpool import Batching, Model, Tensor
-from carpool.bench.local_target import LocalTarget, metadata_of, snapshot_of
-from carpool.bench.scrape import parse_metrics, server_side
-from carpool.server.metrics import Metrics
-from carpool.server.registry import Registry, ServedModel
+from carpool.bench.report.scrape import parse_metrics, server_side
+from carpool.bench.targets.local_target import LocalTarget, metadata_of, snapshot_of
+from carpool.server.lifecycle.registry import Registry, ServedModel
+from carpool.server.telemetry.metrics import Metrics
 
 
 def _declared(name: str, batching: Batching) -> Model:

@@ -23,11 +23,11 @@ import pytest
 from bench.conftest import closed_plan, open_plan
 from carpool import Batching, Model, Tensor
 from carpool.bench.arrivals import count_offsets
-from carpool.bench.http_target import HttpTarget
-from carpool.bench.local_target import LocalTarget
 from carpool.bench.loops import InProcess, Tally, measure, step_of
 from carpool.bench.plan import Plan, Timing
-from carpool.bench.report import Load, ServerSide
+from carpool.bench.report.data import Load, ServerSide
+from carpool.bench.targets.http_target import HttpTarget
+from carpool.bench.targets.local_target import LocalTarget
 from server.conftest import free_port, wait_until
 
 Send = Callable[[int], Awaitable[str | None]]

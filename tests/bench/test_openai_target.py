@@ -1,4 +1,4 @@
-"""An OpenAI-compatible embeddings endpoint (``carpool.bench.openai_target``): URLs, the
+"""An OpenAI-compatible embeddings endpoint (``carpool.bench.targets.openai_target``): URLs, the
 request bodies sent, the model chosen from ``/v1/models``, the flags such a target refuses,
 and ``carpool bench`` against ``carpool serve minilm``'s ``/v1/embeddings``."""
 
@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from carpool.bench.openai_target import (
+from carpool.bench.report.data import Report
+from carpool.bench.targets.base import BenchError, target_kind
+from carpool.bench.targets.openai_target import (
     EmbeddingsURL,
     OpenAITarget,
     embedding_bodies,
     parse_embeddings,
 )
-from carpool.bench.report import Report
-from carpool.bench.sentences import SENTENCES
-from carpool.bench.targets import BenchError, target_kind
+from carpool.bench.targets.sentences import SENTENCES
 from carpool.cli import main
 from server.conftest import Launcher, Server, free_port
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from carpool.bench.payload import (
+from carpool.bench.targets.payload import (
     HEADER_LENGTH,
     InputSpec,
     RequestSpec,
@@ -21,7 +21,7 @@ from carpool.bench.payload import (
     spec_from_metadata,
 )
 from carpool.datatypes import DATATYPES
-from carpool.server.rest_codec import parse_header_length, parse_infer_request
+from carpool.server.rest.codec import parse_header_length, parse_infer_request
 
 ALL_TYPES = list(DATATYPES)
 JSON_TYPES = [t for t in ALL_TYPES if t != "BF16"]

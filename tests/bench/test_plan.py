@@ -10,8 +10,8 @@ from bench.conftest import closed_plan, open_plan
 from carpool.bench.arrivals import count_offsets, poisson_offsets
 from carpool.bench.options import DURATION_S, Options
 from carpool.bench.plan import Timing, plans, split
-from carpool.bench.report import Load
-from carpool.bench.targets import BenchError
+from carpool.bench.report.data import Load
+from carpool.bench.targets.base import BenchError
 
 # ----------------------------------------------------------------------------- plans
 

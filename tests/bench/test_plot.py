@@ -15,8 +15,8 @@ from matplotlib.lines import Line2D
 from matplotlib.text import Annotation
 
 from bench.conftest import batch_sizes, latency, report, step
-from carpool.bench.plot import NO_SERVER_NOTE, plot_compare, plot_report
-from carpool.bench.report import Load, Report, Step
+from carpool.bench.report.data import Load, Report, Step
+from carpool.bench.report.plot import NO_SERVER_NOTE, plot_compare, plot_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -175,7 +175,7 @@ def test_plot_compare_needs_a_report(tmp_path: Path) -> None:
 
 
 def test_importing_plot_does_not_import_matplotlib() -> None:
-    code = "import sys, carpool.bench.plot; print('matplotlib' in sys.modules)"
+    code = "import sys, carpool.bench.report.plot; print('matplotlib' in sys.modules)"
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )

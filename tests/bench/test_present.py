@@ -9,7 +9,8 @@ import dataclasses
 import pytest
 
 from bench.conftest import latency, report, step
-from carpool.bench.present import (
+from carpool.bench.report.data import Report, ServerSide, Step
+from carpool.bench.report.present import (
     SweepResult,
     batch_histogram,
     best,
@@ -20,7 +21,6 @@ from carpool.bench.present import (
     steps_table,
     sweep_table,
 )
-from carpool.bench.report import Report, ServerSide, Step
 
 
 def _step(

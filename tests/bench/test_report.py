@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from carpool.bench.report import (
+from carpool.bench.report.data import (
     FORMAT,
     Latency,
     Load,

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from carpool.bench.payload import InputSpec, RequestSpec
-from carpool.bench.requests_file import read_requests, read_strings
+from carpool.bench.targets.payload import InputSpec, RequestSpec
+from carpool.bench.targets.requests_file import read_requests, read_strings
 
 
 def _metadata(*inputs: tuple[str, str, list[int]]) -> dict[str, Any]:

@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from carpool.bench.report import ServerSide
-from carpool.bench.scrape import Snapshot, exact_buckets, parse_metrics, server_side
+from carpool.bench.report.data import ServerSide
+from carpool.bench.report.scrape import Snapshot, exact_buckets, parse_metrics, server_side
 from carpool.model import Batching, Model, Tensor
-from carpool.server.metrics import Metrics
-from carpool.server.registry import Registry
+from carpool.server.lifecycle.registry import Registry
+from carpool.server.telemetry.metrics import Metrics
 
 
 def _double(batch: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

@@ -1,4 +1,4 @@
-"""The target seam of ``carpool bench`` (``carpool.bench.targets``): its usage error, and
+"""The target seam of ``carpool bench`` (``carpool.bench.targets.base``): its usage error, and
 what a TARGET that is a URL looks like."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from carpool.bench.targets import BenchError, is_url
+from carpool.bench.targets.base import BenchError, is_url
 from carpool.errors import CarpoolError
 
 

@@ -39,10 +39,10 @@ from carpool.errors import (
     WorkerPoolClosed,
     WorkerStartError,
 )
+from carpool.ipc.transport import MIN_ARENA
 from carpool.loading import load_target
 from carpool.runners.processes import ProcessReplicas
 from carpool.runners.replicas import OnOwnLoop, replica_fn
-from carpool.transport import MIN_ARENA
 from conftest import running, wait_until
 
 TESTS = Path(__file__).resolve().parent.parent

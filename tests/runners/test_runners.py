@@ -93,7 +93,7 @@ def test_importing_the_runners_runs_nothing() -> None:
     script = textwrap.dedent(
         """
         import atexit, signal, threading
-        import carpool, carpool.executor, carpool.transport
+        import carpool, carpool.engine.executor, carpool.ipc.transport
         before = (atexit._ncallbacks(), threading.active_count(), signal.getsignal(signal.SIGTERM))
         import carpool.runners.processes, carpool.runners.ray_actors
         after = (atexit._ncallbacks(), threading.active_count(), signal.getsignal(signal.SIGTERM))

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from carpool import Batching, CarpoolError, Model, Tensor
-from carpool.server.admission import (
+from carpool.server.inference.admission import (
     DECODE_OFFLOAD_BYTES,
     OFFLOAD_BYTES,
     Admissions,
@@ -26,7 +26,7 @@ from carpool.server.admission import (
     respond,
 )
 from carpool.server.messages import InferInput, InferRequest, ProtocolError
-from carpool.server.rest_codec import parse_infer_request
+from carpool.server.rest.codec import parse_infer_request
 
 
 def _pair(batch: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""carpool.server.app in process, as an ASGI application: what only the app itself decides,
+"""carpool.server.rest.app in process, as an ASGI application: what only the app itself decides,
 without a socket (the end-to-end tests hold the rest)."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from carpool.server.asgi import (
+from carpool.server.rest.asgi import (
     JSON,
     WATCH,
     RequestWatch,

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from carpool.server.asgi import Receive
-from carpool.server.bodies import decompress, read_body, request_headers
+from carpool.server.rest.asgi import Receive
+from carpool.server.rest.bodies import decompress, read_body, request_headers
 from carpool.server.statuses import HTTPError
 
 LIMIT = 64

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from carpool.server.buckets import batch_size_buckets, histogram_buckets
-from carpool.stats import HistogramSnapshot
+from carpool.engine.stats import HistogramSnapshot
+from carpool.server.telemetry.buckets import batch_size_buckets, histogram_buckets
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from carpool.server.bursts import Bursts
+from carpool.server.grpc.bursts import Bursts
 
 FOREVER = 3600.0  # a hold this long would hang the test: what must go at once goes at once
 

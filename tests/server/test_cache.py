@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from carpool.server.admission import AdmittedRequest
-from carpool.server.cache import (
+from carpool.server.inference.admission import AdmittedRequest
+from carpool.server.inference.cache import (
     ENTRY_OVERHEAD,
     Entry,
     Replayed,

@@ -2,8 +2,8 @@
 (zero-sized dimensions included), both wire forms; encode then decode is the identity.
 
 Three levels: the tensor codecs (:mod:`carpool.server.tensors`) both ways; request bodies
-built by the bench's encoder and by tritonclient's, parsed by :mod:`carpool.server.rest_codec`;
-response bodies from :mod:`carpool.server.rest_codec`, read back by tritonclient. Bounded
+built by the bench's encoder and by tritonclient's, parsed by :mod:`carpool.server.rest.codec`;
+response bodies from :mod:`carpool.server.rest.codec`, read back by tritonclient. Bounded
 (``max_examples``) and derandomized, so every run searches the same examples.
 """
 
@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from tritonclient.http._utils import _get_inference_request
 
-from carpool.bench.payload import InputSpec, RequestSpec, encode
+from carpool.bench.targets.payload import InputSpec, RequestSpec, encode
 from carpool.datatypes import DATATYPES, FIXED_DTYPES
 from carpool.server.messages import HEADER_LENGTH, OutputTensor
-from carpool.server.rest_codec import (
+from carpool.server.rest.codec import (
     encode_infer_response,
     parse_header_length,
     parse_infer_request,

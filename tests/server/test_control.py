@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from carpool.loading import Catalog
-from carpool.server.control import ControlUnavailable, LoadFailed, ModelControl, act
-from carpool.server.inference import Inference
+from carpool.server.inference.path import Inference
+from carpool.server.lifecycle.control import ControlUnavailable, LoadFailed, ModelControl, act
+from carpool.server.lifecycle.registry import ModelNotFound, Registry
 from carpool.server.messages import InferInput, InferRequest
-from carpool.server.registry import ModelNotFound, Registry
 
 GATED = """\
 import pathlib, time

@@ -32,7 +32,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import trustme
 
-from carpool.server.hub import HEARTBEAT_S, SILENT_S
+from carpool.server.frontends.hub import HEARTBEAT_S, SILENT_S
 
 from .conftest import HERE, Launcher, Server, float_request, free_port, wait_until
 

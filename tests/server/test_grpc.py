@@ -25,7 +25,7 @@ import tritonclient.grpc.aio as triton_aio
 from tritonclient.utils import InferenceServerException
 
 import carpool
-from carpool.server.grpc_service import STREAM_IN_FLIGHT
+from carpool.server.grpc.service import STREAM_IN_FLIGHT
 
 from .conftest import HERE, SAMPLES, Launcher, Server, free_port, wait_until
 from .models import NEGATIVE

@@ -17,7 +17,7 @@ from tritonclient.grpc._utils import _get_inference_request
 from tritonclient.utils import deserialize_bytes_tensor
 
 from carpool.datatypes import DATATYPES
-from carpool.server.grpc_codec import (
+from carpool.server.grpc.codec import (
     CONTENTS,
     decode_infer_request,
     encode_infer_response,

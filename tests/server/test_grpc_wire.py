@@ -1,4 +1,4 @@
-"""A ``ModelInferRequest`` read where its tensor bytes lie (:mod:`carpool.server.grpc_wire`):
+"""A ``ModelInferRequest`` read where its tensor bytes lie (:mod:`carpool.server.grpc.wire`):
 decoded exactly as protobuf's whole parse decodes it, refused with the same words, and
 without a copy of the tensors."""
 
@@ -12,9 +12,9 @@ import pytest
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from carpool.server import grpc_wire
-from carpool.server.grpc_codec import decode_infer_request
-from carpool.server.grpc_wire import Received, read_infer_request
+from carpool.server.grpc import wire as grpc_wire
+from carpool.server.grpc.codec import decode_infer_request
+from carpool.server.grpc.wire import Received, read_infer_request
 from carpool.server.messages import ProtocolError
 
 LIMIT = 2**31

@@ -1,4 +1,5 @@
-"""carpool.server.hub and carpool.server.remote together: the main process's hub over a real
+"""carpool.server.frontends.hub and carpool.server.frontends.remote together: the main process's
+hub over a real
 batcher, and two front ends' registries, linked by real Unix socket pairs on one loop.
 
 Requests from both front ends share the one batcher's batches; a cancelled request is
@@ -19,11 +20,11 @@ import pytest
 
 from carpool import Batching, Model
 from carpool.errors import BatcherClosed, QueueFull
-from carpool.server import hub as hub_module
-from carpool.server.hub import Hub
-from carpool.server.registry import Registry
-from carpool.server.remote import FrontEndRegistry, Upstream
-from carpool.server.tallies import Tallies
+from carpool.server.frontends import hub as hub_module
+from carpool.server.frontends.hub import Hub
+from carpool.server.frontends.remote import FrontEndRegistry, Upstream
+from carpool.server.frontends.tallies import Tallies
+from carpool.server.lifecycle.registry import Registry
 
 Array = np.ndarray[Any, Any]
 

@@ -14,9 +14,9 @@ import pytest
 
 from carpool import Batching, Model
 from carpool.errors import BatcherClosed, DeadlineExceeded
-from carpool.server.inference import Answer, ClientGone, Inference, Withdrawal, _unless_gone
+from carpool.server.inference.path import Answer, ClientGone, Inference, Withdrawal, _unless_gone
+from carpool.server.lifecycle.registry import ModelNotFound, Registry, ServedModel
 from carpool.server.messages import InferInput, InferRequest, ProtocolError
-from carpool.server.registry import ModelNotFound, Registry, ServedModel
 from carpool.server.statuses import HTTPError, Status
 
 

@@ -16,11 +16,16 @@ import pytest
 
 from carpool import Batching, Model
 from carpool.errors import DeadlineExceeded
-from carpool.server.admission import DECODE_OFFLOAD_BYTES
-from carpool.server.cache import ENTRY_OVERHEAD, REPLAY_OVERHEAD, ResponseCache, request_key
-from carpool.server.inference import Answer, ClientGone, Inference, Replay, Withdrawal
+from carpool.server.inference.admission import DECODE_OFFLOAD_BYTES
+from carpool.server.inference.cache import (
+    ENTRY_OVERHEAD,
+    REPLAY_OVERHEAD,
+    ResponseCache,
+    request_key,
+)
+from carpool.server.inference.path import Answer, ClientGone, Inference, Replay, Withdrawal
+from carpool.server.lifecycle.registry import Registry, ServedModel
 from carpool.server.messages import InferInput, InferRequest, ProtocolError
-from carpool.server.registry import Registry, ServedModel
 from carpool.server.statuses import HTTPError, Status
 
 
@@ -251,7 +256,7 @@ async def test_every_request_leaves_the_version_it_entered(
 
 
 class Leaving:
-    """A :data:`~carpool.server.inference.GoneSignal` the test fires."""
+    """A :data:`~carpool.server.inference.path.GoneSignal` the test fires."""
 
     def __init__(self) -> None:
         self.callback: Any = None

@@ -1,8 +1,8 @@
-"""Large JSON arrays read piece by piece (:mod:`carpool.server.json_arrays`): the same
+"""Large JSON arrays read piece by piece (:mod:`carpool.server.rest.json_arrays`): the same
 answers and refusals as the whole text read at once, in a fraction of its memory.
 
 Equivalence runs with tiny thresholds, so every array is cut and read in many pieces, and
-compares :func:`~carpool.server.rest_codec.parse_infer_request` with cutting on and off.
+compares :func:`~carpool.server.rest.codec.parse_infer_request` with cutting on and off.
 Memory is measured by tracemalloc, which sees numpy's buffers as well as Python objects.
 """
 
@@ -17,10 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from carpool.server import json_arrays, rest_codec
-from carpool.server.json_arrays import Lifted, lift
 from carpool.server.messages import ProtocolError
-from carpool.server.rest_codec import parse_infer_request
+from carpool.server.rest import codec as rest_codec
+from carpool.server.rest import json_arrays
+from carpool.server.rest.codec import parse_infer_request
+from carpool.server.rest.json_arrays import Lifted, lift
 
 MAX = 2**31
 BOUNDED = settings(max_examples=300, derandomize=True, deadline=None, database=None)

@@ -1,4 +1,4 @@
-"""carpool.server.links: two ends over a real Unix socket pair on one loop. Values arrive
+"""carpool.server.frontends.links: two ends over a real Unix socket pair on one loop. Values arrive
 as private copies; one frame of values is in flight at a time and what waits goes in the
 next frame together; bare ops never wait; a value that does not pickle is refused alone;
 a closed end is lost on both sides and frees its shared memory."""
@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from carpool.errors import SharedMemoryFull
-from carpool.server import links
-from carpool.server.links import Link, Op, pickled_error
-from carpool.transport import MIN_ARENA, SHRINK_AFTER_S
+from carpool.ipc.transport import MIN_ARENA, SHRINK_AFTER_S
+from carpool.server.frontends import links
+from carpool.server.frontends.links import Link, Op, pickled_error
 
 
 class End:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from carpool.server.load_config import (
+from carpool.server.lifecycle.load_config import (
     check_unload,
     config_overrides,
     load_overrides,

@@ -13,7 +13,13 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from carpool.server.logs import JsonFormatter, TextFormatter, TurnHandler, access_log, log_access
+from carpool.server.telemetry.logs import (
+    JsonFormatter,
+    TextFormatter,
+    TurnHandler,
+    access_log,
+    log_access,
+)
 
 from .conftest import Launcher
 

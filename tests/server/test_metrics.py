@@ -11,11 +11,11 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from carpool import Batching, Model
-from carpool.server.admission import AdmittedRequest
-from carpool.server.cache import Entry, ResponseCache
+from carpool.server.inference.admission import AdmittedRequest
+from carpool.server.inference.cache import Entry, ResponseCache
+from carpool.server.lifecycle.registry import Registry
 from carpool.server.messages import OutputTensor
-from carpool.server.metrics import Metrics
-from carpool.server.registry import Registry
+from carpool.server.telemetry.metrics import Metrics
 
 
 def _double(x: Any) -> Any:

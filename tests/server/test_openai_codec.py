@@ -1,4 +1,5 @@
-"""``carpool.server.openai``: OpenAI's embeddings bodies to carpool's records and back, and its
+"""``carpool.server.openai.codec``: OpenAI's embeddings bodies to carpool's records and back, and
+its
 error body, with no server: bytes and records in, bytes and records out."""
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import pytest
 
 from carpool import Model, Tensor
 from carpool.errors import QueueFull
-from carpool.server.admission import admit
+from carpool.server.inference.admission import admit
+from carpool.server.inference.outcomes import error_status
+from carpool.server.lifecycle.registry import ModelNotFound, ModelUnavailable
 from carpool.server.messages import ProtocolError
-from carpool.server.openai import (
+from carpool.server.openai.codec import (
     EmbeddingsRequest,
     OpenAIError,
     check_opted_in,
@@ -30,8 +33,6 @@ from carpool.server.openai import (
     parse_embeddings,
     prompt_tokens,
 )
-from carpool.server.outcomes import error_status
-from carpool.server.registry import ModelNotFound, ModelUnavailable
 from carpool.server.statuses import HTTPError
 
 Array = np.ndarray[Any, Any]

@@ -1,4 +1,4 @@
-"""The OpenAPI document (``carpool.server.openapi``): valid OpenAPI 3, served at
+"""The OpenAPI document (``carpool.server.rest.openapi``): valid OpenAPI 3, served at
 ``GET /v2/openapi.json``, and true: schemathesis fuzzes a real ``carpool serve`` from it.
 
 The fuzz is bounded and deterministic (a fixed number of examples per operation, derandomized
@@ -20,7 +20,7 @@ from openapi_spec_validator import validate
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from carpool.server.messages import HEADER_LENGTH
-from carpool.server.openapi import PATH, document
+from carpool.server.rest.openapi import PATH, document
 
 from .conftest import Launcher, Server
 

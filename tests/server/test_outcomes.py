@@ -19,10 +19,10 @@ from carpool.errors import (
     QueueFull,
     SharedMemoryFull,
 )
-from carpool.server.admission import ModelOutputError
+from carpool.server.inference.admission import ModelOutputError
+from carpool.server.inference.outcomes import error_status
+from carpool.server.lifecycle.registry import ModelNotFound, ModelUnavailable
 from carpool.server.messages import ProtocolError
-from carpool.server.outcomes import error_status
-from carpool.server.registry import ModelNotFound, ModelUnavailable
 from carpool.server.statuses import STOPPING, HTTPError
 
 RETRY = [(b"retry-after", b"1")]

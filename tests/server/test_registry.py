@@ -11,7 +11,7 @@ import pytest
 
 from carpool import Batching, CarpoolError, Model, Tensor
 from carpool.loading import LoadFailure
-from carpool.server.registry import (
+from carpool.server.lifecycle.registry import (
     VERSION,
     ModelNotFound,
     ModelUnavailable,

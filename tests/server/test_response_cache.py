@@ -28,8 +28,8 @@ import tritonclient.http as httpclient
 
 from carpool import Model
 from carpool.errors import ConfigError
-from carpool.server.cache import ENTRY_OVERHEAD, REPLAY_OVERHEAD
 from carpool.server.config import ServerConfig
+from carpool.server.inference.cache import ENTRY_OVERHEAD, REPLAY_OVERHEAD
 
 from .conftest import Launcher, Server, float_request, json_tensor, wait_until
 from .models import add_one

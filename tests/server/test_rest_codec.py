@@ -26,7 +26,7 @@ from carpool.server.messages import (
     ProtocolError,
     RequestedOutput,
 )
-from carpool.server.rest_codec import (
+from carpool.server.rest.codec import (
     check_raw_content_type,
     encode_error,
     encode_infer_response,

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from carpool.server.sharing import Flights
+from carpool.server.inference.sharing import Flights
 
 
 class Computation:

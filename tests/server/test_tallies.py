@@ -1,4 +1,5 @@
-"""carpool.server.tallies: front ends' counts in memory shared with the main process, which
+"""carpool.server.frontends.tallies: front ends' counts in memory shared with the main process,
+which
 outlive a front end killed at any point; what it staged and never committed is not there."""
 
 from __future__ import annotations
@@ -8,8 +9,9 @@ import os
 
 import pytest
 
-from carpool.server import app, grpc_service
-from carpool.server.tallies import PROTOCOLS, Tallies
+from carpool.server.frontends.tallies import PROTOCOLS, Tallies
+from carpool.server.grpc import service as grpc_service
+from carpool.server.rest import app
 
 
 async def _front_end(tallies: Tallies) -> None:

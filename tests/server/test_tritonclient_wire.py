@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from carpool.server.messages import OutputTensor, RequestedOutput, wants_binary
-from carpool.server.rest_codec import encode_infer_response, parse_infer_request
+from carpool.server.rest.codec import encode_infer_response, parse_infer_request
 
 from .conftest import BF16, SAMPLES, output_tensor
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from carpool.server.watch import NOT_READ, Changes, fingerprint, fingerprints, settled
+from carpool.server.lifecycle.watch import NOT_READ, Changes, fingerprint, fingerprints, settled
 
 A = (("model.py", 10, 1, 1, "aa"),)
 B = (("model.py", 10, 1, 2, "bb"),)

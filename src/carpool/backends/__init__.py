@@ -1,1 +1,1 @@
-"""Backends: carpool.Model objects for real model formats."""
+"""Models for real formats: onnxruntime, torch, minilm, the demo."""

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from carpool.collation.padding import Padding
 from carpool.model import Batching, Model, Preprocess, Tensor
-from carpool.padding import Padding
 
 __all__ = [
     "DEFAULT_ENGINE",

@@ -6,7 +6,7 @@ benchmark asks for (CPU seconds, a batcher's stats) as the window opens and as i
 :func:`closed_requests` sends a fixed number of requests and times them. Both are
 :func:`~carpool.bench.loops.run_share`'s closed loop: each caller sends its next request
 when its last is answered, and what a request is stays the caller's (``send(i)`` sends the
-``i``-th and returns ``None`` or the kind of error, :data:`~carpool.bench.targets.Send`).
+``i``-th and returns ``None`` or the kind of error, :data:`~carpool.bench.targets.base.Send`).
 An exception that ``send`` raises ends the run (as an ``ExceptionGroup``). Nothing prints.
 """
 
@@ -19,7 +19,7 @@ from typing import Generic, TypeVar
 
 from carpool.bench.loops import Tally, run_share, sleep_until
 from carpool.bench.plan import Share, Timing, clock
-from carpool.bench.targets import Send
+from carpool.bench.targets.base import Send
 
 __all__ = ["Window", "closed_requests", "closed_window"]
 

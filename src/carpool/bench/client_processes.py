@@ -15,7 +15,7 @@ from typing import Any
 
 from carpool.bench.loops import Tally, event_loop, run_share
 from carpool.bench.plan import Plan, Share, Timing, split
-from carpool.bench.targets import Client
+from carpool.bench.targets.base import Client
 
 __all__ = ["ClientProcesses"]
 

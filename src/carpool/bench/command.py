@@ -6,7 +6,7 @@ is loaded or sent. Then each step's ``plan`` is drawn (send times from ``arrival
 bodies from ``payload``, both before the step, so the client does no per-request work
 beyond sending), the steps run through the ``loops`` (in this process or in
 ``client_processes``) under the live ``display``, and the
-:class:`~carpool.bench.report.Report` is printed, saved and plotted.
+:class:`~carpool.bench.report.data.Report` is printed, saved and plotted.
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ import numpy as np
 
 from carpool.bench.arrivals import read_trace
 from carpool.bench.client_processes import ClientProcesses
-from carpool.bench.display import Display, stdout_console
-from carpool.bench.local_target import LocalTarget
 from carpool.bench.loops import InProcess, LoadGenerator, Probe, event_loop, measure
 from carpool.bench.options import Options, options_from
 from carpool.bench.plan import Plan, Timing, plans
-from carpool.bench.remote import client_for, connect, requests_for
-from carpool.bench.report import Report, ReportError, Step
-from carpool.bench.targets import BenchError, Client, is_url
+from carpool.bench.report.data import Report, ReportError, Step
+from carpool.bench.report.display import Display, stdout_console
+from carpool.bench.targets.base import BenchError, Client, is_url
+from carpool.bench.targets.local_target import LocalTarget
+from carpool.bench.targets.remote import client_for, connect, requests_for
 from carpool.loading import load_target, with_batching
 from carpool.model import Model
 
@@ -151,7 +151,7 @@ def _batching(model: Model) -> dict[str, Any]:
 async def _steps(
     report: Report, generator: LoadGenerator, probe: Probe, display: Display, options: Options
 ) -> Report:
-    from carpool.bench.present import steps_table
+    from carpool.bench.report.present import steps_table
 
     for plan in _plans(options):
         above = steps_table(report) if report.steps else None
@@ -178,7 +178,7 @@ async def _run_local(options: Options, model: Model, display: Display) -> Report
 
 
 async def _run_sweep(options: Options, model: Model, display: Display) -> Report:
-    from carpool.bench.present import SweepResult, sweep_table
+    from carpool.bench.report.present import SweepResult, sweep_table
     from carpool.bench.sweep import Cell, grid, summary, sweep
 
     cells = grid(model, options.sizes, options.waits)
@@ -226,14 +226,14 @@ def _save(report: Report, options: Options, display: Display) -> None:
             raise BenchError(f"cannot write --json {options.json!r}: {exc}") from None
         display.note(f"wrote {options.json}")
     if options.plot:
-        from carpool.bench.plot import plot_report
+        from carpool.bench.report.plot import plot_report
 
         plot_report(report, options.plot)
         display.note(f"wrote {options.plot}")
 
 
 def _compare(args: argparse.Namespace, display: Display) -> int:
-    from carpool.bench.present import compare_table
+    from carpool.bench.report.present import compare_table
 
     if args.target:
         raise BenchError("--compare reads reports written by --json; it takes no TARGET")
@@ -246,7 +246,7 @@ def _compare(args: argparse.Namespace, display: Display) -> int:
         raise BenchError(str(exc)) from None
     display.show(compare_table(reports))
     if args.plot:
-        from carpool.bench.plot import plot_compare
+        from carpool.bench.report.plot import plot_compare
 
         plot_compare(reports, args.plot)
         display.note(f"wrote {args.plot}")

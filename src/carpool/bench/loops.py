@@ -8,7 +8,7 @@ them: :class:`InProcess` on this loop, or
 :class:`~carpool.bench.client_processes.ClientProcesses` over spawned processes whose raw
 latencies are merged by :func:`step_of`.
 
-Requests go out through a :class:`~carpool.bench.targets.Client`; nothing here knows HTTP
+Requests go out through a :class:`~carpool.bench.targets.base.Client`; nothing here knows HTTP
 or batchers, and nothing prints.
 """
 
@@ -24,8 +24,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from carpool.bench.plan import Plan, Share, Timing, clock, split
-from carpool.bench.report import ServerSide, Step, summarize
-from carpool.bench.targets import Client, Send
+from carpool.bench.report.data import ServerSide, Step, summarize
+from carpool.bench.targets.base import Client, Send
 
 __all__ = [
     "InProcess",

@@ -3,7 +3,7 @@
 Pure: no file is opened or looked at, nothing is sent or printed. The checks that look at
 the world (files exist, outputs can be written, matplotlib is installed) are the caller's,
 passed in, so every rule here is testable without files. A usage error is a
-:class:`~carpool.bench.targets.BenchError` naming the flag.
+:class:`~carpool.bench.targets.base.BenchError` naming the flag.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from carpool.bench.targets import BenchError, is_url, target_kind
+from carpool.bench.targets.base import BenchError, is_url, target_kind
 
 __all__ = ["Options", "options_from"]
 
@@ -43,7 +43,7 @@ class Options:
 
     target: str
     mode: str  # "concurrency", "rate" or "trace"
-    kind: str = "http"  # what TARGET is: one of carpool.bench.targets.KINDS
+    kind: str = "http"  # what TARGET is: one of carpool.bench.targets.base.KINDS
     values: tuple[float, ...] = ()  # callers or rates per step; () for a trace
     trace: str | None = None
     duration_s: float | None = None  # as given; None: DURATION_S, or the whole trace

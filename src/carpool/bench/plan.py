@@ -17,8 +17,8 @@ import numpy as np
 
 from carpool.bench.arrivals import count_offsets, poisson_offsets
 from carpool.bench.options import DURATION_S, Options
-from carpool.bench.report import Load
-from carpool.bench.targets import BenchError
+from carpool.bench.report.data import Load
+from carpool.bench.targets.base import BenchError
 
 __all__ = ["Plan", "Share", "Timing", "clock", "plans", "split"]
 

@@ -13,10 +13,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from carpool.bench.local_target import LocalTarget
-from carpool.bench.present import SweepResult, best
-from carpool.bench.report import Step
-from carpool.bench.targets import BenchError
+from carpool.bench.report.data import Step
+from carpool.bench.report.present import SweepResult, best
+from carpool.bench.targets.base import BenchError
+from carpool.bench.targets.local_target import LocalTarget
 from carpool.errors import ConfigError
 from carpool.loading import with_batching
 from carpool.model import Model

@@ -1,10 +1,4 @@
-"""Models from targets, files, repositories and config tables: shared by the server and bench.
-
-``load_target`` turns one ``module:attr``, model file or built-in name into a Model, and
-``with_batching`` applies batching settings to it, checked; ``resolve_models`` does both for
-every target of a command line with the settings of flags, config files and model folders in
-their order of precedence.
-"""
+"""Models from targets, files, repositories and config tables, for the server and bench."""
 
 from carpool.loading.catalog import Catalog, resolve_models
 from carpool.loading.repository import LoadFailure

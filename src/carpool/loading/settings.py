@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from carpool.collation.padding import Padding
 from carpool.errors import ConfigError
 from carpool.model import Model, Tensor
-from carpool.padding import Padding
 
 __all__ = [
     "LOAD_KEYS",

@@ -1,22 +1,4 @@
-"""Where a batcher's model runs: the seam between forming batches and running them.
-
-``runner="thread"`` (the default) calls the model in the batcher's own threads
-(:class:`carpool.runners.threads.ModelThreads`). Any other runner is a set of
-:class:`Replicas` outside the process's threads, one model replica each: ``"process"`` is
-child processes (:class:`carpool.runners.processes.ProcessReplicas`, each child running
-:mod:`carpool.runners.replica_process`), ``"ray"`` is Ray actors anywhere in a cluster
-(:class:`carpool.runners.ray_actors.RayReplicas`). Both are built on one replica core,
-:mod:`carpool.runners.replicas` (slot states, taking a free replica within
-``batch_timeout_ms``, retry-once, close, statistics, and loading a spec in a replica);
-they differ only in how a replica starts and how a batch travels. The batcher's threads
-hand each stacked batch to :meth:`Replicas.call` and wait for its outputs, so a batch is
-still formed only when a replica is free, and batches stay full however many run. A new
-kind of replica subclasses :class:`carpool.runners.replicas.ReplicaSet` and gets a name
-in :data:`RUNNERS`.
-
-Runners are imported when chosen, so ``import carpool`` loads none of them; they import
-nothing of this package's own names (what they share lives in the replica core).
-"""
+"""Where replicas live (threads, child processes, Ray actors): runner names, make_replicas."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ batch to one. Each child loads the model once (see :mod:`carpool.runners.replica
 a call writes the batch into that child's shared-memory arena, sends a small header, waits
 (the GIL released) and copies the outputs back. Both arenas (inputs and outputs) grow to fit
 the largest batch and shrink back once that size goes unneeded for ``shrink_after_s``
-(:class:`~carpool.transport.ShrinkPolicy`), so one huge batch does not pin ``/dev/shm``. At
+(:class:`~carpool.ipc.transport.ShrinkPolicy`), so one huge batch does not pin ``/dev/shm``. At
 most ``workers`` calls run at once; more wait for a free child. Faults have one outcome each:
 
 - a child dies mid-batch: the batch is retried once on another child (``retry=True``),
@@ -36,10 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from carpool.errors import BatchTimeout
-from carpool.runners.replica_process import replica_main
-from carpool.runners.replicas import ReplicaSet, _ReplicaLost
-from carpool.runners.supervisor import Child, ProcessSlot, Supervisor
-from carpool.transport import (
+from carpool.ipc.transport import (
     SHRINK_AFTER_S,
     Arena,
     Channel,
@@ -50,6 +47,9 @@ from carpool.transport import (
     extent,
     plan,
 )
+from carpool.runners.replica_process import replica_main
+from carpool.runners.replicas import ReplicaSet, _ReplicaLost
+from carpool.runners.supervisor import Child, ProcessSlot, Supervisor
 
 __all__ = ["ProcessReplicas"]
 

@@ -27,9 +27,9 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from carpool.errors import call_model
-from carpool.lifelines import die_with_parent, set_title
+from carpool.ipc.lifelines import die_with_parent, set_title
+from carpool.ipc.transport import Attached, Channel, decode, plan
 from carpool.runners.replicas import load_replica
-from carpool.transport import Attached, Channel, decode, plan
 
 __all__ = ["replica_main"]
 

@@ -9,7 +9,7 @@ one cut short is :class:`WorkerPoolClosed`), the statistics (:class:`ReplicaStat
 on the replica's side, turning a spec into the batch function and loading it, warm-up
 included, with any failure captured as its reason (:func:`load_replica`).
 
-Imports the errors and ``executor.is_async_callable``; never ``carpool.model`` (a Model is
+Imports the errors and ``threads.is_async_callable``; never ``carpool.model`` (a Model is
 recognised by its shape) nor names of the ``carpool.runners`` package.
 """
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, Self, TypeVar, runtime_checkable
 
 from carpool.errors import BatchTimeout, WorkerDied, WorkerPoolClosed, WorkerStartError
-from carpool.executor import is_async_callable
+from carpool.runners.threads import is_async_callable
 
 __all__ = [
     "BUSY",

@@ -25,8 +25,8 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from carpool.errors import describe_exit
+from carpool.ipc.transport import Arena, Channel
 from carpool.runners.replicas import BUSY, DOWN, DYING, IDLE, STARTING, STOPPED, Roster, Slot
-from carpool.transport import Arena, Channel
 
 __all__ = ["Child", "ProcessSlot", "Supervisor"]
 

@@ -21,16 +21,24 @@ Imports nothing from carpool.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import queue
 import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Handoff", "ModelThreads"]
+__all__ = ["Handoff", "ModelThreads", "is_async_callable"]
 
 # A job runs as job(handoff); it calls handoff() right before each model call.
 Handoff = Callable[[], None]
 _Outcome = tuple["asyncio.Future[Any]", Any, BaseException | None]
+
+
+def is_async_callable(fn: Callable[..., Any]) -> bool:
+    """Whether calling ``fn`` gives a coroutine: an ``async def``, or an object whose
+    ``__call__`` is one (the way model classes are often written)."""
+    call = getattr(fn, "__call__", None)  # noqa: B004 - we want the method, not callable()
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
 
 
 class ModelThreads:

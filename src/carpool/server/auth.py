@@ -1,6 +1,6 @@
 """API keys: which credentials a request presents, whether one is a served key, and which
 routes need none. Pure: no I/O, no clock, no framework; the app and the gRPC interceptor
-(:mod:`carpool.server.grpc_access`) ask it. It must not import the rest of the server.
+(:mod:`carpool.server.grpc.access`) ask it. It must not import the rest of the server.
 
 A client presents a key as ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (HTTP
 headers or gRPC metadata), one header of one kind: a request with several is refused. The

@@ -40,7 +40,8 @@ class ServerConfig:
     header_timeout_s: float = 10.0  # a slow client's headers: 10 s (Apache's is 20-40 s)
     body_timeout_s: float = 30.0  # the whole body: 64 MiB at ~2 MB/s, as long as a drain
     limit_concurrency: int = 1000  # connections at once, then 503; under 1024 fds; 0: none
-    # Processes that serve connections, around one batcher per model (carpool.server.spread);
+    # Processes that serve connections, around one batcher per model
+    # (carpool.server.frontends.spread);
     # 1: this process does both, as before front ends existed.
     frontends: int = 1
     # Texts in one /v1/embeddings request at most, then 413: text-embeddings-inference's 32.

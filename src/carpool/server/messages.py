@@ -1,6 +1,6 @@
 """The v2 (KServe / Open Inference Protocol) messages as records, and the error they share.
 
-:mod:`carpool.server.rest_codec` (REST bodies) and :mod:`carpool.server.grpc_codec` (Triton's
+:mod:`carpool.server.rest.codec` (REST bodies) and :mod:`carpool.server.grpc.codec` (Triton's
 gRPC messages) build these records and turn them back into the wire's; the checks every
 decoder makes alike live here once (an input's record, a duplicate name, shared memory and
 classification refused, the element limit, an output's fit). Every refusal is a

@@ -6,7 +6,7 @@ each batcher finishes what it accepted, and the process exits 0. Requests still 
 after ``drain_timeout_s`` are cut off so the process always exits in bounded time. It wires
 the server: the registry, the one inference path over it, the REST app and (only when the
 gRPC port is on, so that grpc is imported only then) the gRPC server, both given that path.
-With :mod:`carpool.server.connections` (its protocol), the only module that imports uvicorn.
+With :mod:`carpool.server.rest.connections` (its protocol), the only module that imports uvicorn.
 """
 
 from __future__ import annotations
@@ -31,24 +31,24 @@ from typing import TYPE_CHECKING, NoReturn, cast
 import uvicorn
 
 from carpool.errors import ConfigError
-from carpool.lifelines import set_title
+from carpool.ipc.lifelines import set_title
+from carpool.ipc.transport import sweep_orphans
 from carpool.loading import LoadFailure
-from carpool.server.app import App
 from carpool.server.auth import ApiKeys
-from carpool.server.cache import ResponseCache
 from carpool.server.config import ServerConfig
-from carpool.server.connections import over_tls, protocol_class
-from carpool.server.control import ModelControl
-from carpool.server.inference import Inference
-from carpool.server.logs import configure_logging
-from carpool.server.registry import Registry
-from carpool.server.remote import FrontEndRegistry, Upstream
-from carpool.server.spread import bind, serve_spread
-from carpool.server.tallies import Tallies
-from carpool.transport import sweep_orphans
+from carpool.server.frontends.remote import FrontEndRegistry, Upstream
+from carpool.server.frontends.spread import bind, serve_spread
+from carpool.server.frontends.tallies import Tallies
+from carpool.server.inference.cache import ResponseCache
+from carpool.server.inference.path import Inference
+from carpool.server.lifecycle.control import ModelControl
+from carpool.server.lifecycle.registry import Registry
+from carpool.server.rest.app import App
+from carpool.server.rest.connections import over_tls, protocol_class
+from carpool.server.telemetry.logs import configure_logging
 
 if TYPE_CHECKING:
-    from carpool.server.grpc_service import GrpcServer
+    from carpool.server.grpc.service import GrpcServer
 
 __all__ = ["build_app", "serve"]
 
@@ -118,7 +118,7 @@ def _grpc_server(
 ) -> GrpcServer:
     # Imported here, and only here: grpc and tritonclient load only when the gRPC port is
     # on. (grpc_service imports neither this module nor the app: no cycle.)
-    from carpool.server.grpc_service import GrpcServer
+    from carpool.server.grpc.service import GrpcServer
 
     tls = None  # REST's certificate, if it has one
     if config.ssl_certfile and config.ssl_keyfile:

@@ -3,7 +3,7 @@ is called by gRPC, by ``/metrics`` and by OpenAI's error bodies; and :class:`HTT
 
 Every other module names a status through :class:`Status` (never a number), so a status
 and its renderings are written once, here. Which status an exception ends in is decided by
-:func:`~carpool.server.outcomes.error_status`, with these names. Pure: it must not import
+:func:`~carpool.server.inference.outcomes.error_status`, with these names. Pure: it must not import
 anything of the server (every server module may import it), nor grpc.
 """
 

@@ -1,7 +1,7 @@
 """Tensor codecs of the v2 protocol: binary layouts and JSON ``data`` lists.
 
 Pure: numpy only, no I/O; the datatype names come from :mod:`carpool.datatypes`.
-:mod:`carpool.server.rest_codec` and :mod:`carpool.server.grpc_codec` frame bodies around
+:mod:`carpool.server.rest.codec` and :mod:`carpool.server.grpc.codec` frame bodies around
 these codecs. Errors here are builtins whose message is ready for the client: ``ValueError`` for
 data a client sent, or a form it asked for, that cannot be used; ``TypeError`` for an array
 the server itself cannot express. :class:`carpool.server.messages.blame` turns both into

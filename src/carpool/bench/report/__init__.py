@@ -1,0 +1,1 @@
+"""What a carpool bench run measured: records, tables, plots, server scrapes."""

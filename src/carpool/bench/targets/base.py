@@ -1,0 +1,62 @@
+"""What ``carpool bench`` measures, and the one seam through which requests reach it.
+
+A target is a model behind any v2 server (a URL: :mod:`carpool.bench.targets.http_target`; over
+gRPC, ``grpc://``: :mod:`carpool.bench.targets.grpc_target`), an OpenAI-compatible embeddings
+endpoint (a URL ending in ``/v1/embeddings``: :mod:`carpool.bench.targets.openai_target`), or a
+model loaded in this process and served through its own :class:`~carpool.Batcher`
+(anything ``carpool serve`` takes: :mod:`carpool.bench.targets.local_target`). Each gives its v2
+metadata, a :class:`Client` (``send(i)`` sends request ``i`` and returns ``None`` or the kind
+of error) and server-side figures for a step's window. Load shapes live in ``plan.py``, the
+loops that send in ``loops.py``, flags in ``flags.py`` and ``options.py``, output in
+``display.py``. Stdlib and :mod:`carpool.errors` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol
+
+from carpool.errors import CarpoolError
+
+__all__ = ["KINDS", "BenchError", "Client", "Send", "is_url", "target_kind"]
+
+#: What a TARGET can be, as :func:`target_kind` names it (and a report's ``kind`` records).
+KINDS = ("http", "grpc", "openai", "in-process")
+EMBEDDINGS_PATH = "/v1/embeddings"  # OpenAI's embeddings endpoint, under the server's base URL
+
+Send = Callable[[int], Awaitable[str | None]]  # request index -> None, or the error's kind
+
+
+class BenchError(CarpoolError, ValueError):
+    """A target, flag or file that cannot be used; the message says what to fix (exit 2)."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        super().__init__(message)
+
+    def _fields(self) -> dict[str, Any]:
+        return {"message": self.message}
+
+
+class Client(Protocol):
+    """How requests reach a target; ``open`` gives the ``send`` of one client process."""
+
+    def open(self, connections: int) -> AbstractAsyncContextManager[Send]: ...
+
+
+def is_url(text: str) -> bool:
+    """Whether a TARGET names a model on a server, rather than one to load here."""
+    return text.startswith(("http://", "https://", "grpc://"))
+
+
+def target_kind(text: str) -> str:
+    """Which of :data:`KINDS` a TARGET is: ``grpc://...`` is gRPC, an HTTP URL whose path
+    ends in ``/v1/embeddings`` is OpenAI's embeddings API, any other URL a v2 model URL,
+    anything else a model to load in this process."""
+    if text.startswith("grpc://"):
+        return "grpc"
+    if not is_url(text):
+        return "in-process"
+    path = text.split("?", 1)[0].rstrip("/")
+    return "openai" if path.endswith(EMBEDDINGS_PATH) else "http"

@@ -1,0 +1,140 @@
+"""An OpenAI-compatible embeddings endpoint (``POST /v1/embeddings``: carpool, vLLM, TEI,
+OpenAI itself), as ``carpool bench`` measures it: the URL, the model named in the requests
+(``--model``, or the only one ``GET /v1/models`` lists), texts as request bodies
+``{"model", "input", "encoding_format"}`` encoded once, POSTed over the same keep-alive pool
+as v2 requests, and carpool's ``/metrics`` read around each step.
+
+aiohttp is imported only when a server is reached. Nothing here plans, times or prints.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from carpool.bench.targets.base import EMBEDDINGS_PATH, BenchError, Client
+from carpool.bench.targets.http_target import (
+    CONTROL_TIMEOUT_S,
+    HttpClient,
+    ScrapedTarget,
+    answered,
+    get,
+)
+
+if TYPE_CHECKING:
+    import aiohttp
+
+__all__ = ["ENCODINGS", "EmbeddingsURL", "OpenAITarget", "embedding_bodies", "parse_embeddings"]
+
+ENCODINGS = ("float", "base64")  # OpenAI's encoding_format values; float is its default
+_JSON = {"Content-Type": "application/json"}
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingsURL:
+    """``http://HOST:PORT[/PREFIX]/v1/embeddings``, split into what bench uses."""
+
+    base: str  # scheme://host:port
+    prefix: str = ""  # the path before /v1/embeddings ("" at the server's root)
+
+    @property
+    def embeddings(self) -> str:
+        return f"{self.base}{self.prefix}{EMBEDDINGS_PATH}"
+
+    @property
+    def models(self) -> str:
+        return f"{self.base}{self.prefix}/v1/models"
+
+    @property
+    def metrics(self) -> str:
+        return self.base + "/metrics"
+
+    def __str__(self) -> str:
+        return self.embeddings
+
+
+def parse_embeddings(text: str) -> EmbeddingsURL:
+    """An embeddings URL: an HTTP URL whose path ends in ``/v1/embeddings``."""
+    parts = urlsplit(text)
+    path = parts.path.rstrip("/")
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise BenchError(f"TARGET {text!r} must be http://HOST:PORT/v1/embeddings")
+    if not path.endswith(EMBEDDINGS_PATH):
+        raise BenchError(f"TARGET {text!r} must end in {EMBEDDINGS_PATH}")
+    return EmbeddingsURL(f"{parts.scheme}://{parts.netloc}", path[: -len(EMBEDDINGS_PATH)])
+
+
+def embedding_bodies(
+    texts: Sequence[str], *, model: str, count: int, rows: int = 1, encoding: str = "float"
+) -> list[bytes]:
+    """``count`` request bodies cycling through ``texts``: ``"input"`` is one string when
+    ``rows`` is 1, else a list of ``rows`` strings. Raises ``ValueError`` for no texts, a
+    count or rows below 1, or an ``encoding`` OpenAI does not define."""
+    if not texts:
+        raise ValueError("no texts to send; give at least one")
+    if count < 1 or rows < 1:
+        raise ValueError(f"count and rows must be >= 1, got {count} and {rows}")
+    if encoding not in ENCODINGS:
+        raise ValueError(f"encoding_format must be one of {', '.join(ENCODINGS)}, got {encoding!r}")
+    bodies = []
+    for j in range(count):
+        picked = [texts[(j * rows + k) % len(texts)] for k in range(rows)]
+        doc = {"model": model, "input": picked[0] if rows == 1 else picked}
+        doc["encoding_format"] = encoding
+        bodies.append(json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode())
+    return bodies
+
+
+def _model_ids(url: str, status: int, body: bytes) -> list[str]:
+    if status != 200:
+        raise answered(url, status, body)
+    try:
+        data = json.loads(body)["data"]
+        return [str(item["id"]) for item in data]
+    except (ValueError, KeyError, TypeError):
+        raise BenchError(f"{url} is not an OpenAI model list ({{'data': [{{'id'}}]}})") from None
+
+
+def _choose(url: str, ids: list[str], model: str | None) -> str:
+    listed = ", ".join(ids) or "none"
+    if model is None:
+        if len(ids) != 1:
+            raise BenchError(f"{url} lists models {listed}: choose one with --model NAME")
+        return ids[0]
+    if model not in ids:
+        raise BenchError(f"{url} does not list model {model!r} (it lists {listed})")
+    return model
+
+
+class OpenAITarget(ScrapedTarget):
+    """An embeddings endpoint; ``/metrics`` read when the server is carpool."""
+
+    kind = "openai"
+
+    def __init__(self, url: EmbeddingsURL, model: str, session: aiohttp.ClientSession) -> None:
+        super().__init__(model, url.metrics, session)
+        self.url = url
+        self.metadata: dict[str, Any] = {"name": model}
+
+    def __str__(self) -> str:
+        return str(self.url)
+
+    @classmethod
+    @asynccontextmanager
+    async def connect(cls, text: str, model: str | None) -> AsyncIterator[OpenAITarget]:
+        """Reach the server and pick the model from ``GET /v1/models``; :class:`BenchError`
+        when the server is unreachable or does not list it."""
+        import aiohttp
+
+        url = parse_embeddings(text)
+        timeout = aiohttp.ClientTimeout(total=CONTROL_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            ids = _model_ids(url.models, *await get(session, url.models))
+            yield cls(url, _choose(url.models, ids, model), session)
+
+    def client(self, bodies: Sequence[bytes], timeout_s: float) -> Client:
+        return HttpClient(self.url.embeddings, tuple((b, dict(_JSON)) for b in bodies), timeout_s)

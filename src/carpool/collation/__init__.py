@@ -1,0 +1,1 @@
+"""Shaping rows into batches: stacking, padding, counting tokens; pure data."""

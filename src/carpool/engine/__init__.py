@@ -1,0 +1,1 @@
+"""The batcher: queue, scheduler, requests, executor, batches in flight, options, stats."""

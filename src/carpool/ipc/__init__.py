@@ -1,0 +1,1 @@
+"""Plumbing between processes: tensors in shared memory, a child's watch of its parent."""

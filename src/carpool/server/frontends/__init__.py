@@ -1,0 +1,1 @@
+"""--frontends N: front-end processes sharing the main process's batchers."""

@@ -1,0 +1,257 @@
+"""The main process's end of the front ends' links (``carpool serve --frontends N``): each
+request into its model's one batcher, each answer back, every front end's counts summed.
+
+The main process serves no connection itself. It holds the batchers, and every front end
+feeds the same one per model, so batches fill as they do behind a single front end. Its
+work per request is what the batcher needs and no more: a future, admission, the answer
+posted to the link (frames of many requests each way, :mod:`carpool.server.frontends.links`); no
+task per request. A request's deadline, priority and cancellation cross with it.
+
+The front ends count their own requests' outcomes (each model's, and the server's own
+answers that no model counts) in memory shared with this process, one slot each
+(:mod:`carpool.server.frontends.tallies`): a query for statistics (``/metrics``,
+``/v2/models/stats``, gRPC's ``ModelStatistics``) is answered at once with every slot
+summed, whichever front end asks, and a front end that died (``kill -9`` too) leaves its
+counts behind. So health, readiness and statistics never wait on another front end.
+
+A front end that stops answering is lost as surely as one that exits: every front end is
+sent a heartbeat (``PING``) each :data:`HEARTBEAT_S`, which its loop answers (``PONG``) at
+once; one not heard from for :data:`SILENT_S` (stopped, ``SIGSTOP``; or its loop blocked;
+one just started has twice that) has its link closed, so its requests are withdrawn and
+the main process kills it and starts another, as when one exits. A heartbeat found late
+(the main process's own loop stalled) judges nobody that round. Only asyncio, the links
+and the tallies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from functools import partial
+from typing import Any, cast
+
+from carpool.engine.batcher import Batcher
+from carpool.engine.stats import BatcherStats
+from carpool.errors import CarpoolError
+from carpool.server.frontends.links import (
+    CANCEL,
+    ERROR,
+    INFER,
+    PING,
+    PONG,
+    QUERY,
+    RESULT,
+    SNAPSHOT,
+    STATE,
+    Link,
+    Op,
+    pickled_error,
+)
+from carpool.server.frontends.tallies import Statuses, Tallies
+from carpool.server.lifecycle.registry import Registry
+
+__all__ = ["HEARTBEAT_S", "SILENT_S", "Hub"]
+
+log = logging.getLogger("carpool.server")
+_WATCH_S = 0.1  # how often the workers' liveness is looked at, for the front ends' readiness
+HEARTBEAT_S = 1.0  # how often each front end is asked whether its loop still turns
+SILENT_S = 5.0  # a front end not heard from for this long is lost: killed and replaced
+_clock = time.monotonic
+
+
+class _FrontEnd:
+    __slots__ = ("heard", "index", "inflight", "link")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.link: Link | None = None
+        self.inflight: dict[int, Callable[[], None]] = {}  # request id -> its withdrawal
+        # When it last answered a heartbeat (monotonic); a new one has SILENT_S more, to start.
+        self.heard = _clock() + SILENT_S
+
+
+class _Answer:
+    """Where the batcher puts one request's outcome: straight onto its front end's link
+    (no asyncio future, no callback a turn later)."""
+
+    __slots__ = ("front_end", "rid")
+
+    def __init__(self, front_end: _FrontEnd, rid: int) -> None:
+        self.front_end = front_end
+        self.rid = rid
+
+    def set_result(self, value: Any) -> None:
+        front_end = self.front_end
+        if front_end.inflight.pop(self.rid, None) is not None:
+            front_end.link.post_value((RESULT, self.rid), value)  # type: ignore[union-attr]
+
+    def set_exception(self, exc: BaseException) -> None:
+        front_end = self.front_end
+        front_end.inflight.pop(self.rid, None)
+        if front_end.link is not None and not front_end.link.lost:
+            front_end.link.post((ERROR, self.rid, pickled_error(exc)))
+
+
+class Hub:
+    """The links to the front ends, over the started batchers of ``registry``; the front
+    ends count their answers in ``tallies``."""
+
+    def __init__(self, registry: Registry, tallies: Tallies) -> None:
+        self.registry = registry
+        self.tallies = tallies
+        self._front_ends: dict[int, _FrontEnd] = {}
+        self._state: dict[str, int] = {}
+        self._batchers: dict[str, Batcher] = {}
+        self._watch: asyncio.TimerHandle | None = None
+        self._beat: asyncio.TimerHandle | None = None
+        self._beat_at = 0.0  # when the last heartbeat went (monotonic)
+
+    @property
+    def front_ends(self) -> int:
+        """Front ends linked now."""
+        return len(self._front_ends)
+
+    async def attach(self, index: int, sock: socket.socket, lost: Callable[[int], None]) -> None:
+        """Serve front end ``index`` over ``sock``; ``lost(index)`` once its link ends."""
+        front_end = _FrontEnd(index)
+        link = Link(
+            partial(self._ops, front_end),
+            partial(self._lost, front_end, lost),
+            partial(self._unsendable, front_end),
+        )
+        front_end.link = link
+        await asyncio.get_running_loop().create_unix_connection(lambda: link, sock=sock)
+        self._front_ends[index] = front_end
+        link.post((STATE, self._workers()))
+        if self._watch is None:
+            self._watch_workers()
+        if self._beat is None:
+            self._heartbeat()
+
+    def close(self) -> None:
+        """Close every link (the front ends see the main process gone) and stop watching."""
+        if self._watch is not None:
+            self._watch.cancel()
+        if self._beat is not None:
+            self._beat.cancel()
+        for front_end in list(self._front_ends.values()):
+            assert front_end.link is not None
+            front_end.link.close()
+
+    # ------------------------------------------------------------- from the front ends
+
+    def _ops(self, front_end: _FrontEnd, ops: list[Op], values: list[Any]) -> None:
+        for index, op in enumerate(ops):
+            kind = op[0]
+            if kind == INFER:
+                self._infer(front_end, op, values[index])
+            elif kind == CANCEL:
+                withdraw = front_end.inflight.pop(op[1], None)
+                if withdraw is not None:
+                    withdraw()
+            elif kind == PONG:
+                front_end.heard = _clock()
+            elif kind == QUERY:
+                assert front_end.link is not None
+                front_end.link.post((SNAPSHOT, op[1], self.snapshot()))
+
+    def _infer(self, front_end: _FrontEnd, op: Op, value: Any) -> None:
+        _, rid, name, timeout_ms, priority = op
+        answer = _Answer(front_end, rid)
+        try:
+            batcher = self._batchers.get(name) or self._batcher(name)
+            withdraw = batcher.enqueue(value, answer, timeout_ms=timeout_ms, priority=priority)
+        except Exception as exc:  # refused at admission: full, closing, overloaded
+            answer.set_exception(exc)
+            return
+        front_end.inflight[rid] = withdraw
+
+    def _unsendable(self, front_end: _FrontEnd, op: Op, exc: Exception) -> None:
+        """The outputs of request ``op[1]`` cannot be sent (they do not pickle, or shared
+        memory is full): its answer is the error."""
+        assert front_end.link is not None
+        error = exc
+        if not isinstance(exc, CarpoolError):  # it did not pickle: say what did not
+            error = TypeError(f"the model's outputs cannot be sent to the front end: {exc}")
+        front_end.inflight.pop(op[1], None)
+        front_end.link.post((ERROR, op[1], error))
+
+    def _batcher(self, name: str) -> Batcher:
+        """Model ``name``'s batcher (the main process's are real ones), remembered; raises
+        as the registry does for a model it does not serve."""
+        batcher = self._batchers[name] = cast(Batcher, self.registry.get(name).batcher)
+        return batcher
+
+    def _lost(self, front_end: _FrontEnd, lost: Callable[[int], None]) -> None:
+        withdrawals = list(front_end.inflight.values())
+        front_end.inflight.clear()
+        for withdraw in withdrawals:  # nobody is left to answer
+            withdraw()
+        if self._front_ends.get(front_end.index) is front_end:
+            del self._front_ends[front_end.index]
+        lost(front_end.index)
+
+    # ------------------------------------------------------------- liveness
+
+    def _heartbeat(self) -> None:
+        """Declare lost each front end silent for :data:`SILENT_S`, and ping the others."""
+        now = _clock()
+        on_time = now - self._beat_at < 2 * HEARTBEAT_S  # else this loop stalled: the
+        self._beat_at = now  # answers may be waiting unread, so nobody is judged
+        for front_end in list(self._front_ends.values()):
+            link = front_end.link
+            assert link is not None
+            if on_time and now - front_end.heard > SILENT_S:
+                log.warning(
+                    "front end #%d answered no heartbeat for %gs: it is lost",
+                    front_end.index,
+                    SILENT_S,
+                )
+                link.close()  # its requests withdrawn; the main process kills it
+            else:
+                link.post((PING,))
+        self._beat = asyncio.get_running_loop().call_later(HEARTBEAT_S, self._heartbeat)
+
+    # ------------------------------------------------------------- statistics
+
+    def snapshot(self) -> tuple[dict[str, tuple[Any, Statuses, float]], Statuses]:
+        """Every model's batcher statistics, and its requests' outcomes and seconds summed
+        over the front ends, live and ended; and the server's own answers, summed too."""
+        counted, server = self.tallies.totals()
+        models_now = {
+            served.name: (
+                _picklable(served.batcher.stats()),
+                *counted.get(served.name, ({}, 0.0)),
+            )
+            for served in self.registry
+        }
+        return models_now, server
+
+    # ------------------------------------------------------------- readiness
+
+    def _workers(self) -> dict[str, int]:
+        return {served.name: served.batcher.workers_alive for served in self.registry}
+
+    def _watch_workers(self) -> None:
+        """Tell the front ends when a model's workers come or go (their readiness)."""
+        state = self._workers()
+        if state != self._state:
+            self._state = state
+            for front_end in self._front_ends.values():
+                assert front_end.link is not None
+                front_end.link.post((STATE, state))
+        self._watch = asyncio.get_running_loop().call_later(_WATCH_S, self._watch_workers)
+
+
+def _picklable(stats: BatcherStats) -> BatcherStats:
+    """``stats`` with plain dicts where it holds read-only views (which do not pickle)."""
+    return replace(
+        stats,
+        batch_sizes=dict(stats.batch_sizes),
+        dispatch_reasons=dict(stats.dispatch_reasons),
+        batch_times=dict(stats.batch_times),
+    )

@@ -1,0 +1,1 @@
+"""The gRPC front end: Triton's service, its messages, access keys, bursts."""

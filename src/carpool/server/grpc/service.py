@@ -1,0 +1,408 @@
+"""The v2 gRPC API (``inference.GRPCInferenceService``) on the REST app's models.
+
+A ``grpc.aio`` server started in the app's lifespan startup, on the app's (uvicorn's) loop,
+where the batchers live, so that both protocols feed the same batchers with no thread in
+between. Inference calls wait for their burst (:class:`~carpool.server.grpc.bursts.Bursts`)
+so that calls sent together reach the batcher together, as REST's do. Inference is only
+decoded and encoded here (:mod:`carpool.server.grpc.codec`); its life in between is
+:class:`~carpool.server.inference.path.Inference`'s, REST's too: a call the client cancels, or
+whose deadline passes, withdraws its queued request. Failures are
+:func:`~carpool.server.inference.outcomes.error_status`'s, under
+:func:`~carpool.server.statuses.grpc_code`'s names. It is given what it serves (the
+inference path, whose registry answers readiness and metadata) and never imports the app.
+Only :mod:`carpool.server.serve` imports it, and only when ``--grpc-port`` is not 0: grpc
+is never imported otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import grpc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from carpool.errors import ConfigError
+from carpool.model import Model
+from carpool.server.auth import ApiKeys
+from carpool.server.grpc import access as grpc_access
+from carpool.server.grpc import codec
+from carpool.server.grpc.bursts import MAX_HOLD_S, Bursts
+from carpool.server.grpc.wire import read_infer_request
+from carpool.server.inference.outcomes import error_status
+from carpool.server.inference.path import Answer, Inference, Withdrawal
+from carpool.server.lifecycle.control import ModelControl, act
+from carpool.server.lifecycle.registry import (
+    ModelNotFound,
+    ModelUnavailable,
+    ServedModel,
+    server_metadata,
+)
+from carpool.server.messages import MAX_ELEMENTS, InferRequest
+from carpool.server.statuses import HTTPError, Status, grpc_code, is_server_error
+
+__all__ = ["GrpcServer"]
+
+log = logging.getLogger("carpool.server")
+
+PROTOCOL = "grpc"  # the protocol label of its requests in /metrics
+STREAM_IN_FLIGHT = 64  # requests of one ModelStreamInfer stream running at once, at most
+# After the drain deadline the batchers answer what is left with UNAVAILABLE; the gRPC
+# server waits this much longer for those answers to go out before it cancels the calls.
+_ANSWER_S = 1.0
+# A call whose deadline is nearer than this goes to the batcher at once, never held back
+# for its burst: the hold (at most MAX_HOLD_S, 8 ms) stays a small share of it.
+_HOLD_DEADLINE_S = 10 * MAX_HOLD_S
+_UNIMPLEMENTED = {
+    "SharedMemory": "shared memory is not supported by this server; send tensors in the "
+    "request (raw_input_contents)",
+}
+
+Handler = TypeVar("Handler", bound=Callable[..., Coroutine[Any, Any, Any]])
+
+
+def _unary(method: Handler) -> Handler:
+    """A unary RPC other than inference, whose exceptions end the call with the status the
+    one table gives, and whose answer the server counts (no model does). The body gets the
+    call's time left (seconds, or None), read here."""
+
+    @functools.wraps(method)
+    async def wrapper(self: _Servicer, request: Any, context: Any) -> Any:
+        try:
+            response = await method(self, request, context.time_remaining())
+        except asyncio.CancelledError:
+            self._counts.record(PROTOCOL, Status.CLIENT_CLOSED)
+            raise
+        except Exception as exc:
+            code, message = _status(exc, method.__name__)
+            self._counts.record(PROTOCOL, error_status(exc).status)
+            await context.abort(code, message)
+        self._counts.record(PROTOCOL, Status.OK)
+        return response
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _may_wait(left_s: float | None) -> bool:
+    """Whether a call with ``left_s`` seconds to its deadline may be held for its burst."""
+    return left_s is None or left_s > _HOLD_DEADLINE_S
+
+
+def _status(exc: Exception, rpc: str) -> tuple[grpc.StatusCode, str]:
+    error = error_status(exc)
+    if is_server_error(error.status) and not isinstance(exc, HTTPError):
+        log.warning("gRPC %s -> %d: %s", rpc, error.status, error.message)
+    return grpc.StatusCode[grpc_code(error.status)], error.message
+
+
+class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    """Every RPC of the service; those carpool has no use for answer UNIMPLEMENTED."""
+
+    def __init__(self, inference: Inference, control: ModelControl | None = None) -> None:
+        self._inference = inference
+        self._control = control  # None: models load at start only
+        self._registry = inference.registry
+        self._counts = inference.server_counts  # the answers no model counts
+        self._bursts = Bursts()
+
+    @_unary
+    async def ServerLive(self, request: Any, left_s: float | None) -> Any:
+        return pb.ServerLiveResponse(live=True)
+
+    @_unary
+    async def ServerReady(self, request: Any, left_s: float | None) -> Any:
+        return pb.ServerReadyResponse(ready=self._registry.is_ready())
+
+    @_unary
+    async def ModelReady(self, request: Any, left_s: float | None) -> Any:
+        # An unknown or failed model is not ready, not an error (tritonclient: False).
+        try:
+            served = self._registry.get(request.name, request.version or None)
+        except (ModelNotFound, ModelUnavailable):
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=self._registry.model_ready(served))
+
+    @_unary
+    async def ServerMetadata(self, request: Any, left_s: float | None) -> Any:
+        return codec.server_metadata(server_metadata())
+
+    @_unary
+    async def ModelMetadata(self, request: Any, left_s: float | None) -> Any:
+        return codec.model_metadata(self._served(request).metadata())
+
+    @_unary
+    async def ModelConfig(self, request: Any, left_s: float | None) -> Any:
+        return codec.model_config(self._served(request).config())
+
+    @_unary
+    async def ModelStatistics(self, request: Any, left_s: float | None) -> Any:
+        await self._registry.refresh()
+        if not request.name:
+            return codec.model_statistics([m.statistics() for m in self._registry])
+        return codec.model_statistics([self._served(request).statistics()])
+
+    @_unary
+    async def RepositoryIndex(self, request: Any, left_s: float | None) -> Any:
+        return codec.repository_index(self._registry.index(ready_only=request.ready))
+
+    @_unary
+    async def RepositoryModelLoad(self, request: Any, left_s: float | None) -> Any:
+        parameters = _parameters(request.parameters)
+        await act(self._control, request.model_name, "load", parameters)
+        return pb.RepositoryModelLoadResponse()
+
+    @_unary
+    async def RepositoryModelUnload(self, request: Any, left_s: float | None) -> Any:
+        parameters = _parameters(request.parameters)
+        await act(self._control, request.model_name, "unload", parameters)
+        return pb.RepositoryModelUnloadResponse()
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        """Held back a little while other calls arrive (:mod:`carpool.server.grpc.bursts`),
+        so that calls sent together reach the batcher together, as REST's do. A call
+        cancelled while held never reached the inference path: it is counted here."""
+        try:
+            async with self._slot(request, context):
+                # Read after the hold: the queue's timeout is what is left of the deadline.
+                return await self._infer(request, context.time_remaining())
+        except Exception as exc:
+            code, message = _status(exc, "ModelInfer")
+            await context.abort(code, message)
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> None:
+        """Each request on the stream answered on the stream, as it completes (requests
+        run concurrently, so they batch together); an error is that answer's
+        ``error_message``, and the stream goes on."""
+        writing = asyncio.Lock()
+        # At most STREAM_IN_FLIGHT requests of one stream at a time: past it the stream is
+        # not read until one is answered (HTTP/2's flow control then holds the client back),
+        # where each message used to become a task at once, however many came unread.
+        room = asyncio.Semaphore(STREAM_IN_FLIGHT)
+        async with asyncio.TaskGroup() as tasks:
+            async for request in requests:
+                await room.acquire()
+                tasks.create_task(self._stream_one(request, context, writing, room))
+
+    async def _stream_one(
+        self, request: Any, context: Any, writing: asyncio.Lock, room: asyncio.Semaphore
+    ) -> None:
+        try:
+            await self._stream_answer(request, context, writing)
+        finally:
+            room.release()
+
+    async def _stream_answer(self, request: Any, context: Any, writing: asyncio.Lock) -> None:
+        try:
+            async with self._slot(request, context):
+                response = await self._infer(request, context.time_remaining())
+            answer = pb.ModelStreamInferResponse(infer_response=response)
+        except Exception as exc:
+            _, message = _status(exc, "ModelStreamInfer")
+            answer = pb.ModelStreamInferResponse(
+                error_message=message,
+                infer_response=pb.ModelInferResponse(
+                    model_name=request.model_name, model_version=request.model_version,
+                    id=request.id,
+                ),
+            )  # fmt: skip
+        async with writing:
+            await context.write(answer)
+
+    def _slot(self, request: Any, context: Any) -> Any:
+        """The call's place in its burst; a call cancelled there counts as the inference
+        path counts a cancelled call (499), under its model if it has one."""
+        withdrawn = functools.partial(self._withdrawn_while_held, request)
+        return self._bursts.slot(may_wait=_may_wait(context.time_remaining()), withdrawn=withdrawn)
+
+    def _withdrawn_while_held(self, request: Any) -> None:
+        try:
+            served = self._registry.get(request.model_name, request.model_version or None)
+        except (ModelNotFound, ModelUnavailable):  # the server's, as on the path
+            self._counts.record(PROTOCOL, Status.CLIENT_CLOSED)
+            return
+        served.record(PROTOCOL, Status.CLIENT_CLOSED)
+
+    def _served(self, request: Any) -> ServedModel:
+        return self._registry.get(request.name, request.version or None)
+
+    async def _infer(self, request: Any, left_s: float | None) -> Any:
+        """One ``ModelInferRequest`` through the inference path, counted
+        under ``grpc``: the call's deadline (``left_s``) shortens its queue timeout, and a
+        cancelled call (the client's cancel, its deadline) withdraws it and counts 499."""
+
+        async def decode(model: Model) -> InferRequest:
+            return await self._inference.admissions.decode(
+                request.size, codec.decode_infer_request, request, max_elements=MAX_ELEMENTS
+            )
+
+        return await self._inference.infer(
+            request.model_name,
+            request.model_version or None,
+            protocol=PROTOCOL,
+            decode=decode,
+            encode=_encode,
+            withdrawal=Withdrawal(deadline_s=left_s, cancel_counts_as=Status.CLIENT_CLOSED),
+        )
+
+
+_KINDS = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
+def _service(servicer: _Servicer) -> grpc.GenericRpcHandler:
+    """The service as its generated code adds it, but for inference's requests, read by
+    :mod:`.grpc_wire`: their tensors are views of the message received, not copies."""
+    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    handlers = {}
+    for method in service.methods:
+        request, response = (getattr(pb, t.name) for t in (method.input_type, method.output_type))
+        streaming = (method.client_streaming, method.server_streaming)
+        kind = _KINDS[streaming]  # a kind the service does not have is a KeyError at start
+        handlers[method.name] = kind(
+            getattr(servicer, method.name),
+            request_deserializer=(
+                read_infer_request if request is pb.ModelInferRequest else request.FromString
+            ),
+            response_serializer=response.SerializeToString,
+        )
+    return grpc.method_handlers_generic_handler(service.full_name, handlers)
+
+
+def _parameters(parameters: Any) -> dict[str, Any]:
+    """A repository request's ``ModelRepositoryParameter`` map as plain values."""
+    return {key: getattr(p, p.WhichOneof("parameter_choice")) for key, p in parameters.items()}
+
+
+def _encode(answer: Answer) -> Any:
+    return codec.encode_infer_response(
+        model_name=answer.served.name,
+        model_version=answer.served.version,
+        request_id=answer.request.id,
+        outputs=[tensor for tensor, _ in answer.outputs],
+    )
+
+
+def _unimplemented(rpc: str) -> Callable[..., Awaitable[Any]]:
+    reason = next((why for key, why in _UNIMPLEMENTED.items() if key in rpc), "not supported")
+
+    async def method(self: _Servicer, request: Any, context: Any) -> Any:
+        self._counts.record(PROTOCOL, Status.METHOD_NOT_ALLOWED)  # grpc_code: UNIMPLEMENTED
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{rpc}: {reason}")
+
+    method.__name__ = rpc
+    return method
+
+
+# Every RPC of the service carpool does not implement (shared memory, trace and log
+# settings, and any Triton adds): UNIMPLEMENTED, saying why.
+for _rpc in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name:
+    if _rpc not in vars(_Servicer):
+        setattr(_Servicer, _rpc, _unimplemented(_rpc))
+
+
+class GrpcServer:
+    """The gRPC server's life: listen at startup, stop accepting when the drain begins,
+    give calls in flight the same drain deadline as REST's.
+
+    grpc.aio runs on the app's loop, the batchers' (it used to have a thread and loop of
+    its own, every call handed across and back: two thread wake-ups a call, and calls
+    reached the batcher one by one all the same; :class:`~carpool.server.grpc.bursts.Bursts`
+    is what gathers them)."""
+
+    def __init__(
+        self,
+        inference: Inference,
+        address: str,
+        *,
+        max_message_bytes: int,
+        api_keys: ApiKeys | None = None,
+        tls: tuple[str, str] | None = None,
+        share_port: bool = False,
+        max_concurrent_rpcs: int = 0,
+        control: ModelControl | None = None,
+    ) -> None:
+        self._inference = inference
+        self._control = control
+        self._max_concurrent_rpcs = max_concurrent_rpcs  # 0: no limit
+        self._share_port = share_port  # front-end processes: each listens on the one port
+        self.address = address
+        self._max_message_bytes = max_message_bytes  # REST's --max-body-bytes
+        self._api_keys = api_keys  # REST's keys; None: every call is open
+        self._tls = tls  # (certfile, keyfile), REST's; None: plain
+        self._server: grpc.aio.Server | None = None  # once listening
+        self._loop: asyncio.AbstractEventLoop | None = None  # the app's, once listening
+        self._stopping: asyncio.Task[None] | None = None  # the server's stop, once begun
+        self._stopped: asyncio.Future[None] | None = None  # done when it has stopped
+
+    async def start(self) -> None:
+        """Listen on ``address``; :class:`ConfigError` when it cannot (the port is taken)."""
+        access = grpc_access.Access(  # --api-key; --grpc-max-concurrent-rpcs; counting
+            functools.partial(self._inference.server_counts.record, PROTOCOL),
+            keys=self._api_keys,
+            max_calls=self._max_concurrent_rpcs,
+        )
+        server = grpc.aio.server(
+            interceptors=[access],
+            options=[
+                # The body limit: a larger message is RESOURCE_EXHAUSTED, from grpc itself.
+                ("grpc.max_receive_message_length", self._max_message_bytes),
+                ("grpc.max_send_message_length", -1),  # as REST: responses are not limited
+                # Never share a port with another process (grpc's default on Linux would
+                # split the calls between two servers without a word), except with the
+                # server's other front ends, among which the kernel spreads connections.
+                ("grpc.so_reuseport", int(self._share_port)),
+            ],
+        )
+        server.add_generic_rpc_handlers((_service(_Servicer(self._inference, self._control)),))
+        try:
+            bound = grpc_access.add_port(server, self.address, self._tls)  # TLS or not
+        except RuntimeError:
+            bound = 0
+        if not bound:
+            await server.stop(None)
+            raise ConfigError(
+                f"cannot listen for gRPC on {self.address} (is the port in use?); choose "
+                "another --grpc-port, or 0 to turn gRPC off"
+            )
+        await server.start()
+        self._loop = asyncio.get_running_loop()
+        self._stopped = self._loop.create_future()
+        self._server = server
+        log.info("gRPC listening on %s", self.address)
+
+    def begin_drain(self, deadline: float) -> None:
+        """Stop accepting calls now; those in flight have until ``deadline`` (monotonic).
+        Safe from a signal handler: the stop itself starts in a callback of the loop."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._stop, deadline)
+
+    def _stop(self, deadline: float) -> None:
+        if self._server is None or self._stopping is not None:
+            return
+        grace = max(0.0, deadline - time.monotonic()) + _ANSWER_S
+        self._stopping = asyncio.get_running_loop().create_task(self._server.stop(grace))
+        self._stopping.add_done_callback(self._has_stopped)
+
+    def _has_stopped(self, task: asyncio.Task[None]) -> None:
+        assert self._stopped is not None  # set with _server
+        if self._stopped.done():
+            return
+        if task.cancelled():
+            self._stopped.cancel()
+        elif (exc := task.exception()) is not None:
+            self._stopped.set_exception(exc)
+        else:
+            self._stopped.set_result(None)
+
+    async def wait_stopped(self) -> None:
+        """Until the server stopped, which :meth:`begin_drain` set off."""
+        if self._stopped is not None:
+            await self._stopped

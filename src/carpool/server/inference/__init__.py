@@ -1,0 +1,1 @@
+"""The one inference path every protocol takes: admit, batch, cache, outcome."""

@@ -1,0 +1,1 @@
+"""Served models: the registry, loads, unloads and repository polls."""

@@ -1,0 +1,1 @@
+"""OpenAI's API on the inference path."""

@@ -1,0 +1,479 @@
+"""The REST API as a plain ASGI application: lifespan, routes, and the REST front ends of
+the inference path (v2 JSON, binary and raw; OpenAI's ``/v1/embeddings``).
+
+Routes are matched by splitting the path, not by a framework: the inference path is the hot
+path, and a handful of fixed routes needs no more. An inference request is only decoded and
+encoded here (:mod:`carpool.server.rest.codec`, :mod:`carpool.server.openai.codec`); its life in
+between is :class:`~carpool.server.inference.path.Inference`'s. Whatever a request ends in is
+answered with the status :func:`~carpool.server.inference.outcomes.error_status` gives it, and an
+error body that is exactly ``{"error": "<message>"}``, which is what tritonclient reads
+(under ``/v1``, the same status in OpenAI's shape). Bodies are read by
+:mod:`carpool.server.rest.bodies`. The app also starts and drains the gRPC server it is given
+(built by :mod:`carpool.server.serve`), without importing grpc. Only
+:mod:`carpool.server.serve` imports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from carpool.errors import ConfigError
+from carpool.model import Model
+from carpool.server.auth import UNAUTHORIZED, ApiKeys, is_open
+from carpool.server.inference.outcomes import error_status
+from carpool.server.inference.path import Answer, ClientGone, Inference, Replay, Withdrawal
+from carpool.server.lifecycle.control import ModelControl, act
+from carpool.server.lifecycle.load_config import request_parameters
+from carpool.server.lifecycle.registry import VERSION, ServedModel, server_metadata
+from carpool.server.messages import HEADER_LENGTH, MAX_ELEMENTS, InferRequest, ProtocolError
+from carpool.server.openai import codec as openai
+from carpool.server.rest import openapi
+from carpool.server.rest.asgi import (
+    JSON,
+    Receive,
+    Scope,
+    Send,
+    gone_signal,
+    request_watch,
+    send_json,
+    send_response,
+)
+from carpool.server.rest.bodies import read_body, request_headers
+from carpool.server.rest.codec import (
+    check_raw_content_type,
+    encode_error,
+    encode_infer_response,
+    parse_header_length,
+    parse_index_request,
+    parse_infer_request,
+    parse_raw_request,
+)
+from carpool.server.statuses import STOPPING, HTTPError, Status, is_server_error
+from carpool.server.telemetry.logs import access_log, log_access
+from carpool.server.telemetry.metrics import Metrics
+
+if TYPE_CHECKING:  # built by serve, only when the gRPC port is on: grpc is not imported here
+    from carpool.server.grpc.service import GrpcServer
+
+__all__ = ["App"]
+
+LOADS = ("load", "unload")  # /v2/repository/models/NAME/...
+
+log = logging.getLogger("carpool.server")
+_HTTP = "http"  # the protocol label of v2 REST requests in /metrics
+_OPENAI = "openai"  # and of /v1/embeddings requests
+# The server cancels a REST request only at the drain deadline, and answers it 503 itself
+# (``_http``): counted so under its model, as every other answer is.
+_CUT_OFF = Status.UNAVAILABLE
+# In a request's scope once the inference path counts its answer (and the app must not).
+_COUNTED = "carpool.counted"
+
+
+class App:
+    """ASGI application serving the models of ``inference``'s registry; it starts and
+    drains ``grpc`` (None: REST only) with them."""
+
+    def __init__(
+        self,
+        inference: Inference,
+        *,
+        max_body_bytes: int,
+        drain_timeout_s: float = 30.0,
+        metrics: Metrics | None = None,
+        grpc: GrpcServer | None = None,
+        api_keys: ApiKeys | None = None,
+        metrics_need_key: bool = False,
+        body_timeout_s: float | None = None,
+        max_client_batch_size: int | None = None,
+        control: ModelControl | None = None,
+    ) -> None:
+        self.inference = inference
+        self.control = control  # None: models load at start only (load/unload are 503)
+        self.max_client_batch_size = max_client_batch_size  # texts per /v1/embeddings call
+        self.registry = inference.registry
+        self.api_keys = api_keys  # None: every route is open
+        self.metrics_need_key = metrics_need_key
+        self.body_timeout_s = body_timeout_s
+        self.max_body_bytes = max_body_bytes
+        self.drain_timeout_s = drain_timeout_s
+        self.metrics = metrics if metrics is not None else Metrics(self.registry)
+        self.server_counts = inference.server_counts  # the answers no model counts
+        self.startup_error: Exception | None = None  # why startup failed, if it did
+        self._started: list[ServedModel] = []
+        self._drain_deadline: float | None = None  # monotonic; set when draining begins
+        self._grpc = grpc
+
+    @property
+    def grpc_address(self) -> str | None:
+        """``host:port`` of the gRPC API; None: REST only."""
+        return None if self._grpc is None else self._grpc.address
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    # ------------------------------------------------------------- lifespan
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.startup()
+                except Exception as exc:
+                    self.startup_error = exc
+                    if isinstance(exc, ConfigError):  # says what to do; no traceback
+                        log.error("startup failed: %s", exc)
+                    else:
+                        log.exception("startup failed")
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def startup(self) -> None:
+        """Start every model's batcher on this loop (:meth:`Registry.start`), then the
+        gRPC server. A failed startup closes the batchers it started (and with them their
+        worker processes)."""
+        self._started = await self.registry.start()
+        if self.control is not None:
+            self.control.start()
+        try:
+            if self._grpc is not None:
+                try:
+                    await self._grpc.start()
+                except Exception:
+                    self._grpc = None  # it never listened: nothing of it to drain
+                    raise
+        except Exception:
+            await self.shutdown()  # the batchers just started, idle: they close at once
+            raise
+        self.registry.ready = True
+        if self.registry.local:  # else the main process said it, once for every front end
+            self.registry.describe()
+
+    def begin_drain(self) -> None:
+        """Not ready any more, and the drain timeout starts now: it bounds the whole drain
+        (the HTTP server's wait for requests in flight, then the batchers' close), not
+        each step of it."""
+        self.registry.ready = False
+        if self._drain_deadline is None:
+            self._drain_deadline = time.monotonic() + self.drain_timeout_s
+            if self._grpc is not None:  # stops accepting calls; the same deadline
+                self._grpc.begin_drain(self._drain_deadline)
+
+    async def shutdown(self) -> None:
+        """Not ready any more; every batcher finishes what it accepted, within what is left
+        of the drain timeout, after which what is left gets 503 (a hung model call is
+        abandoned)."""
+        self.begin_drain()
+        assert self._drain_deadline is not None
+        started, self._started = self._started, []
+        if self.control is not None:  # loads and unloads end first; then what serves closes
+            await self.control.close(timeout=max(0.0, self._drain_deadline - time.monotonic()))
+            started = list(self.registry)
+        left = max(0.0, self._drain_deadline - time.monotonic())
+        await self.registry.close(started, timeout=left)
+        if self._grpc is not None:  # its calls were answered as their batchers closed
+            await self._grpc.wait_stopped()
+        self.inference.admissions.close()
+
+    # ------------------------------------------------------------- http
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        method = scope["method"]
+        parts = scope["path"].strip("/").split("/")
+        try:
+            if self.api_keys is not None and self._refused(self.api_keys, parts, scope):
+                bearer = [(b"www-authenticate", b"Bearer")]
+                raise HTTPError(Status.UNAUTHORIZED, UNAUTHORIZED, bearer)
+            status = await self._route(method, parts, scope, receive, send)
+        except asyncio.CancelledError:
+            # The server gave up on this request (drain timeout): answer it with a 503, not
+            # the server's plain-text 500 and an error traceback for an expected end.
+            stopping = HTTPError(Status.UNAVAILABLE, STOPPING)
+            self._count(scope, parts, stopping.status)
+            try:
+                body = _error_body(parts, stopping, stopping)
+                await send_response(send, stopping.status, body, JSON)
+            except Exception:  # the client is gone too: nothing left to answer
+                raise asyncio.CancelledError from None
+            status = stopping.status
+        except Exception as exc:
+            error = error_status(exc)
+            status = error.status
+            if is_server_error(status) and not isinstance(exc, HTTPError):
+                log.warning("%s %s -> %d: %s", method, scope["path"], status, error.message)
+            self._count(scope, parts, status)
+            await send_response(send, status, _error_body(parts, exc, error), JSON + error.headers)
+        else:
+            self._count(scope, parts, status)
+        if access_log.isEnabledFor(logging.INFO):
+            log_access(scope.get("client"), method, scope["path"], status, started)
+
+    def _count(self, scope: Scope, parts: list[str], status: int) -> None:
+        """Count an answer the server's unless the inference path counted it (under its
+        model, or the server's for an unknown one): each answer once."""
+        if not scope.get(_COUNTED):
+            self.server_counts.record(_OPENAI if parts[0] == "v1" else _HTTP, status)
+
+    def _refused(self, keys: ApiKeys, parts: list[str], scope: Scope) -> bool:
+        """Whether a request needs a key and presents none of ``keys`` (401, no detail)."""
+        if is_open(parts, metrics_need_key=self.metrics_need_key):
+            return False
+        return not keys.allows(scope["headers"])
+
+    async def _route(
+        self, method: str, parts: list[str], scope: Scope, receive: Receive, send: Send
+    ) -> int:
+        if parts == ["metrics"]:
+            _allow(method, "GET")
+            await self.registry.refresh()
+            body = self.metrics.render()
+            await send_response(send, 200, body, [(b"content-type", self.metrics.content_type)])
+            return 200
+        if parts[0] == "v1":
+            return await self._openai(method, parts[1:], scope, receive, send)
+        if not parts or parts[0] != "v2":
+            raise _not_found(scope)
+        rest = parts[1:]
+        if not rest:
+            _allow(method, "GET")
+            return await send_json(send, 200, server_metadata())
+        if rest == ["openapi.json"]:
+            _allow(method, "GET")
+            return await send_json(send, 200, openapi.document(VERSION))
+        if rest[0] == "health" and len(rest) == 2 and rest[1] in ("live", "ready"):
+            _allow(method, "GET")
+            if rest[1] == "live":
+                return await send_json(send, 200, {"live": True})
+            if self.registry.is_ready():
+                return await send_json(send, 200, {"ready": True})
+            not_ready = {"ready": False, "error": "Server is not ready"}
+            return await send_json(send, Status.UNAVAILABLE, not_ready)
+        if rest[0] == "models":
+            return await self._models(method, rest[1:], scope, receive, send)
+        if rest == ["repository", "index"]:
+            _allow(method, "POST")  # Triton's model repository extension
+            body = await self._body(scope, receive)
+            index = self.registry.index(ready_only=parse_index_request(body))
+            return await send_json(send, 200, index)
+        if rest[:2] == ["repository", "models"] and len(rest) == 4 and rest[3] in LOADS:
+            _allow(method, "POST")
+            parameters = request_parameters(await self._body(scope, receive))
+            await act(self.control, rest[2], rest[3], parameters)
+            await send_response(send, 200, b"", JSON)
+            return 200
+        raise _not_found(scope)
+
+    async def _models(
+        self, method: str, rest: list[str], scope: Scope, receive: Receive, send: Send
+    ) -> int:
+        if rest == ["stats"]:
+            _allow(method, "GET")
+            await self.registry.refresh()
+            return await send_json(
+                send, 200, {"model_stats": [m.statistics() for m in self.registry]}
+            )
+        if not rest or not rest[0]:
+            raise _not_found(scope)
+        name, tail = rest[0], rest[1:]
+        version = None
+        if len(tail) >= 2 and tail[0] == "versions":
+            version, tail = tail[1], tail[2:]
+        action = tail[0] if tail else ""
+        if len(tail) > 1 or action not in ("", "infer", "ready", "config", "stats"):
+            raise _not_found(scope)
+        if action == "ready" and name in self.registry.load_failures:
+            _allow(method, "GET")
+            reason = self.registry.load_failures[name].reason
+            failed = {"name": name, "ready": False, "error": reason}
+            return await send_json(send, Status.UNAVAILABLE, failed)
+        served = self.registry.get(name, version)
+        if action == "infer":
+            _allow(method, "POST")
+            return await self._infer(name, version, scope, receive, send)
+        _allow(method, "GET")
+        if action == "":
+            return await send_json(send, 200, served.metadata())
+        if action == "ready":
+            if self.registry.model_ready(served):
+                return await send_json(send, 200, {"name": served.name, "ready": True})
+            not_ready = {"name": served.name, "ready": False, "error": "Model not ready"}
+            return await send_json(send, Status.UNAVAILABLE, not_ready)
+        if action == "config":
+            return await send_json(send, 200, served.config())
+        await self.registry.refresh()
+        return await send_json(send, 200, {"model_stats": [served.statistics()]})
+
+    async def _infer(
+        self, name: str, version: str | None, scope: Scope, receive: Receive, send: Send
+    ) -> int:
+        """A v2 inference request (JSON, binary or raw): decoded and encoded here, its life
+        in between the inference path's. Read once, by whichever step asks first: the
+        response cache's replay (the parts its answer depends on) or the decoder."""
+        read: list[tuple[bytes | None, bytes | None, bytes]] = []
+
+        async def received() -> tuple[bytes | None, bytes | None, bytes]:
+            if not read:
+                headers = request_headers(scope)
+                body = await self._read_body(headers, scope, receive)
+                length = headers.get(b"inference-header-content-length")
+                read.append((length, headers.get(b"content-type"), body))
+            return read[0]
+
+        async def decode(model: Model) -> InferRequest:
+            return await self._decode(model, *await received())
+
+        scope[_COUNTED] = True
+        gone = Withdrawal(client_gone=gone_signal(scope, receive), cancel_counts_as=_CUT_OFF)
+        try:
+            body, json_length = await self.inference.infer(
+                name, version, protocol=_HTTP, decode=decode, encode=_encode, withdrawal=gone,
+                replay=Replay(received, _encoded_size),
+            )  # fmt: skip
+        except ClientGone:
+            return Status.CLIENT_CLOSED  # nobody to answer
+        await send_response(send, 200, body, _infer_headers(json_length))
+        return 200
+
+    async def _openai(
+        self, method: str, rest: list[str], scope: Scope, receive: Receive, send: Send
+    ) -> int:
+        """OpenAI's routes (:mod:`carpool.server.openai.codec`), for the models that opted in."""
+        if rest == ["embeddings"]:
+            _allow(method, "POST")
+            return await self._embeddings(scope, receive, send)
+        if rest == ["models"]:
+            _allow(method, "GET")
+            entries = [
+                openai.model_entry(m.name, m.created) for m in self.registry if m.model.openai
+            ]
+            return await send_json(send, 200, openai.model_list(entries))
+        if len(rest) == 2 and rest[0] == "models" and rest[1]:
+            _allow(method, "GET")
+            served = self.registry.get(rest[1])
+            openai.check_opted_in(served.model)
+            return await send_json(send, 200, openai.model_entry(served.name, served.created))
+        raise _not_found(scope)
+
+    async def _embeddings(self, scope: Scope, receive: Receive, send: Send) -> int:
+        """One request of k texts through the inference path the v2 route takes; OpenAI's
+        bodies in and out. The model is known (and counts the request) once named."""
+        doc = openai.json_body(await self._body(scope, receive))
+        served = self.registry.get(openai.model_name(doc))
+        scope[_COUNTED] = True
+        try:
+            openai.check_opted_in(served.model)
+        except openai.OpenAIError as exc:  # a model known by name: the refusal counts there
+            served.record(_OPENAI, exc.status)
+            raise
+        call = openai.EmbeddingsCall(doc, self.max_client_batch_size)
+        gone = Withdrawal(client_gone=gone_signal(scope, receive), cancel_counts_as=_CUT_OFF)
+        try:
+            body = await self.inference.infer(
+                served.name,
+                None,
+                protocol=_OPENAI,
+                decode=call.decode,
+                encode=call.encode,
+                withdrawal=gone,
+            )
+        except ClientGone:
+            return Status.CLIENT_CLOSED  # nobody to answer
+        await send_response(send, 200, body, JSON)
+        return 200
+
+    async def _body(self, scope: Scope, receive: Receive) -> bytes:
+        return await self._read_body(request_headers(scope), scope, receive)
+
+    async def _read_body(
+        self, headers: dict[bytes, bytes], scope: Scope, receive: Receive
+    ) -> bytes:
+        watch = request_watch(scope)
+        arrived = watch is not None and watch.body_complete
+        return await read_body(
+            headers, receive, self.max_body_bytes, timeout_s=self.body_timeout_s, arrived=arrived
+        )
+
+    async def _decode(
+        self, model: Model, length: bytes | None, content_type: bytes | None, body: bytes
+    ) -> InferRequest:
+        """The request of ``body`` and its ``inference-header-content-length`` and
+        ``content-type`` headers (None where not sent) for ``model``."""
+        header_length = parse_header_length(_text(length), len(body))
+        if header_length == 0:
+            check_raw_content_type(_text(content_type))
+            return _raw_request(model, body)
+        json_bytes = len(body) if header_length is None else header_length
+        return await self.inference.admissions.decode(
+            json_bytes, parse_infer_request, body, header_length, max_elements=MAX_ELEMENTS
+        )
+
+
+def _encode(answer: Answer) -> tuple[bytes, int | None]:
+    return encode_infer_response(
+        model_name=answer.served.name,
+        model_version=answer.served.version,
+        request_id=answer.request.id,
+        outputs=answer.outputs,
+    )
+
+
+def _encoded_size(encoded: tuple[bytes, int | None]) -> int:
+    return len(encoded[0])
+
+
+def _raw_request(model: Model, body: bytes) -> InferRequest:
+    """A raw binary body is the data of the model's one input (Triton's rule)."""
+    spec = model.input_specs
+    if len(spec) != 1:
+        raise ProtocolError(
+            f"raw binary request needs a model with exactly 1 input; "
+            f"'{model.name}' has {len(spec)}",
+            field=HEADER_LENGTH,
+        )
+    return parse_raw_request(
+        body, name=spec[0].name, datatype=spec[0].datatype, shape_without_batch=spec[0].shape
+    )
+
+
+def _error_body(parts: list[str], exc: BaseException, error: HTTPError) -> bytes:
+    """OpenAI's error shape under ``/v1``, the v2 one elsewhere; the same status either way."""
+    if parts[0] == "v1":
+        return openai.encode_error(exc, error)
+    return encode_error(error.message)
+
+
+def _infer_headers(json_length: int | None) -> list[tuple[bytes, bytes]]:
+    if json_length is None:
+        return JSON
+    return [
+        (b"content-type", b"application/octet-stream"),
+        (b"inference-header-content-length", str(json_length).encode()),
+    ]
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")
+
+
+def _not_found(scope: Scope) -> HTTPError:
+    return HTTPError(Status.NOT_FOUND, f"Not Found: {scope['path']}")
+
+
+def _allow(method: str, allowed: str) -> None:
+    if method != allowed:
+        raise HTTPError(
+            Status.METHOD_NOT_ALLOWED, "Method Not Allowed", [(b"allow", allowed.encode())]
+        )

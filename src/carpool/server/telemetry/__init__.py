@@ -1,0 +1,1 @@
+"""What the server tells of itself: metrics, statistics, logs."""
