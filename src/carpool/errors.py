@@ -1,62 +1,7 @@
-"""Every error carpool raises on purpose; stdlib only.
-
-The tree, with the builtin each one also is, so ``except TimeoutError`` and friends keep
-working in code that does not know carpool::
-
-    CarpoolError
-    │   defined here, raised by the library:
-    ├── QueueFull (RuntimeError)          refused at the door: max_queue_size rows already wait
-    │   └── Overloaded                    refused at the door: it would finish past its deadline
-    ├── DeadlineExceeded (TimeoutError)   the request's timeout_ms passed before its result
-    ├── BatcherClosed (RuntimeError)      the batcher stopped accepting requests
-    │   └── WorkerPoolClosed              the replicas (processes, Ray actors) were closed
-    ├── CollationError (TypeError)        rows that cannot be stacked, or an unsplittable output
-    ├── BatchSizeMismatch (ValueError)    the model returned more or fewer rows than it got
-    ├── BlockingCallOnLoop (RuntimeError) a sync @carpool.batch function called on a loop's thread
-    ├── ConfigError (ValueError)          an option, target, flag or config file that cannot
-    │   │                                 be used: names the option, what it must be, its value
-    │   └── ConfigTypeError (TypeError)   an option of the wrong type (a float for an int)
-    ├── WorkerDied (RuntimeError)         a replica died running the batch (twice)
-    ├── BatchTimeout (TimeoutError)       the batch ran past batch_timeout_ms on a replica
-    ├── WorkerStartError (RuntimeError)   no replica (process, Ray actor) could load the model
-    ├── SharedMemoryFull (RuntimeError)   /dev/shm has no room for a batch's arena
-    ├── ModelExit (RuntimeError)          the model raised SystemExit, KeyboardInterrupt or
-    │                                     another BaseException that is not an Exception
-    │
-    │   raised by the server and bench, defined with their code:
-    ├── ProtocolError (ValueError)        carpool.server.messages: a request the v2 protocol
-    │   │                                 cannot accept, or a response it cannot carry
-    │   └── OpenAIError                   carpool.server.openai.codec: a /v1 request OpenAI's API
-    │                                     refuses, with its param and code
-    ├── ModelNotFound (LookupError)       server.lifecycle.registry: no model (or version) by
-    │                                     that name: a 404
-    ├── ModelUnavailable                  server.lifecycle.registry: the model failed to load at
-    │                                     start: a 400
-    ├── ModelOutputError (RuntimeError)   server.inference.admission: outputs that do not match
-    │                                     the model's declared signature: a 500
-    ├── LoadFailed                        server.lifecycle.control: a model that could not be
-    │                                     loaded or unloaded on request: a 400
-    ├── ControlUnavailable                carpool.server.lifecycle.control: load and unload are off
-    │                                     (no explicit model control, or stopping): a 503
-    ├── HTTPError                         carpool.server.statuses: an answer other than 200,
-    │   │                                 with its status and headers
-    │   └── ClientGone                    carpool.server.inference.path: the client left before
-    │                                     its answer (a 499, withdrawn if still queued)
-    ├── BenchError (ValueError)           carpool.bench.targets.base: a bench target, flag or file
-    │                                     that cannot be used
-    └── ReportError (ValueError)          carpool.bench.report.data: a file that is not a carpool
-                                          bench report
-
-The four ``Worker*`` errors and ``BatchTimeout`` come from the runners that keep model
-replicas outside the batcher's threads, child processes and Ray actors alike
-(``carpool.runners``); their names keep the word users catch them by.
-
-Errors raised by the model itself are not wrapped: the caller whose rows failed gets the
-model's own exception, with a note naming the batch it ran in. The one exception is a
-``BaseException`` that is not an ``Exception`` (``SystemExit``, ``KeyboardInterrupt``): raised
-by a model call in a worker thread or child process, it would stop the batcher (or the
-server) for one batch, so it becomes a :class:`ModelExit` holding it.
-"""
+"""Every error carpool raises on purpose; stdlib only. Each is also the builtin it resembles, so
+``except TimeoutError`` keeps working in code that does not know carpool; the tree is drawn in
+:class:`CarpoolError`'s docstring. A model's own exceptions are not wrapped: its callers get
+them, with a note naming the batch."""
 
 from __future__ import annotations
 
@@ -84,7 +29,54 @@ __all__ = [
 
 
 class CarpoolError(Exception):
-    """Base class of every error carpool raises itself."""
+    """Base class of every error carpool raises itself. The tree, with the builtin each
+    one also is (the four ``Worker*`` errors and ``BatchTimeout`` come from the runners
+    of replicas outside the batcher's threads, ``carpool.runners``)::
+
+        CarpoolError
+        │   defined here, raised by the library:
+        ├── QueueFull (RuntimeError)          refused at the door: max_queue_size rows already wait
+        │   └── Overloaded                    refused at the door: it would finish past its deadline
+        ├── DeadlineExceeded (TimeoutError)   the request's timeout_ms passed before its result
+        ├── BatcherClosed (RuntimeError)      the batcher stopped accepting requests
+        │   └── WorkerPoolClosed              the replicas (processes, Ray actors) were closed
+        ├── CollationError (TypeError)        rows that cannot be stacked, or an unsplittable output
+        ├── BatchSizeMismatch (ValueError)    the model returned more or fewer rows than it got
+        ├── BlockingCallOnLoop (RuntimeError) a sync @carpool.batch function called on a loop thread
+        ├── ConfigError (ValueError)          an option, target, flag or config file that cannot
+        │   │                                 be used: names the option, what it must be, its value
+        │   └── ConfigTypeError (TypeError)   an option of the wrong type (a float for an int)
+        ├── WorkerDied (RuntimeError)         a replica died running the batch (twice)
+        ├── BatchTimeout (TimeoutError)       the batch ran past batch_timeout_ms on a replica
+        ├── WorkerStartError (RuntimeError)   no replica (process, Ray actor) could load the model
+        ├── SharedMemoryFull (RuntimeError)   /dev/shm has no room for a batch's arena
+        ├── ModelExit (RuntimeError)          the model raised SystemExit, KeyboardInterrupt or
+        │                                     another BaseException that is not an Exception
+        │
+        │   raised by the server and bench, defined with their code:
+        ├── ProtocolError (ValueError)        server.messages: a request the v2 protocol
+        │   │                                 cannot accept, or a response it cannot carry
+        │   └── OpenAIError                   server.openai.codec: a /v1 request OpenAI's API
+        │                                     refuses, with its param and code
+        ├── ModelNotFound (LookupError)       server.lifecycle.registry: no model (or version) by
+        │                                     that name: a 404
+        ├── ModelUnavailable                  server.lifecycle.registry: the model failed to load at
+        │                                     start: a 400
+        ├── ModelOutputError (RuntimeError)   server.inference.admission: outputs that do not match
+        │                                     the model's declared signature: a 500
+        ├── LoadFailed                        server.lifecycle.control: a model that could not be
+        │                                     loaded or unloaded on request: a 400
+        ├── ControlUnavailable                server.lifecycle.control: load and unload are off
+        │                                     (no explicit model control, or stopping): a 503
+        ├── HTTPError                         server.statuses: an answer other than 200,
+        │   │                                 with its status and headers
+        │   └── ClientGone                    server.inference.path: the client left before
+        │                                     its answer (a 499, withdrawn if still queued)
+        ├── BenchError (ValueError)           bench.targets.base: a bench target, flag or file
+        │                                     that cannot be used
+        └── ReportError (ValueError)          bench.report.data: a file that is not a carpool
+                                              bench report
+    """
 
     def _fields(self) -> dict[str, Any]:
         return {}
