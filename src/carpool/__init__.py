@@ -1,8 +1,4 @@
-"""carpool: dynamic request batching for ML model inference.
-
-Requests arrive one at a time; carpool holds them for a short window or until a batch is
-full, runs the model once on the stacked batch, and hands each caller exactly its own row.
-"""
+"""carpool: dynamic request batching for model inference, each caller given its own rows."""
 
 from importlib.metadata import version as _version
 

@@ -1,11 +1,6 @@
-"""The ``carpool`` command: flags in, calls into the library out; no logic of its own.
-
-Defines ``carpool serve``'s and ``carpool demo``'s flags and dispatches; ``carpool bench``'s
-flags are :mod:`carpool.bench.flags`'s, next to the code that reads them. Every option also
-reads an environment variable (``CARPOOL_`` + its name, ``CARPOOL_BENCH_`` + its name for
-bench), which the flag overrides, so containers are configured without rewriting the command
-line. The top of the layers: it may import anything, and nothing imports it.
-"""
+"""The ``carpool`` command: flags in, calls into the library out; no logic of its own. Every
+option also reads an environment variable (``CARPOOL_`` + its name), which the flag overrides,
+so containers are configured without rewriting the command line."""
 
 from __future__ import annotations
 
@@ -361,7 +356,8 @@ def _server_settings(file: dict[str, Any], args: argparse.Namespace) -> dict[str
         )
     # Read once and taken out of the environment, so that no child process (a model
     # worker, Ray's, the resource tracker) inherits the key; the processes' titles keep
-    # their room (it was the last variable: front ends showed no title).
+    # their room first (setproctitle writes into the environment's memory, and finds none
+    # once the last variable is taken out).
     keep_title_room()
     from_env = os.environ.pop(API_KEY_ENV, None)
     if from_env is not None and not args.api_key:

@@ -1,10 +1,6 @@
-"""The classic, manually driven batcher: you decide when to poll and when to process.
-
-Kept for code written against carpool's seed API. It is a thin shell: the dispatch rule is
-:class:`~carpool.policies.base.FixedPolicy` and stacking/splitting is
-:class:`~carpool.collation.collate.Collator`,
-the same pieces the async engine uses.
-"""
+"""The classic, manually driven batcher, for code written against carpool's seed API: you decide
+when to poll and when to process. A thin shell over the engine's own pieces
+(:class:`~carpool.policies.base.FixedPolicy`, :class:`~carpool.collation.collate.Collator`)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
 """The v2 datatype names, the numpy dtypes carpool holds them in, and their sizes on the wire.
-
-Pure and numpy-only: :class:`carpool.Model` checks declared tensors against these names, and
-the wire codecs in :mod:`carpool.server.tensors` encode with them. BF16 has no numpy dtype,
-so it is held as float32 and converted on the wire.
-"""
+BF16 has no numpy dtype, so it is held as float32 and converted on the wire. Numpy only."""
 
 from __future__ import annotations
 

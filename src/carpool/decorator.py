@@ -1,22 +1,8 @@
-"""``@carpool.batch``: write a function over a list, call it with one item.
-
-The decorated function takes a list of items and returns a list of equal length. Callers
-pass ONE item and get ONE result; concurrent callers share calls. It works on plain functions
-and on methods (one batcher per instance), without Ray:
-
-- ``async def``: callers ``await f(item)``; one batcher per event loop, started on first use.
-- ``def``: callers in any number of threads call ``f(item)`` and block; the batcher runs on
-  its own loop in a background thread, and the function runs in its worker threads. Called on
-  an event loop's thread, it raises :class:`~carpool.errors.BlockingCallOnLoop` at once:
-  blocking there would stall the loop and serialise its callers (one batch each). Such code
-  awaits ``asyncio.to_thread(f, item)``, or the function is made ``async def``. (Returning an
-  awaitable there instead would make one function return a value or a coroutine depending
-  on where it is called, and a caller that forgets to await gets a coroutine, not an error.)
-
-Decorating checks the options and starts nothing: a batcher is made on the first call. The
-threaded one runs until ``f.close()``; its loop thread, which owns the exit handler, drains it
-at interpreter exit if nobody closed it. Imports the batcher, collation and the options.
-"""
+"""``@carpool.batch``: write a function over a list, call it with one item; concurrent callers
+share calls. An ``async def`` gets one batcher per event loop; a plain function one on a loop
+thread of its own, and called on a loop's thread it raises
+:class:`~carpool.errors.BlockingCallOnLoop` rather than stall that loop. Decorating checks the
+options; the batcher is made on the first call."""
 
 from __future__ import annotations
 

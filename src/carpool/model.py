@@ -1,14 +1,7 @@
-"""A servable model: a batched function plus its signature and its batching settings.
-
-``carpool serve module:attr`` accepts a plain function (signature learned from requests) or
-a :class:`Model`, which declares input and output tensors the way Triton's model config does,
-so that metadata is exact and mismatched requests are refused before they queue. A Model may
-also preprocess each request on arrival (tokenize text, say), pad ragged inputs so that rows
-of different lengths share a batch, and pad batches up to the sizes a static model allows.
-:class:`Batching` is checked as it is built, by the batcher's own rules
-(``carpool.engine.options``).
-Imports the batcher, collation, padding and the options; nothing here runs at import.
-"""
+"""A servable model: a batched function plus its signature and its batching settings. A
+:class:`Model` declares its tensors as Triton's model config does, so metadata is exact and
+mismatched requests are refused before they queue; it may also preprocess, pad ragged inputs
+and pad batches to allowed sizes. :class:`Batching` is checked by the batcher's own rules."""
 
 from __future__ import annotations
 

@@ -1,19 +1,6 @@
-"""Rows <-> batches: stack requests into one model input, split the model's output back.
-
-Pure: no event loop, no clock. Imports numpy and carpool's errors, nothing else of carpool;
-torch is handled when the caller already imported it (detected through ``sys.modules``), so
-carpool never imports torch itself.
-
-A *segment* is one request's share of a batch. Its *span* is ``None`` for a single row
-(``infer(x)``: the value has no batch axis) or ``k`` for ``k`` rows (``infer_many(xs)``: the
-value carries them along axis 0). Values whose :meth:`Collator.key` differ are never stacked
-together, so requests of different shapes or dtypes wait for batches of their own kind.
-
-Kinds: numpy arrays and scalars (stacked), torch tensors (stacked), dicts (per key), tuples
-(per position: a tuple *output* means several outputs, each with one row per input row), and
-anything else as a Python list of rows. Other types get a handler through
-``Collator({MyType: handler})``.
-"""
+"""Rows <-> batches: stack requests into one model input, split the model's output back per
+request. Values whose :meth:`Collator.key` differ (shape, dtype) are never stacked together.
+Pure; torch tensors are handled only when the caller imported torch, so carpool never does."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
 """Padding that lets unequal requests share a batch, and the way back to each caller's rows.
-
-Pure: numpy in, numpy out. Two kinds:
-
-* **Ragged inputs** (:class:`Padding`): token ids of different lengths, images of different
-  sizes. Rows are padded to the longest row *in the batch* with a pad value; the model may get
-  each row's true length as an extra input; outputs whose axes follow the input's length are
-  cut back per row. Requests are grouped into length *buckets* so that a 7-token request does
-  not share a batch with a 250-token one, which bounds the padding the model computes on.
-* **Allowed batch sizes** (:func:`pad_rows`): a static-shape model (TensorRT engines, CUDA
-  graphs, fixed-batch exports) gets batches padded up to the next allowed size with copies of
-  the last row; the extra rows' outputs are dropped.
-"""
+:class:`Padding` pads ragged rows to the batch's longest, grouped in length buckets so that a
+7-token request does not pay for a 250-token one; :func:`pad_rows` pads a static-shape model's
+batch up to an allowed size. Pure: numpy in, numpy out."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
-"""Batches bounded by what the model computes, in tokens, not by rows alone.
-
-A batch's tokens are what the model computes: with padding, its rows times the padded
-length (every row computes the longest one's); without, the sum of its rows' tokens. Under
-a budget (``max_batch_tokens``), a batch takes requests while they fit; a request alone over
-the budget runs alone, as many of its rows a batch as fit and at least one, so nothing ever
-waits for room that cannot come (text-embeddings-inference once hung on exactly that).
-
-A :class:`Meter` is one batch being formed; the queue asks it how many of a request's rows
-fit and tells it which it took. Each request carries its ``length`` (a padded row's length:
-0 when the model does not pad) and its ``tokens`` (what its rows hold, padding not
-counted), measured once on arrival. Pure: counts in, counts out.
-"""
+"""Batches bounded by the tokens the model computes (``max_batch_tokens``), not by rows alone. A
+request alone over the budget runs alone, as many of its rows a batch as fit and at least one,
+so nothing waits for room that cannot come (a hang text-embeddings-inference had). A
+:class:`Meter` is one batch being formed. Pure: counts in, counts out."""
 
 from __future__ import annotations
 

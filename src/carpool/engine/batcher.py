@@ -1,20 +1,7 @@
-"""The engine users hold: the one place where queue, policy, workers and the clock meet.
-
-Everything here runs on one event loop (the batcher's): admission, the scheduler task, batch
-tasks, deadline timers and resolution. Other threads reach it only through its
-:class:`~carpool.engine.blocking.Portal` (``with``, :meth:`submit`, :meth:`close`, ``stats()``),
-whose requests cross into the loop through one inbox. The pieces it drives live next door:
-``options`` (the :class:`~carpool.engine.options.BatcherOptions` record, checked once, at the
-door), ``scheduler`` (queue in, batches out), ``request`` (each request's one outcome),
-``executor`` (running a batch), ``runners`` (where the model runs: its worker threads, or
-replicas in processes or Ray actors), ``warmup`` (what it learns about the model).
-
-Lifecycle: ``async with Batcher(...)`` owns an engine task holding a TaskGroup for the
-scheduler and every batch; leaving the block (or ``aclose()``) stops admission, runs what was
-accepted to completion, and only then returns. Every accepted request gets exactly one
-outcome: its result, its own model error, ``DeadlineExceeded``, or ``BatcherClosed`` if the
-engine is torn down by cancellation.
-"""
+"""The engine users hold: the one place where queue, policy, workers and the clock meet. All of it
+runs on the batcher's event loop; other threads reach it through its
+:class:`~carpool.engine.blocking.Portal`. Leaving ``async with`` (or ``aclose()``) stops
+admission and runs what was accepted: every accepted request gets exactly one outcome."""
 
 from __future__ import annotations
 
@@ -142,7 +129,7 @@ class Batcher:
         )  # fmt: skip
         self.options = options  # validated, read-only: what the parts below are built from
         self.name = options.name
-        # The options users read off a batcher, as they were before the record.
+        # The options users read off a batcher as plain attributes.
         self.max_batch_size = options.max_batch_size
         self.max_wait_ms = options.max_wait_ms
         self.max_queue_size = options.max_queue_size

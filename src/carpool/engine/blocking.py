@@ -1,12 +1,6 @@
-"""The thread bridge: how threads without an event loop use an async engine.
-
-:class:`Portal` is the engine's whole synchronous face, one object over the one async
-implementation (anyio's ``BlockingPortal`` is the model): it runs the engine on a private
-loop in a thread (:class:`LoopThread`: ``with Batcher(...)`` enters ``async with batcher``
-there), hands requests over from any thread into the engine's loop (:class:`Inbox`), calls
-into that loop and waits (:func:`call_on_loop`), and stops the thread. ``Batcher``'s
-``__enter__``, ``submit`` and ``close`` delegate to it. Imports nothing from carpool.
-"""
+"""The thread bridge: :class:`Portal`, the engine's whole synchronous face over its one async
+implementation (anyio's ``BlockingPortal`` is the model). It runs the engine's loop in a thread
+and hands requests into it from any thread. Imports nothing from carpool."""
 
 from __future__ import annotations
 

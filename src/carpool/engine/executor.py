@@ -1,21 +1,7 @@
-"""Run one batch: collate -> model -> check rows -> split, and isolate failing rows.
-
-Knows nothing of queues, policies or futures: it takes a batch's segments and returns one
-part per segment, where a part is that segment's output, a :class:`Failure`, or ``None`` for
-a segment that ``claim`` declined as the batch started (its request was cancelled or expired
-while the batch was staged), whose rows are then not computed at all; a batch re-formed
-before it started claims none. Imports collation, the errors, the books of batches and the
-worker threads.
-
-A plain ``model_fn`` runs in the batcher's worker threads (``carpool.runners.threads``) together
-with stacking, splitting and bisection, so large copies and GIL-releasing models (numpy, torch,
-onnxruntime) stay off the event loop, and a worker goes from one staged batch to the next
-without the loop. A model call that raises a ``BaseException`` that is not an ``Exception``
-(``SystemExit``) fails its rows with :class:`carpool.errors.ModelExit` instead of stopping
-the loop, or the process, that awaits it (:func:`carpool.errors.call_model`). Which rows to
-re-run after an error is decided by :func:`isolate`, a generator that never calls the model
-itself, so the same plan drives threads and coroutines alike.
-"""
+"""Run one batch: collate -> model -> check rows -> split, and isolate the rows that fail. A plain
+model runs in the batcher's worker threads with stacking and splitting, so large copies stay
+off the event loop. :func:`isolate` plans which rows re-run after an error without calling the
+model, so one plan drives threads and coroutines. Knows nothing of queues or policies."""
 
 from __future__ import annotations
 

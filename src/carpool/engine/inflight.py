@@ -1,12 +1,6 @@
-"""Batches dispatched and not finished: running, or staged until a worker frees up.
-
-A :class:`Batch` records its segments and, once a worker claims it, when it started; until
-then it can still be re-formed. :class:`InFlight` keeps them in dispatch order, says what
-policies and admission see of them, and picks the staged batches a more urgent request
-displaces. Pure bookkeeping: no event loop, no clock, no threads (the start time is set under
-the claim lock of ``carpool.engine.request``, by whichever thread starts the batch). Imports only
-``carpool.engine.queue``.
-"""
+"""Batches dispatched and not finished: running, or staged until a worker frees up and still
+re-formable. :class:`InFlight` keeps them in dispatch order and picks the staged batches a
+more urgent request displaces. Pure bookkeeping: no event loop, no clock, no threads."""
 
 from __future__ import annotations
 

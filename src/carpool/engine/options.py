@@ -1,12 +1,7 @@
-"""A batcher's options as one frozen record, validated once as it is built; the checks every
-other option (a request's ``timeout_ms`` and ``priority``, a model's ``Batching``) uses.
-
-Type first, then range, naming the option, what it must be and what it got
-(``max_batch_size must be >= 1, got 0``), so a mistake surfaces where it was made: a wrong
-type is a :class:`~carpool.errors.ConfigTypeError` (also a ``TypeError``), anything else a
-:class:`~carpool.errors.ConfigError` (also a ``ValueError``). Imports the errors, the
-policies and the runners' names and options; nothing that runs a batch, a policy or a runner.
-"""
+"""A batcher's options as one frozen record, checked once as it is built, and the checks other
+options (``timeout_ms``, ``priority``, a model's ``Batching``) use. Type first, then range,
+naming the option, what it must be and what it got: a wrong type is a
+:class:`~carpool.errors.ConfigTypeError`, anything else a :class:`~carpool.errors.ConfigError`."""
 
 from __future__ import annotations
 

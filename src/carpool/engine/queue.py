@@ -1,15 +1,7 @@
-"""WHO waits, in WHAT order: a bounded queue of rows by priority, then arrival, per shape.
-
-Pure: no event loop, no clock (arrival times are given), no futures. Lower ``priority``
-values are served first (Triton's priority levels, Unix nice); within a level requests keep
-their arrival order. Requests whose collation keys differ (different shapes or dtypes) are
-kept apart, and a batch only ever holds one key.
-
-Removal (cancellation, deadline) is O(1): the entry is marked and skipped later, while the
-row counts that admission and policies read are updated at once. A multi-row request that
-does not fit the batch being formed gives the rows that fit and keeps its place at the head
-for the rest, so order is never lost (unlike re-queueing at the tail).
-"""
+"""WHO waits, in WHAT order: a queue bounded in rows, by priority (lower first), then arrival,
+with a lane per collation key. Removal is O(1): marked, skipped later, counts updated at once.
+A multi-row request that does not fit gives the rows that fit and keeps its place at the head,
+so order is never lost. Pure: no event loop, no clock, no futures."""
 
 from __future__ import annotations
 

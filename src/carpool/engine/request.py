@@ -1,16 +1,7 @@
-"""A request as the engine holds it, and how it gets exactly one outcome.
-
-:class:`Request` is a queue entry plus its caller's future. :class:`Resolver` answers
-requests: with their rows once their batches are done (reassembling a request split over
-several batches), with an error, with :class:`~carpool.errors.DeadlineExceeded` when their
-timeout passes, or by withdrawing them when their caller cancels. It also *claims* a batch as
-a worker starts it: the one moment, ordered by a lock against deadlines, cancels and
-re-forming on the loop, after which a request counts as running and its batch can no longer
-go back to the queue. Runs on the batcher's loop, except :meth:`Resolver.claim`.
-Imports the queue, the books of batches, the stats, collation, ``blocking``'s future helpers
-and ``executor``'s :class:`~carpool.engine.executor.Failure` (so ``executor`` and the worker threads
-it imports load with it, though nothing here runs a batch); nothing that schedules.
-"""
+"""A request as the engine holds it, and how it gets exactly one outcome. :class:`Resolver`
+answers requests (their rows, an error, a deadline, a withdrawal) and *claims* a batch as a
+worker starts it: after that moment, ordered by a lock against deadlines, cancels and
+re-forming, its requests count as running and cannot go back to the queue."""
 
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
-"""The batcher's scheduler: requests into the queue, batches out of it, on the event loop.
-
-:meth:`Scheduler.admit` queues a request (asking the policy's ``admit`` hook first); the
-:meth:`Scheduler.serve` task asks :func:`~carpool.policies.base.schedule` what to do with the
-queue's
-head, dispatches batches to the executor, and parks until the time the policy names or a
-change (an arrival, a withdrawn request, a finished batch). A more urgent arrival sends the
-staged batches it should run before back to the queue, where they are formed again.
-Everything here runs on the batcher's loop; the batcher owns the lifecycle (it alone
-imports this module) and hands it its checked :class:`~carpool.engine.options.BatcherOptions`.
-Imports the queue, the policies, the executor and the books of requests and batches.
-"""
+"""The batcher's scheduler, on its event loop: requests into the queue, batches out. It asks
+:func:`~carpool.policies.base.schedule` what to do with the queue's head, dispatches to the
+executor and parks until the named time or a change; a more urgent arrival sends staged
+batches back to be formed again. Only the batcher imports it."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""What the batcher learns about its model: warm-up runs, model times, and the cost glue.
-
-:func:`warm_up` runs batches of one example row before the first request (the model's own
-warm-up) and times them for a policy that learns a cost model; :class:`ModelTimes` takes
-every model call's duration from the worker that made it, for the stats and the policy;
-:func:`learned` says in one line what the policy fitted. Nothing here schedules anything:
-imports the policy contract, collation and stats only.
-"""
+"""What the batcher learns about its model: warm-up batches before the first request, every model
+call's duration (:class:`ModelTimes`), and the cost model a policy fits from them. Schedules
+nothing."""
 
 from __future__ import annotations
 

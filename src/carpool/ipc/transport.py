@@ -1,15 +1,7 @@
-"""Batches across a process boundary: arrays through shared memory, a small header by pipe.
-
-:func:`plan` walks a batch (an array, a dict, tuple or list of them, scalars) and lays its
-arrays out in one buffer; :meth:`Plan.write` copies them there once; :func:`decode` rebuilds
-the batch on the other side as views of that buffer (or copies, with ``copy=True``).
-Object arrays (BYTES) and anything that is not an array travel pickled in the header,
-which should stay small. :class:`Arena` is a reusable shared-memory segment, recreated
-larger when a batch does not fit, never once per batch, and smaller once its large size goes
-unneeded (:class:`ShrinkPolicy`); :class:`Attached` is the reader's mapping of it.
-:class:`Channel` carries the headers: framed pickles over two plain pipes.
-Imports numpy, the stdlib and carpool's errors only.
-"""
+"""Batches across a process boundary: arrays through shared memory, a small pickled header by
+pipe. :func:`plan` lays a batch's arrays out in one buffer, :meth:`Plan.write` copies them in
+once, :func:`decode` rebuilds the batch as views. An :class:`Arena` is reused: grown when a
+batch does not fit, shrunk once its size goes unneeded, never made per batch."""
 
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
-"""WHEN to dispatch a batch: the policy contract, the rules every policy goes through, and the
-two simple policies.
-
-A policy sees a :class:`QueueView` and ``now`` (seconds on the batcher's monotonic clock)
-and answers :class:`Dispatch` (form a batch of ``rows`` now) or :class:`WaitUntil` (ask again
-at that time, or sooner if something changes). No event loop, no clock reads, no I/O here, so
-``EagerPolicy().decide(view, now=10.0)`` is a whole unit test.
-
-The batcher never calls ``policy.decide`` directly: it asks :func:`schedule`, which applies
-the rules that hold whatever the policy (staging full batches while every worker is busy,
-draining on close, a full batch never waiting behind a partial one) around the policy's own
-decision. A policy may also have hooks (a latency objective, admission, a cost model it
-learns): see :class:`Policy` and :class:`PolicyHooks`. Imports only ``carpool.policies.cost``.
-"""
+"""WHEN a batch leaves: the policy contract, the rules every policy goes through, and the eager
+and fixed policies. A policy sees a :class:`QueueView` and ``now`` and answers
+:class:`Dispatch` or :class:`WaitUntil`: no clock, no I/O, so
+``EagerPolicy().decide(view, now=10.0)`` is a whole unit test. The batcher asks
+:func:`schedule`, which applies the rules that hold whatever the policy."""
 
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
-"""How long a batch of ``b`` rows takes: an online cost model, fitted from measured batches.
-
-Pure arithmetic and a lock; no clock (callers pass the seconds they measured). A model's
-batch time is close to linear in the rows, ``t(b) = fixed + per_row * b`` (a kernel launch
-and weight reads, then work per row), but it jitters and drifts (other tenants, thermal
-limits, a changed input mix). So the fit forgets old batches geometrically, and predictions
-carry a margin: the ``quantile`` of recent ratios of measured to fitted time. Predicting
-the 90th percentile rather than the mean is what lets a deadline-aware batcher keep its
-promises.
-
-Each collation key (a shape, a length bucket) gets its own fit once it has been seen, since
-a batch of 256-token rows costs far more than one of 16-token rows; until then the pooled
-fit of all keys stands in.
-"""
+"""How long a batch of ``b`` rows takes: an online fit of ``t(b) = fixed + per_row * b`` from
+measured batches, per collation key. Batch times jitter and drift, so old batches are
+forgotten geometrically and predictions carry a quantile margin: predicting the 90th
+percentile, not the mean, is what lets a deadline-aware batcher keep its promises. Pure."""
 
 from __future__ import annotations
 

@@ -1,27 +1,8 @@
-"""Run a model in child processes: ``runner="process"``, one replica per child.
-
-:class:`ProcessReplicas` is a :class:`~carpool.runners.replicas.ReplicaSet`: the replica
-core takes a free replica, retries, times out, closes and counts; this module only launches
-the children (through the :class:`~carpool.runners.supervisor.Supervisor`) and carries a
-batch to one. Each child loads the model once (see :mod:`carpool.runners.replica_process`);
-a call writes the batch into that child's shared-memory arena, sends a small header, waits
-(the GIL released) and copies the outputs back. Both arenas (inputs and outputs) grow to fit
-the largest batch and shrink back once that size goes unneeded for ``shrink_after_s``
-(:class:`~carpool.ipc.transport.ShrinkPolicy`), so one huge batch does not pin ``/dev/shm``. At
-most ``workers`` calls run at once; more wait for a free child. Faults have one outcome each:
-
-- a child dies mid-batch: the batch is retried once on another child (``retry=True``),
-  then :class:`WorkerDied`; the child is restarted with backoff either way;
-- a batch runs past ``batch_timeout_ms``: :class:`BatchTimeout`, its child is killed and
-  replaced, the batch is not retried;
-- no child can load the model: :class:`WorkerStartError` with the reason it gave;
-- the runner is closed: :class:`WorkerPoolClosed`.
-
-Nothing runs at import: a started runner registers its own close to run at exit (an owner
-that forgot to close it still leaves no child and no shared-memory segment behind) and
-unregisters it on close. Imports the transport, the replica core, the supervisor and the
-replica process's main; nothing of the batcher.
-"""
+"""Run a model in child processes: ``runner="process"``, one replica per child. This module
+starts the children (through the :class:`~carpool.runners.supervisor.Supervisor`) and carries
+a batch to one through shared-memory arenas that grow and shrink to fit; the replica core
+(:mod:`carpool.runners.replicas`) does the rest. Faults and their outcomes:
+docs/architecture.md."""
 
 from __future__ import annotations
 

@@ -1,35 +1,8 @@
-"""Run a model in Ray actors anywhere in a cluster: ``runner="ray"``, one replica per actor.
-
-:class:`RayReplicas` is a :class:`~carpool.runners.replicas.ReplicaSet`, like
-:class:`carpool.runners.processes.ProcessReplicas`: the replica core takes a free actor (one
-batch per actor at a time, so the batcher still forms a batch only when some actor is free),
-retries, times out, closes and counts; this module only creates the actors and carries a
-stacked batch to one through Ray's object store (numpy arrays travel out of band, never row
-by row). Each actor loads the model spec once and runs the warm-up batch before it counts
-as ready (:func:`carpool.runners.replicas.load_replica`, as a child process does). A health
-watch (one thread, see :class:`_Watch`) pings idle and restarting actors twice a second, so
-``alive`` (the server's readiness) follows the cluster even while no batch runs. Faults,
-each with one outcome:
-
-- an actor dies mid-batch (its process killed, its node lost): Ray restarts it
-  (``max_restarts``); the batch runs once more on another actor (``retry=True``), then
-  :class:`WorkerDied`;
-- an idle actor dies, or answers no ping for ``_PING_TIMEOUT_S`` (its node lost): it is
-  not ready until it answers again (with no actor ready, the server's readiness is 503),
-  and counts as restarted if Ray started it anew (on a replacement node, say);
-- the Ray connection fails (``ray.shutdown()``, a lost Ray Client session): ``alive`` is 0
-  until the watch reaches Ray again;
-- a batch runs past ``batch_timeout_ms``: :class:`BatchTimeout`, and the actor is killed
-  and restarted by Ray;
-- no actor can load the model, or Ray cannot be reached: :class:`WorkerStartError` with
-  the reason (and the address); an actor whose model does not load after a restart is
-  stopped, its reason logged;
-- the model raises: its own exception, unwrapped from Ray's;
-- the runner is closed: :class:`WorkerPoolClosed`.
-
-Ray is imported when these replicas start, so ``import carpool`` never imports it; nothing
-runs at import.
-"""
+"""Run a model in Ray actors anywhere in a cluster: ``runner="ray"``, one replica per actor. This
+module creates the actors and carries stacked batches through Ray's object store; the replica
+core does the rest, and a health watch (:class:`_Watch`) keeps readiness true to the cluster
+while no batch runs. Ray is imported only when the replicas start. Faults and their outcomes:
+docs/architecture.md."""
 
 from __future__ import annotations
 

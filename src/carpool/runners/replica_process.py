@@ -1,19 +1,7 @@
-"""A replica's process: its main loads the model once, then runs batch after batch for its
-parent (a :class:`carpool.runners.processes.ProcessReplicas`).
-
-Started with the ``spawn`` method. It loads the pickled replica spec and warms the model up
-(:func:`carpool.runners.replicas.load_replica`, as a Ray actor does), says ``ready`` (or
-``failed`` with the reason, and exits 1), then answers each ``run`` message with ``ok`` or
-the model's error. It dies with its parent: ``PR_SET_PDEATHSIG`` on Linux, tied to the
-parent's supervisor thread; where that is missing, a thread polls ``getppid()`` twice a
-second (an idle replica also ends when its pipe closes). Imports the transport and the
-replica core; nothing that queues.
-
-Messages (tuples over the pipe), parent -> replica: ``("run", inputs, out_name)``,
-``("out", out_name)`` after a ``grow``, ``("stop",)``. Replica -> parent: ``("ready", pid)``,
-``("failed", reason, traceback)``, ``("ok", outputs)``, ``("grow", nbytes)``,
-``("error", pickled_exception, traceback)``. ``inputs``/``outputs`` are transport headers.
-"""
+"""A replica's process: it loads the model once, then runs batch after batch for its parent, a
+:class:`~carpool.runners.processes.ProcessReplicas`. Started with ``spawn``, it dies with its
+parent (``PR_SET_PDEATHSIG``, else a watch of ``getppid()``); the messages it exchanges are
+listed on :func:`replica_main`."""
 
 from __future__ import annotations
 
@@ -44,7 +32,13 @@ def replica_main(
     """The replica process's target: load, warm up, report, serve until told to stop or
     the parent is gone. ``ends`` are this side's pipes of a :class:`Channel`; ``spec`` and
     ``warmup`` come pickled so that a spec that cannot be unpickled here is reported as a
-    load failure with its reason."""
+    load failure with its reason.
+
+    Messages (tuples over the pipe), parent -> replica: ``("run", inputs, out_name)``,
+    ``("out", out_name)`` after a ``grow``, ``("stop",)``. Replica -> parent: ``("ready", pid)``,
+    ``("failed", reason, traceback)``, ``("ok", outputs)``, ``("grow", nbytes)``,
+    ``("error", pickled_exception, traceback)``. ``inputs``/``outputs`` are transport headers.
+    """
     conn = Channel(*ends)
     die_with_parent(parent)
     _set_title(title)

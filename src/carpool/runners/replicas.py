@@ -1,17 +1,7 @@
-"""The replica core: what every runner of model replicas outside the batcher's threads shares.
-
-A *replica* is one copy of the model; the runners here keep theirs in a child process
-(:mod:`carpool.runners.processes`) or a Ray actor (:mod:`carpool.runners.ray_actors`). They
-differ only in how a replica is launched and how a batch travels to it. This module owns the
-rest, once: the slot states, taking a free replica within ``batch_timeout_ms``
-(:class:`BatchTimeout`), retry-once (:class:`WorkerDied`), close (running batches finish;
-one cut short is :class:`WorkerPoolClosed`), the statistics (:class:`ReplicaStats`), and,
-on the replica's side, turning a spec into the batch function and loading it, warm-up
-included, with any failure captured as its reason (:func:`load_replica`).
-
-Imports the errors and ``threads.is_async_callable``; never ``carpool.model`` (a Model is
-recognised by its shape) nor names of the ``carpool.runners`` package.
-"""
+"""The replica core: what every runner of replicas outside the batcher's threads shares. Process
+and Ray runners differ only in how a replica starts and how a batch travels to it; slot
+states, taking a free replica, retry-once, timeouts, close and statistics live here once, and
+:func:`load_replica` on the replica's side. Never imports ``carpool.model``."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""The life of a process runner's replicas: spawn, hear them load, reap, restart, stop.
-
-One thread, the supervisor, owns every replica process: it spawns them (so that
-``PR_SET_PDEATHSIG`` ties each to a thread that lives exactly as long as the runner), reads
-their ``ready``/``failed`` message, reaps them when they exit, restarts them with backoff,
-and stops them on close. Callers only take an idle :class:`ProcessSlot` (through the
-:class:`~carpool.runners.replicas.Roster` it shares with them), talk to its process, and
-give it back; they may kill a process (batch timeout) but never spawn or reap one. All
-shared state is guarded by ``Roster.cond``. Imports the transport, the errors and the
-replica core.
-"""
+"""The life of a process runner's replicas: spawn, hear them load, reap, restart with backoff,
+stop. One thread owns every replica process, so ``PR_SET_PDEATHSIG`` ties each to a thread
+that lives as long as the runner; callers take an idle :class:`ProcessSlot`, use it and give
+it back (or kill its process on a timeout). Shared state is guarded by ``Roster.cond``."""
 
 from __future__ import annotations
 

@@ -1,22 +1,7 @@
-"""The worker threads of a plain (synchronous) model, and how their results reach the loop.
-
-Each of ``count`` threads runs one job at a time, in submission order; a job's result (or
-exception) becomes the outcome of the asyncio future :meth:`ModelThreads.submit` returned.
-
-Handing a result to the event loop wakes the loop, which then holds the GIL for as long as it
-takes to answer that batch's callers and admit their next requests. A thread that still had
-Python to run before its next model call (stacking rows, entering the model) would wait for
-all of that, and the model would idle; and the hand-over itself (a write to the loop's
-wake-up socket) releases the GIL, which the woken loop usually takes first. So when a thread
-finishes a job while the next one is already waiting for it (a batch staged behind this
-one), it keeps the result until that job calls ``handoff()``, just before its model call,
-which passes it to a *courier* thread without releasing the GIL; the courier runs once the
-model call releases the GIL (as numpy, torch, onnxruntime and any accelerator wait do) and
-wakes the loop, whose work then overlaps the model call instead of delaying it. With nothing
-waiting, the thread hands its result to the loop at once itself.
-
-Imports nothing from carpool.
-"""
+"""The worker threads of a plain (synchronous) model, and how their results reach the event loop.
+Each thread runs one job at a time; a *courier* thread wakes the loop while the next model call
+runs, so the loop's work overlaps the model instead of delaying it (see :class:`ModelThreads`).
+Imports nothing from carpool."""
 
 from __future__ import annotations
 
@@ -42,7 +27,15 @@ def is_async_callable(fn: Callable[..., Any]) -> bool:
 
 
 class ModelThreads:
-    """``count`` threads named after ``name``, serving the event loop ``loop``."""
+    """``count`` threads named after ``name``, serving the event loop ``loop``.
+
+    Waking the loop with a result makes it hold the GIL while it answers that batch's callers
+    and admits their next requests; a thread with Python still to run before its next model
+    call would wait for all of that while the model idles. So a thread whose next job is
+    already waiting keeps its result until that job calls ``handoff()``, just before its
+    model call, and a *courier* thread wakes the loop once the model call releases the GIL:
+    the loop's work overlaps the model call instead of delaying it. With nothing waiting,
+    the thread hands its result to the loop at once."""
 
     def __init__(self, count: int, *, name: str, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
