@@ -1,11 +1,7 @@
-"""What the CPU offers that changes a model's numbers, not only its speed.
-
-Why: onnxruntime's int8 matrix products (MLAS) are exact where the CPU sums u8 x s8 products
-in 32 bits (AVX-512 VNNI, AVX-VNNI, AMX, every aarch64 kernel), but where it has AVX2, or
-AVX-512 without VNNI, they go through ``vpmaddubsw``, which adds each pair of products into
-16 bits and saturates: the same quantized graph then answers differently. The int8 engine
-reads these features to pick weights that cannot saturate there.
-"""
+"""What the CPU offers that changes a model's numbers, not only its speed. onnxruntime's int8
+matrix products are exact where the CPU sums u8 x s8 products in 32 bits (VNNI, AMX, aarch64)
+and saturate in 16 bits on AVX2 or AVX-512 without VNNI (``vpmaddubsw``); the int8 engine
+reads these features to pick weights that cannot saturate there."""
 
 from __future__ import annotations
 

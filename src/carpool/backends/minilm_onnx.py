@@ -1,18 +1,8 @@
-"""``minilm`` on onnxruntime: the graph exported once from the packaged weights, then cached.
-
-Why: on a CPU, onnxruntime runs all-MiniLM-L6-v2 about twice as fast as PyTorch eager, with
-the same numbers (fp32), and int8 faster still. The graph holds BERT, mean pooling and L2
-normalisation, so a session maps token ids straight to unit embeddings.
-
-Exporting needs torch, transformers and onnx and takes seconds, so it happens once per weights
-version and export recipe: the file is cached under ``$XDG_CACHE_HOME/carpool/minilm/``
-(``~/.cache/carpool/minilm/`` without it), named by a hash of both, and written to a temporary
-file first and renamed, so a process never reads another's half-written graph. A cached load
-needs only onnxruntime.
-
-int8: :mod:`carpool.backends.minilm_int8` (the recipe, the weights each CPU gets, and the
-check that runs at load). Measured in ``docs/models.md``.
-"""
+"""``minilm`` on onnxruntime: one graph (BERT, mean pooling, L2 norm) exported from the packaged
+weights, then cached. Exporting needs torch, transformers and onnx and takes seconds, so the
+file is cached under ``$XDG_CACHE_HOME/carpool/minilm/``, named by a hash of weights and
+recipe, and written to a temporary file then renamed, so no process reads a half-written
+graph. A cached load needs only onnxruntime."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""ONNX files served through onnxruntime as a :class:`carpool.Model`.
-
-Owns reading a graph's signature (names, datatypes, which axis is the batch) and the numpy <->
-onnxruntime crossing. onnxruntime is an optional extra, imported only when :func:`onnx_model`
-is called, so ``import carpool`` never pays for it. Imports nothing from the server.
-"""
+"""ONNX files served through onnxruntime as a :class:`carpool.Model`: the graph's signature
+(names, datatypes, batch axis) and the numpy <-> onnxruntime crossing. onnxruntime is imported
+only when :func:`onnx_model` is called, so ``import carpool`` never pays for it."""
 
 from __future__ import annotations
 

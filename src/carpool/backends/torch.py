@@ -1,9 +1,6 @@
-"""PyTorch models (an ``nn.Module`` or a TorchScript file) as a servable :class:`carpool.Model`.
-
-Owns the numpy <-> torch crossing: batches go in without a copy where numpy allows it, and
-outputs come back as numpy arrays by output name. torch is an optional extra, imported only
-when :func:`torch_model` is called, so ``import carpool`` never pays for it.
-"""
+"""PyTorch models (an ``nn.Module`` or a TorchScript file) as a :class:`carpool.Model`: the numpy
+<-> torch crossing, without a copy where numpy allows. torch is imported only when
+:func:`torch_model` is called, so ``import carpool`` never pays for it."""
 
 from __future__ import annotations
 

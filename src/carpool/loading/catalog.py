@@ -1,17 +1,7 @@
-"""Every model a command line can serve, by name, and how to load each one again.
-
-A :class:`Catalog` holds a ``carpool serve`` command line's targets, flags and config file.
-:meth:`Catalog.load_all` loads them all (what a server does at start: a repository model
-that fails is a :class:`~carpool.loading.LoadFailure`, the others serve);
-:meth:`Catalog.load` loads one by name, from disk again, which is what model control
-(``--model-control-mode explicit|poll``) does for a load, a reload and a poll.
-
-A repository's models are its folders, listed again at every call, so a folder added
-after the start can be loaded. Another target's model (``module:attr``, a model file, a
-built-in) is known by name once it has loaded. Settings apply in their usual order
-(:mod:`carpool.loading.targets`), and a load's own ``overrides`` (a load request's config)
-over all of them.
-"""
+"""Every model a ``carpool serve`` command line can serve, by name, and how to load each again.
+:meth:`Catalog.load_all` loads them all at start (a repository model that fails is a
+:class:`~carpool.loading.LoadFailure`, the others serve); :meth:`Catalog.load` loads one from
+disk again, for model control. A repository's folders are listed at each call, so new ones load."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
-"""Models from files and folders: ``model.onnx``, ``model.pt``, and a model repository.
-
-A repository is a folder with one subfolder per model, named after it, as Triton lays them
-out. A model folder holds the model's file (``.onnx``, ``.pt``/``.pth``/``.ts`` TorchScript,
-or ``model.py`` exposing ``model``) either directly or in numbered version folders (the
-highest is served), plus an optional ``carpool.toml`` with the model's settings. An ONNX graph
-needs no ``carpool.toml``: its inputs, outputs and batch axis come from the graph.
-
-In a repository a broken model is reported, by folder and problem, and the others serve.
-Each load reads the folder again (model control loads and reloads them while serving), and
-serves a copy of the version folder taken then (:mod:`carpool.loading.snapshots`), which is
-what replicas restart into.
-"""
+"""Models from files and folders: ``model.onnx``, ``model.pt``, and a repository of one folder per
+model as Triton lays them out (numbered versions, the highest served; an optional
+``carpool.toml``). A broken model is reported by folder and problem, and the others serve.
+Each load reads the folder again and serves a snapshot of it (:mod:`carpool.loading.snapshots`)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""A model's settings as config files and flags state them, checked and applied to a Model.
-
-The same table shape serves the server config's ``[models.NAME]`` and a model folder's own
-``carpool.toml``: batching keys (``max_batch_size``, ``max_wait_ms``, ``allowed_batch_sizes``,
-...), ``version``, ``inputs``/``outputs``, a ``[padding]`` table, ``openai`` (serve it over
-OpenAI's embeddings route too), ``response_cache`` (answer repeated requests from the
-server's cache), and how to load the model
-(``backend``, ``file``, ``target``, ``[onnx]``, ``[torch]``; minilm's ``engine``).
-"""
+"""A model's settings as config files and flags state them, checked and applied to a Model. One
+table shape serves the server config's ``[models.NAME]`` and a model folder's
+``carpool.toml``: batching keys, ``version``, ``inputs``/``outputs``, ``[padding]``,
+``openai``, ``response_cache``, and how to load the model."""
 
 from __future__ import annotations
 

@@ -1,23 +1,8 @@
-"""A loaded version's files, kept as they were when it loaded.
-
-A repository model's replicas (child processes, Ray actors) build the model themselves,
-when they start and each time one restarts. They build it from a :class:`Snapshot`: a
-private copy of the version folder, taken when the version loaded, so that a restart runs
-the code of the version it belongs to, whatever happened to the folder since (an edited
-``model.py``, a broken one whose load failed, a folder removed). The server loads the
-model from the same copy, so what it serves and what its replicas rebuild are one.
-
-A file up to :data:`COPY_LIMIT` bytes is copied (code, settings, tokenizers, small
-weights); a larger one (weights) is linked: hard-linked where the snapshot's filesystem
-allows, else symbolically. So a large file rewritten in place under a loaded version
-reaches that version's restarted replicas; new weights belong in a new version folder, or
-in a new file renamed over the old one (a hard link keeps the old one).
-
-The copy lives under the system's temporary folder (``TMPDIR``) until its version is
-gone: the snapshot is removed when nothing holds it any more (the version unloaded or
-replaced, and its replicas closed) and at the server's exit. A snapshot that crosses to a
-replica (pickled) crosses as its path only, and the replica never removes it.
-"""
+"""A loaded version's files as they were when it loaded, so that a replica that restarts rebuilds
+the version it belongs to, whatever happened to the folder since. Files up to
+:data:`COPY_LIMIT` bytes are copied, larger ones (weights) linked: new weights belong in a new
+version folder, or a new file renamed over the old one. The copy lives under ``TMPDIR`` until
+nothing holds it; pickled, a snapshot crosses as its path only."""
 
 from __future__ import annotations
 

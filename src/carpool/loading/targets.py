@@ -1,10 +1,6 @@
-"""From targets, flags and a config file to the models to serve or benchmark.
-
-Precedence for a model's settings, strongest first: command-line flags (or their
-``CARPOOL_*`` environment variables), the config file's ``[models.NAME]`` table, a model
-folder's own ``carpool.toml``, what the model itself declares (a :class:`~carpool.Model`, an
-ONNX graph), carpool's defaults.
-"""
+"""From targets, flags and a config file to the models to serve or benchmark. A model's settings,
+strongest first: flags (or their ``CARPOOL_*`` variables), the config file's
+``[models.NAME]``, a model folder's ``carpool.toml``, what the model declares, the defaults."""
 
 from __future__ import annotations
 
