@@ -1,14 +1,7 @@
-"""API keys: which credentials a request presents, whether one is a served key, and which
-routes need none. Pure: no I/O, no clock, no framework; the app and the gRPC interceptor
-(:mod:`carpool.server.grpc.access`) ask it. It must not import the rest of the server.
-
-A client presents a key as ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` (HTTP
-headers or gRPC metadata), one header of one kind: a request with several is refused. The
-presented key is compared with every served key in
-constant time: both sides are SHA-256 digests first (so a key's length is not timed
-either), compared with :func:`hmac.compare_digest`, and the loop never exits early, so the
-time taken does not reveal whether, or which, key matched.
-"""
+"""API keys: which credentials a request presents (``Authorization: Bearer KEY`` or
+``x-api-key: KEY``, one header of one kind), whether one is a served key, which routes need
+none. Keys are compared as SHA-256 digests with :func:`hmac.compare_digest`, against every
+served key without exiting early, so timing reveals neither a match nor a length. Pure."""
 
 from __future__ import annotations
 

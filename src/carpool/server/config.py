@@ -42,7 +42,7 @@ class ServerConfig:
     limit_concurrency: int = 1000  # connections at once, then 503; under 1024 fds; 0: none
     # Processes that serve connections, around one batcher per model
     # (carpool.server.frontends.spread);
-    # 1: this process does both, as before front ends existed.
+    # 1: this process serves connections and runs the batchers itself.
     frontends: int = 1
     # Texts in one /v1/embeddings request at most, then 413: text-embeddings-inference's 32.
     max_client_batch_size: int = 32

@@ -1,12 +1,6 @@
-"""The v2 (KServe / Open Inference Protocol) messages as records, and the error they share.
-
-:mod:`carpool.server.rest.codec` (REST bodies) and :mod:`carpool.server.grpc.codec` (Triton's
-gRPC messages) build these records and turn them back into the wire's; the checks every
-decoder makes alike live here once (an input's record, a duplicate name, shared memory and
-classification refused, the element limit, an output's fit). Every refusal is a
-:class:`ProtocolError` carrying the status and the field at fault. Pure: numpy and the
-standard library only; no sockets, no event loop, no framework.
-"""
+"""The v2 (KServe / Open Inference Protocol) messages as records, and the :class:`ProtocolError`
+they share. The REST and gRPC codecs build these records; the checks every decoder makes alike
+live here once, each refusal naming its status and the field at fault. Pure."""
 
 from __future__ import annotations
 

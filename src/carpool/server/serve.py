@@ -1,13 +1,7 @@
-"""Process lifecycle: bind, serve, and on SIGTERM/SIGINT drain and exit 0.
-
-On a signal, readiness turns false at once (load balancers stop sending), the listening
-socket closes (new connections are refused), every request already received is answered,
-each batcher finishes what it accepted, and the process exits 0. Requests still running
-after ``drain_timeout_s`` are cut off so the process always exits in bounded time. It wires
-the server: the registry, the one inference path over it, the REST app and (only when the
-gRPC port is on, so that grpc is imported only then) the gRPC server, both given that path.
-With :mod:`carpool.server.rest.connections` (its protocol), the only module that imports uvicorn.
-"""
+"""Process lifecycle: bind, serve, and on SIGTERM/SIGINT drain and exit 0. On a signal readiness
+turns false, the listening socket closes, received requests are answered and batchers finish
+what they accepted; past ``drain_timeout_s`` the rest is cut off, so exit comes in bounded
+time. The only module that imports uvicorn (with :mod:`carpool.server.rest.connections`)."""
 
 from __future__ import annotations
 
@@ -57,7 +51,7 @@ log = logging.getLogger("carpool.server")
 # 700: a request allocates dozens, so at 700 a scan ran every few requests and walked the
 # ones in flight (which then survived into the older generations, to be walked again). It
 # cost about a fifth of a binary request's CPU at 64 clients (38 -> 31 us in process). Only
-# cyclic garbage waits longer; what refcounting frees is freed at once as before.
+# cyclic garbage waits longer; what refcounting frees is still freed at once.
 _GC_THRESHOLDS = (10_000, 10, 10)
 # After uvicorn's whole-second drain: _after_drain's second for threads to end, and room for
 # the batchers' workers to be stopped; past it, something hangs the main thread.
@@ -294,8 +288,8 @@ def _server(app: App, config: ServerConfig, *, sent: Callable[[], None] | None =
 def _run(server: _Server, sockets: list[socket.socket] | None = None) -> None:
     """Serve until a signal and its drain: on ``sockets``, else on the configured port."""
     # The models' weights, tokenizers and modules live as long as the process: out of the
-    # collector's sight, a full collection no longer walks them (on minilm that was a
-    # 100-160 ms pause of every request in flight, every ~12 s).
+    # collector's sight, a full collection does not walk them (on minilm, walking them
+    # paused every request in flight for 100-160 ms, every ~12 s).
     gc.freeze()
     gc.set_threshold(*_GC_THRESHOLDS)
     with contextlib.suppress(SystemExit):  # uvicorn exits 3 when startup fails; we say why

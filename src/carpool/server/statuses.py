@@ -1,11 +1,6 @@
-"""THE table of statuses: every HTTP status this server answers with, by name, and what each
-is called by gRPC, by ``/metrics`` and by OpenAI's error bodies; and :class:`HTTPError`.
-
-Every other module names a status through :class:`Status` (never a number), so a status
-and its renderings are written once, here. Which status an exception ends in is decided by
-:func:`~carpool.server.inference.outcomes.error_status`, with these names. Pure: it must not import
-anything of the server (every server module may import it), nor grpc.
-"""
+"""THE table of statuses: every HTTP status this server answers with, by name, with its gRPC,
+``/metrics`` and OpenAI names; and :class:`HTTPError`. Every other module names a status
+through :class:`Status`, never a number. Imports nothing of the server, nor grpc."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
-"""Tensor codecs of the v2 protocol: binary layouts and JSON ``data`` lists.
-
-Pure: numpy only, no I/O; the datatype names come from :mod:`carpool.datatypes`.
-:mod:`carpool.server.rest.codec` and :mod:`carpool.server.grpc.codec` frame bodies around
-these codecs. Errors here are builtins whose message is ready for the client: ``ValueError`` for
-data a client sent, or a form it asked for, that cannot be used; ``TypeError`` for an array
-the server itself cannot express. :class:`carpool.server.messages.blame` turns both into
-``ProtocolError`` with a field and an HTTP status.
-
-BF16 has no numpy dtype, so carpool holds BF16 tensors as float32 and converts on the wire:
-the 16 bits are the upper half of the float32, rounded to nearest even when encoding.
-``ml_dtypes.bfloat16`` arrays (what tritonclient builds) are accepted too when encoding.
-"""
+"""Tensor codecs of the v2 protocol: binary layouts and JSON ``data`` lists. Errors are builtins
+with a message ready for the client (``ValueError``: the client's data; ``TypeError``: an
+array the server cannot express). BF16 is held as float32: the upper 16 bits, rounded to
+nearest even when encoding. Pure: numpy only."""
 
 from __future__ import annotations
 

@@ -1,27 +1,8 @@
-"""The main process's end of the front ends' links (``carpool serve --frontends N``): each
-request into its model's one batcher, each answer back, every front end's counts summed.
-
-The main process serves no connection itself. It holds the batchers, and every front end
-feeds the same one per model, so batches fill as they do behind a single front end. Its
-work per request is what the batcher needs and no more: a future, admission, the answer
-posted to the link (frames of many requests each way, :mod:`carpool.server.frontends.links`); no
-task per request. A request's deadline, priority and cancellation cross with it.
-
-The front ends count their own requests' outcomes (each model's, and the server's own
-answers that no model counts) in memory shared with this process, one slot each
-(:mod:`carpool.server.frontends.tallies`): a query for statistics (``/metrics``,
-``/v2/models/stats``, gRPC's ``ModelStatistics``) is answered at once with every slot
-summed, whichever front end asks, and a front end that died (``kill -9`` too) leaves its
-counts behind. So health, readiness and statistics never wait on another front end.
-
-A front end that stops answering is lost as surely as one that exits: every front end is
-sent a heartbeat (``PING``) each :data:`HEARTBEAT_S`, which its loop answers (``PONG``) at
-once; one not heard from for :data:`SILENT_S` (stopped, ``SIGSTOP``; or its loop blocked;
-one just started has twice that) has its link closed, so its requests are withdrawn and
-the main process kills it and starts another, as when one exits. A heartbeat found late
-(the main process's own loop stalled) judges nobody that round. Only asyncio, the links
-and the tallies.
-"""
+"""The main process's end of the front ends' links (``--frontends N``): each request into its
+model's one batcher and its answer back, with no task per request. Statistics come from the
+front ends' shared tallies, so they never wait on a front end; one silent for :data:`SILENT_S`
+(heartbeats every :data:`HEARTBEAT_S`) is killed and replaced. How the front ends fit
+together: docs/architecture.md."""
 
 from __future__ import annotations
 

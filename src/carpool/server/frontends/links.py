@@ -1,23 +1,8 @@
-"""The link between a front-end process and the main one: framed messages over a Unix
-socket, their arrays through shared memory.
-
-A frame is ``(arena, segment, nbytes, layout, ops)``, pickled behind its length. ``ops`` are
-small tuples; the first ``len(values)`` of them each carry a value (a request's inputs one
-way, its outputs the other), whose arrays the sender writes into one of its two arenas
-and ``layout`` describes. The reader copies the frame's bytes out of the arena in one copy
-as the frame arrives (the values are views of that private copy) and owes a ``TAKEN``,
-which rides on the next frame it sends anyway. Two frames of values may be in flight each
-way, one per arena; a sender with both in flight holds further values back (they go
-together in the next frame) and asks for its ``TAKEN`` (``WANT``), which the reader then
-sends at once. Bare ops never wait. So an arena is never written while it is read, each
-array is copied once in and once out, a busy reader gets larger frames rather than more of
-them, and under load no frame is sent for an acknowledgement alone.
-
-The common value, a dict of numeric arrays, is laid out here (``_Layout``): names, dtypes,
-shapes and offsets; anything else goes through :mod:`carpool.ipc.transport`'s general layout.
-Whatever is posted in one turn of the loop leaves in one frame, after that turn. Only
-asyncio, numpy, pickle and the transport: no batcher, no server.
-"""
+"""The link between a front-end process and the main one: framed pickles over a Unix socket,
+their arrays through two shared-memory arenas each way. A reader copies a frame out as it
+arrives and acknowledges it (``TAKEN``) on its next frame; a writer with both arenas in flight
+puts further values in its next frame. So no arena is written while read, and a busy reader
+gets larger frames rather than more of them."""
 
 from __future__ import annotations
 

@@ -1,18 +1,7 @@
-"""A front-end process's models (``carpool serve --frontends N``): their batchers are the
-main process's, reached over the link (:mod:`carpool.server.frontends.links`).
-
-Each front end runs the whole server, REST, OpenAI and gRPC, over a
-:class:`FrontEndRegistry`: reading, keys, limits, decoding, admission, encoding and logging
-all happen here. Only the admitted inputs cross, with the request's deadline and priority; a
-caller that is cancelled (its client left, its deadline passed) withdraws its request in the
-main process. Outcomes are counted here, each model's and the server's own answers that no
-model counts, in this front end's slot of memory shared with the main process
-(:mod:`carpool.server.frontends.tallies`), which outlives it; a statistics query gets every front
-end's summed from the main process (:class:`~carpool.server.frontends.hub.Hub`).
-Readiness follows the main process's workers, which it pushes when they change. Its
-heartbeat (``PING``) is answered at once (``PONG``): a front end that stops answering is
-killed and replaced (:class:`~carpool.server.frontends.hub.Hub`).
-"""
+"""A front-end process's models (``--frontends N``): their batchers are the main process's,
+reached over the link. A front end runs the whole server (reading, keys, decoding, admission,
+encoding, logging) and sends only admitted inputs, with deadline and priority; a cancelled
+caller withdraws its request there. Its outcomes go to its shared slot (``tallies``)."""
 
 from __future__ import annotations
 

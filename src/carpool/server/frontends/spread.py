@@ -1,18 +1,7 @@
-"""The main process of ``carpool serve --frontends N``: the batchers, N front-end processes
-(``carpool: frontend#1`` ... in ``ps``) and their lives.
-
-At start: hold the HTTP and gRPC ports (every front end listens on them with a socket of its
-own, ``SO_REUSEPORT``), fork the zygote (:mod:`carpool.server.frontends.zygote`) while the process
-is
-single-threaded, start the batchers, then fork the front ends, each linked to the
-:class:`~carpool.server.frontends.hub.Hub`. A front end that dies is replaced, after a pause that
-grows while they keep dying young; only its own connections are lost, and its requests
-still queued are withdrawn. On SIGTERM or SIGINT every front end is told to drain: each
-stops accepting, answers what it received (those requests still reach the batchers here)
-and exits; the batchers then close within what is left of the drain timeout, and the
-process returns 0. A front end still there at the deadline is killed. A second SIGINT
-kills them at once.
-"""
+"""The main process of ``carpool serve --frontends N``: the batchers, N front-end processes and
+their lives. Front ends share the ports (``SO_REUSEPORT``) and are forked by the zygote; one
+that dies is replaced after a pause that grows while they keep dying young. On SIGTERM or
+SIGINT each drains, then the batchers close within the drain timeout; a second SIGINT kills."""
 
 from __future__ import annotations
 

@@ -1,26 +1,7 @@
-"""The front ends' counts of their answers (``carpool serve --frontends N``), kept where a
-front end's death cannot take them: in memory the main process shares with every front end.
-
-The main process maps one anonymous shared region (no name, no file in ``/dev/shm``, nothing
-to unlink) before it forks anything, so that every front end inherits it. Each front end
-number owns a slot: a count per (model, or None for the server's own answers; protocol;
-status), and the seconds of each model's successes. A front end adds to its slot as it
-answers (:class:`Tally`, no message and no system call per answer); the main process sums
-the slots whenever statistics are asked for (:meth:`Tallies.totals`). A front end that dies
-leaves its slot as it was, and the one that replaces it counts on in the same slot, so the
-totals never go back and never lose a dead front end's answers.
-
-What is counted is what was sent: an answer is staged as it is made, and added to the slot
-as soon as it was written to its socket: an HTTP answer's as its last bytes are written
-(:meth:`Tally.commit`, called by the connection), any other (gRPC's, which grpc writes)
-in the loop's next turn at the latest. A front end killed before its answer was written
-counts none of it; one killed in the instant between the write and the commit loses the
-count of that one answer (a window of microseconds, against the seconds since the last
-scrape when the front ends sent their counts only when asked). The main process's
-batchers count the inferences they completed (Triton's statistics,
-``/v2/models/{m}/stats``), which also holds answers whose front end died before sending
-them.
-"""
+"""The front ends' counts of their answers, in memory the main process shares with them, so a
+front end's death cannot take its counts. The region is mapped before anything forks; each
+front end adds to its own slot as it answers (no message, no system call), the main process
+sums the slots when asked, and a dead front end's replacement counts on in the same slot."""
 
 from __future__ import annotations
 
@@ -102,8 +83,12 @@ class Tallies:
 
 
 class Tally:
-    """One front end's slot. :meth:`record` stages an answer; the loop's next turn adds
-    what was staged to the slot (see the module docstring); :meth:`commit` does it now."""
+    """One front end's slot. :meth:`record` stages an answer; :meth:`commit` adds what was
+    staged to the slot, called by an HTTP connection as an answer's last bytes are written,
+    and otherwise (gRPC's, which grpc writes) the loop's next turn does. So what is counted
+    is what was sent: a front end killed between a write and its commit loses the count of
+    that one answer, a window of microseconds. The batchers' own counts (Triton's
+    statistics) also hold answers whose front end died before sending them."""
 
     def __init__(self, tallies: Tallies, slot: int) -> None:
         self._tallies = tallies

@@ -1,15 +1,7 @@
-"""Where front-end processes come from: a process forked before any thread starts, that
-forks each front end on request, the first ones and any that replace one that died.
-
-Forking the main process itself once it serves would copy a process with threads (the
-model workers, the batchers' pools) into one with only the forking thread, whose locks may
-be held forever. This process is forked at the start instead, while the main process is
-single-threaded, and stays so: it waits for requests, forks, and reaps. A front end so made
-inherits the models as loaded (their signatures, preprocessing and tokenizers, never run
-weights), and gets its link to the main process as a file descriptor passed with the
-request. It dies with the main process (``PR_SET_PDEATHSIG``),
-and its front ends with it. Stdlib only.
-"""
+"""Where front-end processes come from: a process forked while the main process is still
+single-threaded, which forks each front end on request. Forking the serving main process would
+copy a process with threads into one with only the forking thread, whose locks may be held
+forever. Stdlib only."""
 
 from __future__ import annotations
 

@@ -1,24 +1,7 @@
-"""Who may call the gRPC API, how many at once, and over what: the interceptor every call
-passes first (:class:`Access`), and the TLS port.
-
-The same keys and certificate as REST's (``--api-key``, ``--ssl-certfile``/``--ssl-keyfile``):
-a call presents a key in its metadata (``authorization: Bearer KEY`` or ``x-api-key: KEY``),
-checked by :mod:`carpool.server.auth`; without one of the keys it ends ``UNAUTHENTICATED``
-with the message ``unauthorized`` and nothing more. ``ServerLive`` and ``ServerReady`` stay
-open, as REST's health routes. Past ``--grpc-max-concurrent-rpcs`` calls under way, a call
-ends ``RESOURCE_EXHAUSTED`` at once, as grpc's own limit answered; the limit is kept here so
-that its refusals can be counted.
-
-Every call that ends here, or in grpc before its handler runs, is counted (``record``: the
-server's counts, since no model counts it), under the status that says what happened: a key
-refused (401), a call over the limit (503: the server is overloaded, as REST's
-``--limit-concurrency``), a method the service does not have (405: grpc's ``UNIMPLEMENTED``), a
-message grpc refused as larger than ``--max-body-bytes`` (413: ``RESOURCE_EXHAUSTED``, from
-grpc itself; any unary call that ended before its handler ran, which also is one the client
-cancelled before its message came, a rare thing grpc does not tell apart), a message that
-does not parse (400: ``INVALID_ARGUMENT``; grpc used to answer ``UNKNOWN`` and log a
-traceback). Only :mod:`carpool.server.grpc.service` imports it.
-"""
+"""Who may call the gRPC API, how many at once, and over what: the interceptor every call passes
+first (:class:`Access`), and the TLS port; keys and certificate are REST's. A call refused here
+or by grpc before its handler is counted under what happened: a key refused 401, over
+``--grpc-max-concurrent-rpcs`` 503, unimplemented 405, too large 413, unparsable 400."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
 """gRPC inference calls held back while more arrive, then let go together (:class:`Bursts`).
-
-grpc.aio accepts one call per completion-queue round trip (one ``request_call``
-outstanding), so 200 calls that reached the server together reach its handlers one every
-0.1-0.3 ms; each found an idle batcher and ran as a batch of one. Held until the calls stop
-coming (``quiet_s``), ``max_burst`` of them wait, or the first has waited ``max_hold_s``,
-they resume in one loop turn and reach the batcher together, as REST's requests that arrive
-together do. A call with no other in flight goes at once: a lone client never waits. Runs
-on the one loop of the gRPC server and the batchers; only asyncio: no grpc, no app.
-"""
+grpc.aio accepts one call per completion-queue round trip, so calls sent together would reach
+the batcher 0.1-0.3 ms apart, each a batch of one. Held until calls stop coming
+(``quiet_s``), ``max_burst`` wait or the first waited ``max_hold_s``; a lone call goes at once."""
 
 from __future__ import annotations
 

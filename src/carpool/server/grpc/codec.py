@@ -1,14 +1,7 @@
-"""The v2 gRPC messages, Triton's own, to carpool's records and back.
-
-``ModelInferRequest`` -> :class:`~carpool.server.messages.InferRequest` (inputs from
-``raw_input_contents`` or from the typed ``contents`` fields), response tensors ->
-``ModelInferResponse`` (always ``raw_output_contents``, the only place tritonclient reads
-outputs from), and the registry's metadata, config, statistics and index documents -> their
-messages. The messages are the generated classes tritonclient ships
-(``tritonclient.grpc.service_pb2``), kept by NVIDIA in lockstep with Triton, so they match
-Triton's field for field. Refusals are :class:`ProtocolError`, as for REST. Pure: no server,
-no event loop; imported only when the gRPC port is on.
-"""
+"""The v2 gRPC messages (Triton's own, tritonclient's generated classes) to carpool's records and
+back. Responses always use ``raw_output_contents``, the only place tritonclient reads outputs
+from; refusals are :class:`ProtocolError`, as for REST. Pure; imported only when the gRPC port
+is on."""
 
 from __future__ import annotations
 
@@ -224,8 +217,8 @@ def _check_contents_count(field: str, held: int, count: int, name: str) -> None:
 def _fixed_width(contents: Any, field: str, dtype: np.dtype[Any], count: int) -> Array:
     """FP32 or FP64 contents as they travel: a packed field is the values' little-endian
     bytes, so the contents, serialized again (a copy at memcpy speed, the only field set),
-    are the array's buffer. Reading the field element by element cost a Python float each
-    (a 16 MiB message grew the server by 14x) and seconds."""
+    are the array's buffer. Read element by element, the field would cost a Python float
+    each (a 16 MiB message: 14x its size in memory) and seconds."""
     data = contents.SerializeToString()
     number = contents.DESCRIPTOR.fields_by_name[field].number
     try:

@@ -1,18 +1,7 @@
-"""The v2 gRPC API (``inference.GRPCInferenceService``) on the REST app's models.
-
-A ``grpc.aio`` server started in the app's lifespan startup, on the app's (uvicorn's) loop,
-where the batchers live, so that both protocols feed the same batchers with no thread in
-between. Inference calls wait for their burst (:class:`~carpool.server.grpc.bursts.Bursts`)
-so that calls sent together reach the batcher together, as REST's do. Inference is only
-decoded and encoded here (:mod:`carpool.server.grpc.codec`); its life in between is
-:class:`~carpool.server.inference.path.Inference`'s, REST's too: a call the client cancels, or
-whose deadline passes, withdraws its queued request. Failures are
-:func:`~carpool.server.inference.outcomes.error_status`'s, under
-:func:`~carpool.server.statuses.grpc_code`'s names. It is given what it serves (the
-inference path, whose registry answers readiness and metadata) and never imports the app.
-Only :mod:`carpool.server.serve` imports it, and only when ``--grpc-port`` is not 0: grpc
-is never imported otherwise.
-"""
+"""The v2 gRPC API (``inference.GRPCInferenceService``), run on the app's loop where the batchers
+live, so both protocols feed the same batchers with no thread between. Calls are decoded and
+encoded here; their life in between is the inference path's. grpc is imported only when
+``--grpc-port`` is not 0."""
 
 from __future__ import annotations
 
@@ -181,7 +170,7 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         writing = asyncio.Lock()
         # At most STREAM_IN_FLIGHT requests of one stream at a time: past it the stream is
         # not read until one is answered (HTTP/2's flow control then holds the client back),
-        # where each message used to become a task at once, however many came unread.
+        # so unread messages do not each become a task.
         room = asyncio.Semaphore(STREAM_IN_FLIGHT)
         async with asyncio.TaskGroup() as tasks:
             async for request in requests:
@@ -311,10 +300,9 @@ class GrpcServer:
     """The gRPC server's life: listen at startup, stop accepting when the drain begins,
     give calls in flight the same drain deadline as REST's.
 
-    grpc.aio runs on the app's loop, the batchers' (it used to have a thread and loop of
-    its own, every call handed across and back: two thread wake-ups a call, and calls
-    reached the batcher one by one all the same; :class:`~carpool.server.grpc.bursts.Bursts`
-    is what gathers them)."""
+    grpc.aio runs on the app's loop, the batchers': a loop of its own would cost two thread
+    wake-ups a call, and gather no calls into batches
+    (:class:`~carpool.server.grpc.bursts.Bursts` is what gathers them)."""
 
     def __init__(
         self,

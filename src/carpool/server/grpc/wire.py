@@ -1,15 +1,8 @@
 """A ``ModelInferRequest``'s tensor bytes read where they lie in the message grpc received.
-
-protobuf copies every ``raw_input_contents`` entry and packed ``fp32_contents`` into its own
-memory as it parses, and each read of a bytes field copies it again: a 16 MiB raw tensor grew
-the server by ~5x its size, a typed one by 7-14x. Here the message's bytes are walked first
-(a few steps per field, none per element): raw entries and packed FP32/FP64 contents become
-views of those bytes, and only the rest, now small, is parsed by protobuf. A message this
-walk does not follow field by field is parsed whole, as before, so every refusal is
-protobuf's own.
-
-Pure: bytes in, records out; it must not import grpc or anything that sends.
-"""
+protobuf copies raw and packed contents as it parses and again on each read (a 16 MiB raw
+tensor costs ~5x its size), so raw entries and packed FP32/FP64 contents become views here and
+only the rest is parsed by protobuf. A message this walk does not follow is parsed whole, so
+every refusal is protobuf's own. Pure: bytes in, records out."""
 
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
 """Between the wire and the batcher: check a request against the model, shape the answer.
-
-Pure: decoded requests in, the batcher's value out; the model's outputs in, response tensors
-out. Everything a client can get wrong is refused here, before anything is queued, so a bad
-request never reaches a batch that other callers share. It must not import the app, the
-registry or anything that does I/O.
-
-:func:`admit` runs the model's own ``preprocess`` (tokenizing, say), which can cost the
-event loop many milliseconds for a large request; :class:`Admissions` runs such a request's
-admission in a few threads of its own, so that the loop goes on answering (health probes
-included), and a small one inline, where a thread hop would cost more than it saves.
-"""
+Everything a client can get wrong is refused here, before anything is queued, so a bad request
+never reaches a batch others share. :class:`Admissions` runs a large request's ``preprocess``
+in threads, so the loop goes on answering. Imports nothing that does I/O."""
 
 from __future__ import annotations
 
@@ -281,7 +273,7 @@ class Admissions:
 
     A request for a model with a ``preprocess`` and at least ``offload_bytes`` of inputs is
     admitted in one of ``threads`` threads (started with the first one); any other inline,
-    as before. At most ``threads`` admissions are handed to the pool at once: the others
+    on the loop. At most ``threads`` admissions are handed to the pool at once: the others
     wait their turn on the loop, in arrival order, holding only the request they already
     hold, and requests in flight are bounded already (``--limit-concurrency``,
     ``--grpc-max-concurrent-rpcs``, a stream's bound). What :func:`admit` raises is raised

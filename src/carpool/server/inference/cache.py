@@ -1,16 +1,7 @@
-"""The response cache: answers already computed, under a hash of everything that asked for them.
-
-:func:`request_key` hashes what of a request can change its answer (the model's name and
-generation, each input's name, datatype, shape, bytes and parameters, the outputs asked for
-and how, the request's parameters but the scheduling ones); :class:`ResponseCache` holds
-answers (:class:`Entry`, copied out of their batch) under such keys, in at most
-``max_bytes``, least recently used out first, and drops a model's when it is unloaded or
-reloaded. Beside them, under the :func:`replay_key` of a request as it came on the wire, it
-holds front ends' encoded answers (:class:`Replayed`), so that a request repeated byte for
-byte is answered without being decoded or its answer encoded again. Pure: numpy and the
-standard library; no event loop, no clock. It must not import the registry, the app or
-anything that does I/O.
-"""
+"""The response cache: answers already computed, under a hash of all of a request that can change
+its answer (:func:`request_key`), least recently used out first within ``max_bytes``. Beside
+them, front ends' encoded answers under a request's wire bytes (:func:`replay_key`), so a
+request repeated byte for byte is neither decoded nor encoded again. Pure: no loop, no clock."""
 
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
-"""Which status every exception a request can end in answers with: :func:`error_status`.
-
-The one classification: the app sends what it returns, the access log and ``/metrics``
-count what it says, and gRPC answers it under :func:`~carpool.server.statuses.grpc_code`'s
-names, so no two protocols can disagree. Statuses are named by
-:class:`~carpool.server.statuses.Status`.
-
-Every answer is counted once with the status it says: under its model
-(``ServedModel.record``: an inference request whose model is known), or else in its server's
-:class:`~carpool.server.lifecycle.registry.ServerCounts` (a health probe, a scrape, a refused key,
-an
-unknown model, a body that could not be read before the model was named, ...). Pure: it
-only classifies, and must not import the app, grpc or anything that sends.
-"""
+"""Which status every exception a request can end in answers with: :func:`error_status`, the one
+classification. The app sends it, the access log and ``/metrics`` count it and gRPC names it,
+so no two protocols can disagree; each answer is counted once, under its model or its server.
+Pure."""
 
 from __future__ import annotations
 

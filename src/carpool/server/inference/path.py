@@ -1,44 +1,8 @@
 """The inference path: one request's life between its decoder and its encoder, for every
-protocol (REST v2 JSON, binary and raw; OpenAI embeddings; gRPC unary and streaming).
-
-A front end hands :meth:`Inference.infer` the model's name and version, its ``decode`` and
-``encode`` steps, its protocol label and how the request may be withdrawn
-(:class:`Withdrawal`); the path does the rest, in this order: readiness, decode, admit
-(:func:`~carpool.server.inference.admission.admit`; for a large request to a model that
-preprocesses,
-in a thread: :class:`~carpool.server.inference.admission.Admissions`), batch (withdrawn when the
-client goes, the call is cancelled or its deadline passes), respond
-(:func:`~carpool.server.inference.admission.respond`), encode, record the outcome and time it
-(``served.record(protocol, status, seconds)``, statuses by
-:func:`~carpool.server.inference.outcomes.error_status`).
-Decode and encode run inside the path so that a request refused while decoding, or whose
-answer cannot be encoded, counts under its model, as every other outcome does.
-
-For a model with the response cache on (``response_cache``, and ``registry.cache`` set),
-admit, batch and respond give way, after decode, to a lookup under the request's key
-(:func:`~carpool.server.inference.cache.request_key`): a hit is answered from the cache without
-admission or queue; a miss joins the identical request's computation in flight, or starts
-one (:class:`~carpool.server.inference.sharing.Flights`) that admits, batches, responds and stores
-the
-answer. That computation is nobody's own: it carries the model's queue timeout and the
-starter's priority, but no caller's deadline, and outlives any caller but the last; each
-caller waits under its own limits (client gone, ``timeout`` parameter, deadline). What it
-raises is every waiter's outcome (identical inputs fail alike: a model error, a full queue,
-the model's queue timeout); a caller's own withdrawal is its own. Each successful request
-counts once in ``served.cache_counts``: a miss if it started the computation, else a hit.
-A front end that passes a :class:`Replay` goes one step further: before decoding, its
-request's bytes as they came are looked up (:func:`~carpool.server.inference.cache.replay_key`),
-and a
-request repeated byte for byte is answered with the encoded answer kept from the last time,
-neither decoded nor encoded again (over REST that was most of a hit's CPU). An answer is
-kept encoded once the cache answered it (a request seen once keeps none: to a miss, the
-replay adds only the hash of its bytes and a lookup).
-
-Free of ASGI and grpc: "the client is gone" is an awaitable the front end passes, a
-deadline is seconds. So it is also the seam for front ends in other processes: one that
-decoded a request already passes a ``decode`` that returns it. It must not import the app,
-a front end or anything that sends.
-"""
+protocol. A front end hands :meth:`Inference.infer` its decode and encode steps and how the
+request may be withdrawn; the path does readiness, decode, admit, batch (or the response
+cache), respond, encode, and records the outcome under its model. Free of ASGI and grpc, so
+front ends in other processes use it too. With the cache: docs/architecture.md."""
 
 from __future__ import annotations
 
@@ -115,7 +79,7 @@ NOT_WITHDRAWN = Withdrawal()
 @dataclass(frozen=True, slots=True)
 class Replay(Generic[T]):
     """How a front end lets the response cache answer a request repeated byte for byte
-    with the answer it encoded the last time (see the module docstring).
+    with the answer it encoded the last time (see docs/architecture.md, the response cache).
 
     ``received()`` reads the request (after the readiness check, as ``decode`` would) and
     returns its parts as they came: every byte its encoded answer depends on, but the
@@ -267,7 +231,7 @@ class Inference:
         self, cache: ResponseCache, served: ServedModel, request: InferRequest, w: Withdrawal
     ) -> tuple[Answer, bytes | None]:
         """``request``'s answer from ``cache``, from the identical request's computation in
-        flight, or computed and stored (see the module docstring); counted in
+        flight, or computed and stored (see docs/architecture.md); counted in
         ``served.cache_counts`` (a hit's seconds: its lookup's; a miss's: lookup and store).
         With it, its key if it was a hit, else None."""
         started = time.perf_counter()

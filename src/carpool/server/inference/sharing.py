@@ -1,14 +1,6 @@
-"""Identical computations in flight, shared (single flight): the first caller of a key starts
-the computation, and callers of the same key while it runs wait for its outcome instead of
-starting another.
-
-A computation belongs to its flight, not to the caller that started it: it runs in a task of
-its own that no caller's cancellation reaches, and is cancelled only when every caller has
-stopped waiting (nobody is left to answer). So each caller withdraws alone, by the
-cancellation of its own task (its client gone, its own deadline), and whatever the
-computation returns or raises reaches every caller still waiting. Pure asyncio: it must not
-import the registry, the app or anything that sends.
-"""
+"""Identical computations in flight, shared (single flight): the first caller of a key starts the
+computation, later callers of that key wait for its outcome. The computation runs in a task
+of its own, cancelled only when no caller waits, so each caller withdraws alone. Pure asyncio."""
 
 from __future__ import annotations
 

@@ -1,30 +1,8 @@
-"""Model control: models loaded, reloaded and unloaded while the server serves, as Triton's
-model control modes and repository extension do it (``--model-control-mode``).
-
-``explicit``: a load (``POST /v2/repository/models/NAME/load``, gRPC
-``RepositoryModelLoad``, tritonclient's ``load_model``) reads the model from the repository
-again, starts its workers and warms it up, and only then moves traffic to it; the version
-it replaces stops taking requests, finishes those on their way to it, its queue and its
-batches, and frees its workers. A load that fails leaves the version serving as it was,
-and answers why. An unload stops the model taking requests (they are then a 404, as for a
-model never loaded), drains it the same way and frees its workers; it shows ``UNLOADING``,
-then ``UNAVAILABLE`` (``unloaded``). Loads and unloads of one model run one at a time.
-
-``poll``: the repository is looked at every ``poll_s`` seconds
-(:mod:`carpool.server.lifecycle.watch`
-says what changed): a new model folder loads, a changed one reloads, a removed one unloads,
-each once per change, once the folder has stayed the same for one look, and for
-``settle_s`` seconds (``--repository-poll-settle-secs``): a copy that pauses for less is
-left for a later look. The load and unload routes then answer 503, as
-Triton's do outside explicit mode.
-
-A model's code and the repository's files are read in daemon threads of their own
-(:func:`_off_loop`), never on the loop nor in its default executor: a ``model.py`` whose
-import never returns, or a named pipe in a model folder, holds only its thread, which the
-process abandons at exit (asyncio.run joins the default executor's threads, and
-concurrent.futures joins its workers at exit, each without a bound). :meth:`ModelControl.close`
-waits for loads under way only until the drain's deadline.
-"""
+"""Model control (``--model-control-mode``), as Triton does it: models loaded, reloaded and
+unloaded while the server serves. ``explicit``: a load warms the new version up before traffic
+moves, the replaced one drains, and a failed load leaves it serving. ``poll``: a repository
+folder that changed and stayed the same for ``settle_s`` loads, reloads or unloads. Model code
+and files are read in daemon threads (:func:`_off_loop`), never on the loop."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
-"""A load request's config override (Triton's ``load_model(name, config=JSON)``) as
-carpool's batching settings.
-
-The override may be shaped as Triton's model configuration, the one ``GET
-/v2/models/NAME/config`` shows (``max_batch_size``, ``dynamic_batching`` with
-``max_queue_delay_microseconds``, ``priority_levels``, ``default_priority_level``,
-``max_queue_size`` and ``default_queue_policy.default_timeout_microseconds``,
-``instance_group[].count``), or name carpool's own settings (``max_wait_ms``, ``workers``,
-``default_timeout_ms``, ...), as a ``[models.NAME]`` table does. Fields that describe the
-model rather than how it is served (``name``, ``input``, ``platform``, ...) are accepted
-as the config shows them and left alone, so a config read, edited and sent back loads.
-Anything else is refused, naming the field. Pure: no I/O.
-"""
+"""A load request's config override (Triton's ``load_model(name, config=JSON)``) as carpool's
+batching settings: Triton's model configuration as ``GET /v2/models/NAME/config`` shows it, or
+carpool's own keys. Fields that describe the model are left alone, so a config read, edited
+and sent back loads; anything else is refused, naming the field. Pure."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""The models a server holds, each with its batcher, and how each describes itself.
-
-Metadata follows the v2 protocol; ``config`` and ``statistics`` follow Triton's
-``model_configuration`` and ``statistics`` extensions, which perf_analyzer and Triton's
-tooling read (``max_batch_size``, ``input``/``output`` dims without the batch dimension,
-``inference_count`` > ``execution_count`` when batching happens). Readiness lives here too,
-so that every protocol answers it alike: :attr:`Registry.ready` (set when the app has
-started, cleared when the drain begins), :meth:`Registry.is_ready`,
-:meth:`Registry.model_ready` and the ready-only :meth:`Registry.index`. It must not import
-the app or anything of HTTP.
-"""
+"""The models a server holds, each with its batcher, and how each describes itself: v2 metadata,
+and Triton's ``config`` and ``statistics`` as perf_analyzer reads them. Readiness lives here,
+so that every protocol answers it alike. Nothing of HTTP."""
 
 from __future__ import annotations
 

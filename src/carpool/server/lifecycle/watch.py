@@ -1,16 +1,7 @@
-"""What changed in a model repository between two looks (``--model-control-mode poll``).
-
-A model folder's :data:`Fingerprint` is every file in it with its size, inode and
-modification time, and for a small file (code, settings) a hash of its bytes: a file
-timestamp moves in clock ticks, so a model file rewritten within one tick at the same size
-still shows. :func:`settled` compares what was last acted on, the previous look and this
-one: a change acts once the folder has looked the same twice in a row. That is all it
-knows of a copy: a file written in parts further apart than one poll interval can look the
-same twice while half-written, and is then loaded as it is (write a folder elsewhere and
-rename it in). A file that is not regular (a named pipe, a device, a socket) is never read,
-only listed, its hash :data:`NOT_READ`: opening a pipe would block the look until something
-wrote to it. :func:`fingerprints` reads the disk; :func:`settled` is pure.
-"""
+"""What changed in a model repository between two looks (``--model-control-mode poll``). A
+folder's :data:`Fingerprint` holds each file's size, inode and time, and a hash of small
+files, so a rewrite within one clock tick still shows; :func:`settled` acts on a change once
+the folder looked the same twice. Files that are not regular are never read (a pipe blocks)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
-"""OpenAI's embeddings API as carpool's records: request bodies in, response and error bodies out.
-
-``POST /v1/embeddings`` is read by :func:`json_body`, :func:`model_name` and
-:func:`parse_embeddings`, turned by :func:`infer_request` into the v2
-:class:`~carpool.server.messages.InferRequest` of k rows that the inference path admits and
-batches like any other, and answered with :func:`encode_embeddings` (an
-:class:`EmbeddingsCall` holds the two steps the path runs); ``GET /v1/models`` lists
-:func:`model_entry` records. Every error body is :func:`encode_error`'s
-``{"error": {"message", "type", "param", "code"}}``, sent with the status
-:func:`~carpool.server.inference.outcomes.error_status` gives, as on the v2 routes. Pure: no
-sockets,
-no event loop, no clock; it must not import the app.
-"""
+"""OpenAI's embeddings API as carpool's records: request bodies in, response and error bodies
+out. ``POST /v1/embeddings`` becomes a v2 :class:`~carpool.server.messages.InferRequest` of k
+rows, batched like any other; every error body is ``{"error": {"message", "type", "param",
+"code"}}``. Pure."""
 
 from __future__ import annotations
 

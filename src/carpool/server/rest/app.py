@@ -1,17 +1,7 @@
-"""The REST API as a plain ASGI application: lifespan, routes, and the REST front ends of
-the inference path (v2 JSON, binary and raw; OpenAI's ``/v1/embeddings``).
-
-Routes are matched by splitting the path, not by a framework: the inference path is the hot
-path, and a handful of fixed routes needs no more. An inference request is only decoded and
-encoded here (:mod:`carpool.server.rest.codec`, :mod:`carpool.server.openai.codec`); its life in
-between is :class:`~carpool.server.inference.path.Inference`'s. Whatever a request ends in is
-answered with the status :func:`~carpool.server.inference.outcomes.error_status` gives it, and an
-error body that is exactly ``{"error": "<message>"}``, which is what tritonclient reads
-(under ``/v1``, the same status in OpenAI's shape). Bodies are read by
-:mod:`carpool.server.rest.bodies`. The app also starts and drains the gRPC server it is given
-(built by :mod:`carpool.server.serve`), without importing grpc. Only
-:mod:`carpool.server.serve` imports it.
-"""
+"""The REST API as a plain ASGI application: lifespan, routes, and the REST front ends of the
+inference path (v2 JSON, binary and raw; OpenAI's). Routes are matched by splitting the path,
+not by a framework: the inference route is the hot path. Error bodies are exactly
+``{"error": "<message>"}``, what tritonclient reads. Only :mod:`carpool.server.serve` imports it."""
 
 from __future__ import annotations
 

@@ -1,16 +1,7 @@
-"""The ASGI plumbing the app needs: its types, sending one response, and noticing a client
-that went away while its request waited.
-
-No framework: a handful of routes needs no more, and the inference path is the hot path.
-It must not import the app, the registry or the batcher.
-
-:class:`RequestWatch` is what ``carpool serve``'s connection
-(:mod:`carpool.server.rest.connections`)
-tells the app of a request in the scope's ``extensions`` (under :data:`WATCH`): whether its
-body has all arrived, and when its client goes. Under another ASGI server the app learns
-both from ``receive`` (:func:`gone_signal` falls back to a task awaiting
-:func:`disconnected`), which costs a task and a timer per request that the watch does not.
-"""
+"""The ASGI plumbing the app needs: its types, sending one response, and noticing a client that
+has gone. :class:`RequestWatch`, which ``carpool serve``'s connections put in the scope, says
+when a body has all arrived and when its client goes; other ASGI servers cost a task and a
+timer per request instead. Imports nothing of the app."""
 
 from __future__ import annotations
 

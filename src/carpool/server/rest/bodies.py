@@ -1,13 +1,7 @@
-"""Request bodies off the ASGI channel: read within the size limit, inflated within it too.
-
-A body larger than ``--max-body-bytes`` is refused as soon as its size is known (from
-``Content-Length``, or while it streams in), and a gzip or deflate body is inflated to at
-most that many bytes, so a small compressed body cannot expand without bound. A body that
-has not all arrived within ``--body-timeout`` (a slow or stalled client) gets a 408 and the
-connection is closed, so a slowloris cannot hold a connection and its buffer. Every refusal
-is an :class:`~carpool.server.statuses.HTTPError`. It must not import the app or the
-batcher.
-"""
+"""Request bodies off the ASGI channel, within ``--max-body-bytes`` (gzip and deflate inflated
+within it too, so a small body cannot expand without bound) and within ``--body-timeout`` (a
+408, and the connection closed, so a slowloris cannot hold it). Every refusal is an
+:class:`~carpool.server.statuses.HTTPError`."""
 
 from __future__ import annotations
 

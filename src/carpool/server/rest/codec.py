@@ -1,15 +1,7 @@
 """REST's v2 bodies to :class:`~carpool.server.messages.InferRequest` records, and response
-tensors back to bodies: the REST twin of :mod:`carpool.server.grpc.codec`.
-
-Requests: the app reads the body and the ``Inference-Header-Content-Length`` header, calls
-:func:`parse_header_length`, then :func:`parse_infer_request` (or :func:`parse_raw_request`
-when the length is 0). Responses: :func:`encode_infer_response` for the tensors the
-inference path answered, :func:`encode_error` for every error body. Every refusal is a
-:class:`ProtocolError` carrying the status and the field at fault; messages keep Triton's
-wording where it has one, because clients and operators grep for it. JSON text itself is
-read and written by :mod:`carpool.server.rest.json_text`. Pure and sans-I/O: it must not import
-the ASGI app, the batcher or anything that touches a socket.
-"""
+tensors back to bodies: the REST twin of :mod:`carpool.server.grpc.codec`. Refusals are
+:class:`ProtocolError`, in Triton's wording where it has one, since clients and operators grep
+for it. Pure and sans-I/O."""
 
 from __future__ import annotations
 

@@ -1,30 +1,8 @@
-"""uvicorn's httptools protocol with a header-read timeout, and a JSON 503 past the
-connection limit.
-
-uvicorn closes a connection idle between requests (``timeout_keep_alive``, 5 s) but never
-one that is slow to send a request's headers: before this, 60 connections that sent half
-a request line stayed open indefinitely, and enough of them exhaust file descriptors. Here
-a timer starts when a connection opens and when a request's first bytes arrive without all
-of its headers, and stops when its headers are complete; on expiry the connection closes,
-with a 408 if part of a request came and nothing is being answered. The body's own
-timeout is the app's (:mod:`carpool.server.rest.bodies`). A request answered before its body
-was read (a 401, a health answer, a 413 from the declared length) keeps its connection
-only if the rest of the body comes within 2 s: nothing a client trickles in holds it. A
-client that takes none of its answer for the write timeout (``--body-timeout``'s seconds)
-is cut off.
-
-With TLS (:func:`over_tls`) the handshake is done here, not by the loop's server: it gets
-``--header-timeout``'s seconds (the loop's default was 60 s, and a connection that never sent
-a ClientHello was held that long), and the connection counts against ``--limit-concurrency``
-from accept (uvicorn counted it only once its handshake was done, so stalled handshakes were
-free). Plain HTTP takes none of this path.
-
-Each request's scope also carries a :class:`~carpool.server.rest.asgi.RequestWatch` (under
-``extensions``): the parser marks it when the body is complete, and a lost connection marks
-every request on it gone, so the app neither arms a body timer for a body already here nor
-spends a task per request awaiting ``http.disconnect``. Only :mod:`carpool.server.serve`
-imports it; it must not import the app.
-"""
+"""uvicorn's httptools protocol with the limits it lacks: a header timeout (a connection slow to
+send its headers is closed, with a 408 if part of a request came), a write timeout, and a JSON
+503 past ``--limit-concurrency``. With TLS the handshake is done here, within
+``--header-timeout``, and counted from accept. Each request's scope carries a
+:class:`~carpool.server.rest.asgi.RequestWatch`."""
 
 from __future__ import annotations
 
@@ -212,8 +190,8 @@ class _LimitedProtocol(HttpToolsProtocol):
             # declared length): the rest of the body is dropped as it comes (uvicorn's
             # parser does), for _LINGER_S at most. A body that ends by then leaves the
             # connection as it was; one that does not ends it, whatever still trickles in
-            # (before, each byte cancelled uvicorn's keep-alive timer and nothing re-armed
-            # it: a byte a second held the connection for ever).
+            # (left to uvicorn, each byte would cancel its keep-alive timer and nothing would
+            # re-arm it: a byte a second would hold the connection for ever).
             self._linger = _cancelled(self._linger)
             self._linger = self.loop.call_later(_LINGER_S, self._linger_over)
 
@@ -230,7 +208,7 @@ class _LimitedProtocol(HttpToolsProtocol):
     def pause_writing(self) -> None:
         """The client stopped taking its answer (the buffers are full): if it takes none
         of it for ``_write_timeout_s``, the connection is cut (its request was answered;
-        nobody reads the rest). Before, it waited for as long as the client did."""
+        nobody reads the rest), rather than held for as long as the client waits."""
         super().pause_writing()
         if self._write_timer is None:
             self._write_timer = self.loop.call_later(self._write_timeout_s, self._write_stalled)

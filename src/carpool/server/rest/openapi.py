@@ -1,12 +1,6 @@
-"""The OpenAPI 3 document of the v2 REST routes ``carpool serve`` answers, served at
-``GET /v2/openapi.json``.
-
-Every route with every status it can answer and the body each status carries, so that a
-client generator, a gateway or a fuzzer (the test suite runs schemathesis against it) knows
-the whole contract. Pure data: stdlib only; it must not import the app or the registry.
-Links tie the repository index and model metadata to the routes that take a model name, for
-stateful testing.
-"""
+"""The OpenAPI 3 document of the v2 REST routes, served at ``GET /v2/openapi.json``: every route,
+every status it can answer and its body, so client generators, gateways and fuzzers (the tests
+run schemathesis) know the whole contract. Pure data, stdlib only."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""The server's logs: one handler and format for every logger, and the access log.
-
-The access log is a line per request, a record of the ``carpool.access`` logger (so its
-level, handlers and the JSON format apply as to any log). It is on by default, so it is
-on the hot path: :func:`log_access` builds its record without the stack walk
-``Logger.info`` makes to find its caller, and :class:`TurnHandler` writes the lines one
-event-loop turn logged in one write, not one write and flush each. A warning or worse is
-written at once, after the lines before it, so no line is reordered and none waits behind a
-crash. It must not import the app.
-"""
+"""The server's logs: one handler and format for every logger, and the access log, a
+``carpool.access`` record per request. The access log is on by default, so it is built for the
+hot path: no stack walk per record, and :class:`TurnHandler` writes a loop turn's lines in one
+write. A warning or worse is written at once."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Prometheus text exposition of what the batchers and the server counted.
-
-Nothing is recorded here: at scrape time a collector reads each batcher's ``stats()``
-snapshot and the server's request counts by status and protocol (each model's, and the
-server's own for answers no model counts: ``registry.server_counts``) and the response
-cache's counts, so the request path never touches a metrics library. The only module that
-imports ``prometheus_client``; it must not import the app.
-"""
+"""Prometheus text exposition of what the batchers and the server counted. A collector reads each
+batcher's ``stats()`` and the server's counts at scrape time, so the request path never
+touches a metrics library. The only module that imports ``prometheus_client``."""
 
 from __future__ import annotations
 
