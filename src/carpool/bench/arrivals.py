@@ -1,10 +1,6 @@
-"""When requests are sent: arrival offsets, in seconds from the start of a load step.
-
-Pure: numpy and the standard library. Open-loop loads (``--rate``, ``--trace``, bursts)
-become a sorted float64 array of send offsets here; the load loops sleep until each and sends,
-measuring latency from the offset, not from when it managed to send. Seeded, so a run can be
-repeated exactly.
-"""
+"""When requests are sent: a load step's arrival offsets, in seconds from its start. Open-loop
+loads (``--rate``, ``--trace``, bursts) become a sorted float64 array here, seeded so that a
+run repeats exactly. Pure: numpy and the standard library."""
 
 from __future__ import annotations
 

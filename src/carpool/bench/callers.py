@@ -1,14 +1,7 @@
-"""Closed-loop callers for a benchmark that reaches its target itself (a ``Batcher``'s
-``infer``, a Ray Serve handle, its own HTTP session), on ``carpool bench``'s own loop.
-
-:func:`closed_window` runs callers through a warm-up and a timed window and reads what the
-benchmark asks for (CPU seconds, a batcher's stats) as the window opens and as it closes;
-:func:`closed_requests` sends a fixed number of requests and times them. Both are
-:func:`~carpool.bench.loops.run_share`'s closed loop: each caller sends its next request
-when its last is answered, and what a request is stays the caller's (``send(i)`` sends the
-``i``-th and returns ``None`` or the kind of error, :data:`~carpool.bench.targets.base.Send`).
-An exception that ``send`` raises ends the run (as an ``ExceptionGroup``). Nothing prints.
-"""
+"""Closed-loop callers for a benchmark that reaches its target itself (a ``Batcher``'s ``infer``,
+a Ray Serve handle, its own HTTP session). :func:`closed_window` runs them through a warm-up
+and a timed window, :func:`closed_requests` sends a fixed number; ``send(i)`` is the caller's,
+and an exception it raises ends the run. Nothing prints."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""``--client-processes``: the load loops run in spawned processes, each with its own event
-loop and connection pool, so one client core does not cap what a server is measured at.
-
-The parent hands each process its :class:`~carpool.bench.plan.Share` of a step over a pipe
-and gets back its :class:`~carpool.bench.loops.Tally`; live counts go through shared memory
-for the display. Nothing here knows HTTP, plans a step or prints.
-"""
+"""``--client-processes``: the load loops in spawned processes, each with its own event loop and
+connection pool, so one client core does not cap the server being measured. Each process gets
+its :class:`~carpool.bench.plan.Share` over a pipe and sends back its
+:class:`~carpool.bench.loops.Tally`; live counts go through shared memory."""
 
 from __future__ import annotations
 

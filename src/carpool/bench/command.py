@@ -1,13 +1,7 @@
-"""``carpool bench``: the parsed flags in; steps run, tables printed, reports written.
-
-Flags become :class:`~carpool.bench.options.Options` first (files checked here, the rest
-in ``options``), so a usage error is one line on stderr and exit status 2 before anything
-is loaded or sent. Then each step's ``plan`` is drawn (send times from ``arrivals``, request
-bodies from ``payload``, both before the step, so the client does no per-request work
-beyond sending), the steps run through the ``loops`` (in this process or in
-``client_processes``) under the live ``display``, and the
-:class:`~carpool.bench.report.data.Report` is printed, saved and plotted.
-"""
+"""``carpool bench``: the parsed flags in; steps run, tables printed, reports written. Flags become
+:class:`~carpool.bench.options.Options` first, so a usage error is one line and exit status 2
+before anything is loaded; each step's send times and bodies are drawn before the step, so the
+client does no per-request work but sending."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""``carpool bench``'s flags: names, help and ``CARPOOL_BENCH_*`` environment variables.
-
-Only the argparse definitions: what the values mean, and which combinations are refused, is
-:mod:`carpool.bench.options`'s. Flag and variable names are a contract with scripts and
-containers. Stdlib and :mod:`carpool.envflags` only, so ``carpool --help`` starts fast.
-"""
+"""``carpool bench``'s flags: names, help and ``CARPOOL_BENCH_*`` environment variables, a
+contract with scripts and containers; what the values mean is :mod:`carpool.bench.options`'s.
+Stdlib and :mod:`carpool.envflags` only, so ``carpool --help`` starts fast."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""A v2 server that answers at once, so the load generator's own ceiling can be measured.
-
-``python -m carpool.bench.instant --port N`` speaks HTTP/1.1 with keep-alive on a raw
-:class:`asyncio.Protocol` (uvloop when installed): every ``POST .../infer`` gets the same
-canned v2 response, ``GET /v2/models/NAME`` a canned metadata body (one FP32 input of 256
-per row, the ``demo`` model's), the health endpoints 200, anything else 404. Bodies are
-counted, never parsed. Whatever rate ``carpool bench`` reaches against it is the client's
-limit, not a server's. Stdlib only; no carpool import, so it starts in milliseconds.
-"""
+"""A v2 server that answers at once, so the load generator's own ceiling can be measured
+(``python -m carpool.bench.instant --port N``). Canned answers over HTTP/1.1 on a raw
+:class:`asyncio.Protocol`; bodies are counted, never parsed. Stdlib only and no carpool
+import, so it starts in milliseconds."""
 
 from __future__ import annotations
 

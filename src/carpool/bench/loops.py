@@ -1,16 +1,7 @@
-"""The load loops: send a step's requests on time, time them, tally the outcomes.
-
-Two loops. Closed (``concurrency``): N callers, each sending its next request when the last is
-answered. Open (``rate``, ``trace``): requests leave at scheduled offsets whether or not
-earlier ones were answered, and latency runs from the *scheduled* time, so a client that
-falls behind cannot hide queueing (no coordinated omission). A :class:`LoadGenerator` runs
-them: :class:`InProcess` on this loop, or
-:class:`~carpool.bench.client_processes.ClientProcesses` over spawned processes whose raw
-latencies are merged by :func:`step_of`.
-
-Requests go out through a :class:`~carpool.bench.targets.base.Client`; nothing here knows HTTP
-or batchers, and nothing prints.
-"""
+"""The load loops: send a step's requests on time, time them, tally the outcomes. Closed
+(``concurrency``): each of N callers sends when its last request is answered. Open (``rate``,
+``trace``): latency runs from the *scheduled* time, so a client that falls behind cannot hide
+queueing (no coordinated omission). Nothing here knows HTTP or prints."""
 
 from __future__ import annotations
 

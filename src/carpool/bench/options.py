@@ -1,10 +1,6 @@
-"""``carpool bench``'s flags (defined in :mod:`carpool.bench.flags`), checked, as :class:`Options`.
-
-Pure: no file is opened or looked at, nothing is sent or printed. The checks that look at
-the world (files exist, outputs can be written, matplotlib is installed) are the caller's,
-passed in, so every rule here is testable without files. A usage error is a
-:class:`~carpool.bench.targets.base.BenchError` naming the flag.
-"""
+"""``carpool bench``'s flags, checked, as :class:`Options`; a usage error is a
+:class:`~carpool.bench.targets.base.BenchError` naming the flag. Pure: the checks that look at
+the world (files, matplotlib) are passed in, so every rule is testable without files."""
 
 from __future__ import annotations
 

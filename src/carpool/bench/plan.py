@@ -1,10 +1,6 @@
-"""What each step of a run sends, and when: its :class:`Plan`, the :class:`Share` of it each
-client process runs, and its :class:`Timing` on the monotonic clock.
-
-Pure: the plans are drawn from checked :class:`~carpool.bench.options.Options` (open-loop
-send times from :mod:`carpool.bench.arrivals`) before anything is sent, so the load loops
-do no per-request planning. Nothing here sends, sleeps or reads a file.
-"""
+"""What each step of a run sends, and when: its :class:`Plan`, each client process's
+:class:`Share` and its :class:`Timing`. Pure: drawn from checked options before anything is
+sent, so the load loops plan nothing per request."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""``--sweep-batching``: one load step per batching setting of an in-process model.
-
-Every cell of the ``max_batch_size`` x ``max_wait_ms`` grid gets a fresh batcher (the model
-with those settings merged in) and the same load step, so cells differ only in batching;
-``present.best`` then picks the most throughput within a p99 budget. What a step is, and how
-it is shown, the caller decides (``run_cell``).
-"""
+"""``--sweep-batching``: one load step per ``max_batch_size`` x ``max_wait_ms`` cell, each on a
+fresh batcher of an in-process model, so cells differ only in batching. The caller says what a
+step is and how it is shown."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""What one ``carpool bench`` run measured: a report per run, a step per load level.
-
-Pure data, JSON both ways (``--json out.json`` writes it, ``--compare`` reads it back), so a
-run is a file a person can keep, diff and plot later. Latencies are in milliseconds,
-rates in requests per second.
-"""
+"""What one ``carpool bench`` run measured: a report per run, a step per load level. Pure data,
+JSON both ways (``--json``, ``--compare``), so a run is a file to keep, diff and plot later.
+Latencies are in milliseconds, rates in requests per second."""
 
 from __future__ import annotations
 

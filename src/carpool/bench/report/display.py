@@ -1,9 +1,6 @@
-"""What a person sees of ``carpool bench``: on a terminal, a live view of the running step;
-everywhere, one line per finished step, then the tables, notes and ``wrote`` lines.
-
-All of the command's printing is here; the tables themselves are built by
-:mod:`carpool.bench.report.present`. Nothing here measures, sends or writes a file.
-"""
+"""What a person sees of ``carpool bench``: a live view of the running step on a terminal, then a
+line per finished step, the tables, notes and ``wrote`` lines. All of the command's printing
+is here; nothing here measures, sends or writes a file."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""Pictures of reports: latency against throughput, and how big the batches were.
-
-matplotlib is imported only when a plot is drawn, so importing this module is cheap and
-works without it. Figures are built with ``matplotlib.figure.Figure`` directly, never
-through pyplot: no global figure registry, no GUI backend, nothing left open, and the
-caller's own backend is left as it was (a PNG is always drawn by Agg). Each function saves
-the file and returns the figure, so tests can read back what was drawn.
-"""
+"""Pictures of reports: latency against throughput, and how big the batches were. matplotlib is
+imported only when a plot is drawn, and figures are built without pyplot (no global registry,
+no GUI backend, the caller's backend left alone). Each function saves its file and returns the
+figure."""
 
 from __future__ import annotations
 

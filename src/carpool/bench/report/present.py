@@ -1,8 +1,5 @@
 """What a person reads: rich tables of a report's steps, of reports side by side, of a sweep.
-
-Pure: reports in, ``rich.table.Table`` (or text) out; printing is the CLI's job. Latencies
-in milliseconds, rates in requests per second, as in :mod:`carpool.bench.report.data`.
-"""
+Pure: reports in, tables out; printing is the CLI's job."""
 
 from __future__ import annotations
 

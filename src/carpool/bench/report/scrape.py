@@ -1,10 +1,6 @@
-"""What a carpool server's ``/metrics`` says about one model, and about a window of time.
-
-Pure: text in, dataclasses out (prometheus_client's text parser, no HTTP). A step's
-probe fetches ``/metrics`` before and after its window, :func:`parse_metrics` reads each, and
-:func:`server_side` turns the pair into the step's :class:`~carpool.bench.report.data.ServerSide`.
-The names read are those :mod:`carpool.server.telemetry.metrics` writes.
-"""
+"""What a carpool server's ``/metrics`` says about one model, over a step's window. Pure: text in,
+dataclasses out (prometheus_client's parser, no HTTP); the names it reads are those
+:mod:`carpool.server.telemetry.metrics` writes."""
 
 from __future__ import annotations
 

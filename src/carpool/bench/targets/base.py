@@ -1,15 +1,7 @@
-"""What ``carpool bench`` measures, and the one seam through which requests reach it.
-
-A target is a model behind any v2 server (a URL: :mod:`carpool.bench.targets.http_target`; over
-gRPC, ``grpc://``: :mod:`carpool.bench.targets.grpc_target`), an OpenAI-compatible embeddings
-endpoint (a URL ending in ``/v1/embeddings``: :mod:`carpool.bench.targets.openai_target`), or a
-model loaded in this process and served through its own :class:`~carpool.Batcher`
-(anything ``carpool serve`` takes: :mod:`carpool.bench.targets.local_target`). Each gives its v2
-metadata, a :class:`Client` (``send(i)`` sends request ``i`` and returns ``None`` or the kind
-of error) and server-side figures for a step's window. Load shapes live in ``plan.py``, the
-loops that send in ``loops.py``, flags in ``flags.py`` and ``options.py``, output in
-``display.py``. Stdlib and :mod:`carpool.errors` only.
-"""
+"""What ``carpool bench`` measures, and the one seam requests reach it through: a :class:`Client`
+whose ``send(i)`` sends request ``i`` and returns ``None`` or the kind of error. A target is a
+model behind a v2 server (HTTP or gRPC), an OpenAI embeddings endpoint, or a model in this
+process. Stdlib and :mod:`carpool.errors` only."""
 
 from __future__ import annotations
 

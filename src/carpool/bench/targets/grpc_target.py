@@ -1,11 +1,7 @@
-"""A model behind a v2 gRPC server (``inference.GRPCInferenceService``: carpool, Triton), as
-``carpool bench`` measures it: ``grpc://HOST:PORT`` and a model name, its metadata from
-``ModelMetadata``, requests as ``ModelInferRequest`` with ``raw_input_contents``, each
-serialized once and sent as bytes, and the batching figures from ``ModelStatistics``.
-
-grpcio and tritonclient's generated stubs are imported only when a gRPC server is reached.
-Nothing here plans, times or prints.
-"""
+"""A model behind a v2 gRPC server (carpool, Triton), as ``carpool bench`` measures it:
+``grpc://HOST:PORT``, requests serialized once with ``raw_input_contents``, batching figures
+from ``ModelStatistics``. grpcio and tritonclient's stubs are imported only when a server is
+reached."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""A model behind any v2 server (carpool, Triton, MLServer, KServe), as ``carpool bench``
-measures it: its URL, its metadata, pre-encoded requests POSTed over a keep-alive pool, and
-carpool's ``/metrics`` read around each step.
-
-aiohttp is imported only when a server is reached. Nothing here plans, times or prints.
-"""
+"""A model behind any v2 server (carpool, Triton, MLServer, KServe), as ``carpool bench`` measures
+it: pre-encoded requests POSTed over a keep-alive pool, carpool's ``/metrics`` read around each
+step. aiohttp is imported only when a server is reached."""
 
 from __future__ import annotations
 

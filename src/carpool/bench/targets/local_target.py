@@ -1,8 +1,6 @@
-"""A model served in this process by its own batcher, as ``carpool bench`` measures it:
-loaded as ``carpool serve`` would load it (by :mod:`carpool.loading`, in ``command``),
-requests submitted as the server submits them, and the batcher's stats read as a scrape of
-``/metrics`` would read them. No HTTP.
-"""
+"""A model served in this process by its own batcher, as ``carpool bench`` measures it: loaded as
+``carpool serve`` loads it, requests submitted as the server submits them, stats read as a
+scrape of ``/metrics`` would read them. No HTTP."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""An OpenAI-compatible embeddings endpoint (``POST /v1/embeddings``: carpool, vLLM, TEI,
-OpenAI itself), as ``carpool bench`` measures it: the URL, the model named in the requests
-(``--model``, or the only one ``GET /v1/models`` lists), texts as request bodies
-``{"model", "input", "encoding_format"}`` encoded once, POSTed over the same keep-alive pool
-as v2 requests, and carpool's ``/metrics`` read around each step.
-
-aiohttp is imported only when a server is reached. Nothing here plans, times or prints.
-"""
+"""An OpenAI-compatible embeddings endpoint (carpool, vLLM, TEI, OpenAI), as ``carpool bench``
+measures it: request bodies encoded once, POSTed over the keep-alive pool v2 requests use.
+aiohttp is imported only when a server is reached."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""What is sent: request shapes from model metadata, request data, and v2 request bodies.
-
-Pure: numpy and :mod:`carpool.server.tensors` (the v2 codecs the server itself decodes
-with), no HTTP client, no orjson. ``carpool bench`` resolves a :class:`RequestSpec` from
-``GET /v2/models/NAME``, generates a few distinct requests (or reads them, with
-:mod:`carpool.bench.targets.requests_file`), encodes each once with :func:`encode`, and sends the
-bytes over and over. With ``--repeat-fraction F`` a share ``1 - F`` of the sends, spread by
-:func:`is_unique`, cycle through a second, larger set of generated requests instead.
-"""
+"""What is sent: request shapes from model metadata, request data, and v2 request bodies, each
+encoded once and sent over and over. Pure: numpy and :mod:`carpool.server.tensors`, the codecs
+the server itself decodes with."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""A model behind a server, whichever way ``carpool bench`` reaches it (v2 over HTTP or gRPC,
-OpenAI's embeddings): the target connected by its kind, and its client built from the
-options with every request made and encoded once, before any step.
-
-The protocol modules (``http_target``, ``grpc_target``, ``openai_target``) are imported
-when their kind is asked for. Nothing here times, plans or prints.
-"""
+"""A model behind a server, however ``carpool bench`` reaches it (v2 over HTTP or gRPC, OpenAI
+embeddings): the target connected by its kind, and its client with every request encoded once,
+before any step. Each protocol's module is imported only when its kind is asked for."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Requests read from files: ``--input-data`` (JSON lines, one request each) and
-``--strings`` (one BYTES element per line).
-
-The files' own shapes are checked against the model's v2 metadata, or a
-:class:`~carpool.bench.targets.payload.RequestSpec`; the arrays come back as
-:func:`~carpool.bench.targets.payload.generate` makes them, ready for
-:func:`~carpool.bench.targets.payload.encode`. Reads files; never sends anything.
-"""
+"""Requests read from files: ``--input-data`` (JSON lines, one request each) and ``--strings``
+(one BYTES element per line), checked against the model's metadata. Reads files; sends nothing."""
 
 from __future__ import annotations
 

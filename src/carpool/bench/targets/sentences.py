@@ -1,8 +1,5 @@
-"""The texts ``carpool bench`` sends to an embeddings endpoint when no ``--strings`` file
-is given: 64 sentences of varied length, topic and script (1 to 43 words, English and
-others, punctuation, numbers, emoji), so tokenized lengths spread as real traffic's do.
-Data only.
-"""
+"""The texts ``carpool bench`` sends to an embeddings endpoint without ``--strings``: 64 sentences
+of varied length, topic and script, so tokenized lengths spread as real traffic's do."""
 
 from __future__ import annotations
 
