@@ -94,7 +94,9 @@ class LinearFit:
 
 class CostModel:
     """Batch time by rows, per collation key, from measured batches; thread-safe (workers
-    report from their threads, the scheduler asks on the loop)."""
+    report from their threads, the scheduler asks on the loop). A key gets its own fit once
+    it has been seen (256-token rows cost far more than 16-token ones); until then the
+    pooled fit of all keys stands in."""
 
     def __init__(self, *, quantile: float = 0.9, half_life: float = 200.0, window: int = 256):
         if not 0.5 <= quantile < 1.0:

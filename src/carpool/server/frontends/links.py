@@ -135,7 +135,10 @@ class Link(asyncio.Protocol):
     """One end of a link. ``on_ops(ops, values)`` gets each frame's ops and the values of
     the first ``len(values)`` of them (private copies); ``on_lost()`` runs once when the
     other end is gone (its process died or closed the link); ``refused(op, exc)`` when
-    ``op``'s value could not be sent (it does not pickle, or shared memory is full)."""
+    ``op``'s value could not be sent (it does not pickle, or shared memory is full).
+
+    Whatever is posted in one turn of the loop leaves in one frame, after that turn. Bare
+    ops never wait, and under load no frame is sent for an acknowledgement alone."""
 
     def __init__(
         self,

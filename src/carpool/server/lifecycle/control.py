@@ -74,7 +74,9 @@ async def act(
 class ModelControl:
     """Loads and unloads the models of ``catalog`` into ``registry`` while serving, in
     ``mode`` ``explicit`` or ``poll`` (see the module docstring). A replaced or unloaded
-    version gets ``drain_timeout_s`` to finish what it accepted."""
+    version gets ``drain_timeout_s`` to finish what it accepted. Loads and unloads of one
+    model run one at a time; an unloaded model shows ``UNLOADING``, then ``UNAVAILABLE``,
+    and its requests are 404s. In ``poll`` mode the load and unload routes answer 503."""
 
     def __init__(
         self,

@@ -76,7 +76,9 @@ def settled(
     now: Mapping[str, Fingerprint],
 ) -> Changes:
     """What to do now: load a folder that differs from what was ``applied`` and looked the
-    same at the last look (``seen``); unload one that was applied and is gone from both."""
+    same at the last look (``seen``); unload one that was applied and is gone from both. A
+    file written in parts further apart than one poll can look settled while half-written,
+    and loads as it is: write a folder elsewhere and rename it in."""
     load = [
         name
         for name in sorted(now)

@@ -1,7 +1,8 @@
 """The REST API as a plain ASGI application: lifespan, routes, and the REST front ends of the
 inference path (v2 JSON, binary and raw; OpenAI's). Routes are matched by splitting the path,
 not by a framework: the inference route is the hot path. Error bodies are exactly
-``{"error": "<message>"}``, what tritonclient reads. Only :mod:`carpool.server.serve` imports it."""
+``{"error": "<message>"}``, what tritonclient reads. It starts and drains the gRPC server it is
+given without importing grpc; only :mod:`carpool.server.serve` imports it."""
 
 from __future__ import annotations
 
