@@ -182,7 +182,7 @@ class Outcomes:
 async def kill_one(batcher: carpool.Batcher, replicas: int) -> float:
     """SIGKILL one actor's process; the seconds until every actor is up again (polled: the
     workers' state is a thread's, no event)."""
-    pool = batcher._workers  # the RayReplicas behind the batcher: its actors' pids
+    pool = batcher._replicas  # the RayReplicas behind the batcher: its actors' pids
     assert pool is not None
     victim = pool.stats().replicas[-1].pid
     assert victim is not None
