@@ -1,6 +1,6 @@
 """Between the wire and the batcher: check a request against the model, shape the answer.
 
-Pure: decoded requests in, the batcher's value out; the model's outputs in, response tensors
+Pure checks: decoded requests in, the batcher's value out; the model's outputs in, response tensors
 out. Everything a client can get wrong is refused here, before anything is queued, so a bad
 request never reaches a batch that other callers share. It must not import the app, the
 registry or anything that does I/O.
