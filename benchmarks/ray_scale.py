@@ -48,7 +48,7 @@ _bench.import_carpool()
 
 import carpool  # noqa: E402
 from carpool.bench.callers import closed_window  # noqa: E402
-from carpool.bench.loops import Tally, run_share, sleep_until  # noqa: E402
+from carpool.bench.loops import ShareTally, run_share, sleep_until  # noqa: E402
 from carpool.bench.plan import Share, Timing, clock  # noqa: E402
 
 BATCH_S = 0.020  # the model's time per batch, whatever its size (a GPU-like call)
@@ -182,7 +182,7 @@ class Outcomes:
 async def kill_one(batcher: carpool.Batcher, replicas: int) -> float:
     """SIGKILL one actor's process; the seconds until every actor is up again (polled: the
     workers' state is a thread's, no event)."""
-    pool = batcher._workers  # the RayReplicas behind the batcher: its actors' pids
+    pool = batcher._replicas  # the RayReplicas behind the batcher: its actors' pids
     assert pool is not None
     victim = pool.stats().replicas[-1].pid
     assert victim is not None
@@ -248,7 +248,7 @@ async def under_fault(
     try:  # the load stops at the window's end; then every answer within DRAIN_S
         async with asyncio.timeout_at(timing.end + DRAIN_S), asyncio.TaskGroup() as tg:
             tg.create_task(fault())
-            await run_share(outcomes.send, share, timing, Tally())
+            await run_share(outcomes.send, share, timing, ShareTally())
     except TimeoutError:  # some request never came back: counted as lost
         return marks, back_after[0], True
     return marks, back_after[0], False

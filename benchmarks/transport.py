@@ -31,7 +31,7 @@ import numpy as np
 _bench.import_carpool()
 
 from carpool.bench.report.data import percentile  # noqa: E402
-from carpool.ipc.transport import Arena, Channel, decode, plan  # noqa: E402
+from carpool.ipc.transport import Arena, Channel, decode, lay_out  # noqa: E402
 from carpool.runners.processes import ProcessReplicas  # noqa: E402
 
 EMBEDDING = np.random.default_rng(0).standard_normal((32, 384)).astype(np.float32)
@@ -90,11 +90,11 @@ def copies(batch: Any, output: Any, calls: int) -> list[float]:
     inputs, outputs = Arena(), Arena()
 
     def once() -> None:
-        laid = plan(batch)
+        laid = lay_out(batch)
         inputs.fit(laid.nbytes)
         laid.write(inputs.buf)
         decode(laid.tree, inputs.buf)
-        back = plan(output)
+        back = lay_out(output)
         outputs.fit(back.nbytes)
         back.write(outputs.buf)
         decode(back.tree, outputs.buf, copy=True)

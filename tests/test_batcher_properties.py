@@ -248,8 +248,8 @@ def spy_on_claims(batcher: Batcher) -> list[Claimed]:
     reach the model. The wrapper only observes: it returns what the engine decided. A batch
     re-formed before it started (its rows went back to the queue) is not recorded.
     """
-    runner = batcher._runner
-    claim = runner._claim
+    executor = batcher._executor
+    claim = executor._claim
     claimed: list[Claimed] = []
 
     def spy(batch: Any) -> Any:
@@ -261,7 +261,7 @@ def spy_on_claims(batcher: Batcher) -> list[Claimed]:
         claimed.append([(segment_codes(*segment), i in kept) for i, segment in enumerate(segments)])
         return live
 
-    runner._claim = spy
+    executor._claim = spy
     return claimed
 
 

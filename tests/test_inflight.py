@@ -6,12 +6,12 @@ from __future__ import annotations
 import math
 
 from carpool.engine.inflight import Batch, InFlight
-from carpool.engine.queue import Entry
+from carpool.engine.request import Request
 
 
-def batch(*priorities: int, started: float | None = None) -> Batch:
+def batch(*priorities: int, started: float | None = None) -> Batch[Request]:
     """A batch of one-row requests at ``priorities`` (most urgent first, as they leave)."""
-    entries = [Entry(i, None, "k", p, arrival=0.0) for i, p in enumerate(priorities)]
+    entries = [Request(i, None, "k", p, 0.0, future=None) for i, p in enumerate(priorities)]
     made = Batch([(e, 0, 1) for e in entries], len(entries), "full")
     made.started = started
     return made

@@ -7,6 +7,7 @@ status number may be written.
 - No import cycle among carpool's modules, whatever the layers say.
 - No module over 500 lines, no class over 20 methods (dunders aside; what a class takes from
   carpool base classes and mixins counts), no function over 60 lines.
+- No two public classes share a name, anywhere in carpool.
 - HTTP status numbers (400-599) are written in the status table only
   (``carpool/server/statuses.py``); everything else names them through it.
 - A module's docstring says what it is for in at most five lines, a package's in one; the
@@ -255,6 +256,30 @@ def test_classes_stay_small() -> None:
 def test_a_class_counts_the_methods_of_its_carpool_bases() -> None:
     classes = {"Mixin": [({"a", "b"}, [])], "Thing": [({"c"}, ["Mixin", "Protocol"])]}
     assert _methods("Thing", classes) == {"a", "b", "c"}
+
+
+def _named_twice(trees: dict[str, ast.Module]) -> dict[str, list[str]]:
+    """Public class names (not starting with ``_``) defined in more than one place, with
+    the modules that define them (nested classes included)."""
+    found: dict[str, list[str]] = {}
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                found.setdefault(node.name, []).append(module)
+    return {name: modules for name, modules in found.items() if len(modules) > 1}
+
+
+def test_no_two_public_classes_share_a_name() -> None:
+    twice = _named_twice({_module_name(path): _tree(path) for path in SOURCES})
+    assert not twice, f"rename one of each: a class name means one thing in carpool: {twice}"
+
+
+def test_the_name_check_sees_a_class_defined_twice() -> None:
+    trees = {
+        "a": ast.parse("class Entry: ...\nclass _Private: ..."),
+        "b": ast.parse("def f():\n    class Entry: ...\n    class _Private: ..."),
+    }
+    assert _named_twice(trees) == {"Entry": ["a", "b"]}
 
 
 def _status_numbers(tree: ast.AST) -> list[int]:

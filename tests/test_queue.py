@@ -10,39 +10,56 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from carpool.collation.tokens import Meter
-from carpool.engine.queue import Entry, RequestQueue, Segment
+from carpool.engine.queue import RequestQueue, Segment
 from carpool.errors import QueueFull
 
 
-def entry(value: Any, *, span: int | None = None, key: Hashable = "k", priority: int = 0) -> Entry:
-    return Entry(value, span, key, priority, arrival=0.0)
+class Item:
+    """What the queue holds, and nothing more: the queue is generic over it
+    (``carpool.engine.queue.Queued``)."""
+
+    __slots__ = (
+        "arrival",
+        "key",
+        "length",
+        "priority",
+        "queued",
+        "rows",
+        "seq",
+        "span",
+        "taken",
+        "tokens",
+        "value",
+    )
+
+    def __init__(
+        self, value: Any, span: int | None, key: Hashable, priority: int, arrival: float
+    ) -> None:
+        self.value = value
+        self.span = span
+        self.rows = 1 if span is None else span
+        self.key = key
+        self.priority = priority
+        self.arrival = arrival
+        self.seq = 0
+        self.taken = 0
+        self.queued = False
+        self.length = 0
+        self.tokens = 0
 
 
-def names(segments: list[Segment]) -> list[tuple[Any, int, int]]:
+def entry(value: Any, *, span: int | None = None, key: Hashable = "k", priority: int = 0) -> Item:
+    return Item(value, span, key, priority, arrival=0.0)
+
+
+def names(segments: list[Segment[Item]]) -> list[tuple[Any, int, int]]:
     return [(e.value, start, stop) for e, start, stop in segments]
 
 
-def pop(queue: RequestQueue, max_rows: int) -> list[tuple[Any, int, int]]:
+def pop(queue: RequestQueue[Item], max_rows: int) -> list[tuple[Any, int, int]]:
     head = queue.head()
     assert head is not None
     return names(queue.pop_batch(head, max_rows))
-
-
-# Entry
-
-
-def test_entry_single_row_and_multi_row() -> None:
-    one = Entry("x", None, "k", 3, arrival=1.5)
-    many = Entry("xs", 4, "k", 0, arrival=2.0)
-    assert (one.rows, one.span, one.priority, one.arrival, one.taken, one.queued) == (
-        1,
-        None,
-        3,
-        1.5,
-        0,
-        False,
-    )
-    assert (many.rows, many.span) == (4, 4)
 
 
 # order
@@ -355,17 +372,17 @@ ops = st.lists(
 @given(ops=ops, bound=st.one_of(st.none(), st.integers(0, 12)))
 def test_queue_matches_a_sorted_reference(ops: list[tuple[Any, ...]], bound: int | None) -> None:
     queue = RequestQueue(max_rows=bound)
-    pushed: list[Entry] = []
+    pushed: list[Item] = []
     left: dict[int, int] = {}  # id(entry) -> rows not yet dispatched or removed
 
-    def live() -> list[Entry]:
+    def live() -> list[Item]:
         order = sorted(pushed, key=lambda e: (e.priority, e.seq))
         return [e for e in order if left[id(e)]]
 
     for op in ops:
         if op[0] == "push":
             _, priority, key, span = op
-            e = Entry(len(pushed), span, key, priority, arrival=float(len(pushed)))
+            e = Item(len(pushed), span, key, priority, arrival=float(len(pushed)))
             total = sum(left.values())
             if bound is not None and total + e.rows > bound:
                 with pytest.raises(QueueFull):
@@ -400,7 +417,7 @@ def test_queue_matches_a_sorted_reference(ops: list[tuple[Any, ...]], bound: int
         assert len(queue) == sum(left.values())
         for key in "AB":
             rows = sum(left[id(e)] for e in pushed if e.key == key)
-            assert queue.rows_like(Entry(None, None, key, 0, 0.0)) == rows
+            assert queue.rows_like(Item(None, None, key, 0, 0.0)) == rows
         assert all(e.queued == (left[id(e)] > 0) for e in pushed)
 
     drained = queue.drain()
@@ -468,11 +485,11 @@ def test_rows_ahead_after_drain_is_zero() -> None:
 @given(ops=ops, bound=st.one_of(st.none(), st.integers(0, 12)))
 def test_rows_ahead_matches_a_reference(ops: list[tuple[Any, ...]], bound: int | None) -> None:
     queue = RequestQueue(max_rows=bound)
-    pushed: list[Entry] = []
+    pushed: list[Item] = []
     for op in ops:
         if op[0] == "push":
             _, priority, key, span = op
-            e = Entry(len(pushed), span, key, priority, arrival=float(len(pushed)))
+            e = Item(len(pushed), span, key, priority, arrival=float(len(pushed)))
             try:
                 queue.push(e)
             except QueueFull:
@@ -493,7 +510,7 @@ def test_rows_ahead_matches_a_reference(ops: list[tuple[Any, ...]], bound: int |
 # restore: a batch that goes back before it started
 
 
-def snapshot(queue: RequestQueue) -> tuple[Any, ...]:
+def snapshot(queue: RequestQueue[Item]) -> tuple[Any, ...]:
     """What the queue would hand out, in order, and its counts; leaves ``queue`` as it was
     (by restoring what it popped)."""
     popped = []
@@ -554,7 +571,7 @@ def test_has_full_looks_at_every_key() -> None:
     assert (queue.has_full(3), queue.has_full(4)) == (True, False)
 
 
-def pop_segments(queue: RequestQueue, max_rows: int) -> list[Segment]:
+def pop_segments(queue: RequestQueue[Item], max_rows: int) -> list[Segment[Item]]:
     head = queue.head()
     assert head is not None
     return queue.pop_batch(head, max_rows)
@@ -588,8 +605,8 @@ def test_a_priority_level_is_forgotten_once_its_rows_are_gone() -> None:
 # token budgets and batches formed by length (carpool.collation.tokens)
 
 
-def measured(value: str, *, length: int, rows: int | None = None, priority: int = 0) -> Entry:
-    e = Entry(value, rows, "k", priority, arrival=0.0)
+def measured(value: str, *, length: int, rows: int | None = None, priority: int = 0) -> Item:
+    e = Item(value, rows, "k", priority, arrival=0.0)
     e.length, e.tokens = length, length * e.rows
     return e
 

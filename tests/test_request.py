@@ -84,15 +84,30 @@ async def test_cancelling_a_split_request_withdraws_its_remaining_rows() -> None
     assert batcher.stats().cancelled == 1
 
 
+def test_a_request_holds_one_row_or_span_rows() -> None:
+    one = Request("x", None, "k", 3, 1.5, future=None)
+    many = Request("xs", 4, "k", 0, 2.0, future=None)
+    assert (one.rows, one.span, one.priority, one.arrival, one.taken, one.queued) == (
+        1,
+        None,
+        3,
+        1.5,
+        0,
+        False,
+    )
+    assert (many.rows, many.span, many.pending) == (4, 4, 4)
+
+
 # claiming a batch as it starts, against re-forming it on the loop
 
 
 def resolver() -> Resolver:
-    queue, stats = RequestQueue(), StatsRecorder()
+    queue: RequestQueue[Request] = RequestQueue()
+    stats = StatsRecorder()
     return Resolver(queue, stats, Collator(), name="m", wake=lambda: None)
 
 
-def staged(*values: int) -> Batch:
+def staged(*values: int) -> Batch[Request]:
     requests = [Request(v, None, "k", 0, 0.0, future=object()) for v in values]
     return Batch([(r, 0, 1) for r in requests], len(requests), "full")
 

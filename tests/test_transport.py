@@ -1,4 +1,4 @@
-"""carpool.ipc.transport: every batch structure and dtype survives plan -> write -> decode, views
+"""carpool.ipc.transport: every batch structure and dtype survives lay_out -> write -> decode, views
 alias the buffer and copies do not, arenas grow and shrink under a new name, messages cross a
 pipe."""
 
@@ -29,7 +29,7 @@ from carpool.ipc.transport import (
     ShrinkPolicy,
     decode,
     extent,
-    plan,
+    lay_out,
     sweep_orphans,
 )
 
@@ -58,7 +58,7 @@ DTYPES = [
 
 
 def roundtrip(value: Any, *, copy: bool = False) -> Any:
-    laid = plan(value)
+    laid = lay_out(value)
     buf = np.zeros(max(laid.nbytes, 1), np.uint8)
     laid.write(buf)
     return decode(laid.tree, buf, copy=copy)
@@ -101,7 +101,7 @@ def sample(dtype: Any, shape: tuple[int, ...] = (4, 3)) -> np.ndarray[Any, Any]:
 def test_every_dtype_roundtrips(dtype: Any) -> None:
     array = sample(dtype)
     assert_same(roundtrip(array), array)
-    assert plan(array).tree[0] == ARRAY  # through the buffer, not pickled
+    assert lay_out(array).tree[0] == ARRAY  # through the buffer, not pickled
 
 
 def test_nan_and_inf_survive_bit_for_bit() -> None:
@@ -151,7 +151,7 @@ def test_structures_roundtrip() -> None:
 def test_a_padded_batch_keeps_its_class_and_lengths() -> None:
     batch = PaddedBatch(ids=np.ones((2, 5), np.int64), mask=np.ones((2, 5), bool))
     batch.lengths = np.array([[3], [5]])
-    laid = plan(batch)
+    laid = lay_out(batch)
     assert len(laid.arrays) == 3  # the lengths go through the buffer too
     got = roundtrip(batch)
     assert type(got) is PaddedBatch
@@ -161,15 +161,15 @@ def test_a_padded_batch_keeps_its_class_and_lengths() -> None:
 
 def test_object_arrays_and_plain_lists_travel_in_the_header() -> None:
     text = np.array(["a", "bb"], dtype=object)
-    assert plan(text).tree == (INLINE, text)
-    assert plan([1.0, 2.0]).tree == (INLINE, [1.0, 2.0])  # a list of numbers is one pickle
-    assert plan(text).nbytes == 0
+    assert lay_out(text).tree == (INLINE, text)
+    assert lay_out([1.0, 2.0]).tree == (INLINE, [1.0, 2.0])  # a list of numbers is one pickle
+    assert lay_out(text).nbytes == 0
 
 
 def test_containers_nest_two_deep_then_inline() -> None:
     a = np.ones(3)
     deep = {"a": ({"b": a},)}  # dict -> tuple -> dict: the inner dict is pickled whole
-    laid = plan(deep)
+    laid = lay_out(deep)
     assert laid.nbytes == 0
     assert_same(roundtrip(deep), deep)
 
@@ -179,12 +179,12 @@ def test_empty_and_zero_dimensional_arrays() -> None:
     scalar = np.array(4.5, dtype=np.float64)
     got = roundtrip({"e": empty, "s": scalar})
     assert_same(got, {"e": empty, "s": scalar})
-    assert plan(empty).nbytes == 0
+    assert lay_out(empty).nbytes == 0
 
 
 def test_offsets_are_aligned() -> None:
     batch = {"a": np.ones(3, np.int8), "b": np.ones(5, np.float64), "c": np.ones(1, np.int16)}
-    laid = plan(batch)
+    laid = lay_out(batch)
     offsets = [offset for _, offset in laid.arrays]
     assert offsets == [0, ALIGN, 2 * ALIGN]
     assert laid.nbytes == 3 * ALIGN
@@ -192,12 +192,12 @@ def test_offsets_are_aligned() -> None:
 
 def test_views_alias_the_buffer_and_copies_do_not() -> None:
     array = np.arange(6, dtype=np.int32)
-    laid = plan(array)
+    laid = lay_out(array)
     buf = np.zeros(laid.nbytes, np.uint8)
     laid.write(buf)
     view = decode(laid.tree, buf)
     copy = decode(laid.tree, buf, copy=True)
-    plan(array * 10).write(buf)  # the next batch overwrites the buffer
+    lay_out(array * 10).write(buf)  # the next batch overwrites the buffer
     assert view.tolist() == [0, 10, 20, 30, 40, 50]
     assert copy.tolist() == [0, 1, 2, 3, 4, 5]
 
@@ -211,7 +211,7 @@ def test_arena_keeps_its_segment_while_batches_fit_and_grows_under_a_new_name() 
         assert not arena.fit(MIN_ARENA)
         assert arena.name == first
         batch = np.arange(MIN_ARENA // 4 + 1000, dtype=np.float32)  # just over 1 MiB
-        laid = plan(batch)
+        laid = lay_out(batch)
         assert arena.fit(laid.nbytes)
         assert arena.name != first
         assert arena.size >= laid.nbytes
@@ -239,7 +239,7 @@ def test_extent_is_what_plan_laid_out() -> None:
         np.array([b"x"], dtype=object),
         {"e": np.zeros((0, 4))},
     ):
-        laid = plan(value)
+        laid = lay_out(value)
         assert extent(laid.tree) == laid.nbytes
 
 
@@ -296,7 +296,7 @@ def test_an_arena_shrinks_under_a_new_name_and_unlinks_the_large_segment() -> No
         assert {n: s for n, s in ours().items() if n not in before} == {large: 8 * MiB}
         assert len(reader.buf(large)) == 8 * MiB
         batch = np.arange(25, dtype=np.float32)
-        laid = plan(batch)
+        laid = lay_out(batch)
         assert not arena.fit(laid.nbytes, now=29.0)
         assert arena.fit(laid.nbytes, now=30.0)  # shrinks
         assert arena.size == MIN_ARENA

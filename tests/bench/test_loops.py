@@ -23,7 +23,7 @@ import pytest
 from bench.conftest import closed_plan, open_plan
 from carpool import Batching, Model, Tensor
 from carpool.bench.arrivals import count_offsets
-from carpool.bench.loops import InProcess, Tally, measure, step_of
+from carpool.bench.loops import InProcess, ShareTally, measure, step_of
 from carpool.bench.plan import Plan, Timing
 from carpool.bench.report.data import Load, ServerSide
 from carpool.bench.targets.http_target import HttpTarget
@@ -126,7 +126,7 @@ async def test_a_timed_closed_loop_counts_answers_to_requests_sent_before_its_wi
 def test_a_timed_closed_loop_counts_every_answer_that_arrived_in_its_window() -> None:
     plan = closed_plan(4, duration_s=1.0)
     timing = Timing(start=99.0, window=100.0, end=101.0)
-    tally = Tally()
+    tally = ShareTally()
     for now in (100.2, 100.4, 100.6):  # sent and answered inside the window
         tally.record(None, 0.1, now)
     tally.answered = 3 + 4  # plus one answer per caller to a request sent before it opened
@@ -170,7 +170,7 @@ async def test_open_loop_sends_on_schedule_without_waiting_for_answers() -> None
 def test_step_of_an_open_loop_spans_its_schedule_at_least() -> None:
     plan = Plan(Load("rate", 10.0), 0.0, 2.0, None, np.asarray([0.5]), np.empty(0), 1)
     timing = Timing(start=100.0, window=100.0, end=None)
-    tally = Tally()
+    tally = ShareTally()
     tally.record(None, 0.01, 100.51)
     step = step_of(plan, timing, [tally], slo_ms=None)
     assert step.duration_s == 2.0  # the schedule lasted 2 s, though its one answer came early

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from carpool.bench.report.data import ServerSide
-from carpool.bench.report.scrape import Snapshot, exact_buckets, parse_metrics, server_side
+from carpool.bench.report.scrape import Histograms, exact_buckets, parse_metrics, server_side
 from carpool.model import Batching, Model, Tensor
 from carpool.server.lifecycle.registry import Registry
 from carpool.server.telemetry.metrics import Metrics
@@ -144,7 +144,7 @@ AFTER = _text({"1": 5, "2": 9, "4": 30, "+Inf": 30}, 30, 96, (96, 2.35))
 
 
 def test_parse_metrics_exact_and_sorted() -> None:
-    assert parse_metrics(BEFORE, "m") == Snapshot(
+    assert parse_metrics(BEFORE, "m") == Histograms(
         batch_count=10,
         batch_rows=22,
         batch_buckets={"1": 4.0, "2": 6.0, "4": 10.0, "+Inf": 10.0},
@@ -204,21 +204,23 @@ def test_server_side_after_a_restart_counts_from_zero() -> None:
 
 def test_parse_metrics_with_only_the_batch_histogram() -> None:
     text = 'carpool_batch_size_count{model="m"} 3\ncarpool_batch_size_sum{model="m"} 5\n'
-    assert parse_metrics(text, "m") == Snapshot(batch_count=3, batch_rows=5)
+    assert parse_metrics(text, "m") == Histograms(batch_count=3, batch_rows=5)
 
 
 def test_exact_buckets_hold_one_size_each() -> None:
     buckets = exact_buckets({3: 2, 1: 1, 5: 4}, 6)
     assert buckets == {"1": 1.0, "2": 1.0, "3": 3.0, "4": 3.0, "5": 7.0, "6": 7.0, "+Inf": 7.0}
     assert exact_buckets({}, 2) == {"1": 0.0, "2": 0.0, "+Inf": 0.0}
-    before = Snapshot(batch_count=1, batch_rows=1, batch_buckets=exact_buckets({1: 1}, 6))
-    after = Snapshot(batch_count=7, batch_rows=28, batch_buckets=buckets)
+    before = Histograms(batch_count=1, batch_rows=1, batch_buckets=exact_buckets({1: 1}, 6))
+    after = Histograms(batch_count=7, batch_rows=28, batch_buckets=buckets)
     side = server_side(before, after, latency_sum_s=None)
     assert (side.batch_sizes, side.batch_size_floors) == ({"3": 2, "5": 4}, {})
 
 
 def test_the_last_bucket_counts_from_the_bound_below_it() -> None:
-    before = Snapshot(batch_count=0, batch_rows=0)
-    after = Snapshot(batch_count=3, batch_rows=30, batch_buckets={"1": 1.0, "8": 1.0, "+Inf": 3.0})
+    before = Histograms(batch_count=0, batch_rows=0)
+    after = Histograms(
+        batch_count=3, batch_rows=30, batch_buckets={"1": 1.0, "8": 1.0, "+Inf": 3.0}
+    )
     side = server_side(before, after, latency_sum_s=None)
     assert (side.batch_sizes, side.batch_size_floors) == ({"1": 1, "+Inf": 2}, {"+Inf": 9})

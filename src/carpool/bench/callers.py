@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from carpool.bench.loops import Tally, run_share, sleep_until
+from carpool.bench.loops import ShareTally, run_share, sleep_until
 from carpool.bench.plan import Share, Timing, clock
 from carpool.bench.targets.base import Send
 
@@ -25,7 +25,7 @@ class Window(Generic[T]):
     arrived in the window, whenever they were sent; ``tally.latencies``: of the requests
     sent in it and answered before it closed."""
 
-    tally: Tally
+    tally: ShareTally
     seconds: float  # on the clock, from the read as the window opened to the one as it closed
     opened: T  # what ``read()`` returned as the window opened
     closed: T  # ... and as it closed
@@ -48,7 +48,7 @@ async def closed_window(
         raise ValueError(f"warmup_s must be >= 0 and seconds > 0, got {warmup_s}, {seconds}")
     start = clock()
     timing = Timing(start, start + warmup_s, start + warmup_s + seconds)
-    tally = Tally()
+    tally = ShareTally()
     reads: list[tuple[float, T]] = []
 
     async def edges() -> None:
@@ -64,12 +64,12 @@ async def closed_window(
     return Window(tally, closed_at - opened_at, opened, closed)
 
 
-async def closed_requests(send: Send, *, callers: int, requests: int) -> tuple[Tally, float]:
+async def closed_requests(send: Send, *, callers: int, requests: int) -> tuple[ShareTally, float]:
     """``requests`` requests in all, ``send(0)`` to ``send(requests - 1)``, by ``callers``
     closed-loop callers; the tally of them all and the seconds until the last answer."""
     if callers < 1 or requests < 0:
         raise ValueError(f"callers must be >= 1 and requests >= 0, got {callers}, {requests}")
-    tally = Tally()
+    tally = ShareTally()
     start = clock()
     share = Share(concurrency=callers, requests=requests)
     await run_share(send, share, Timing(start, start, None), tally)

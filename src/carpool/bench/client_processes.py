@@ -1,7 +1,7 @@
 """``--client-processes``: the load loops in spawned processes, each with its own event loop and
 connection pool, so one client core does not cap the server being measured. Each process gets
 its :class:`~carpool.bench.plan.Share` over a pipe and sends back its
-:class:`~carpool.bench.loops.Tally`; live counts go through shared memory."""
+:class:`~carpool.bench.loops.ShareTally`; live counts go through shared memory."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import multiprocessing
 from multiprocessing.connection import Connection
 from typing import Any
 
-from carpool.bench.loops import Tally, event_loop, run_share
+from carpool.bench.loops import ShareTally, event_loop, run_share
 from carpool.bench.plan import Plan, Share, Timing, split
 from carpool.bench.targets.base import Client
 
@@ -65,7 +65,7 @@ class ClientProcesses:
                 process.kill()
                 process.join()
 
-    async def run(self, plan: Plan, timing: Timing) -> list[Tally]:
+    async def run(self, plan: Plan, timing: Timing) -> list[ShareTally]:
         shares = split(plan, len(self._pipes))
         for k, pipe in enumerate(self._pipes):
             self._counts[2 * k] = self._counts[2 * k + 1] = 0
@@ -105,8 +105,8 @@ async def _touch(client: Client) -> None:
 
 def _child_step(
     runner: asyncio.Runner, client: Client, share: Share, timing: Timing, counts: Any, slot: int
-) -> Tally | RuntimeError:
-    tally = Tally()
+) -> ShareTally | RuntimeError:
+    tally = ShareTally()
 
     async def publish() -> None:
         while True:

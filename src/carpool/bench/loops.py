@@ -22,7 +22,7 @@ __all__ = [
     "InProcess",
     "LoadGenerator",
     "Probe",
-    "Tally",
+    "ShareTally",
     "event_loop",
     "measure",
     "run_share",
@@ -34,7 +34,7 @@ LATE_S = 0.005  # an open-loop send this far behind its schedule counts as late
 
 
 @dataclass(slots=True)
-class Tally:
+class ShareTally:
     """The measured requests of one share: successful latencies (s), errors by kind.
     ``done``/``failed`` are read live by the display."""
 
@@ -65,7 +65,7 @@ async def sleep_until(when: float) -> None:
         await asyncio.sleep(delay)
 
 
-async def _closed_loop(send: Send, share: Share, timing: Timing, tally: Tally) -> None:
+async def _closed_loop(send: Send, share: Share, timing: Timing, tally: ShareTally) -> None:
     window, end = timing.window, timing.end
     remaining = share.requests if share.requests is not None else -1
     stride = share.stride
@@ -100,7 +100,7 @@ async def _closed_loop(send: Send, share: Share, timing: Timing, tally: Tally) -
             group.create_task(caller())
 
 
-async def _open_loop(send: Send, share: Share, timing: Timing, tally: Tally) -> None:
+async def _open_loop(send: Send, share: Share, timing: Timing, tally: ShareTally) -> None:
     async def one(i: int, scheduled: float) -> None:
         kind = await send(i)
         now = clock()
@@ -129,7 +129,7 @@ async def _open_loop(send: Send, share: Share, timing: Timing, tally: Tally) -> 
             index += stride
 
 
-async def run_share(send: Send, share: Share, timing: Timing, tally: Tally) -> None:
+async def run_share(send: Send, share: Share, timing: Timing, tally: ShareTally) -> None:
     """Run one share of a step to its end: every measured request answered or failed."""
     if share.offsets is None:
         await _closed_loop(send, share, timing, tally)
@@ -145,7 +145,7 @@ class LoadGenerator(Protocol):
 
     lead_s: float  # how long before a step's start its plan must be handed over
 
-    async def run(self, plan: Plan, timing: Timing) -> list[Tally]: ...
+    async def run(self, plan: Plan, timing: Timing) -> list[ShareTally]: ...
 
     def counts(self) -> tuple[int, int]: ...  # measured answers so far, and failures
 
@@ -157,11 +157,11 @@ class InProcess:
 
     def __init__(self, client: Client) -> None:
         self._client = client
-        self._tally = Tally()
+        self._tally = ShareTally()
 
-    async def run(self, plan: Plan, timing: Timing) -> list[Tally]:
+    async def run(self, plan: Plan, timing: Timing) -> list[ShareTally]:
         (share,) = split(plan, 1)
-        self._tally = tally = Tally()
+        self._tally = tally = ShareTally()
         async with self._client.open(share.connections) as send:
             await run_share(send, share, timing, tally)
         return [tally]
@@ -192,7 +192,7 @@ class Probe(Protocol):
 
 async def measure(
     plan: Plan, timing: Timing, generator: LoadGenerator, probe: Probe, *, slo_ms: float | None
-) -> tuple[Step, list[Tally]]:
+) -> tuple[Step, list[ShareTally]]:
     """Run one step; read the server side as the window opens and as it closes."""
     marks: dict[str, Any] = {}
 
@@ -214,7 +214,9 @@ async def measure(
     return (step if server is None else replace(step, server=server)), tallies
 
 
-def step_of(plan: Plan, timing: Timing, tallies: Sequence[Tally], *, slo_ms: float | None) -> Step:
+def step_of(
+    plan: Plan, timing: Timing, tallies: Sequence[ShareTally], *, slo_ms: float | None
+) -> Step:
     """The :class:`Step` the tallies of all client processes make together."""
     latencies = np.concatenate([np.asarray(t.latencies, dtype=np.float64) for t in tallies])
     errors: Counter[str] = Counter()
@@ -241,7 +243,7 @@ def step_of(plan: Plan, timing: Timing, tallies: Sequence[Tally], *, slo_ms: flo
     )
 
 
-def _window(plan: Plan, timing: Timing, tallies: Sequence[Tally]) -> float:
+def _window(plan: Plan, timing: Timing, tallies: Sequence[ShareTally]) -> float:
     """The measured window's length in seconds: to its end, or to the last answer."""
     if timing.end is not None:
         window = timing.end - timing.window

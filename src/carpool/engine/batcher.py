@@ -47,7 +47,7 @@ _Future = asyncio.Future  # what loop.create_future() makes, without its Python 
 _ANY_PRIORITY = -(2**63)  # priorities are any int; the check is for the type
 
 
-def _replicas(
+def _build_replicas(
     spec: Any, options: BatcherOptions, collator: Collator, warmup: Any
 ) -> Replicas | None:
     """The model's replicas outside this process's threads, for a runner that has them;
@@ -154,9 +154,9 @@ class Batcher:
         self._hooks = PolicyHooks.of(self.policy)
         self._warmup_example = warmup
         self._collator = collator
-        self._workers = _replicas(self.model_fn, self.options, collator, warmup)
-        self._is_async = self._workers is None and is_async_callable(self.model_fn)
-        self._queue = RequestQueue(self.max_queue_size)
+        self._replicas = _build_replicas(self.model_fn, self.options, collator, warmup)
+        self._is_async = self._replicas is None and is_async_callable(self.model_fn)
+        self._queue: RequestQueue[Request] = RequestQueue(self.max_queue_size)
         self._stats = StatsRecorder()
         self._resolver = Resolver(
             self._queue,
@@ -165,10 +165,10 @@ class Batcher:
             name=self.name,
             wake=lambda: self._scheduler.wake(),
         )
-        workers = self._workers
-        self._runner = BatchExecutor(
-            self.model_fn if workers is None else workers.call,
-            retry_fn=None if workers is None else partial(workers.call, retry=False),
+        replicas = self._replicas
+        self._executor = BatchExecutor(
+            self.model_fn if replicas is None else replicas.call,
+            retry_fn=None if replicas is None else partial(replicas.call, retry=False),
             is_async=self._is_async,
             collator=self._collator,
             isolate_errors=self.isolate_errors,
@@ -182,7 +182,7 @@ class Batcher:
             queue=self._queue,
             stats=self._stats,
             resolver=self._resolver,
-            runner=self._runner,
+            executor=self._executor,
             collator=self._collator,
             policy=self.policy,
             hooks=self._hooks,
@@ -201,8 +201,8 @@ class Batcher:
     # ----------------------------------------------------------------- lifecycle
 
     async def __aenter__(self) -> Self:
-        if self._workers is not None and self._state is _State.NEW:
-            await self._start_workers(self._workers)
+        if self._replicas is not None and self._state is _State.NEW:
+            await self._start_replicas(self._replicas)
         self._open(asyncio.get_running_loop())
         if self._warmup_example is not None:
             try:
@@ -212,14 +212,14 @@ class Batcher:
                 raise
         return self
 
-    async def _start_workers(self, workers: Replicas) -> None:
+    async def _start_replicas(self, replicas: Replicas) -> None:
         """Load the model in every replica (in a thread: it takes seconds); a batcher whose
         replicas all failed to load is closed, with the reason raised."""
         try:
-            await asyncio.to_thread(workers.start)
+            await asyncio.to_thread(replicas.start)
         except BaseException:
             self._state = _State.CLOSED
-            await asyncio.shield(asyncio.to_thread(workers.close))
+            await asyncio.shield(asyncio.to_thread(replicas.close))
             raise
 
     def _open(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -315,13 +315,13 @@ class Batcher:
         finally:
             self._state = _State.CLOSED
             self._portal.shut(BatcherClosed(self.name))
-            if self._workers is not None:  # drained (or aborted): stop the replicas
-                await asyncio.shield(asyncio.to_thread(self._workers.close))
+            if self._replicas is not None:  # drained (or aborted): stop the replicas
+                await asyncio.shield(asyncio.to_thread(self._replicas.close))
 
     async def _warm_up(self, example: Any) -> None:
         pool = self._scheduler.pool
         await warm_up(
-            lambda batch: self._runner.call(batch, pool),
+            lambda batch: self._executor.call(batch, pool),
             example,
             collator=self._collator,
             max_batch_size=self.max_batch_size,
@@ -427,9 +427,9 @@ class Batcher:
         cost = self._hooks.cost
         curve = cost.curve() if cost is not None else None
         snapshot = self._stats.snapshot(self._queue.pushed, self._queue.rows, curve)
-        if self._workers is None:
+        if self._replicas is None:
             return replace(snapshot, workers_alive=self.workers)
-        pool = self._workers.stats()
+        pool = self._replicas.stats()
         return replace(
             snapshot,
             workers_alive=pool.alive,
@@ -442,7 +442,7 @@ class Batcher:
     def workers_alive(self) -> int:
         """Workers ready to run a batch now: ``workers`` for threads; for processes, those
         not dead or restarting (0 means no request can be served until one is back)."""
-        return self.workers if self._workers is None else self._workers.alive
+        return self.workers if self._replicas is None else self._replicas.alive
 
     # ----------------------------------------------------------------- on the loop
 

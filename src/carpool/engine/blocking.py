@@ -202,8 +202,9 @@ class Inbox:
         self._items.append((value, timeout_ms, priority, fut))
         if not self._armed:
             self._armed = True
+            assert self._loop is not None  # bind() came first
             try:
-                self._loop.call_soon_threadsafe(self.take)  # type: ignore[union-attr]
+                self._loop.call_soon_threadsafe(self.take)
             except RuntimeError:  # the loop already ended: nobody will admit it
                 self.reject(RuntimeError("the batcher's event loop has ended"))
         return fut

@@ -9,11 +9,12 @@ import asyncio
 import time
 from collections.abc import Callable, Generator
 from functools import partial
-from typing import Any
+from typing import Any, Generic
 
 from carpool.collation.collate import Collator, Span
+from carpool.engine.failure import Failure
 from carpool.engine.inflight import Batch
-from carpool.engine.queue import Segment
+from carpool.engine.queue import Q, Segment
 from carpool.errors import (
     BatcherClosed,
     BatchSizeMismatch,
@@ -24,22 +25,13 @@ from carpool.errors import (
 )
 from carpool.runners.threads import Handoff, ModelThreads
 
-__all__ = ["BatchExecutor", "Failure", "isolate"]
+__all__ = ["BatchExecutor", "isolate"]
 
 # What an async model may raise through us untouched, on the loop's thread: a real Ctrl-C
 # (Python raises it wherever the main thread is, the model's frames included: a model's own
 # ``raise KeyboardInterrupt`` cannot be told from it), and the loop's cancellation and
 # closing of the coroutine.
 _LOOP_CONTROL = (KeyboardInterrupt, asyncio.CancelledError, GeneratorExit)
-
-
-class Failure:
-    """The exception a segment's rows raised; never a value a model can return."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
 
 
 # What isolate() asks to run: (values, spans, rows); what it is told: (parts, None) or
@@ -90,7 +82,7 @@ def isolate(
     return left + right
 
 
-class BatchExecutor:
+class BatchExecutor(Generic[Q]):
     """Executes batches of one model. ``record_model_time`` gets each call that returned:
     its batch's rows, its own rows, its collation key, and the seconds to stack its rows,
     of the model, and to split its output (:class:`carpool.engine.warmup.ModelTimes`); ``claim``
@@ -107,7 +99,7 @@ class BatchExecutor:
         name: str,
         workers: int,
         record_model_time: Callable[[int, int, Any, float, float, float], None],
-        claim: Callable[[Batch], list[int] | None],
+        claim: Callable[[Batch[Q]], list[int] | None],
     ) -> None:
         self._model_fn = model_fn
         # Bisection's calls: for replicas that retry a batch whose worker died, without
@@ -123,13 +115,13 @@ class BatchExecutor:
         # an async one needs this gate to run at most `workers` batches at once.
         self._slots = asyncio.Semaphore(workers)
 
-    async def run(self, batch: Batch, pool: ModelThreads | None) -> list[Any]:
+    async def run(self, batch: Batch[Q], pool: ModelThreads | None) -> list[Any]:
         """One part per segment, in order (for a plain model, in one of ``pool``'s threads)."""
         if self._is_async:
             async with self._slots:
                 return await self._run_async(batch)
         assert pool is not None
-        return await pool.submit(partial(self._run_sync, batch))  # type: ignore[no-any-return]
+        return await pool.submit(partial(self._run_sync, batch))
 
     async def call(self, batch: Any, pool: ModelThreads | None) -> Any:
         """One model call on a stacked ``batch``, outside any request (warm-up)."""
@@ -144,7 +136,7 @@ class BatchExecutor:
 
         return await pool.submit(job)
 
-    def _prepare(self, batch: Batch) -> tuple[list[int] | None, Attempt]:
+    def _prepare(self, batch: Batch[Q]) -> tuple[list[int] | None, Attempt]:
         """The segments still worth computing (None: all), and the values and spans to stack."""
         live = self._claim(batch)
         segments = batch.segments
@@ -173,7 +165,7 @@ class BatchExecutor:
         return live, (values, spans, _rows(spans))
 
     @staticmethod
-    def _place(segments: list[Segment], live: list[int] | None, parts: list[Any]) -> list[Any]:
+    def _place(segments: list[Segment[Q]], live: list[int] | None, parts: list[Any]) -> list[Any]:
         if live is None or len(live) == len(segments):
             return parts
         placed: list[Any] = [None] * len(segments)
@@ -181,7 +173,7 @@ class BatchExecutor:
             placed[i] = part
         return placed
 
-    def _run_sync(self, batch: Batch, handoff: Handoff) -> list[Any]:
+    def _run_sync(self, batch: Batch[Q], handoff: Handoff) -> list[Any]:
         live, attempt = self._prepare(batch)
         segments = batch.segments
         if live is not None and not live:  # every request was answered while staged
@@ -207,7 +199,7 @@ class BatchExecutor:
                 parts = done.value
         return self._place(segments, live, parts)
 
-    async def _run_async(self, batch: Batch) -> list[Any]:
+    async def _run_async(self, batch: Batch[Q]) -> list[Any]:
         live, attempt = self._prepare(batch)
         segments = batch.segments
         if live is not None and not live:  # every request was answered while staged

@@ -5,18 +5,19 @@ more urgent request displaces. Pure bookkeeping: no event loop, no clock, no thr
 from __future__ import annotations
 
 import math
+from typing import Generic
 
-from carpool.engine.queue import Segment
+from carpool.engine.queue import Q, Segment
 
 __all__ = ["Batch", "InFlight"]
 
 
-class Batch:
+class Batch(Generic[Q]):
     """One dispatched batch: ``rows`` rows in ``segments``, in priority then arrival order."""
 
     __slots__ = ("least_urgent", "reason", "rows", "segments", "started", "tokens", "void")
 
-    def __init__(self, segments: list[Segment], rows: int, reason: str) -> None:
+    def __init__(self, segments: list[Segment[Q]], rows: int, reason: str) -> None:
         self.segments = segments
         self.rows = rows
         self.reason = reason
@@ -28,11 +29,11 @@ class Batch:
         self.least_urgent = segments[-1][0].priority
 
 
-class InFlight:
+class InFlight(Generic[Q]):
     """Every batch dispatched and not finished, oldest first."""
 
     def __init__(self) -> None:
-        self._batches: dict[int, Batch] = {}
+        self._batches: dict[int, Batch[Q]] = {}
         # At least the least urgent priority among batches not started: a request more
         # urgent than this may displace one. -inf: none can be displaced.
         self.least_urgent = -math.inf
@@ -40,12 +41,12 @@ class InFlight:
     def __len__(self) -> int:
         return len(self._batches)
 
-    def add(self, batch: Batch) -> None:
+    def add(self, batch: Batch[Q]) -> None:
         self._batches[id(batch)] = batch
         if batch.least_urgent > self.least_urgent:
             self.least_urgent = batch.least_urgent
 
-    def remove(self, batch: Batch) -> None:
+    def remove(self, batch: Batch[Q]) -> None:
         del self._batches[id(batch)]
         if not self._batches:
             self.least_urgent = -math.inf
@@ -54,7 +55,7 @@ class InFlight:
         """(start time, or None while staged; rows) of each batch, oldest first."""
         return tuple((batch.started, batch.rows) for batch in self._batches.values())
 
-    def displaced_by(self, priority: int) -> list[Batch]:
+    def displaced_by(self, priority: int) -> list[Batch[Q]]:
         """The batches not started that a request of ``priority`` should run before, newest
         first: those holding a less urgent row, up to the first newer batch that stays (a
         batch goes back to the queue only with every batch dispatched after it, so a request

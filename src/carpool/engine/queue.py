@@ -8,64 +8,44 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from collections.abc import Hashable
-from typing import Any
+from typing import Any, Generic, Protocol, TypeAlias, TypeVar
 
 from carpool.collation.tokens import Meter
 from carpool.errors import QueueFull
 
-__all__ = ["Entry", "RequestQueue", "Segment"]
+__all__ = ["Q", "Queued", "RequestQueue", "Segment"]
 
 
-class Entry:
-    """One request in the queue: ``rows`` rows, of which ``taken`` already left in batches."""
+class Queued(Protocol):
+    """What the queue reads and writes of a request it holds."""
 
-    __slots__ = (
-        "arrival",
-        "key",
-        "length",
-        "priority",
-        "queued",
-        "rows",
-        "seq",
-        "span",
-        "taken",
-        "tokens",
-        "value",
-    )
-
-    def __init__(
-        self,
-        value: Any,
-        span: int | None,
-        key: Hashable,
-        priority: int,
-        arrival: float,
-    ) -> None:
-        self.value = value
-        self.span = span  # None: one row without a batch axis; k: k rows along axis 0
-        self.rows = 1 if span is None else span
-        self.key = key
-        self.priority = priority
-        self.arrival = arrival
-        self.seq = 0
-        self.taken = 0
-        self.queued = False
-        self.length = 0  # a padded row's length (carpool.collation.tokens); 0: not padded
-        self.tokens = 0  # its rows' tokens, when counted
+    value: Any
+    span: int | None  # None: one row without a batch axis; k: k rows along axis 0
+    rows: int
+    key: Hashable  # its collation key: a batch holds one
+    priority: int
+    arrival: float
+    seq: int  # set as it is pushed: its place in arrival order
+    taken: int  # rows already left in batches
+    queued: bool  # rows of it are still queued
+    length: int  # a padded row's length (carpool.collation.tokens); 0: not padded
+    tokens: int  # its rows' tokens, when counted
 
 
-# (entry, first row, end row) of an entry's share in one batch.
-Segment = tuple[Entry, int, int]
+Q = TypeVar("Q", bound=Queued)
+
+# (request, first row, end row) of a request's share in one batch.
+Segment: TypeAlias = tuple[Q, int, int]
 
 
-class RequestQueue:
+class RequestQueue(Generic[Q]):
     """Bounded by rows (``max_rows=None``: unbounded)."""
 
     def __init__(self, max_rows: int | None = None) -> None:
         self.max_rows = max_rows
         self.rows = 0  # live rows queued, all keys
         self._seq = 0
-        self._levels: dict[int, dict[Hashable, deque[Entry]]] = {}
+        self._levels: dict[int, dict[Hashable, deque[Q]]] = {}
         self._priorities: list[int] = []  # sorted keys of _levels
         self._key_rows: dict[Hashable, int] = {}
         self._level_rows: dict[int, int] = {}  # live rows by priority level
@@ -78,7 +58,7 @@ class RequestQueue:
         """Entries ever admitted."""
         return self._seq
 
-    def push(self, entry: Entry) -> None:
+    def push(self, entry: Q) -> None:
         """Queue all of ``entry``'s rows, or raise :class:`QueueFull` and queue none."""
         rows = entry.rows
         if self.max_rows is not None and self.rows + rows > self.max_rows:
@@ -98,7 +78,7 @@ class RequestQueue:
         level_rows = self._level_rows
         level_rows[entry.priority] = level_rows.get(entry.priority, 0) + rows
 
-    def _new_lane(self, priority: int, key: Hashable) -> deque[Entry]:
+    def _new_lane(self, priority: int, key: Hashable) -> deque[Q]:
         level = self._levels.get(priority)
         if level is None:
             level = self._levels[priority] = {}
@@ -106,7 +86,7 @@ class RequestQueue:
         lane = level[key] = deque()
         return lane
 
-    def remove(self, entry: Entry) -> bool:
+    def remove(self, entry: Q) -> bool:
         """Withdraw the rows of ``entry`` not yet dispatched; False if none were queued."""
         if not entry.queued:
             return False
@@ -145,11 +125,11 @@ class RequestQueue:
         else:
             del self._key_rows[key]
 
-    def head(self) -> Entry | None:
+    def head(self) -> Q | None:
         """The entry served next: most urgent priority, then earliest arrival."""
         for priority in list(self._priorities):
             level = self._levels[priority]
-            best: Entry | None = None
+            best: Q | None = None
             for key in list(level):
                 lane = level[key]
                 while lane and not lane[0].queued:
@@ -164,12 +144,12 @@ class RequestQueue:
             self._priorities.remove(priority)
         return None
 
-    def head_of_full(self, max_rows: int) -> Entry | None:
+    def head_of_full(self, max_rows: int) -> Q | None:
         """The first entry of the most urgent key with ``max_rows`` rows queued, if any."""
         full = [key for key, rows in self._key_rows.items() if rows >= max_rows]
         if not full:
             return None
-        best: Entry | None = None
+        best: Q | None = None
         for priority in self._priorities:
             for key in full:
                 lane = self._levels[priority].get(key)
@@ -184,13 +164,13 @@ class RequestQueue:
         """Whether some key has ``max_rows`` rows queued."""
         return any(rows >= max_rows for rows in self._key_rows.values())
 
-    def rows_like(self, entry: Entry) -> int:
+    def rows_like(self, entry: Q) -> int:
         """Rows queued that can share a batch with ``entry`` (its own included)."""
         return self._key_rows.get(entry.key, 0)
 
     def pop_batch(
-        self, head: Entry, max_rows: int, meter: Meter | None = None, sort_window: int = 0
-    ) -> list[Segment]:
+        self, head: Q, max_rows: int, meter: Meter | None = None, sort_window: int = 0
+    ) -> list[Segment[Q]]:
         """Up to ``max_rows`` rows of ``head``'s key, in priority then arrival order, as many
         as ``meter`` (a token budget) lets in.
 
@@ -201,7 +181,7 @@ class RequestQueue:
         must be what :meth:`head` just returned.
         """
         key = head.key
-        segments: list[Segment] = []
+        segments: list[Segment[Q]] = []
         room = max_rows
         emptied = []
         for priority in self._priorities:
@@ -226,7 +206,7 @@ class RequestQueue:
 
     @staticmethod
     def _take_in_order(
-        lane: deque[Entry], room: int, meter: Meter | None, segments: list[Segment]
+        lane: deque[Q], room: int, meter: Meter | None, segments: list[Segment[Q]]
     ) -> int:
         # Rows from the front of ``lane`` while ``room`` (and the meter) allow; a request
         # that does not fit whole gives the rows that fit and keeps its place.
@@ -260,11 +240,11 @@ class RequestQueue:
 
     @staticmethod
     def _take_by_length(
-        lane: deque[Entry], room: int, meter: Meter, window: int, segments: list[Segment]
+        lane: deque[Q], room: int, meter: Meter, window: int, segments: list[Segment[Q]]
     ) -> int:
         # The first ``window`` rows of ``lane`` by closeness of length to the first one's;
         # in order if they all fit anyway.
-        candidates: list[Entry] = []
+        candidates: list[Q] = []
         queued = 0
         for entry in lane:
             if entry.queued:
@@ -295,7 +275,7 @@ class RequestQueue:
         lane.extend(live)
         return room
 
-    def rows_fitting(self, head: Entry, max_rows: int, meter: Meter) -> int:
+    def rows_fitting(self, head: Q, max_rows: int, meter: Meter) -> int:
         """How many rows of ``head``'s key, in order, ``meter``'s budget and ``max_rows``
         let into one batch (a dry run: nothing is taken; ``meter`` is filled)."""
         room = max_rows
@@ -316,7 +296,7 @@ class RequestQueue:
                     return max_rows
         return max_rows - room
 
-    def restore(self, segments: list[Segment]) -> None:
+    def restore(self, segments: list[Segment[Q]]) -> None:
         """Put back the rows of a batch just popped, where they were, as if never popped.
 
         ``segments`` must be what :meth:`pop_batch` returned, less those of entries removed
@@ -340,7 +320,7 @@ class RequestQueue:
             key_rows[entry.key] = key_rows.get(entry.key, 0) + rows
             level_rows[entry.priority] = level_rows.get(entry.priority, 0) + rows
 
-    def drain(self) -> list[Entry]:
+    def drain(self) -> list[Q]:
         """Remove and return every entry that still has rows queued."""
         entries = [
             entry
@@ -357,7 +337,7 @@ class RequestQueue:
         return entries
 
 
-def _put_back(lane: deque[Entry], entry: Entry) -> None:
+def _put_back(lane: deque[Q], entry: Q) -> None:
     """``entry`` back into ``lane`` in arrival order: at the front, unless a batch formed
     by length left older entries there."""
     if not lane or lane[0].seq > entry.seq:

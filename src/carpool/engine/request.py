@@ -14,9 +14,9 @@ from typing import Any
 
 from carpool.collation.collate import Collator
 from carpool.engine.blocking import FUTURE_DONE, settle
-from carpool.engine.executor import Failure
+from carpool.engine.failure import Failure
 from carpool.engine.inflight import Batch
-from carpool.engine.queue import Entry, RequestQueue, Segment
+from carpool.engine.queue import RequestQueue, Segment
 from carpool.engine.stats import StatsRecorder
 from carpool.errors import BatcherClosed, DeadlineExceeded
 
@@ -25,17 +25,36 @@ __all__ = ["Request", "Resolver"]
 _monotonic = time.monotonic  # the batcher's clock
 
 
-class Request(Entry):
-    """A queue entry plus what it takes to answer its caller exactly once."""
+class Request:
+    """What the queue holds of a request (:class:`~carpool.engine.queue.Queued`) plus what it
+    takes to answer its caller exactly once."""
 
-    __slots__ = ("deadline", "future", "pending", "pieces", "running", "timer")
+    __slots__ = (
+        "arrival",
+        "deadline",
+        "future",
+        "key",
+        "length",
+        "pending",
+        "pieces",
+        "priority",
+        "queued",
+        "rows",
+        "running",
+        "seq",
+        "span",
+        "taken",
+        "timer",
+        "tokens",
+        "value",
+    )
 
     def __init__(
         self, value: Any, span: int | None, key: Any, priority: int, arrival: float, future: Any
     ) -> None:
-        # Entry's fields, set here rather than through Entry.__init__: this is the hot path.
+        # What the queue reads and writes (carpool.engine.queue.Queued).
         self.value = value
-        self.span = span
+        self.span = span  # None: one row without a batch axis; k: k rows along axis 0
         self.rows = 1 if span is None else span
         self.key = key
         self.priority = priority
@@ -43,8 +62,8 @@ class Request(Entry):
         self.seq = 0
         self.taken = 0
         self.queued = False
-        self.length = 0
-        self.tokens = 0
+        self.length = 0  # a padded row's length (carpool.collation.tokens); 0: not padded
+        self.tokens = 0  # its rows' tokens, when counted
         # asyncio.Future (infer) or concurrent.futures.Future (submit); None once answered,
         # which also breaks the cycle between a submit future and its request.
         self.future = future
@@ -60,7 +79,7 @@ class Resolver:
 
     def __init__(
         self,
-        queue: RequestQueue,
+        queue: RequestQueue[Request],
         stats: StatsRecorder,
         collator: Collator,
         *,
@@ -80,7 +99,7 @@ class Resolver:
 
     # ------------------------------------------------------------ batches
 
-    def claim(self, batch: Batch) -> list[int] | None:
+    def claim(self, batch: Batch[Request]) -> list[int] | None:
         """As ``batch`` starts, from the thread starting it: mark its requests running; the
         indices of the segments still unanswered, or None when all are (the common case).
         A batch re-formed meanwhile claims none: ``[]``."""
@@ -89,20 +108,20 @@ class Resolver:
                 return []
             batch.started = _monotonic()
             segments = batch.segments
-            for entry, _, _ in segments:
-                if entry.future is None:  # type: ignore[attr-defined]
+            for request, _, _ in segments:
+                if request.future is None:
                     break
-                entry.running = True  # type: ignore[attr-defined]
+                request.running = True
             else:
                 return None
             live = []
-            for i, (entry, _, _) in enumerate(segments):
-                if entry.future is not None:  # type: ignore[attr-defined]
-                    entry.running = True  # type: ignore[attr-defined]
+            for i, (request, _, _) in enumerate(segments):
+                if request.future is not None:
+                    request.running = True
                     live.append(i)
             return live
 
-    def void(self, batch: Batch) -> bool:
+    def void(self, batch: Batch[Request]) -> bool:
         """Cancel ``batch`` if it has not started, so that its rows can go back to the
         queue; False if a worker claimed it first."""
         with self._lock:
@@ -111,12 +130,11 @@ class Resolver:
             batch.void = True
             return True
 
-    def deliver(self, segments: list[Segment], parts: list[Any]) -> None:
+    def deliver(self, segments: list[Segment[Request]], parts: list[Any]) -> None:
         """Hand each segment's part (its rows' outputs, a :class:`Failure`, or None for a
         segment declined at the claim) to its request."""
         completed = 0
-        for (entry, start, stop), part in zip(segments, parts, strict=True):
-            request: Request = entry  # type: ignore[assignment]
+        for (request, start, stop), part in zip(segments, parts, strict=True):
             fut = request.future
             if fut is None:  # cancelled or expired meanwhile
                 continue
@@ -136,13 +154,13 @@ class Resolver:
                 self._gather(request, start, stop, part)
         self._stats.completed += completed
 
-    def fail(self, requests: Iterable[Entry], error: BaseException) -> None:
+    def fail(self, requests: Iterable[Request], error: BaseException) -> None:
         """Each of ``requests`` (of a batch that could not run, or still queued as the
         engine stops) gets ``error``; a cancelled batch's get :class:`BatcherClosed`."""
         if isinstance(error, asyncio.CancelledError):
             error = BatcherClosed(self._name, "was cancelled")
         for request in requests:
-            self.answer(request, None, error)  # type: ignore[arg-type]
+            self.answer(request, None, error)
 
     def _gather(self, request: Request, start: int, stop: int, part: Any) -> None:
         if request.pieces is None:

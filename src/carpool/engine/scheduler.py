@@ -16,7 +16,7 @@ from carpool.collation.tokens import Meter
 from carpool.engine.executor import BatchExecutor
 from carpool.engine.inflight import Batch, InFlight
 from carpool.engine.options import BatcherOptions
-from carpool.engine.queue import Entry, RequestQueue
+from carpool.engine.queue import RequestQueue
 from carpool.engine.request import Request, Resolver
 from carpool.engine.stats import StatsRecorder
 from carpool.errors import BatcherClosed, ConfigError, ConfigTypeError, Overloaded
@@ -40,10 +40,10 @@ class Scheduler:
         self,
         options: BatcherOptions,
         *,
-        queue: RequestQueue,
+        queue: RequestQueue[Request],
         stats: StatsRecorder,
         resolver: Resolver,
-        runner: BatchExecutor,
+        executor: BatchExecutor[Request],
         collator: Collator,
         policy: Policy,
         hooks: PolicyHooks,
@@ -52,7 +52,7 @@ class Scheduler:
         self._queue = queue
         self._stats = stats
         self._resolver = resolver
-        self._runner = runner
+        self._executor = executor
         self._collator = collator
         self._policy = policy
         self._hooks = hooks
@@ -75,13 +75,13 @@ class Scheduler:
                 "max_batch_tokens needs a way to count a request's tokens: give "
                 "token_count=f (f(value) -> int), or a padded model (Model(padding=...))"
             )
-        self.in_flight = InFlight()
+        self.in_flight: InFlight[Request] = InFlight()
         self.pool: ModelThreads | None = None  # a plain model's threads, once the loop runs
         self.closing = False  # no new requests: drain, then stop
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._waiter: asyncio.Future[None] | None = None  # set while parked
-        self._rewaited: set[Entry] = set()  # back from a re-formed batch: wait already counted
+        self._rewaited: set[Request] = set()  # back from a re-formed batch: wait already counted
 
     # ------------------------------------------------------------ admission
 
@@ -113,7 +113,8 @@ class Scheduler:
             self._stats.rejected += 1
             raise
         if timeout_ms is not None:
-            request.timer = self._loop.call_at(  # type: ignore[union-attr]
+            assert self._loop is not None  # open() came first
+            request.timer = self._loop.call_at(
                 now + timeout_ms / 1000.0, self._resolver.expire, request, timeout_ms
             )
         if priority < self.in_flight.least_urgent:
@@ -171,7 +172,7 @@ class Scheduler:
                 break
             undone.append(batch)
         for batch in undone:  # newest first: each goes back in front of the later ones
-            live = [s for s in batch.segments if s[0].future is not None]  # type: ignore[attr-defined]
+            live = [s for s in batch.segments if s[0].future is not None]
             self._queue.restore(live)
             self._rewaited.update(entry for entry, start, _ in live if not start)
             self.in_flight.remove(batch)
@@ -241,7 +242,7 @@ class Scheduler:
                 finally:
                     timer.cancel()
 
-    def _view(self, head: Entry, now: float) -> QueueView:
+    def _view(self, head: Request, now: float) -> QueueView:
         queue = self._queue
         most = self._max_batch_size
         head_rows = queue.rows_like(head)
@@ -259,7 +260,7 @@ class Scheduler:
             busy_workers=busy,
             max_batch_size=most,
             max_wait=self._max_wait,
-            head_deadline=head.deadline,  # type: ignore[attr-defined]
+            head_deadline=head.deadline,
             head_key=head.key,
             workers=self._workers,
             in_flight=self.in_flight.view(),
@@ -267,7 +268,7 @@ class Scheduler:
             full_queued=spent or head_rows >= most or queue.has_full(most),
         )
 
-    def _dispatch(self, head: Entry, decision: Dispatch, now: float) -> None:
+    def _dispatch(self, head: Request, decision: Dispatch, now: float) -> None:
         queue = self._queue
         if decision.source == "full":
             head = queue.head_of_full(self._max_batch_size) or head
@@ -290,9 +291,9 @@ class Scheduler:
         assert self._tg is not None
         self._tg.create_task(self._run_batch(batch))
 
-    async def _run_batch(self, batch: Batch) -> None:
+    async def _run_batch(self, batch: Batch[Request]) -> None:
         try:
-            parts = await self._runner.run(batch, self.pool)
+            parts = await self._executor.run(batch, self.pool)
         except BaseException as exc:
             self._finish(batch)
             if not batch.void:
@@ -304,7 +305,7 @@ class Scheduler:
         # After the answers: callers that ask again at once join the next batch.
         self.wake()
 
-    def _finish(self, batch: Batch) -> None:
+    def _finish(self, batch: Batch[Request]) -> None:
         if not batch.void:  # a re-formed batch left the books when it went back
             self.in_flight.remove(batch)
             self._stats.running_rows -= batch.rows

@@ -1,5 +1,5 @@
 """Batches across a process boundary: arrays through shared memory, a small pickled header by
-pipe. :func:`plan` lays a batch's arrays out in one buffer, :meth:`Plan.write` copies them in
+pipe. :func:`lay_out` lays a batch's arrays out in one buffer, :meth:`Layout.write` copies them in
 once, :func:`decode` rebuilds the batch as views. An :class:`Arena` is reused: grown when a
 batch does not fit, shrunk once its size goes unneeded, never made per batch."""
 
@@ -26,12 +26,12 @@ __all__ = [
     "Bytes",
     "Channel",
     "Header",
-    "Plan",
+    "Layout",
     "ShrinkPolicy",
     "decode",
     "dumps",
     "extent",
-    "plan",
+    "lay_out",
     "sweep_orphans",
     "unlink_made_by",
 ]
@@ -62,7 +62,7 @@ def _at(buf: Bytes, dtype: np.dtype[Any], shape: tuple[int, ...], offset: int) -
     return np.frombuffer(buf, dtype, count, offset).reshape(shape)
 
 
-class Plan:
+class Layout:
     """Where each array of one batch goes in a buffer of ``nbytes``; ``tree`` says how
     to rebuild the batch from it."""
 
@@ -79,15 +79,15 @@ class Plan:
             np.copyto(_at(buf, array.dtype, array.shape, offset), array, casting="no")
 
 
-def plan(value: Any) -> Plan:
+def lay_out(value: Any) -> Layout:
     """Lay out ``value``: arrays go to the buffer, dicts and tuples or lists holding arrays
     are walked (two levels deep: a dict of tuples of arrays), anything else is inlined."""
-    out = Plan()
+    out = Layout()
     out.tree = _node(value, out, depth=0)
     return out
 
 
-def _node(value: Any, out: Plan, depth: int) -> Node:
+def _node(value: Any, out: Layout, depth: int) -> Node:
     if type(value) is np.ndarray and not value.dtype.hasobject:
         dtype = value.dtype
         key = _KEYS.get(dtype)
@@ -144,7 +144,7 @@ def decode(tree: Node, buf: Bytes, *, copy: bool = False) -> Any:
 
 
 def extent(tree: Node) -> int:
-    """The bytes of its buffer the arrays of ``tree`` take (what :func:`plan` made
+    """The bytes of its buffer the arrays of ``tree`` take (what :func:`lay_out` made
     ``nbytes``): how much of an arena a batch the other side wrote used."""
     kind = tree[0]
     if kind == ARRAY:

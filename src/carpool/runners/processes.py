@@ -21,12 +21,12 @@ from carpool.ipc.transport import (
     SHRINK_AFTER_S,
     Arena,
     Channel,
-    Plan,
+    Layout,
     ShrinkPolicy,
     decode,
     dumps,
     extent,
-    plan,
+    lay_out,
 )
 from carpool.runners.replica_process import replica_main
 from carpool.runners.replicas import ReplicaSet, _ReplicaLost
@@ -111,8 +111,8 @@ class ProcessReplicas(ReplicaSet[ProcessSlot]):
 
     # ---- one call ----------------------------------------------------------------------
 
-    def _prepare(self, batch: Any) -> Plan:
-        return plan(batch)
+    def _prepare(self, batch: Any) -> Layout:
+        return lay_out(batch)
 
     def _carry(self, slot: ProcessSlot, payload: Any) -> Any:
         """Send the batch to ``slot``'s child, wait for its answer, give the slot back. A

@@ -16,7 +16,7 @@ from typing import Any
 
 from carpool.errors import call_model
 from carpool.ipc.lifelines import die_with_parent, set_title
-from carpool.ipc.transport import Attached, Channel, decode, plan
+from carpool.ipc.transport import Attached, Channel, decode, lay_out
 from carpool.runners.replicas import load_replica
 
 __all__ = ["replica_main"]
@@ -77,7 +77,7 @@ def _run(
     arrays it viewed in the arenas are dropped on return, before they may be replaced."""
     _, (in_name, tree), out_name = message
     try:
-        laid = plan(call_model(fn, decode(tree, inputs.buf(in_name))))
+        laid = lay_out(call_model(fn, decode(tree, inputs.buf(in_name))))
         if laid.nbytes > len(outputs.buf(out_name)):
             conn.send(("grow", laid.nbytes))
             reply = conn.receive()

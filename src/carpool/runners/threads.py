@@ -10,13 +10,14 @@ import inspect
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = ["Handoff", "ModelThreads", "is_async_callable"]
 
 # A job runs as job(handoff); it calls handoff() right before each model call.
 Handoff = Callable[[], None]
 _Outcome = tuple["asyncio.Future[Any]", Any, BaseException | None]
+T = TypeVar("T")
 
 
 def is_async_callable(fn: Callable[..., Any]) -> bool:
@@ -50,7 +51,7 @@ class ModelThreads:
         for thread in [*self._threads, courier]:
             thread.start()
 
-    def submit(self, job: Callable[[Handoff], Any]) -> asyncio.Future[Any]:
+    def submit(self, job: Callable[[Handoff], T]) -> asyncio.Future[T]:
         """On the loop: run ``job(handoff)`` in a worker thread; a future of what it returns."""
         future = self._loop.create_future()
         self._jobs.put((future, job))

@@ -13,7 +13,7 @@ from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
-from carpool.bench.loops import LoadGenerator, Tally
+from carpool.bench.loops import LoadGenerator, ShareTally
 from carpool.bench.plan import Plan, Timing, clock
 from carpool.bench.report.data import Report, Step
 
@@ -112,7 +112,7 @@ class Display:
         """A table (or any rich renderable), as rich prints it."""
         self.console.print(renderable)
 
-    def finished(self, step: Step, tallies: Sequence[Tally], prefix: str = "") -> None:
+    def finished(self, step: Step, tallies: Sequence[ShareTally], prefix: str = "") -> None:
         text = (
             f"{prefix}{step.load}: {step.requests} requests, {step.ok} ok, "
             f"{step.throughput_rps:,.1f} req/s"

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from carpool.bench.report.data import ServerSide
 
-__all__ = ["Snapshot", "exact_buckets", "parse_metrics", "server_side"]
+__all__ = ["Histograms", "exact_buckets", "parse_metrics", "server_side"]
 
 _BATCH = "carpool_batch_size"
 _QUEUE_WAIT = "carpool_queue_wait_seconds"
@@ -23,7 +23,7 @@ _SAMPLES = frozenset(
 
 
 @dataclass(frozen=True, slots=True)
-class Snapshot:
+class Histograms:
     """One model's histograms at one scrape, counted since the server started.
 
     ``batch_buckets``: model calls with at most ``le`` rows, cumulative, by the ``le``
@@ -39,7 +39,7 @@ class Snapshot:
     model_sum: float = 0.0
 
 
-def parse_metrics(text: str, model: str) -> Snapshot | None:
+def parse_metrics(text: str, model: str) -> Histograms | None:
     """``model``'s batch-size, queue-wait and model-time histograms from exposition text.
 
     ``None`` when the text holds no ``carpool_batch_size`` for ``model``: not a carpool
@@ -64,7 +64,7 @@ def parse_metrics(text: str, model: str) -> Snapshot | None:
     if (f"{_BATCH}_count", "") not in values:
         return None
     buckets = {le: v for (name, le), v in values.items() if name == f"{_BATCH}_bucket"}
-    return Snapshot(
+    return Histograms(
         batch_count=_count(values.get((f"{_BATCH}_count", ""))),
         batch_rows=_count(values.get((f"{_BATCH}_sum", ""))),
         batch_buckets=dict(sorted(buckets.items(), key=lambda item: _bound(item[0]))),
@@ -75,7 +75,9 @@ def parse_metrics(text: str, model: str) -> Snapshot | None:
     )
 
 
-def server_side(before: Snapshot, after: Snapshot, *, latency_sum_s: float | None) -> ServerSide:
+def server_side(
+    before: Histograms, after: Histograms, *, latency_sum_s: float | None
+) -> ServerSide:
     """What happened between two scrapes of the same model.
 
     ``batch_sizes`` holds the window's model calls per bucket (not cumulative), zero
@@ -87,7 +89,7 @@ def server_side(before: Snapshot, after: Snapshot, *, latency_sum_s: float | Non
     the window (as Prometheus's ``rate()`` treats a counter reset).
     """
     if after.batch_count < before.batch_count:
-        before = Snapshot(batch_count=0, batch_rows=0)
+        before = Histograms(batch_count=0, batch_rows=0)
     batches = after.batch_count - before.batch_count
     rows = after.batch_rows - before.batch_rows
     cumulative = {

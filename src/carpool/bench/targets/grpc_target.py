@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from carpool.bench.report.data import ServerSide
-from carpool.bench.report.scrape import Snapshot, exact_buckets, server_side
+from carpool.bench.report.scrape import Histograms, exact_buckets, server_side
 from carpool.bench.targets.base import BenchError, Client, Send
 
 __all__ = [
@@ -117,9 +117,9 @@ def stats_of(statistics: Any) -> GrpcStats:
     )
 
 
-def _snapshot(stats: GrpcStats, largest: int) -> Snapshot:
+def _snapshot(stats: GrpcStats, largest: int) -> Histograms:
     # As a scrape of /metrics reads it, with a bucket per batch size: the sizes are exact.
-    return Snapshot(
+    return Histograms(
         batch_count=stats.executions,
         batch_rows=stats.inferences,
         batch_buckets=exact_buckets(stats.batch_sizes, largest),

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from carpool.bench.report.data import ServerSide
-from carpool.bench.report.scrape import Snapshot, parse_metrics, server_side
+from carpool.bench.report.scrape import Histograms, parse_metrics, server_side
 from carpool.bench.targets.base import BenchError, Client, Send
 from carpool.bench.targets.payload import is_unique
 
@@ -113,7 +113,7 @@ def answered(url: str, status: int, body: bytes) -> BenchError:
 
 async def scrape(
     session: aiohttp.ClientSession, url: str, model: str
-) -> tuple[Snapshot | None, bool]:
+) -> tuple[Histograms | None, bool]:
     """``model``'s counters in the ``/metrics`` at ``url``, and whether to read it again:
     not when it has none (not carpool, or prometheus-client is not installed here)."""
     try:
@@ -138,7 +138,7 @@ class ScrapedTarget:
         self._session = session
         self._scrape = True  # until /metrics turns out not to describe this model
 
-    async def snapshot(self) -> Snapshot | None:
+    async def snapshot(self) -> Histograms | None:
         """The model's counters in ``/metrics``; ``None`` when it has none (not carpool)."""
         if not self._scrape:
             return None
@@ -146,7 +146,7 @@ class ScrapedTarget:
         return snap
 
     def server_side(
-        self, before: Snapshot | None, after: Snapshot | None, latency_sum_s: float
+        self, before: Histograms | None, after: Histograms | None, latency_sum_s: float
     ) -> ServerSide | None:
         if before is None or after is None:
             return None

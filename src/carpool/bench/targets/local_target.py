@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from carpool.bench.report.data import ServerSide
-from carpool.bench.report.scrape import Snapshot, exact_buckets, server_side
+from carpool.bench.report.scrape import Histograms, exact_buckets, server_side
 from carpool.bench.targets.base import Client, Send
 from carpool.engine.batcher import Batcher
 from carpool.engine.stats import BatcherStats
@@ -67,10 +67,12 @@ class LocalTarget:
         rows = [{k: v if batched else v[np.newaxis] for k, v in r.items()} for r in values]
         return LocalClient(self.batcher, rows, self.model.preprocess)
 
-    async def snapshot(self) -> Snapshot:
+    async def snapshot(self) -> Histograms:
         return snapshot_of(self.batcher.stats(), self.model.batching.max_batch_size)
 
-    def server_side(self, before: Snapshot, after: Snapshot, latency_sum_s: float) -> ServerSide:
+    def server_side(
+        self, before: Histograms, after: Histograms, latency_sum_s: float
+    ) -> ServerSide:
         return server_side(before, after, latency_sum_s=latency_sum_s)
 
 
@@ -105,12 +107,12 @@ class LocalClient:
         yield send
 
 
-def snapshot_of(stats: BatcherStats, max_batch_size: int) -> Snapshot:
+def snapshot_of(stats: BatcherStats, max_batch_size: int) -> Histograms:
     """What ``/metrics`` would say of a batcher with these stats, as a scrape reads it, but
     with a bucket per batch size up to ``max_batch_size`` (the batcher counts each size
     exactly); so in-process and HTTP steps get their server-side figures from the same
     arithmetic."""
-    return Snapshot(
+    return Histograms(
         batch_count=stats.batches,
         batch_rows=stats.rows,
         batch_buckets=exact_buckets(stats.batch_sizes, max(1, max_batch_size)),

@@ -17,7 +17,7 @@ from typing import Any, cast
 import numpy as np
 
 from carpool.errors import SharedMemoryFull
-from carpool.ipc.transport import ALIGN, Arena, Attached, ShrinkPolicy, decode, plan
+from carpool.ipc.transport import ALIGN, Arena, Attached, ShrinkPolicy, decode, lay_out
 
 __all__ = [
     "CANCEL",
@@ -221,7 +221,7 @@ class Link(asyncio.Protocol):
         if not isinstance(exc, SharedMemoryFull):
             for op, value in waiting:
                 try:
-                    _DUMPS(plan(value).tree, _PROTOCOL)
+                    _DUMPS(lay_out(value).tree, _PROTOCOL)
                 except Exception:
                     self._refused(op, exc)
                 else:
@@ -243,7 +243,7 @@ class Link(asyncio.Protocol):
             _write(arena.segment.shm.buf, writes)  # type: ignore[arg-type]
             kind = _FAST
         else:
-            general = plan(values)
+            general = lay_out(values)
             nbytes, layout = general.nbytes, general.tree
             arena = self._arena(nbytes)
             general.write(arena.buf)
