@@ -24,6 +24,7 @@ import tomllib
 from collections.abc import Callable, Iterator
 from importlib.metadata import version
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -35,7 +36,6 @@ from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from carpool.server.rest import uvicorn_internals
 from carpool.server.rest.uvicorn_internals import (
     UvicornProtocol,
     UvicornServer,
@@ -595,14 +595,19 @@ def test_a_failed_startup_returns_without_having_started() -> None:
 PUBLIC = {
     "uvicorn": {"Config"},
     "uvloop": {"new_event_loop", "Loop", "EventLoopPolicy", "install", "run"},
-    "asyncio": None,  # any public name
+    # asyncio's names, less its modules (sslproto, base_events...) and what starts with _
+    "asyncio": {
+        name
+        for name, value in vars(asyncio).items()
+        if not name.startswith("_") and not isinstance(value, ModuleType)
+    },
 }
 OUTSIDE = {("carpool/decorator.py", "asyncio._get_running_loop")}
 
 
 def _reaches(path: Path) -> Iterator[str]:
-    tree = ast.parse(path.read_text())
-    for node in ast.walk(tree):
+    """What ``path`` takes of uvicorn, uvloop, httptools or asyncio beyond ``PUBLIC``."""
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 top = alias.name.split(".")[0]
@@ -610,18 +615,15 @@ def _reaches(path: Path) -> Iterator[str]:
                     yield f"import {alias.name}"
         elif isinstance(node, ast.ImportFrom) and node.module:
             top = node.module.split(".")[0]
-            if top in ("uvicorn", "uvloop", "httptools") or node.module == "asyncio.sslproto":
+            if top == "httptools" or (top in PUBLIC and "." in node.module):
                 yield f"from {node.module} import ..."
-            elif top == "asyncio" and any(a.name in ("sslproto",) for a in node.names):
-                yield "from asyncio import sslproto"
+            elif top in PUBLIC:
+                for alias in node.names:
+                    if alias.name not in PUBLIC[top]:
+                        yield f"from {top} import {alias.name}"
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
             package, name = node.value.id, node.attr
-            allowed = PUBLIC.get(package, ())
-            if package not in PUBLIC:
-                continue
-            if (allowed is None and name.startswith("_")) or (
-                allowed is not None and name not in allowed
-            ):
+            if package in PUBLIC and name not in PUBLIC[package]:
                 yield f"{package}.{name}"
 
 
@@ -636,4 +638,3 @@ def test_no_module_but_the_adapter_reaches_into_their_internals() -> None:
         if (str(path.relative_to(src)), reach) not in OUTSIDE
     ]
     assert not found, f"move these into {ADAPTER}, with a test here: {found}"
-    assert uvicorn_internals.__all__  # (what the others use of it)
