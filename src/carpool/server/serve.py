@@ -1,7 +1,7 @@
 """Process lifecycle: bind, serve, and on SIGTERM/SIGINT drain and exit 0. On a signal readiness
 turns false, the listening socket closes, received requests are answered and batchers finish
 what they accepted; past ``drain_timeout_s`` the rest is cut off, so exit comes in bounded
-time. The only module that imports uvicorn (with :mod:`carpool.server.rest.connections`)."""
+time. uvicorn's internals: :mod:`carpool.server.rest.uvicorn_internals`."""
 
 from __future__ import annotations
 
@@ -17,10 +17,9 @@ import ssl
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import partial
-from types import FrameType
-from typing import TYPE_CHECKING, NoReturn, cast
+from typing import TYPE_CHECKING, NoReturn
 
 import uvicorn
 
@@ -38,7 +37,8 @@ from carpool.server.inference.path import Inference
 from carpool.server.lifecycle.control import ModelControl
 from carpool.server.lifecycle.registry import Registry
 from carpool.server.rest.app import App
-from carpool.server.rest.connections import over_tls, protocol_class
+from carpool.server.rest.connections import protocol_class
+from carpool.server.rest.uvicorn_internals import UvicornServer, concurrency_limit, over_tls
 from carpool.server.telemetry.logs import configure_logging
 
 if TYPE_CHECKING:
@@ -133,39 +133,25 @@ def _address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 host in brackets
 
 
-class _Server(uvicorn.Server):
-    """uvicorn, but a signal flips readiness first and ends with exit code 0.
-
-    (uvicorn re-raises the captured signal after shutting down, which would make a clean
-    drain look like a kill to process supervisors.)
-    """
+class _Server(UvicornServer):
+    """uvicorn's server, ending 0 on a signal (:class:`UvicornServer`), but a signal flips
+    readiness first, and the drain is bounded."""
 
     def __init__(self, config: uvicorn.Config, app: App, tls: ssl.SSLContext | None) -> None:
-        super().__init__(config)
+        super().__init__(config, tls=tls)
         self._app = app
-        self._tls = tls
 
-    def _log_started_message(self, listeners: Sequence[socket.SocketType]) -> None:
-        # uvicorn names the scheme after its own TLS setting; TLS is the protocol's here
-        self.config.ssl = self._tls
-        try:
-            super()._log_started_message(listeners)
-        finally:
-            self.config.ssl = None
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+    def on_signal(self, sig: int, *, first: bool, forced: bool) -> None:
         self._app.begin_drain()
-        if self.should_exit and sig == signal.SIGINT:
-            self.force_exit = True  # a second Ctrl-C: stop waiting for connections
-        else:
-            log.info(
-                "signal %s: draining (up to %.0fs)",
-                signal.Signals(sig).name,
-                self.config.timeout_graceful_shutdown or 0,
-            )
-            if not self.should_exit:
-                _exit_at_the_latest((self.config.timeout_graceful_shutdown or 0) + _LAST_RESORT_S)
-            self.should_exit = True
+        if forced:
+            return  # a second Ctrl-C: the drain stops waiting for connections
+        log.info(
+            "signal %s: draining (up to %.0fs)",
+            signal.Signals(sig).name,
+            self.config.timeout_graceful_shutdown or 0,
+        )
+        if first:
+            _exit_at_the_latest((self.config.timeout_graceful_shutdown or 0) + _LAST_RESORT_S)
 
 
 def _exit_at_the_latest(after_s: float) -> None:
@@ -213,7 +199,7 @@ def serve(config: ServerConfig) -> NoReturn:
     _run(server)
     # A start that failed on settings (no model could start: Ray unreachable, say) is a
     # usage error, like a bad flag: 2.
-    code = 0 if server.started else 2 if isinstance(app.startup_error, ConfigError) else 1
+    code = 0 if server.started_up() else 2 if isinstance(app.startup_error, ConfigError) else 1
     _exit_now(_after_drain(code))
 
 
@@ -235,16 +221,16 @@ def _front_end(
     server = _server(app, config, sent=tally.commit)
     upstream.on_lost = partial(_main_gone, server)
     _run(server, sockets=[listening])
-    _exit_now(0 if server.started else 1)
+    _exit_now(0 if server.started_up() else 1)
 
 
 def _main_gone(server: _Server) -> None:
     """The main process is gone: nothing is left to serve; drain (every request in flight
     was answered 503 as the link went) and end. (At the front end's own end, it closed
     the link itself: nothing to do.)"""
-    if not server.should_exit:
+    if not server.stopping():
         log.error("the server's main process is gone: this front end ends")
-        server.handle_exit(signal.SIGTERM, None)
+        server.stop()
 
 
 def _server(app: App, config: ServerConfig, *, sent: Callable[[], None] | None = None) -> _Server:
@@ -261,19 +247,17 @@ def _server(app: App, config: ServerConfig, *, sent: Callable[[], None] | None =
     if config.ssl_certfile and config.ssl_keyfile:
         # What uvicorn's own settings made. The protocol does TLS, not uvicorn (whose loop
         # waited 60 s for a handshake, uncounted by --limit-concurrency): a handshake gets
-        # --header-timeout's seconds, and counts from accept (connections.over_tls).
+        # --header-timeout's seconds, and counts from accept (uvicorn_internals.over_tls).
         tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         tls.load_cert_chain(config.ssl_certfile, config.ssl_keyfile)
-        accepted = over_tls(protocol, tls, handshake_timeout_s=config.header_timeout_s)
-        http = cast("type[asyncio.Protocol]", accepted)  # uvicorn calls it as a class
+        http = over_tls(protocol, tls, handshake_timeout_s=config.header_timeout_s)
     uv_config = uvicorn.Config(
         app,
         host=config.host,
         port=config.port,
         loop=_loop(),
         http=http,
-        # uvicorn counts the connection asking among those open, so N + 1 lets N be served.
-        limit_concurrency=config.limit_concurrency + 1 if config.limit_concurrency else None,
+        limit_concurrency=concurrency_limit(config.limit_concurrency),
         timeout_keep_alive=5,  # uvicorn's default: an idle keep-alive connection closes
         lifespan="on",
         access_log=False,  # carpool's own access log, with model latency, replaces it
@@ -292,8 +276,7 @@ def _run(server: _Server, sockets: list[socket.socket] | None = None) -> None:
     # paused every request in flight for 100-160 ms, every ~12 s).
     gc.freeze()
     gc.set_threshold(*_GC_THRESHOLDS)
-    with contextlib.suppress(SystemExit):  # uvicorn exits 3 when startup fails; we say why
-        server.run(sockets=sockets)
+    server.serve_to_end(sockets)  # a failed startup too: the caller says why
 
 
 def _after_drain(code: int) -> int:

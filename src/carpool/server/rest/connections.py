@@ -1,26 +1,28 @@
-"""uvicorn's httptools protocol with the limits it lacks: a header timeout (a connection slow to
-send its headers is closed, with a 408 if part of a request came), a write timeout, and a JSON
-503 past ``--limit-concurrency``. With TLS the handshake is done here, within
-``--header-timeout``, and counted from accept. Each request's scope carries a
-:class:`~carpool.server.rest.asgi.RequestWatch`."""
+"""uvicorn's httptools protocol with the limits it lacks: a header timeout (408 if part of a
+request came), a write timeout, a JSON 503 past ``--limit-concurrency``, and the TLS handshake
+within ``--header-timeout``, counted from accept. Each request's scope carries a
+:class:`~carpool.server.rest.asgi.RequestWatch`; uvicorn's internals are reached through
+:mod:`carpool.server.rest.uvicorn_internals`."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
-from asyncio import sslproto
 from collections.abc import Callable
 from typing import Any
 
 import orjson
-from uvicorn.protocols.http.flow_control import service_unavailable
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from carpool.server.rest.asgi import JSON, WATCH, Receive, RequestWatch, Scope, Send, send_response
+from carpool.server.rest.uvicorn_internals import (
+    UvicornProtocol,
+    answering,
+    rearm_keep_alive,
+    set_extensions,
+)
 from carpool.server.statuses import Status
 
-__all__ = ["over_tls", "protocol_class"]
+__all__ = ["protocol_class"]
 
 _log = logging.getLogger("carpool.server")
 _LINGER_S = 2.0  # how long the rest of a body answered before it was read may take
@@ -40,53 +42,16 @@ def protocol_class(
     is called as each answer's last bytes are written (a front end's counts are committed
     then: :mod:`carpool.server.frontends.tallies`)."""
     counted = record or _uncounted
-    overloaded = _overloaded_app(limit_concurrency, counted)
+    past_limit = _overloaded_app(limit_concurrency, counted)
 
     class Configured(_LimitedProtocol):
         _header_timeout_s = header_timeout_s
         _write_timeout_s = write_timeout_s
-        _overloaded = staticmethod(overloaded)
-        _record = staticmethod(counted)
+        overloaded = staticmethod(past_limit)
+        record = staticmethod(counted)
         _sent = staticmethod(sent or _nothing)
 
     return Configured
-
-
-def over_tls(
-    protocol: type[_LimitedProtocol], context: ssl.SSLContext, *, handshake_timeout_s: float
-) -> Callable[..., asyncio.BaseProtocol]:
-    """What uvicorn runs in place of ``protocol`` (the loop's server then speaks plain TCP):
-    ``protocol`` behind the loop's own TLS protocol, made as the loop's server would make
-    it but with ``handshake_timeout_s``, and counted from accept."""
-
-    def accepted(**uvicorn_args: Any) -> asyncio.BaseProtocol:
-        http = protocol(**uvicorn_args)
-        handshake: asyncio.Future[None] = http.loop.create_future()
-        http.handshaking(handshake)
-        tls_class = _tls_protocol_class(http.loop)
-        return tls_class(
-            http.loop,
-            http,
-            context,
-            handshake,
-            server_side=True,
-            ssl_handshake_timeout=handshake_timeout_s,
-        )
-
-    return accepted
-
-
-def _tls_protocol_class(loop: asyncio.AbstractEventLoop) -> Callable[..., asyncio.BaseProtocol]:
-    """uvloop's TLS protocol (compiled: what its servers use) on uvloop, else asyncio's."""
-    try:
-        import uvloop
-    except ImportError:
-        return sslproto.SSLProtocol
-    if isinstance(loop, uvloop.Loop):
-        from uvloop.loop import SSLProtocol  # type: ignore[attr-defined]  # (not in its stubs)
-
-        return SSLProtocol  # type: ignore[no-any-return]
-    return sslproto.SSLProtocol
 
 
 def _uncounted(status: int) -> None:
@@ -97,51 +62,23 @@ def _nothing() -> None:
     pass
 
 
-class _LimitedProtocol(HttpToolsProtocol):
+class _LimitedProtocol(UvicornProtocol):
     _header_timeout_s = 10.0
-    _overloaded: Any = None
-    _record: Callable[[int], None] = staticmethod(_uncounted)
     _sent: Callable[[], None] = staticmethod(_nothing)
     _header_timer: asyncio.TimerHandle | None = None
     _partial = False  # part of a request's head has arrived
     _linger: asyncio.TimerHandle | None = None  # answered before its body was read
     _write_timeout_s = 30.0
     _write_timer: asyncio.TimerHandle | None = None  # armed while the client reads nothing
-    _handshaking = False  # accepted, its TLS handshake not done
-    _shut = False  # shut down (the drain) before its handshake was done
     # The watches of this connection's requests not yet answered, oldest first (more than
     # one only when requests are pipelined).
     _watches: list[RequestWatch]
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
         self._watches = []
-        if self._handshaking:
-            self._handshaking = False
-            if self._shut:  # the drain began while it said hello: nothing to serve
-                transport.close()
-                return
-        self._start_header_timer()
-
-    def handshaking(self, done: asyncio.Future[None]) -> None:
-        """Accepted, with a TLS handshake to do (``done`` when it is): counted among the
-        connections from now, as a plain one is (uvicorn counts a connection when it is made,
-        after the handshake); forgotten if the handshake fails, which the loop never tells
-        the protocol."""
-        self._handshaking = True
-        self.connections.add(self)
-        done.add_done_callback(self._handshake_over)
-
-    def _handshake_over(self, done: asyncio.Future[None]) -> None:
-        if done.cancelled() or done.exception() is not None:
-            self.connections.discard(self)
-
-    def shutdown(self) -> None:
-        if self._handshaking:  # the drain waits for nothing here; made later, it closes
-            self._shut = True
-            self.connections.discard(self)
-            return
-        super().shutdown()
+        super().connection_made(transport)
+        if not transport.is_closing():  # (closed: the drain began during its TLS handshake)
+            self._start_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._header_timer = _cancelled(self._header_timer)
@@ -156,7 +93,7 @@ class _LimitedProtocol(HttpToolsProtocol):
         super().on_message_begin()
         watch = RequestWatch()
         self._watches.append(watch)
-        self.scope["extensions"] = {WATCH: {"request": watch}}
+        set_extensions(self, {WATCH: {"request": watch}})
         self._partial = True  # the timer starts when this data is parsed (data_received)
 
     def data_received(self, data: bytes) -> None:
@@ -170,21 +107,17 @@ class _LimitedProtocol(HttpToolsProtocol):
         super().on_message_complete()
         if self._linger is not None:  # the unread body of a request answered already ended
             self._linger = _cancelled(self._linger)
-            if self.timeout_keep_alive_task is None and not self.pipeline:
-                # what uvicorn armed at the answer, and the body's bytes cancelled
-                self.timeout_keep_alive_task = self.loop.call_later(
-                    self.timeout_keep_alive, self.timeout_keep_alive_handler
-                )
+            # what uvicorn armed at the answer, and the body's bytes cancelled
+            rearm_keep_alive(self)
             return
         if self._watches:
             self._watches[-1].body_complete = True
 
-    def on_response_complete(self) -> None:
+    def answered(self) -> None:
         unread = bool(self._watches) and not self._watches[0].body_complete
         if self._watches:
             del self._watches[0]  # answered: its client may go now without a word
         self._sent()
-        super().on_response_complete()
         if unread and not self.transport.is_closing():
             # Answered before its body was read (a 401, a health answer, a 413 from the
             # declared length): the rest of the body is dropped as it comes (uvicorn's
@@ -226,10 +159,6 @@ class _LimitedProtocol(HttpToolsProtocol):
             )
         self.transport.abort()  # close() would wait for the buffer to drain: never
 
-    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
-        # uvicorn's own 503 past limit_concurrency is plain text; carpool's errors are JSON.
-        super()._start_asgi_task(cycle, self._overloaded if app is service_unavailable else app)
-
     def _start_header_timer(self) -> None:
         self._header_timer = self.loop.call_later(self._header_timeout_s, self._headers_late)
 
@@ -237,16 +166,10 @@ class _LimitedProtocol(HttpToolsProtocol):
         self._header_timer = None
         if self.transport.is_closing():
             return
-        answering = self.cycle is not None and not self.cycle.response_complete
-        if self._partial and not answering:
+        if self._partial and not answering(self):
             self.transport.write(_TIMED_OUT)
-            self._record(Status.REQUEST_TIMEOUT)
+            self.record(Status.REQUEST_TIMEOUT)
         self.transport.close()
-
-    def send_400_response(self, msg: str) -> None:
-        """uvicorn's answer to a request it cannot parse, counted."""
-        self._record(Status.BAD_REQUEST)
-        super().send_400_response(msg)
 
 
 _TIMED_OUT_BODY = orjson.dumps(
