@@ -1,17 +1,7 @@
-"""The fence: every reach carpool makes into uvicorn, uvloop or asyncio past what they document,
-each named here for what it relies on.
-
-uvicorn documents ``Config`` and ``Server(config).run()``. carpool also subclasses its httptools
-protocol (reading its per-connection state, hooking its callbacks), makes the loops' own TLS
-protocols (``uvloop.loop.SSLProtocol``, ``asyncio.sslproto.SSLProtocol``) by hand, and takes
-over ``Server``'s signal handling. None of that is promised from one release to the next, so
-``tests/server/test_uvicorn_internals.py`` checks each assumption made here against the
-installed versions, ``pyproject.toml`` pins uvicorn, uvloop and httptools to the minor releases
-those tests passed on, and the README (Development) says how to move a pin. No other carpool
-module imports uvicorn's submodules, ``uvloop.loop`` or ``asyncio.sslproto``, or reads uvicorn's
-protocol or server state: :mod:`carpool.server.rest.connections` and :mod:`carpool.server.serve`
-build on the names here. Of carpool's it imports only the status table.
-"""
+"""The fence: every reach into uvicorn, uvloop or asyncio past what they document (uvicorn's
+httptools protocol state and callbacks, the loops' TLS protocols, ``Server``'s signals), named
+for what it relies on. ``tests/server/test_uvicorn_internals.py`` checks each assumption against
+the installed versions, which ``pyproject.toml`` pins; no other module reads those internals."""
 
 from __future__ import annotations
 
