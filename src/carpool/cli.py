@@ -13,11 +13,14 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any, get_args, get_type_hints
 
 from carpool.bench.flags import add_bench_command
+from carpool.engine.options import BatcherOptions
 from carpool.envflags import add_flag, parse_bool
 from carpool.ipc.lifelines import keep_title_room
+from carpool.model import Batching, Model
 
 if TYPE_CHECKING:
     from carpool.bench.flags import Commands
@@ -56,65 +59,44 @@ _WHERE_FLAGS: tuple[Flag, ...] = (
     ("--name", str, "model name for a single TARGET (default: attr or file stem)"),
     ("--config", str, "TOML file with [server] and [models.NAME] tables"),
 )
+# A model's settings that are flags, in the order --help lists them: each is one field, of
+# BatcherOptions (the batcher's options) or else of Batching or Model, that states its type,
+# default and help (carpool.engine.options.option).
+_MODEL_SETTINGS = (
+    "max_batch_size",
+    "max_wait_ms",
+    "policy",
+    "latency_slo_ms",
+    "workers",
+    "runner",
+    "ray_address",
+    "batch_timeout_ms",
+    "max_queue_size",
+    "default_timeout_ms",
+    "openai",
+    "max_rows_per_request",
+    "max_batch_tokens",
+)
+
+
+def _setting_flag(name: str) -> Flag:
+    """``name``'s flag, as its field states it: the annotated type (the first of bool, int,
+    float or str in it), the help, and the default or what the help shows for it."""
+    record, spec = next(
+        (record, spec)
+        for record in (BatcherOptions, Batching, Model)
+        for spec in fields(record)
+        if spec.name == name and "help" in spec.metadata
+    )
+    kinds = get_args(get_type_hints(record)[name]) or (get_type_hints(record)[name],)
+    convert = parse_bool if bool in kinds else next(k for k in kinds if k in (int, float, str))
+    shown = spec.default if spec.metadata["shown"] is None else spec.metadata["shown"]
+    text = spec.metadata["help"] if shown is None else f"{spec.metadata['help']} [{shown}]"
+    return "--" + name.replace("_", "-"), convert, text
+
+
 _SETTING_FLAGS: tuple[Flag, ...] = (
-    ("--max-batch-size", int, "rows per model call at most [32]"),
-    ("--max-wait-ms", float, "longest deliberate wait for a batch [5.0]"),
-    ("--policy", str, "batching policy: eager, fixed or adaptive [eager]"),
-    (
-        "--latency-slo-ms",
-        float,
-        "latency objective of --policy adaptive: it batches for it, and answers 503 at "
-        "once to requests predicted to miss it",
-    ),
-    (
-        "--workers",
-        int,
-        "batches run at once per model: threads, processes (--runner process) or Ray actors "
-        "(--runner ray) [1]",
-    ),
-    (
-        "--runner",
-        str,
-        "where each model runs: thread (in this process), process (each worker a child "
-        "process, restarted if it crashes; a GIL-bound model gets a core each), or ray "
-        "(each worker a Ray actor, anywhere in a cluster) [thread]",
-    ),
-    (
-        "--ray-address",
-        str,
-        "with --runner ray: the Ray cluster, e.g. 10.0.0.5:6379 or ray://head:10001 "
-        "[the running cluster ray.init() finds]",
-    ),
-    (
-        "--batch-timeout-ms",
-        float,
-        "with --runner process or ray: a batch running longer fails with 504, and its "
-        "worker is killed and replaced [none]",
-    ),
-    ("--max-queue-size", int, "rows allowed to wait; then 503 [no limit]"),
-    (
-        "--default-timeout-ms",
-        float,
-        "queue timeout for requests that send none; then 503 [none]",
-    ),
-    (
-        "--openai",
-        parse_bool,
-        "also serve the models over OpenAI's /v1/embeddings and /v1/models (true/false); "
-        "each must take text (one BYTES input) to one FP32 vector [true for minilm, else false]",
-    ),
-    (
-        "--max-rows-per-request",
-        int,
-        "rows one request may hold (each model); more get 400 naming it; below it, a "
-        "request larger than --max-batch-size is split over batches [4 x --max-batch-size]",
-    ),
-    (
-        "--max-batch-tokens",
-        int,
-        "the most tokens one batch may compute (each model that pads or counts tokens: "
-        "rows x padded length); a request alone over it runs alone [none: rows only]",
-    ),
+    *(_setting_flag(name) for name in _MODEL_SETTINGS),
     ("--max-body-bytes", int, "largest request body; then 413 [67108864]"),
     (
         "--max-client-batch-size",
@@ -224,21 +206,6 @@ _NAME_LISTS = {
     "--response-cache": "answer this model's repeated requests from the response cache "
     "(repeat for several; also [models.NAME] response_cache = true)",
 }
-_BATCHING_KEYS = (
-    "max_batch_size",
-    "max_wait_ms",
-    "policy",
-    "workers",
-    "max_queue_size",
-    "default_timeout_ms",
-    "max_rows_per_request",
-    "max_batch_tokens",
-    "latency_slo_ms",
-    "runner",
-    "ray_address",
-    "batch_timeout_ms",
-    "openai",  # not batching's, but a model's setting all the same (carpool.loading.settings)
-)
 
 
 def _add_serve(commands: Commands) -> None:
@@ -296,7 +263,8 @@ def _add_demo(commands: Commands) -> None:
     )
     add_flag(demo, "--requests", int, 2000, "requests to send")
     add_flag(demo, "--concurrency", int, 64, "concurrent callers")
-    add_flag(demo, "--max-batch-size", int, 32, "rows per model call at most")
+    size = BatcherOptions.__dataclass_fields__["max_batch_size"]
+    add_flag(demo, "--max-batch-size", int, size.default, size.metadata["help"])
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -316,7 +284,7 @@ def _serve(args: argparse.Namespace) -> int:
         catalog = Catalog(
             args.targets,
             name=args.name,
-            flags={k: getattr(args, k) for k in _BATCHING_KEYS if getattr(args, k) is not None},
+            flags={k: getattr(args, k) for k in _MODEL_SETTINGS if getattr(args, k) is not None},
             file_models=file.get("models", {}),
             inputs=[parse_tensor(t) for t in args.input],
             outputs=[parse_tensor(t) for t in args.output],
