@@ -155,11 +155,12 @@ def _check_runner_options(runner: str, options: object) -> Mapping[str, Any]:
 _NO_OPTIONS: Mapping[str, Any] = MappingProxyType({})
 
 
-def option(default: Any, *, help: str, shown: str | None = None) -> Any:
+def option(default: Any, *, help: str, shown: str | None = None, flag: str | None = None) -> Any:
     """A settings record's field that ``carpool serve`` takes as a flag: ``help`` is the
     flag's help, and ``shown`` what that help gives as the default when not the default
-    itself (a ``None`` default shows nothing without it)."""
-    return field(default=default, metadata={"help": help, "shown": shown})
+    itself (a ``None`` default shows nothing without it); ``flag``, the flag's name when not
+    the field's (``--drain-timeout`` for ``drain_timeout_s``)."""
+    return field(default=default, metadata={"help": help, "shown": shown, "flag": flag})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
