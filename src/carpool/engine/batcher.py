@@ -131,7 +131,7 @@ class Batcher:
         retry: bool = DEFAULTS.retry,
         runner_options: Mapping[str, Any] | None = None,  # None: none (ray: address, ...)
         max_batch_tokens: int | None = DEFAULTS.max_batch_tokens,  # carpool.collation.tokens
-        token_count: Callable[[Any], int] | None = None,  # a request's value -> its tokens
+        token_count: Callable[[Any], int] | None = DEFAULTS.token_count,  # value -> its tokens
     ) -> None:
         if not callable(model_fn):
             raise TypeError(f"model_fn must be callable, got {type(model_fn).__name__}")
