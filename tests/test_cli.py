@@ -12,6 +12,7 @@ import pytest
 from carpool import Batching, Model
 from carpool.cli import build_parser
 from carpool.engine.options import DEFAULTS, BatcherOptions
+from carpool.server.config import ServerConfig
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -121,4 +122,36 @@ def test_the_demos_batch_size_is_the_batchers_default(monkeypatch: pytest.Monkey
     assert (
         action.help
         == f"rows per model call at most (env CARPOOL_MAX_BATCH_SIZE; default {default})"
+    )
+
+
+def test_each_server_flag_is_a_field_stating_its_type_default_and_help(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    flagged = {f.name: f for f in dataclasses.fields(ServerConfig) if "help" in f.metadata}
+    assert set(flagged) == {f.name for f in dataclasses.fields(ServerConfig)} - {
+        "api_keys",  # a repeatable flag whose variable is read once and removed
+        "models",
+        "unavailable",
+        "catalog",
+    }
+    serve = parser_of("serve", monkeypatch)
+    actions = {a.option_strings[0]: a for a in serve._actions if a.option_strings}
+    argv, given = [], {}
+    for name, spec in flagged.items():
+        flag = spec.metadata["flag"] or "--" + name.replace("_", "-")
+        shown = str(spec.default).lower() if isinstance(spec.default, bool) else spec.default
+        text = spec.metadata["help"] if shown is None else f"{spec.metadata['help']} [{shown}]"
+        variable = "CARPOOL_" + flag.lstrip("-").replace("-", "_").upper()
+        assert actions[flag].help == f"{text} (env {variable})", flag
+        assert actions[flag].default is None  # unset: the config file's [server] value stands
+        if spec.default is not None:  # the default, given as a flag, is read back as it
+            argv += [flag, str(shown)]
+            given[name] = actions[flag].dest
+    assert actions["--drain-timeout"].help == (
+        "seconds to finish requests on SIGTERM [30] (env CARPOOL_DRAIN_TIMEOUT)"
+    )
+    args = build_parser().parse_args(["serve", *argv])
+    assert ServerConfig(**{name: getattr(args, dest) for name, dest in given.items()}) == (
+        ServerConfig()
     )

@@ -3,16 +3,12 @@
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import os
 import re
 from typing import Any
 
 import pytest
 
 from carpool import Model
-from carpool.cli import build_parser
 from carpool.errors import ConfigError
 from carpool.loading import Catalog
 from carpool.server.config import ServerConfig
@@ -79,40 +75,3 @@ def test_model_control_takes_its_catalog() -> None:
     config = ServerConfig(model_control_mode="explicit", catalog=catalog)
     assert (config.model_control_mode, config.catalog) == ("explicit", catalog)
     assert ServerConfig().model_control_mode == "none"
-
-
-def test_each_server_flag_is_a_field_stating_its_type_default_and_help(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    for variable in [v for v in os.environ if v.startswith("CARPOOL_")]:
-        monkeypatch.delenv(variable)
-    flagged = {f.name: f for f in dataclasses.fields(ServerConfig) if "help" in f.metadata}
-    assert set(flagged) == {f.name for f in dataclasses.fields(ServerConfig)} - {
-        "api_keys",  # a repeatable flag whose variable is read once and removed
-        "models",
-        "unavailable",
-        "catalog",
-    }
-    parser = build_parser()
-    serve = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[
-        "serve"
-    ]
-    actions = {a.option_strings[0]: a for a in serve._actions if a.option_strings}
-    argv, given = [], {}
-    for name, spec in flagged.items():
-        flag = spec.metadata["flag"] or "--" + name.replace("_", "-")
-        shown = str(spec.default).lower() if isinstance(spec.default, bool) else spec.default
-        text = spec.metadata["help"] if shown is None else f"{spec.metadata['help']} [{shown}]"
-        variable = "CARPOOL_" + flag.lstrip("-").replace("-", "_").upper()
-        assert actions[flag].help == f"{text} (env {variable})", flag
-        assert actions[flag].default is None  # unset: the config file's [server] value stands
-        if spec.default is not None:  # the default, given as a flag, is read back as it
-            argv += [flag, str(shown)]
-            given[name] = actions[flag].dest
-    assert actions["--drain-timeout"].help == (
-        "seconds to finish requests on SIGTERM [30] (env CARPOOL_DRAIN_TIMEOUT)"
-    )
-    args = parser.parse_args(["serve", *argv])
-    assert ServerConfig(**{name: getattr(args, dest) for name, dest in given.items()}) == (
-        ServerConfig()
-    )
