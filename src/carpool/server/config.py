@@ -36,7 +36,8 @@ class ServerConfig:
     access_log: bool = option(True, help="log every request (true/false)")
     # Triton's HTTP default is the same order
     max_body_bytes: int = option(64 * 1024 * 1024, help="largest request body; then 413")
-    # Kubernetes' default terminationGracePeriodSeconds
+    # Kubernetes' default terminationGracePeriodSeconds. Whole seconds are written as ints
+    # here and below, so that --help shows them as such ([30], not [30.0]).
     drain_timeout_s: float = option(
         30, help="seconds to finish requests on SIGTERM", flag="--drain-timeout"
     )
