@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import dataclasses
 import gc
+import inspect
 import pickle
 import threading
-from typing import Any
+from typing import Any, get_type_hints
 
 import pytest
 
 import carpool
+from carpool.engine.options import DEFAULTS, BatcherOptions
 
 
 async def test_async_function_callers_share_calls() -> None:
@@ -198,3 +201,27 @@ def test_a_batched_function_pickles_as_its_function_and_options_not_its_batchers
     assert g.batcher_stats().completed == 1
     f.close()
     g.close()
+
+
+def test_every_option_of_batch_is_the_batchers_with_its_default() -> None:
+    options = {f.name: f for f in dataclasses.fields(BatcherOptions)}
+    types = get_type_hints(BatcherOptions)
+    given = dict(inspect.signature(carpool.batch).parameters)
+    assert given.pop("fn").default is None
+    assert list(given) == [
+        "max_batch_size",
+        "max_wait_ms",
+        "policy",
+        "max_queue_size",
+        "workers",
+        "isolate_errors",
+    ]
+    hints = get_type_hints(carpool.batch)
+    for name, parameter in given.items():
+        assert parameter.kind is inspect.Parameter.KEYWORD_ONLY
+        assert parameter.default == options[name].default == getattr(DEFAULTS, name), name
+        assert hints[name] == types[name], name
+    assert carpool.batch(abs, workers=2)._options == {
+        **{name: getattr(DEFAULTS, name) for name in given},
+        "workers": 2,
+    }

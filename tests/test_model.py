@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import re
-from typing import Any
+from typing import Any, get_type_hints
 
 import numpy as np
 import pytest
 
 from carpool import Batcher, Batching, ConfigError, Model, Tensor
 from carpool.collation.padding import PaddedBatch, Padding
+from carpool.engine.options import DEFAULTS, BatcherOptions
 from carpool.errors import ConfigTypeError
 from conftest import ThreadGate, settle
 
@@ -75,6 +76,25 @@ def test_batching_defaults() -> None:
         "retry": True,
         "runner_options": None,
         "max_batch_tokens": None,
+    }
+
+
+def test_batching_takes_each_batcher_option_from_the_record() -> None:
+    # Every batcher option is a Batching field of the same type and default, but those a
+    # model gives otherwise: its name, count_tokens, and ray / ray_address for the runner.
+    options = {f.name: f for f in dataclasses.fields(BatcherOptions)}
+    settings = {f.name: f for f in dataclasses.fields(Batching)}
+    shared = set(options) - {"name", "token_count", "runner_options"}
+    assert shared <= set(settings)
+    option_types, setting_types = get_type_hints(BatcherOptions), get_type_hints(Batching)
+    for name in shared:
+        assert settings[name].default == getattr(DEFAULTS, name), name
+        assert setting_types[name] == option_types[name], name
+        assert not settings[name].metadata, name  # its help is the record's, once
+    given = Batching(max_wait_ms=1.0, runner="ray", ray_address="auto", max_batch_tokens=64)
+    assert given.batcher_options() == {
+        **{name: getattr(given, name) for name in shared},
+        "runner_options": {"address": "auto"},
     }
 
 

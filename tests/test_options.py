@@ -198,3 +198,39 @@ def test_batching_is_checked_by_the_same_record() -> None:
     with pytest.raises(ConfigTypeError, match=r"^isolate_errors must be a bool, got int$"):
         Batching(isolate_errors=1)  # type: ignore[arg-type]
     assert Batching(max_batch_size=0).options().max_batch_size == 1  # batching off: one row
+
+
+def test_the_batcher_keeps_no_copy_of_its_options() -> None:
+    batcher = Batcher(abs, max_batch_size=4, runner="process", batch_timeout_ms=50)
+    names = {f.name for f in dataclasses.fields(BatcherOptions)} - {"policy"}
+    assert names.isdisjoint(vars(batcher))  # each option it shows is read from its record
+    assert batcher.policy is not batcher.options.policy  # but the policy it runs is its own
+    for name in ("name", "max_batch_size", "max_wait_ms", "max_queue_size", "workers"):
+        assert getattr(batcher, name) == getattr(batcher.options, name)
+    shown = ("isolate_errors", "runner", "batch_timeout_ms", "retry", "runner_options")
+    assert [getattr(batcher, n) for n in shown] == [getattr(batcher.options, n) for n in shown]
+    assert (batcher.runner, batcher.batch_timeout_ms) == ("process", 50.0)
+    with pytest.raises(AttributeError, match=r"^Batcher.max_batch_size is read-only"):
+        batcher.max_batch_size = 8  # type: ignore[assignment]
+    assert batcher.max_batch_size == 4
+
+
+def test_a_flagged_option_states_its_help_beside_its_default() -> None:
+    flagged = {f.name: f for f in dataclasses.fields(BatcherOptions) if "help" in f.metadata}
+    assert set(flagged) == {
+        "max_batch_size",
+        "max_wait_ms",
+        "policy",
+        "max_queue_size",
+        "workers",
+        "latency_slo_ms",
+        "runner",
+        "batch_timeout_ms",
+        "max_batch_tokens",
+    }
+    for name, spec in flagged.items():
+        assert spec.default == getattr(DEFAULTS, name)
+        assert isinstance(spec.metadata["help"], str), name
+        assert spec.metadata["help"], name
+        # "shown" says only what a None default means; any other default is shown as it is
+        assert spec.metadata["shown"] is None or spec.default is None, name

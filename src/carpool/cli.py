@@ -8,11 +8,15 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any, get_args, get_type_hints
 
 from carpool.bench.flags import add_bench_command
+from carpool.engine.options import BatcherOptions
 from carpool.envflags import add_flag, parse_bool
 from carpool.ipc.lifelines import keep_title_room
+from carpool.model import Batching, Model
+from carpool.server.config import ServerConfig
 
 if TYPE_CHECKING:
     from carpool.bench.flags import Commands
@@ -37,149 +41,81 @@ _SERVE_EPILOG = (
 
 Flag = tuple[str, Callable[[str], Any], str]  # name, type, help; the variable is CARPOOL_ + name
 
-# In the order --help lists them: where to listen and what to read, then (after the declared
-# --input/--output tensors) the batching and operating settings.
+# The settings that are flags, in the order --help lists them: where to listen (then --name,
+# --config and the declared --input/--output tensors), a model's settings, the server's. Each
+# is one field that states its type, default and help (carpool.engine.options.option): of
+# BatcherOptions (the batcher's options), else of Batching or Model, else of ServerConfig.
+_WHERE_SETTINGS = ("host", "port", "grpc_port")
+_MODEL_SETTINGS = (
+    "max_batch_size",
+    "max_wait_ms",
+    "policy",
+    "latency_slo_ms",
+    "workers",
+    "runner",
+    "ray_address",
+    "batch_timeout_ms",
+    "max_queue_size",
+    "default_timeout_ms",
+    "openai",
+    "max_rows_per_request",
+    "max_batch_tokens",
+)
+_SERVER_SETTINGS = (
+    "max_body_bytes",
+    "max_client_batch_size",
+    "drain_timeout_s",
+    "metrics_need_key",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "header_timeout_s",
+    "body_timeout_s",
+    "limit_concurrency",
+    "frontends",
+    "grpc_max_concurrent_rpcs",
+    "model_control_mode",
+    "repository_poll_secs",
+    "repository_poll_settle_secs",
+    "cache_size",
+    "log_level",
+    "log_format",
+    "access_log",
+)
+_RECORDS = (BatcherOptions, Batching, Model, ServerConfig)
+
+
+def _setting_flag(name: str) -> Flag:
+    """``name``'s flag, as its field states it: the annotated type (the first of bool, int,
+    float or str in it), the help, and the default (true/false for a bool) or what the help
+    shows for it."""
+    record, spec = next(
+        (record, spec)
+        for record in _RECORDS
+        for spec in fields(record)
+        if spec.name == name and "help" in spec.metadata
+    )
+    hint = get_type_hints(record)[name]
+    kinds = get_args(hint) or (hint,)
+    convert = parse_bool if bool in kinds else next(k for k in kinds if k in (int, float, str))
+    shown = spec.default if spec.metadata["shown"] is None else spec.metadata["shown"]
+    if isinstance(shown, bool):
+        shown = str(shown).lower()
+    text = spec.metadata["help"] if shown is None else f"{spec.metadata['help']} [{shown}]"
+    return spec.metadata["flag"] or "--" + name.replace("_", "-"), convert, text
+
+
 _WHERE_FLAGS: tuple[Flag, ...] = (
-    ("--host", str, "address to listen on [127.0.0.1]"),
-    ("--port", int, "port to listen on [8000]"),
-    (
-        "--grpc-port",
-        int,
-        "port for the KServe v2 / Triton gRPC API, on the same models and --host; 0 turns "
-        "it off [8001]",
-    ),
+    *(_setting_flag(name) for name in _WHERE_SETTINGS),
     ("--name", str, "model name for a single TARGET (default: attr or file stem)"),
     ("--config", str, "TOML file with [server] and [models.NAME] tables"),
 )
-_SETTING_FLAGS: tuple[Flag, ...] = (
-    ("--max-batch-size", int, "rows per model call at most [32]"),
-    ("--max-wait-ms", float, "longest deliberate wait for a batch [5.0]"),
-    ("--policy", str, "batching policy: eager, fixed or adaptive [eager]"),
-    (
-        "--latency-slo-ms",
-        float,
-        "latency objective of --policy adaptive: it batches for it, and answers 503 at "
-        "once to requests predicted to miss it",
-    ),
-    (
-        "--workers",
-        int,
-        "batches run at once per model: threads, processes (--runner process) or Ray actors "
-        "(--runner ray) [1]",
-    ),
-    (
-        "--runner",
-        str,
-        "where each model runs: thread (in this process), process (each worker a child "
-        "process, restarted if it crashes; a GIL-bound model gets a core each), or ray "
-        "(each worker a Ray actor, anywhere in a cluster) [thread]",
-    ),
-    (
-        "--ray-address",
-        str,
-        "with --runner ray: the Ray cluster, e.g. 10.0.0.5:6379 or ray://head:10001 "
-        "[the running cluster ray.init() finds]",
-    ),
-    (
-        "--batch-timeout-ms",
-        float,
-        "with --runner process or ray: a batch running longer fails with 504, and its "
-        "worker is killed and replaced [none]",
-    ),
-    ("--max-queue-size", int, "rows allowed to wait; then 503 [no limit]"),
-    (
-        "--default-timeout-ms",
-        float,
-        "queue timeout for requests that send none; then 503 [none]",
-    ),
-    (
-        "--openai",
-        parse_bool,
-        "also serve the models over OpenAI's /v1/embeddings and /v1/models (true/false); "
-        "each must take text (one BYTES input) to one FP32 vector [true for minilm, else false]",
-    ),
-    (
-        "--max-rows-per-request",
-        int,
-        "rows one request may hold (each model); more get 400 naming it; below it, a "
-        "request larger than --max-batch-size is split over batches [4 x --max-batch-size]",
-    ),
-    (
-        "--max-batch-tokens",
-        int,
-        "the most tokens one batch may compute (each model that pads or counts tokens: "
-        "rows x padded length); a request alone over it runs alone [none: rows only]",
-    ),
-    ("--max-body-bytes", int, "largest request body; then 413 [67108864]"),
-    (
-        "--max-client-batch-size",
-        int,
-        "texts one /v1/embeddings request may hold; more get 413 [32]",
-    ),
-    ("--drain-timeout", float, "seconds to finish requests on SIGTERM [30]"),
-    (
-        "--metrics-need-key",
-        parse_bool,
-        "with --api-key: /metrics needs a key too (true/false) [false]",
-    ),
-    ("--ssl-certfile", str, "serve HTTPS and gRPC over TLS with this PEM certificate (chain)"),
-    ("--ssl-keyfile", str, "the private key of --ssl-certfile (PEM)"),
-    (
-        "--header-timeout",
-        float,
-        "seconds a connection may take to send a request's headers; then 408 and closed [10]",
-    ),
-    (
-        "--body-timeout",
-        float,
-        "seconds a request may take to send its whole body; then 408 and closed [30]",
-    ),
-    (
-        "--limit-concurrency",
-        int,
-        "HTTP connections served at once; requests on more get 503; 0: no limit [1000]",
-    ),
-    (
-        "--frontends",
-        int,
-        "front-end processes that serve HTTP and gRPC connections (reading, keys, decoding, "
-        "encoding) around one batcher per model in the main process; one per spare core "
-        "when the server's own CPU is the limit; 1: one process does both [1]",
-    ),
-    (
-        "--grpc-max-concurrent-rpcs",
-        int,
-        "gRPC calls served at once (each front end); more get RESOURCE_EXHAUSTED; "
-        "0: no limit [1000]",
-    ),
-    (
-        "--model-control-mode",
-        str,
-        "none: serve what loads at start; explicit: load and unload models on request "
-        "(POST /v2/repository/models/NAME/load|unload, tritonclient's load_model); poll: "
-        "follow the repository's folders as they are added, changed and removed [none]",
-    ),
-    (
-        "--repository-poll-secs",
-        float,
-        "with --model-control-mode poll: seconds between looks at the repository [15]",
-    ),
-    (
-        "--repository-poll-settle-secs",
-        float,
-        "with --model-control-mode poll: seconds a changed folder must stay unchanged "
-        "before it loads (0: two looks agree); longer than a copy's longest pause [0]",
-    ),
-    (
-        "--cache-size",
-        int,
-        "bytes the response cache holds across models (--response-cache); the least "
-        "recently used answers go first [67108864]",
-    ),
-    ("--log-level", str, "debug, info, warning, error or critical [info]"),
-    ("--log-format", str, "text, or json for one object per line [text]"),
-    ("--access-log", parse_bool, "log every request (true/false) [true]"),
-)
+_SETTING_FLAGS = tuple(_setting_flag(name) for name in _MODEL_SETTINGS + _SERVER_SETTINGS)
+_SERVER_DEFAULTS = {s.name: s.default for s in fields(ServerConfig) if "help" in s.metadata}
+# The server's settings by the name argparse gives their flags' values.
+_SERVER_KEYS = {
+    _setting_flag(name)[0].lstrip("-").replace("-", "_"): name
+    for name in _WHERE_SETTINGS + _SERVER_SETTINGS
+}
 
 _TENSOR_HELP = {
     "input": "declare an input of a single TARGET, e.g. INPUT0:FP32:256 (repeat for several); "
@@ -187,30 +123,6 @@ _TENSOR_HELP = {
     "output": "declare an output of a single TARGET, e.g. OUTPUT0:FP32:8 (repeat for several)",
 }
 
-# Flags that are server settings, and the [server] key each sets; the rest are batching's.
-_SERVER_KEYS = {
-    "host": "host",
-    "port": "port",
-    "grpc_port": "grpc_port",
-    "max_body_bytes": "max_body_bytes",
-    "log_level": "log_level",
-    "log_format": "log_format",
-    "access_log": "access_log",
-    "drain_timeout": "drain_timeout_s",
-    "metrics_need_key": "metrics_need_key",
-    "ssl_certfile": "ssl_certfile",
-    "ssl_keyfile": "ssl_keyfile",
-    "header_timeout": "header_timeout_s",
-    "body_timeout": "body_timeout_s",
-    "limit_concurrency": "limit_concurrency",
-    "frontends": "frontends",
-    "max_client_batch_size": "max_client_batch_size",
-    "grpc_max_concurrent_rpcs": "grpc_max_concurrent_rpcs",
-    "model_control_mode": "model_control_mode",
-    "repository_poll_secs": "repository_poll_secs",
-    "repository_poll_settle_secs": "repository_poll_settle_secs",
-    "cache_size": "cache_size",
-}
 API_KEY_ENV = "CARPOOL_API_KEY"  # comma-separated; from a Secret, out of sight of `ps`
 # Repeatable flags that name models, each with its variable (comma-separated names).
 _NAME_LISTS = {
@@ -219,21 +131,6 @@ _NAME_LISTS = {
     "--response-cache": "answer this model's repeated requests from the response cache "
     "(repeat for several; also [models.NAME] response_cache = true)",
 }
-_BATCHING_KEYS = (
-    "max_batch_size",
-    "max_wait_ms",
-    "policy",
-    "workers",
-    "max_queue_size",
-    "default_timeout_ms",
-    "max_rows_per_request",
-    "max_batch_tokens",
-    "latency_slo_ms",
-    "runner",
-    "ray_address",
-    "batch_timeout_ms",
-    "openai",  # not batching's, but a model's setting all the same (carpool.loading.settings)
-)
 
 
 def _add_serve(commands: Commands) -> None:
@@ -291,7 +188,8 @@ def _add_demo(commands: Commands) -> None:
     )
     add_flag(demo, "--requests", int, 2000, "requests to send")
     add_flag(demo, "--concurrency", int, 64, "concurrent callers")
-    add_flag(demo, "--max-batch-size", int, 32, "rows per model call at most")
+    size = BatcherOptions.__dataclass_fields__["max_batch_size"]
+    add_flag(demo, "--max-batch-size", int, size.default, size.metadata["help"])
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -299,7 +197,6 @@ def _serve(args: argparse.Namespace) -> int:
     a config that cannot be used is one line on stderr and exit status 2."""
     from carpool.errors import ConfigError
     from carpool.loading import Catalog, LoadFailure, parse_tensor, read_config_file
-    from carpool.server.config import ServerConfig
     from carpool.server.serve import serve
 
     try:
@@ -311,13 +208,13 @@ def _serve(args: argparse.Namespace) -> int:
         catalog = Catalog(
             args.targets,
             name=args.name,
-            flags={k: getattr(args, k) for k in _BATCHING_KEYS if getattr(args, k) is not None},
+            flags={k: getattr(args, k) for k in _MODEL_SETTINGS if getattr(args, k) is not None},
             file_models=file.get("models", {}),
             inputs=[parse_tensor(t) for t in args.input],
             outputs=[parse_tensor(t) for t in args.output],
             response_cache=_names(args.response_cache, "--response-cache"),
         )
-        mode = server.get("model_control_mode", "none")
+        mode = server.get("model_control_mode", _SERVER_DEFAULTS["model_control_mode"])
         load = _names(args.load_model, "--load-model")
         given = "--load-model" if args.load_model is not None else "CARPOOL_LOAD_MODEL"
         if load and mode != "explicit":
@@ -371,9 +268,10 @@ def _server_settings(file: dict[str, Any], args: argparse.Namespace) -> dict[str
         server["api_keys"] = tuple(keys)
     elif args.api_key:
         server["api_keys"] = tuple(key.strip() for key in args.api_key)
-    level, log_format = str(server.get("log_level", "info")), server.get("log_format", "text")
+    given = {**_SERVER_DEFAULTS, **server}
+    level, log_format = str(given["log_level"]), given["log_format"]
     if level.lower() in _LOG_LEVELS and log_format in ("text", "json"):  # else: refused below
-        configure_logging(level, bool(server.get("access_log", True)), str(log_format))
+        configure_logging(level, bool(given["access_log"]), str(log_format))
     return server
 
 

@@ -161,14 +161,8 @@ def batch(
     :class:`~carpool.errors.BlockingCallOnLoop` rather than block the loop (await
     ``asyncio.to_thread(f, item)`` there, or make the function ``async def``).
     """
-    options: dict[str, Any] = {
-        "max_batch_size": max_batch_size,
-        "max_wait_ms": max_wait_ms,
-        "policy": policy,
-        "max_queue_size": max_queue_size,
-        "workers": workers,
-        "isolate_errors": isolate_errors,
-    }
+    # Every keyword above, as given: each is the option of BatcherOptions of its name.
+    options = {name: value for name, value in locals().items() if name != "fn"}
     BatcherOptions(**options)  # checked now, at decoration: a mistake shows where it is made
 
     def wrap(f: Callable[..., Any]) -> BatchedFunction:

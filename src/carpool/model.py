@@ -6,7 +6,7 @@ and pad batches to allowed sizes. :class:`Batching` is checked by the batcher's 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from typing import Any
 
@@ -16,7 +16,14 @@ from carpool.collation.collate import Collator
 from carpool.collation.padding import PaddedBatch, Padding, allowed_size, pad_rows, take_rows
 from carpool.datatypes import DATATYPES
 from carpool.engine.batcher import Batcher
-from carpool.engine.options import DEFAULTS, BatcherOptions, check_int, check_ms, check_sizes
+from carpool.engine.options import (
+    DEFAULTS,
+    BatcherOptions,
+    check_int,
+    check_ms,
+    check_sizes,
+    option,
+)
 from carpool.errors import ConfigError, ConfigTypeError
 from carpool.policies.base import Policy
 from carpool.runners.threads import is_async_callable
@@ -66,26 +73,39 @@ class Batching:
     refuses requests that cannot make it (``carpool.Overloaded``, a 503).
     """
 
+    # A field named as one of BatcherOptions' is that option: its type, default and help.
     max_batch_size: int = DEFAULTS.max_batch_size  # here 0 is allowed: batching off
     max_wait_ms: float = DEFAULTS.max_wait_ms
     policy: str | Policy = DEFAULTS.policy
     workers: int = DEFAULTS.workers
     max_queue_size: int | None = DEFAULTS.max_queue_size
     isolate_errors: bool = DEFAULTS.isolate_errors
-    default_timeout_ms: float | None = None  # None: a request waits as long as it says
+    # None: a request waits as long as it says
+    default_timeout_ms: float | None = option(
+        None, help="queue timeout for requests that send none; then 503", shown="none"
+    )
     priority_levels: int = 0  # 0: any priority >= 1 is accepted
     default_priority_level: int = 1
     allowed_batch_sizes: tuple[int, ...] = ()  # (): any size up to max_batch_size
-    latency_slo_ms: float | None = DEFAULTS.latency_slo_ms  # the objective of "adaptive"
-    runner: str = DEFAULTS.runner  # "thread", "process" or "ray" (carpool.runners)
-    batch_timeout_ms: float | None = DEFAULTS.batch_timeout_ms  # process, ray: kill past it
-    retry: bool = DEFAULTS.retry  # process, ray: a batch whose worker died runs once more
-    ray_address: str | None = None  # runner="ray": the cluster (None: as ray.init finds it)
+    latency_slo_ms: float | None = DEFAULTS.latency_slo_ms
+    runner: str = DEFAULTS.runner
+    batch_timeout_ms: float | None = DEFAULTS.batch_timeout_ms
+    retry: bool = DEFAULTS.retry
+    # runner="ray": the cluster (None: as ray.init finds it)
+    ray_address: str | None = option(
+        None,
+        help="with --runner ray: the Ray cluster, e.g. 10.0.0.5:6379 or ray://head:10001",
+        shown="the running cluster ray.init() finds",
+    )
     ray: Mapping[str, Any] | None = None  # runner="ray": num_cpus, num_gpus, resources, ...
     # Rows one request may hold; None: 4 x max_batch_size (a request past max_batch_size is
     # split over batches, as far as this).
-    max_rows_per_request: int | None = None
-    # The most tokens one batch may compute (carpool.collation.tokens); None: rows alone bound it.
+    max_rows_per_request: int | None = option(
+        None,
+        help="rows one request may hold (each model); more get 400 naming it; below it, a "
+        "request larger than --max-batch-size is split over batches",
+        shown="4 x --max-batch-size",
+    )
     max_batch_tokens: int | None = DEFAULTS.max_batch_tokens
 
     def __post_init__(self) -> None:
@@ -145,21 +165,13 @@ class Batching:
         return BatcherOptions(**self.batcher_options())
 
     def batcher_options(self) -> dict[str, Any]:
-        """The keyword arguments of ``carpool.Batcher`` these settings give."""
-        return {
-            "max_batch_size": max(1, self.max_batch_size),
-            "max_wait_ms": self.max_wait_ms,
-            "policy": self.policy,
-            "workers": self.workers,
-            "max_queue_size": self.max_queue_size,
-            "isolate_errors": self.isolate_errors,
-            "latency_slo_ms": self.latency_slo_ms,
-            "runner": self.runner,
-            "batch_timeout_ms": self.batch_timeout_ms,
-            "retry": self.retry,
-            "runner_options": self._runner_options(),
-            "max_batch_tokens": self.max_batch_tokens,
-        }
+        """The keyword arguments of ``carpool.Batcher`` these settings give: each batcher
+        option that is a field here, one row a batch with batching off, and the runner's
+        options from ``ray`` and ``ray_address``."""
+        options = {name: getattr(self, name) for name in _BATCHER_FIELDS}
+        options["max_batch_size"] = max(1, self.max_batch_size)
+        options["runner_options"] = self._runner_options()
+        return options
 
     def _runner_options(self) -> dict[str, Any] | None:
         if self.runner != "ray":
@@ -168,6 +180,13 @@ class Batching:
         if self.ray_address is not None:
             options["address"] = self.ray_address
         return options
+
+
+# The batcher's options that are settings of a model too, each with the record's name,
+# type and default; the rest a model gives otherwise (its name, count_tokens, ray).
+_BATCHER_FIELDS = tuple(
+    f.name for f in fields(BatcherOptions) if f.name in Batching.__dataclass_fields__
+)
 
 
 @dataclass
@@ -208,7 +227,13 @@ class Model:
     platform: str = "python"
     preprocess: Preprocess | None = None
     padding: Padding | None = None
-    openai: bool = False  # off: a model is served over the v2 routes unless it opts in
+    # off: a model is served over the v2 routes unless it opts in
+    openai: bool = option(
+        False,
+        help="also serve the models over OpenAI's /v1/embeddings and /v1/models (true/false); "
+        "each must take text (one BYTES input) to one FP32 vector",
+        shown="true for minilm, else false",
+    )
     count_tokens: TokenCount | None = None
     response_cache: bool = False  # off: every request is computed
     # How to build this model again in another process (process workers): a picklable

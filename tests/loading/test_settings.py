@@ -4,15 +4,23 @@ cannot batch left unbatched."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from carpool import Batching, Tensor
+from carpool import Batching, Model, Tensor
+from carpool.engine.options import DEFAULTS, BatcherOptions
 from carpool.errors import ConfigError
-from carpool.loading import load_target, parse_tensor, resolve_models, with_batching
+from carpool.loading import (
+    apply_settings,
+    load_target,
+    parse_tensor,
+    resolve_models,
+    with_batching,
+)
 from loading.conftest import declared_model
 
 
@@ -68,6 +76,42 @@ def test_with_batching_merges_settings_and_refuses_what_the_batcher_would() -> N
         with_batching(demo, {"max_batch_size": -1})
     with pytest.raises(ConfigError, match="unknown batching settings"):
         with_batching(demo, {"max_batch": 4})
+
+
+# One table per batcher option a model has, each setting it off its default (with what it needs).
+OPTION_TABLES = [
+    {"max_batch_size": 8},
+    {"max_wait_ms": 1.0},
+    {"policy": "fixed"},
+    {"max_queue_size": 10},
+    {"workers": 2},
+    {"isolate_errors": False},
+    {"policy": "adaptive", "latency_slo_ms": 50.0},
+    {"runner": "process", "batch_timeout_ms": 100.0},
+    {"retry": False},
+    {"max_batch_tokens": 64},
+]
+
+
+def test_the_tables_cover_every_batcher_option_a_model_has() -> None:
+    shared = {f.name for f in dataclasses.fields(BatcherOptions)} & {
+        f.name for f in dataclasses.fields(Batching)
+    }
+    assert {key for table in OPTION_TABLES for key in table} == shared
+
+
+@pytest.mark.parametrize("table", OPTION_TABLES, ids=lambda table: "+".join(table))
+def test_each_batcher_option_is_a_config_key_with_the_records_default(
+    table: dict[str, Any],
+) -> None:
+    model = Model(lambda batch: batch, count_tokens=lambda inputs: 1)
+    assert {key: getattr(model.batching, key) for key in table} == {
+        key: getattr(DEFAULTS, key) for key in table
+    }
+    applied = apply_settings(model, [table]).batching
+    assert {key: getattr(applied, key) for key in table} == table
+    options = applied.batcher_options()
+    assert {key: options[key] for key in table} == table
 
 
 def test_unknown_batching_setting(module: Callable[[str], str]) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Protocol, Self
 from carpool.collation.collate import Collator
 from carpool.engine.blocking import Portal
 from carpool.engine.executor import BatchExecutor
-from carpool.engine.options import DEFAULTS, BatcherOptions, check_int, check_ms
+from carpool.engine.options import DEFAULTS, BatcherOptions, OptionView, check_int, check_ms
 from carpool.engine.queue import RequestQueue
 from carpool.engine.request import Request, Resolver
 from carpool.engine.scheduler import Scheduler
@@ -86,6 +86,18 @@ class Batcher:
     adaptive policy time them, so that it starts with a fitted cost model.
     """
 
+    # The options users read off a batcher, read-only: each is its record's.
+    name = OptionView(lambda o: o.name)
+    max_batch_size = OptionView(lambda o: o.max_batch_size)
+    max_wait_ms = OptionView(lambda o: o.max_wait_ms)
+    max_queue_size = OptionView(lambda o: o.max_queue_size)
+    workers = OptionView(lambda o: o.workers)
+    isolate_errors = OptionView(lambda o: o.isolate_errors)
+    runner = OptionView(lambda o: o.runner)
+    batch_timeout_ms = OptionView(lambda o: o.batch_timeout_ms)
+    retry = OptionView(lambda o: o.retry)
+    runner_options = OptionView(lambda o: o.runner_options)
+
     def __init__(
         self,
         model_fn: Callable[..., Any],
@@ -106,7 +118,7 @@ class Batcher:
         retry: bool = DEFAULTS.retry,
         runner_options: Mapping[str, Any] | None = None,  # None: none (ray: address, ...)
         max_batch_tokens: int | None = DEFAULTS.max_batch_tokens,  # carpool.collation.tokens
-        token_count: Callable[[Any], int] | None = None,  # a request's value -> its tokens
+        token_count: Callable[[Any], int] | None = DEFAULTS.token_count,  # value -> its tokens
     ) -> None:
         if not callable(model_fn):
             raise TypeError(f"model_fn must be callable, got {type(model_fn).__name__}")
@@ -128,17 +140,6 @@ class Batcher:
             max_batch_tokens=max_batch_tokens, token_count=token_count,
         )  # fmt: skip
         self.options = options  # validated, read-only: what the parts below are built from
-        self.name = options.name
-        # The options users read off a batcher as plain attributes.
-        self.max_batch_size = options.max_batch_size
-        self.max_wait_ms = options.max_wait_ms
-        self.max_queue_size = options.max_queue_size
-        self.workers = options.workers
-        self.isolate_errors = options.isolate_errors
-        self.runner = options.runner
-        self.batch_timeout_ms = options.batch_timeout_ms
-        self.retry = options.retry
-        self.runner_options = options.runner_options
         self.model_fn = model_fn
         self.policy = options.new_policy()
         self._state = _State.NEW

@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Generic, Never, NoReturn, Protocol, Self, TypeVar, overload
 
 from carpool.errors import ConfigError, ConfigTypeError
 from carpool.policies.adaptive import AdaptivePolicy
@@ -19,12 +19,16 @@ from carpool.runners import RUNNER_OPTIONS, RUNNERS
 __all__ = [
     "DEFAULTS",
     "BatcherOptions",
+    "OptionView",
     "check_bool",
     "check_int",
     "check_ms",
     "check_sizes",
     "make_policy",
+    "option",
 ]
+
+T = TypeVar("T")
 
 
 def check_int(name: str, value: object, minimum: int, *, note: str = "") -> int:
@@ -146,29 +150,76 @@ def _check_runner_options(runner: str, options: object) -> Mapping[str, Any]:
 _NO_OPTIONS: Mapping[str, Any] = MappingProxyType({})
 
 
+def option(default: Any, *, help: str, shown: str | None = None, flag: str | None = None) -> Any:
+    """A settings record's field that ``carpool serve`` takes as a flag: ``help`` is the
+    flag's help, and ``shown`` what that help gives as the default when not the default
+    itself (a ``None`` default shows nothing without it); ``flag``, the flag's name when not
+    the field's (``--drain-timeout`` for ``drain_timeout_s``)."""
+    return field(default=default, metadata={"help": help, "shown": shown, "flag": flag})
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BatcherOptions:
     """Everything a :class:`~carpool.Batcher` is configured with but its model, collator and
     warm-up row; checked once, here, and read by the batcher, its scheduler and its runner.
 
-    ``runner_options`` is kept read-only; ``None`` is taken for no options. The policy is
-    kept as given (a name or an object): :meth:`new_policy` builds the one a batcher uses.
+    The one record of each option's name, type, default, check and help: ``Batcher``,
+    :class:`~carpool.Batching`, ``@carpool.batch`` and ``carpool serve``'s flags take theirs
+    from it. ``runner_options`` is kept read-only; ``None`` is taken for no options. The
+    policy is kept as given (a name or an object): :meth:`new_policy` builds the one a
+    batcher uses.
     """
 
-    max_batch_size: int = 32  # Triton and TorchServe examples start here; fits most GPUs
-    max_wait_ms: float = 5.0  # TF Serving's and Ray's order of magnitude; eager never waits
-    policy: str | Policy = "eager"  # never waits; serves few callers best (few_clients.py)
-    max_queue_size: int | None = None  # rows; None: bounded only by memory
-    workers: int = 1  # one model replica; more overlap GIL-releasing models
+    # Triton and TorchServe examples start here; fits most GPUs
+    max_batch_size: int = option(32, help="rows per model call at most")
+    # TF Serving's and Ray's order of magnitude; eager never waits
+    max_wait_ms: float = option(5.0, help="longest deliberate wait for a batch")
+    # never waits; serves few callers best (few_clients.py)
+    policy: str | Policy = option(  # noqa: RUF009 - option() returns a dataclasses.field()
+        "eager", help="batching policy: eager, fixed or adaptive"
+    )
+    # rows; None: bounded only by memory
+    max_queue_size: int | None = option(
+        None, help="rows allowed to wait; then 503", shown="no limit"
+    )
+    # one model replica; more overlap GIL-releasing models
+    workers: int = option(
+        1,
+        help="batches run at once per model: threads, processes (--runner process) or Ray "
+        "actors (--runner ray)",
+    )
     isolate_errors: bool = True  # a failing row fails its own caller, not its batch
     name: str = "model"  # in errors, logs and stats; Batcher gives its model's __name__
-    latency_slo_ms: float | None = None  # the objective of policy="adaptive", and only its
-    runner: str = "thread"  # or "process" (child processes), "ray" (actors): carpool.runners
-    batch_timeout_ms: float | None = None  # process and ray runners: kill and replace past it
+    # the objective of policy="adaptive", and only its
+    latency_slo_ms: float | None = option(
+        None,
+        help="latency objective of --policy adaptive: it batches for it, and answers 503 at "
+        "once to requests predicted to miss it",
+    )
+    # or "process" (child processes), "ray" (actors): carpool.runners
+    runner: str = option(
+        "thread",
+        help="where each model runs: thread (in this process), process (each worker a child "
+        "process, restarted if it crashes; a GIL-bound model gets a core each), or ray "
+        "(each worker a Ray actor, anywhere in a cluster)",
+    )
+    # process and ray runners: kill and replace past it
+    batch_timeout_ms: float | None = option(
+        None,
+        help="with --runner process or ray: a batch running longer fails with 504, and its "
+        "worker is killed and replaced",
+        shown="none",
+    )
     retry: bool = True  # process and ray runners: a batch whose worker died runs once more
     # ray: address, num_cpus, ...; given as a mapping or None, kept as a read-only mapping
     runner_options: Mapping[str, Any] = field(default_factory=lambda: _NO_OPTIONS, hash=False)
-    max_batch_tokens: int | None = None  # None: rows alone bound a batch (carpool.collation.tokens)
+    # None: rows alone bound a batch (carpool.collation.tokens)
+    max_batch_tokens: int | None = option(
+        None,
+        help="the most tokens one batch may compute (each model that pads or counts tokens: "
+        "rows x padded length); a request alone over it runs alone",
+        shown="none: rows only",
+    )
     token_count: Callable[[Any], int] | None = field(default=None, hash=False)  # a request's
 
     def __post_init__(self) -> None:
@@ -207,5 +258,31 @@ class BatcherOptions:
         return _new_policy(self.policy, self.latency_slo_ms)
 
 
-# The defaults, named once: Batcher, Batching and @batch take theirs from here.
+# The defaults, named once: Batcher, Batching, @batch and the flags take theirs from here.
 DEFAULTS = BatcherOptions()
+
+
+class _Configured(Protocol):
+    options: BatcherOptions
+
+
+class OptionView(Generic[T]):
+    """A read-only attribute of an object built from a :class:`BatcherOptions` (its
+    ``options``): ``read`` of that record, so the object keeps no copy that could drift."""
+
+    def __init__(self, read: Callable[[BatcherOptions], T]) -> None:
+        self._read = read
+        self._name = "option"
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = f"{owner.__name__}.{name}"
+
+    @overload
+    def __get__(self, instance: None, owner: type | None = None) -> Self: ...
+    @overload
+    def __get__(self, instance: _Configured, owner: type | None = None) -> T: ...
+    def __get__(self, instance: _Configured | None, owner: type | None = None) -> T | Self:
+        return self if instance is None else self._read(instance.options)
+
+    def __set__(self, instance: _Configured, value: Never) -> NoReturn:
+        raise AttributeError(f"{self._name} is read-only: it reads the options it was built with")

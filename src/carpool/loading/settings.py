@@ -137,8 +137,6 @@ def _read_layers(layers: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], d
                 changes[key] = _padding(value)
             elif key == "version":
                 changes[key] = str(value)
-            elif key == "allowed_batch_sizes" and isinstance(value, list):
-                batching[key] = tuple(value)
             else:
                 batching[key] = value
     return batching, changes

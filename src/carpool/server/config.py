@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from carpool.engine.options import option
 from carpool.errors import ConfigError
 from carpool.loading import Catalog, LoadFailure
 from carpool.model import Model
@@ -22,41 +23,93 @@ MODEL_CONTROL_MODES = ("none", "explicit", "poll")  # Triton's --model-control-m
 
 @dataclass(frozen=True)
 class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    grpc_port: int = 8001  # Triton's gRPC port; 0 turns gRPC off
-    log_level: str = "info"
-    log_format: str = "text"  # or "json": one object per line
-    access_log: bool = True
-    max_body_bytes: int = 64 * 1024 * 1024  # Triton's HTTP default is the same order
-    drain_timeout_s: float = 30.0  # Kubernetes' default terminationGracePeriodSeconds
+    host: str = option("127.0.0.1", help="address to listen on")
+    port: int = option(8000, help="port to listen on")
+    grpc_port: int = option(  # Triton's gRPC port; 0 turns gRPC off
+        8001,
+        help="port for the KServe v2 / Triton gRPC API, on the same models and --host; 0 "
+        "turns it off",
+    )
+    log_level: str = option("info", help="debug, info, warning, error or critical")
+    # or "json": one object per line
+    log_format: str = option("text", help="text, or json for one object per line")
+    access_log: bool = option(True, help="log every request (true/false)")
+    # Triton's HTTP default is the same order
+    max_body_bytes: int = option(64 * 1024 * 1024, help="largest request body; then 413")
+    # Kubernetes' default terminationGracePeriodSeconds. Whole seconds are written as ints
+    # here and below, so that --help shows them as such ([30], not [30.0]).
+    drain_timeout_s: float = option(
+        30, help="seconds to finish requests on SIGTERM", flag="--drain-timeout"
+    )
     # Access control and transport: no keys, no TLS, by default (a server on loopback).
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # never in a repr or a log
-    metrics_need_key: bool = False  # Prometheus scrapers usually carry no key
-    ssl_certfile: str | None = None
-    ssl_keyfile: str | None = None
+    # Prometheus scrapers usually carry no key
+    metrics_need_key: bool = option(
+        False, help="with --api-key: /metrics needs a key too (true/false)"
+    )
+    ssl_certfile: str | None = option(
+        None, help="serve HTTPS and gRPC over TLS with this PEM certificate (chain)"
+    )
+    ssl_keyfile: str | None = option(None, help="the private key of --ssl-certfile (PEM)")
     # Connection limits. nginx waits 60 s for headers and between body reads; a model server
     # behind a load balancer gets whole requests at once, so far less is plenty.
-    header_timeout_s: float = 10.0  # a slow client's headers: 10 s (Apache's is 20-40 s)
-    body_timeout_s: float = 30.0  # the whole body: 64 MiB at ~2 MB/s, as long as a drain
-    limit_concurrency: int = 1000  # connections at once, then 503; under 1024 fds; 0: none
+    # A slow client's headers: 10 s (Apache's is 20-40 s).
+    header_timeout_s: float = option(
+        10,
+        help="seconds a connection may take to send a request's headers; then 408 and closed",
+        flag="--header-timeout",
+    )
+    # The whole body: 64 MiB at ~2 MB/s, as long as a drain.
+    body_timeout_s: float = option(
+        30,
+        help="seconds a request may take to send its whole body; then 408 and closed",
+        flag="--body-timeout",
+    )
+    # Connections at once, then 503; under 1024 fds; 0: none.
+    limit_concurrency: int = option(
+        1000, help="HTTP connections served at once; requests on more get 503; 0: no limit"
+    )
     # Processes that serve connections, around one batcher per model
-    # (carpool.server.frontends.spread);
-    # 1: this process serves connections and runs the batchers itself.
-    frontends: int = 1
+    # (carpool.server.frontends.spread); 1: this process does both.
+    frontends: int = option(
+        1,
+        help="front-end processes that serve HTTP and gRPC connections (reading, keys, "
+        "decoding, encoding) around one batcher per model in the main process; one per spare "
+        "core when the server's own CPU is the limit; 1: one process does both",
+    )
     # Texts in one /v1/embeddings request at most, then 413: text-embeddings-inference's 32.
-    max_client_batch_size: int = 32
+    max_client_batch_size: int = option(
+        32, help="texts one /v1/embeddings request may hold; more get 413"
+    )
     # gRPC calls running at once (per front end), then RESOURCE_EXHAUSTED; 0: none.
-    grpc_max_concurrent_rpcs: int = 1000
+    grpc_max_concurrent_rpcs: int = option(
+        1000,
+        help="gRPC calls served at once (each front end); more get RESOURCE_EXHAUSTED; 0: no limit",
+    )
     # Model control, as Triton's: "none" serves what loaded at start; "explicit" loads and
     # unloads on request (POST /v2/repository/models/NAME/load); "poll" follows the
     # repository's folders, looked at every repository_poll_secs (Triton's default: 15 s).
-    model_control_mode: str = "none"
-    repository_poll_secs: float = 15.0
+    model_control_mode: str = option(
+        "none",
+        help="none: serve what loads at start; explicit: load and unload models on request "
+        "(POST /v2/repository/models/NAME/load|unload, tritonclient's load_model); poll: "
+        "follow the repository's folders as they are added, changed and removed",
+    )
+    repository_poll_secs: float = option(
+        15, help="with --model-control-mode poll: seconds between looks at the repository"
+    )
     # poll: a changed folder is left until it has not changed for this long (0: two looks)
-    repository_poll_settle_secs: float = 0.0
+    repository_poll_settle_secs: float = option(
+        0,
+        help="with --model-control-mode poll: seconds a changed folder must stay unchanged "
+        "before it loads (0: two looks agree); longer than a copy's longest pause",
+    )
     # The response cache's size across models (those with response_cache on), in bytes.
-    cache_size: int = 64 * 1024 * 1024
+    cache_size: int = option(
+        64 * 1024 * 1024,
+        help="bytes the response cache holds across models (--response-cache); the least "
+        "recently used answers go first",
+    )
     models: tuple[Model, ...] = field(default_factory=tuple)
     unavailable: tuple[LoadFailure, ...] = ()  # repository models that failed to load
     catalog: Catalog | None = None  # how to load models again: model control needs it
