@@ -19,7 +19,7 @@ import pytest
 
 from carpool.policies.adaptive import AdaptivePolicy
 
-# Ray must stay on loopback (tests/runners/test_ray_actors.py): with this set before ray is first
+# Ray must stay on loopback (tests/e2e/test_ray_actors.py): with this set before ray is first
 # imported, every node of a local cluster binds and advertises 127.0.0.1.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 from carpool.engine.stats import BatcherStats
