@@ -55,9 +55,9 @@ def test_ray_scale_quick_run() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     for text in [
-        "cluster: 4 nodes on 127.0.0.1",
+        "cluster: 2 nodes on 127.0.0.1",
         "carpool/Serve",
-        "carpool scale-out efficiency at 4 actors = ",
+        "carpool scale-out efficiency at 2 actors = ",
         "goodput after kill / fault-free = ",
         "lost 0 (goal 0: met)",
         "processes left: 0",
