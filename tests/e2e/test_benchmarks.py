@@ -1,35 +1,58 @@
 """The benchmarks still run: each script's --quick smoke run, as a user would start it.
 
 Numbers are not asserted (these machines are noisy); the shape of the report is: the
-lines that name each comparison, and its checks.
+lines that name each comparison, and its checks. The runs of the tests selected start when
+the module does, two at a time, in the tests' order (``started``, tests/e2e/conftest.py).
 """
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+# A quick run's bound: 20-40 s of torch imports in three processes on a busy 2-core box,
+# beside the run started with it.
+RUN_WITHIN_S = 240
 
-pytestmark = pytest.mark.slow  # each runs a script, most of them servers: seconds each
+pytestmark = [
+    pytest.mark.slow,  # each runs a script, most of them servers: seconds each
+    pytest.mark.timeout(RUN_WITHIN_S + 30),  # its wait is for its own run alone
+]
+
+# Each named test's run: the script and its arguments ("{out}": the test's own folder).
+RUNS: dict[str, tuple[str, ...]] = {
+    "test_backends_bench_mlp_quick_run": ("backends_bench.py", "--models", "mlp"),
+    "test_backends_bench_minilm_quick_run": ("backends_bench.py", "--models", "minilm"),
+    "test_bench_demo_curve_quick_run": (
+        "bench_demo_curve.py",
+        "--out",
+        "{out}",
+        "--plot",
+        "{out}/curve.png",
+    ),
+    "test_adaptive_bench_quick_run": ("adaptive_bench.py", "--plot", "{out}/adaptive.png"),
+    "test_protocols_bench_quick_run": ("protocols_bench.py",),
+    # infinity-emb, where benchmarks/.venv-embeddings has it, is left out: its two servers and
+    # the ONNX export import torch beside carpool's three processes (half the run), and what
+    # this checks is carpool's side of the report.
+    "test_embeddings_bench_quick_run": ("embeddings_bench.py", "--infinity-engines", "none"),
+}
 
 
-def quick_run(script: str, *args: str, timeout: float = 120) -> str:
-    """``python benchmarks/SCRIPT --quick --cpus none ARGS``: its stdout, once it exits 0."""
-    done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / script), "--quick", "--cpus", "none", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
+def run_of(test: pytest.Function, folder: Path) -> tuple[list[str], float]:
+    """``python benchmarks/SCRIPT --quick --cpus none ARGS`` of the run ``test`` checks."""
+    name = test.originalname
+    if name == "test_benchmark_quick_run":
+        script, *args = (test.callspec.params["script"],)
+    else:
+        script, *args = (arg.format(out=folder) for arg in RUNS[name])
+    argv = [sys.executable, str(BENCHMARKS / script), "--quick", "--cpus", "none", *args]
+    return argv, RUN_WITHIN_S
 
 
-@pytest.mark.timeout(150)  # the quick run's own bound is 120 s: torch imports on a busy box
 @pytest.mark.parametrize(
     ("script", "expected"),
     [
@@ -100,15 +123,13 @@ def quick_run(script: str, *args: str, timeout: float = 120) -> str:
         ),
     ],
 )
-def test_benchmark_quick_run(script: str, expected: list[str]) -> None:
-    out = quick_run(script)
+def test_benchmark_quick_run(script: str, expected: list[str], out: str) -> None:
     for text in expected:
         assert text in out, out[-3000:]
     assert f"\n{Path(script).stem}: " not in out, out[-3000:]  # how a script reports a failure
 
 
-def test_backends_bench_mlp_quick_run() -> None:
-    out = quick_run("backends_bench.py", "--models", "mlp")
+def test_backends_bench_mlp_quick_run(out: str) -> None:
     for text in [
         "[mlp] check: batching ok, unbatched ok",
         "batching / unbatched",
@@ -118,9 +139,7 @@ def test_backends_bench_mlp_quick_run() -> None:
     assert "failed:" not in out, out[-3000:]
 
 
-@pytest.mark.timeout(150)  # three processes import torch: 20-40 s of it on a busy 2-core box
-def test_backends_bench_minilm_quick_run() -> None:
-    out = quick_run("backends_bench.py", "--models", "minilm", timeout=140)
+def test_backends_bench_minilm_quick_run(out: str) -> None:
     for text in [
         "[minilm] check: batching ok, unbatched ok",
         "batching / unbatched",
@@ -131,21 +150,19 @@ def test_backends_bench_minilm_quick_run() -> None:
     assert "failed:" not in out, out[-3000:]
 
 
-def test_bench_demo_curve_quick_run(tmp_path: Path) -> None:
-    plot = tmp_path / "curve.png"
-    out = quick_run("bench_demo_curve.py", "--out", str(tmp_path), "--plot", str(plot))
+def test_bench_demo_curve_quick_run(out: str, folder: Path) -> None:
+    plot = folder / "curve.png"
     assert "wait 0 ms vs wait 5 ms" in out, out[-3000:]  # carpool bench --compare's table
     assert "\nbench_demo_curve: " not in out, out[-3000:]
-    assert sorted(p.name for p in tmp_path.glob("*.json")) == [
+    assert sorted(p.name for p in folder.glob("*.json")) == [
         "demo-wait-0ms.json",
         "demo-wait-5ms.json",
     ]
     assert plot.stat().st_size > 0
 
 
-def test_adaptive_bench_quick_run(tmp_path: Path) -> None:
-    plot = tmp_path / "adaptive.png"
-    out = quick_run("adaptive_bench.py", "--plot", str(plot), timeout=60)
+def test_adaptive_bench_quick_run(out: str, folder: Path) -> None:
+    plot = folder / "adaptive.png"
     for text in [
         "[sleep] p99 of served requests",
         "[mlp] throughput, and goodput",
@@ -157,9 +174,7 @@ def test_adaptive_bench_quick_run(tmp_path: Path) -> None:
     assert plot.stat().st_size > 0
 
 
-@pytest.mark.timeout(150)  # two servers import torch, one of them sentence-transformers
-def test_protocols_bench_quick_run() -> None:
-    out = quick_run("protocols_bench.py", timeout=140)
+def test_protocols_bench_quick_run(out: str) -> None:
     for text in [
         "gRPC (raw tensors)",
         "REST binary",
@@ -173,12 +188,7 @@ def test_protocols_bench_quick_run() -> None:
     assert "\nprotocols_bench: " not in out, out[-3000:]
 
 
-@pytest.mark.timeout(150)  # carpool, FastAPI and the offline worker import torch
-def test_embeddings_bench_quick_run() -> None:
-    # infinity-emb, where benchmarks/.venv-embeddings has it, is left out: its two servers and
-    # the ONNX export import torch beside carpool's three processes (half the run), and what
-    # this checks is carpool's side of the report.
-    out = quick_run("embeddings_bench.py", "--infinity-engines", "none", timeout=140)
+def test_embeddings_bench_quick_run(out: str) -> None:
     for text in [
         "infinity-emb not run: --infinity-engines none",
         "check carpool: ok",
