@@ -75,6 +75,7 @@ async def closed_loop(
     reach a batcher, an answer's round trip away. The clients join one by one, spread over
     about one batch time as in life, and run on without a pause into the measured part."""
     latencies: list[float] = []
+    refused = [0]  # adaptive's answers that the objective cannot be made (a busy box)
     async with carpool.Batcher(sleep_model, max_batch_size=MAX_BATCH, **options) as b:
         loop = asyncio.get_running_loop()
         measured = time.perf_counter() + WARM_S
@@ -88,13 +89,21 @@ async def closed_loop(
         async def task(delay: float) -> None:
             await asyncio.sleep(delay)
             while (start := time.perf_counter()) < until:
-                await b.infer(ROW)
+                try:
+                    await b.infer(ROW)
+                except carpool.CarpoolError:
+                    refused[0] += 1
+                    continue
                 done(start)
 
         def thread(delay: float) -> None:
             time.sleep(delay)
             while (start := time.perf_counter()) < until:
-                b.submit(ROW).result()
+                try:
+                    b.submit(ROW).result()
+                except carpool.CarpoolError:  # raised here, it would leave the loop blocked
+                    refused[0] += 1  # in the pool's exit, the others' answers never sent
+                    continue
                 done(start)
 
         before: list[carpool.BatcherStats] = []
@@ -111,6 +120,7 @@ async def closed_loop(
         "rps": len(latencies) / seconds,
         "latencies": latencies,
         "mean_batch": rows / batches if batches else float("nan"),
+        "refused": refused[0],
     }
 
 
@@ -140,6 +150,7 @@ def main() -> int:
                         f"  repeat {repeat + 1}/{repeats}  {kind:7s} {clients:3d} clients  "
                         f"{name:9s}{result['rps']:>9,.0f} req/s  "
                         f"mean batch {result['mean_batch']:5.1f}"
+                        + (f"  refused {result['refused']}" if result["refused"] else "")
                     )
     rows = []
     for kind in kinds:

@@ -56,6 +56,7 @@ MAX_BATCH = 32
 CALLERS_PER_REPLICA = 4 * MAX_BATCH  # 4 full batches queued per replica: none waits
 REPLICAS = (1, 2, 4)
 NODES = 4  # head + 3; each offers one carpool actor slot and one Serve replica slot
+QUICK_REPLICAS, QUICK_NODES = (1, 2), 2  # --quick: the same scale-out and kill, on 2 nodes
 ACTOR_CPUS = 0.25  # the actors sleep; 2 real cores are shared by everything anyway
 # Serve: a replica admits every caller it is sent; with less, callers wait in Serve's router
 # and its probes, which cost Serve throughput here (try --serve-max-ongoing 64)
@@ -261,7 +262,7 @@ Runs = dict[int, Windows]  # N -> name -> windows
 
 
 def report_scale(runs: Runs) -> float:
-    """The side-by-side table and carpool's verdicts; returns carpool's rows/s at N=4."""
+    """The side-by-side table and carpool's verdicts; returns carpool's rows/s at the top N."""
     med = {
         (n, name): tuple(_bench.median(w[i] for w in windows) for i in range(3))
         for n, by_name in runs.items()
@@ -343,6 +344,7 @@ def main() -> None:
     repeats = args.repeats or (1 if args.quick else 3)
     warmup_s, seconds = (0.5, 1.0) if args.quick else (1.0, 3.0)
     fault_s = 3.0 if args.quick else 30.0
+    replicas, nodes = (QUICK_REPLICAS, QUICK_NODES) if args.quick else (REPLICAS, NODES)
     pinned = _bench.pin(_bench.parse_cpus(args.cpus))
     _bench.header(
         "scale-out on a loopback Ray cluster: carpool runner='ray' vs Ray Serve @serve.batch",
@@ -350,7 +352,7 @@ def main() -> None:
             "cpus": pinned,
             "load": f"{os.getloadavg()[0]:.1f}",
             "ray": _bench.ray_version(),
-            "nodes": NODES,
+            "nodes": nodes,
             "model": f"{BATCH_S * 1000:g} ms/batch",
             "max_batch_size": MAX_BATCH,
             "callers": f"{CALLERS_PER_REPLICA}/replica",
@@ -365,14 +367,14 @@ def main() -> None:
     from ray import serve
 
     begin = time.perf_counter()
-    cluster = _ray_cluster.start_cluster(NODES)
+    cluster = _ray_cluster.start_cluster(nodes)
     try:
-        print(f"cluster: {NODES} nodes on 127.0.0.1 up in {time.perf_counter() - begin:.0f} s")
+        print(f"cluster: {nodes} nodes on 127.0.0.1 up in {time.perf_counter() - begin:.0f} s")
         quiet = _ray_cluster.QuietServe()
         logging.getLogger("ray.serve").addFilter(quiet)
         serve.start(proxy_location="Disabled", http_options={"host": "127.0.0.1"})
         runs = {}
-        for n in REPLICAS:
+        for n in replicas:
             serving = {"wait_s": args.serve_wait_s, "max_ongoing": args.serve_max_ongoing}
             handle = _ray_cluster.deploy_serve(
                 sleepy, n, max_batch=MAX_BATCH, num_cpus=ACTOR_CPUS, **serving
@@ -383,9 +385,9 @@ def main() -> None:
         scale = report_scale(runs)
         print(f"Serve's router: {quiet.late_probes} queue-length probes past their deadline")
         print()
-        print(f"kill -9 one of {max(REPLICAS)} actors under load ({fault_s:g} s windows):")
-        fault = asyncio.run(fault_run(max(REPLICAS), warmup_s, fault_s))
-        report_faults(fault, max(REPLICAS), scale)
+        print(f"kill -9 one of {max(replicas)} actors under load ({fault_s:g} s windows):")
+        fault = asyncio.run(fault_run(max(replicas), warmup_s, fault_s))
+        report_faults(fault, max(replicas), scale)
     finally:
         left = _ray_cluster.stop_cluster(cluster)
     took = time.perf_counter() - begin

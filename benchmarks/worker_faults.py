@@ -106,8 +106,8 @@ async def run(seconds: float, kill_every: float | None) -> dict[str, Any]:
 def main() -> None:
     p = _bench.base_parser(__doc__, default_cpus="none", default_repeats=1)
     args = p.parse_args()
-    seconds = 8.0 if args.quick else 60.0
-    every = 3.0 if args.quick else KILL_EVERY_S
+    seconds = 5.0 if args.quick else 60.0
+    every = 2.0 if args.quick else KILL_EVERY_S
     pinned = _bench.pin(_bench.parse_cpus(args.cpus))
     _bench.header(
         "process workers under kill -9: goodput against a fault-free run",

@@ -6,8 +6,11 @@ values a policy sees. Import them: ``from conftest import Gate, settle``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
+import sys
+import sysconfig
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping
@@ -19,7 +22,7 @@ import pytest
 
 from carpool.policies.adaptive import AdaptivePolicy
 
-# Ray must stay on loopback (tests/runners/test_ray_actors.py): with this set before ray is first
+# Ray must stay on loopback (tests/e2e/test_ray_actors.py): with this set before ray is first
 # imported, every node of a local cluster binds and advertises 127.0.0.1.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 from carpool.engine.stats import BatcherStats
@@ -50,17 +53,43 @@ def _own_cache(tmp_path_factory: pytest.TempPathFactory) -> Any:
         os.environ["XDG_CACHE_HOME"] = saved
 
 
+def _link_installed_bytecode(prefix: Path) -> None:
+    """Link the bytecode Python's own library and the installed packages already have into
+    ``prefix``, where a process that reads its bytecode there looks for it: torch, ray,
+    transformers and the rest are not compiled again in each session (torch alone: ~9 s of
+    CPU). Python replaces a link it finds stale; it never writes through one."""
+    tag = f".{sys.implementation.cache_tag}.pyc"
+    paths = {sysconfig.get_path(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")}
+    roots = {p for p in paths if not any(p.startswith(q + os.sep) for q in paths)}
+    for root in sorted(roots):
+        for folder, _, files in os.walk(root):
+            if not folder.endswith(f"{os.sep}__pycache__"):
+                continue
+            into = prefix / os.path.dirname(folder).lstrip(os.sep)
+            for name in files:
+                if name.endswith(tag) and ".opt-" not in name:
+                    with contextlib.suppress(OSError):  # one compiled there meanwhile, say
+                        into.mkdir(parents=True, exist_ok=True)
+                        os.symlink(os.path.join(folder, name), into / name)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _own_bytecode(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """Compiled modules kept in this session's own folder for every process it starts (its
     servers, workers, benchmarks): each compiles carpool once, not at every start, even where
-    ``PYTHONDONTWRITEBYTECODE`` is set; nothing is written beside the sources."""
+    ``PYTHONDONTWRITEBYTECODE`` is set; nothing is written beside the sources. The installed
+    packages' bytecode is linked in, by a thread, beside the first tests: a process that
+    starts before it is done compiles what it lacks, as without it."""
     saved = {
         name: os.environ.get(name) for name in ("PYTHONPYCACHEPREFIX", "PYTHONDONTWRITEBYTECODE")
     }
-    os.environ["PYTHONPYCACHEPREFIX"] = str(tmp_path_factory.getbasetemp() / "pycache")
+    prefix = tmp_path_factory.getbasetemp() / "pycache"
+    os.environ["PYTHONPYCACHEPREFIX"] = str(prefix)
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    linker = threading.Thread(target=_link_installed_bytecode, args=(prefix,), daemon=True)
+    linker.start()
     yield
+    linker.join()
     for name, value in saved.items():
         if value is None:
             os.environ.pop(name, None)
