@@ -1,6 +1,6 @@
 """The fence: every reach into uvicorn, uvloop or asyncio past what they document (uvicorn's
 httptools protocol state and callbacks, the loops' TLS protocols, ``Server``'s signals), named
-for what it relies on. ``tests/server/test_uvicorn_internals.py`` checks each assumption against
+for what it relies on. ``tests/server/rest/test_uvicorn_internals.py`` checks each assumption against
 the installed versions, which ``pyproject.toml`` pins; no other module reads those internals."""
 
 from __future__ import annotations
