@@ -1,7 +1,7 @@
 """The fence: every reach into uvicorn, uvloop or asyncio past what they document (uvicorn's
 httptools protocol state and callbacks, the loops' TLS protocols, ``Server``'s signals), named
-for what it relies on. ``tests/server/rest/test_uvicorn_internals.py`` checks each assumption against
-the installed versions, which ``pyproject.toml`` pins; no other module reads those internals."""
+for what it relies on. ``tests/server/rest/test_uvicorn_internals.py`` checks each assumption
+against the installed versions, which ``pyproject.toml`` pins; no other module reads them."""
 
 from __future__ import annotations
 
