@@ -47,7 +47,7 @@ from carpool.server.rest.uvicorn_internals import (
     tls_protocol_class,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ADAPTER = "src/carpool/server/rest/uvicorn_internals.py"
 PINNED = ("uvicorn", "uvloop", "httptools")
 
