@@ -28,15 +28,15 @@ working in code that does not know carpool::
     │   │                                 cannot accept, or a response it cannot carry
     │   └── OpenAIError                   carpool.server.openai.codec: a /v1 request OpenAI's API
     │                                     refuses, with its param and code
-    ├── ModelNotFound (LookupError)       server.lifecycle.registry: no model (or version) by
+    ├── ModelNotFound (LookupError)       carpool.server.failures: no model (or version) by
     │                                     that name: a 404
-    ├── ModelUnavailable                  server.lifecycle.registry: the model failed to load at
+    ├── ModelUnavailable                  carpool.server.failures: the model failed to load at
     │                                     start: a 400
-    ├── ModelOutputError (RuntimeError)   server.inference.admission: outputs that do not match
+    ├── ModelOutputError (RuntimeError)   carpool.server.failures: outputs that do not match
     │                                     the model's declared signature: a 500
-    ├── LoadFailed                        server.lifecycle.control: a model that could not be
+    ├── LoadFailed                        carpool.server.failures: a model that could not be
     │                                     loaded or unloaded on request: a 400
-    ├── ControlUnavailable                carpool.server.lifecycle.control: load and unload are off
+    ├── ControlUnavailable                carpool.server.failures: load and unload are off
     │                                     (no explicit model control, or stopping): a 503
     ├── HTTPError                         carpool.server.statuses: an answer other than 200,
     │   │                                 with its status and headers

@@ -1,19 +1,24 @@
-"""Which status every exception a request can end in answers with: :func:`error_status`.
+"""What every answer a request can end in says, and where it is counted: :func:`error_status`
+and :class:`Recorder`.
 
-The one classification: the app sends what it returns, the access log and ``/metrics``
-count what it says, and gRPC answers it under :func:`~carpool.server.statuses.grpc_code`'s
-names, so no two protocols can disagree. Statuses are named by
-:class:`~carpool.server.statuses.Status`.
+The one classification: the app sends what :func:`error_status` returns, the access log and
+``/metrics`` count what it says, and gRPC answers it under
+:func:`~carpool.server.statuses.grpc_code`'s names, so no two protocols can disagree.
+Statuses are named by :class:`~carpool.server.statuses.Status`.
 
-Every answer is counted once with the status it says: under its model
-(``ServedModel.record``: an inference request whose model is known), or else in its server's
-:class:`~carpool.server.lifecycle.registry.ServerCounts` (a health probe, a scrape, a refused key,
-an
-unknown model, a body that could not be read before the model was named, ...). Pure: it
-only classifies, and must not import the app, grpc or anything that sends.
+The one count: every answer of every protocol goes through one :class:`Recorder`, once, with
+the status it says: under its model (``ServedModel.record``: an inference request whose
+model is known), or else in its server's ``ServerCounts`` (a health probe, a scrape, a
+refused key, an unknown model, a body that could not be read before the model was named,
+...). It only classifies and counts: it must not import the registry (whose exceptions
+live in :mod:`carpool.server.failures`), the app, grpc or anything that sends.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
 
 from carpool.errors import (
     BatcherClosed,
@@ -24,13 +29,20 @@ from carpool.errors import (
     SharedMemoryFull,
     WorkerDied,
 )
-from carpool.server.inference.admission import ModelOutputError
-from carpool.server.lifecycle.control import ControlUnavailable, LoadFailed
-from carpool.server.lifecycle.registry import ModelNotFound, ModelUnavailable
+from carpool.server.failures import (
+    ControlUnavailable,
+    LoadFailed,
+    ModelNotFound,
+    ModelOutputError,
+    ModelUnavailable,
+)
 from carpool.server.messages import ProtocolError
 from carpool.server.statuses import RETRY, STOPPING, HTTPError, Status
 
-__all__ = ["error_status"]
+if TYPE_CHECKING:
+    from carpool.server.lifecycle.registry import Registry, ServedModel
+
+__all__ = ["Recorder", "error_status"]
 
 
 def error_status(exc: BaseException) -> HTTPError:
@@ -62,3 +74,36 @@ def error_status(exc: BaseException) -> HTTPError:
     if isinstance(exc, Exception):  # the model's own exception, isolated to its rows
         return HTTPError(Status.INTERNAL_ERROR, f"model error: {type(exc).__name__}: {exc}")
     raise exc
+
+
+class Recorder:
+    """Where every answer of ``registry``'s server is counted, whatever protocol it came by:
+    under its model when one is known, else the server's (``registry.server_counts``)."""
+
+    def __init__(self, registry: Registry) -> None:
+        self._registry = registry
+
+    def record(
+        self, protocol: str, status: int, served: ServedModel | None = None, seconds: float = 0.0
+    ) -> None:
+        """One answer that came by ``protocol`` (a label in ``/metrics``) and ended in
+        ``status``; ``seconds`` count for a model's successes only, as Triton's do."""
+        if served is None:
+            self._registry.server_counts.record(protocol, status)
+        else:
+            served.record(protocol, status, seconds)
+
+    def server(self, protocol: str) -> Callable[[int], None]:
+        """What records the answers by ``protocol`` that no model counts (a refused key, a
+        connection over the limit), given their status."""
+        return partial(self.record, protocol)
+
+    def named(self, protocol: str, status: int, name: str, version: str | None) -> None:
+        """An answer to a request for model ``name`` that never reached the inference path
+        (a gRPC call cancelled while held for its burst): under that model if it serves,
+        else the server's, as the path counts it."""
+        try:
+            served = self._registry.get(name, version)
+        except (ModelNotFound, ModelUnavailable):
+            served = None
+        self.record(protocol, status, served)
