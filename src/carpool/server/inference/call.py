@@ -12,7 +12,7 @@ nothing is kept between them. Types only: it must not import the path.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ class Answer:
 
 
 def _inline(read: Any) -> int:
-    return 0
+    return 0  # nothing worth a thread to decode
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,7 +108,7 @@ class Call(Generic[R, T]):
     version: str | None = None
     named: Callable[[R], str] | None = None
     read: Callable[[], Awaitable[R]]
-    size: Callable[[R], int] = field(default=_inline)
+    size: Callable[[R], int] = _inline
     decode: Callable[[Model, R], InferRequest]
     encode: Callable[[Answer, R], T]
     withdrawal: Withdrawal = NOT_WITHDRAWN
