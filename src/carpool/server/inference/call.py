@@ -88,7 +88,9 @@ def _inline(read: Any) -> int:
     return 0  # nothing worth a thread to decode
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+# Not frozen: one is built per request, and a frozen dataclass's __init__ (object.__setattr__
+# per field) costs three times a plain one's; nothing writes to it once handed over.
+@dataclass(slots=True, kw_only=True, eq=False)
 class Call(Generic[R, T]):
     """One request as its front end hands it to the inference path.
 

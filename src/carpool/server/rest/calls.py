@@ -13,6 +13,7 @@ from functools import partial
 from typing import Any
 
 from carpool.model import Model
+from carpool.server.inference.admission import DECODE_OFFLOAD_BYTES
 from carpool.server.inference.call import Answer, Call, Replay, Withdrawal
 from carpool.server.messages import HEADER_LENGTH, MAX_ELEMENTS, InferRequest, ProtocolError
 from carpool.server.openai import codec as openai
@@ -72,8 +73,11 @@ def withdrawal(scope: Scope, receive: Receive) -> Withdrawal:
 
 
 def _decoded_bytes(received: Received) -> int:
-    """The bytes decoding a v2 request walks: its JSON (a raw body is not decoded)."""
+    """The bytes decoding a v2 request walks: its JSON (a raw body is not decoded). A body
+    too small to be decoded in a thread is not looked into: its JSON is smaller still."""
     length, _, body = received
+    if length is None or len(body) < DECODE_OFFLOAD_BYTES:
+        return len(body)
     header_length = parse_header_length(_text(length), len(body))
     return len(body) if header_length is None else header_length
 
