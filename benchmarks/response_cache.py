@@ -188,6 +188,7 @@ def path_cost(cached: bool, requests: int, clients: int) -> float:
     cycling through :data:`DISTINCT` requests (each once before the clock starts)."""
     from carpool.backends.demo import demo_model
     from carpool.server.inference.cache import ResponseCache
+    from carpool.server.inference.call import Call
     from carpool.server.inference.path import Inference
     from carpool.server.lifecycle.registry import Registry
     from carpool.server.messages import InferInput, InferRequest
@@ -196,12 +197,13 @@ def path_cost(cached: bool, requests: int, clients: int) -> float:
     inference = Inference(Registry([model]))
     inference.registry.cache = ResponseCache(64 * 1024 * 1024)
     rng = np.random.default_rng(0)
-    decoders = []
+    calls = []
     for _ in range(DISTINCT):
         data = rng.uniform(-1, 1, (1, 256)).astype(np.float32)
         request = InferRequest(None, {}, (InferInput("INPUT0", "FP32", (1, 256), data, {}),),
                                None, True)  # fmt: skip
-        decoders.append(_returning(request))
+        calls.append(Call(protocol="bench", model="demo", read=_received,
+                          decode=_returning(request), encode=_encoded))  # fmt: skip
 
     async def run() -> float:
         (served,) = inference.registry
@@ -210,8 +212,7 @@ def path_cost(cached: bool, requests: int, clients: int) -> float:
 
             async def caller(first: int, count: int) -> None:
                 for i in range(first, count, clients):
-                    await inference.infer("demo", None, protocol="bench",
-                                          decode=decoders[i % DISTINCT], encode=id)  # fmt: skip
+                    await inference.infer(calls[i % DISTINCT])
 
             await asyncio.gather(*(caller(k, DISTINCT) for k in range(clients)))  # warm
             started = time.process_time()
@@ -221,11 +222,19 @@ def path_cost(cached: bool, requests: int, clients: int) -> float:
     return asyncio.run(run())
 
 
-def _returning(request: Any) -> Callable[[Any], Any]:
-    async def decode(model: Any) -> Any:
+def _returning(request: Any) -> Callable[[Any, Any], Any]:
+    def decode(model: Any, read: Any) -> Any:
         return request
 
     return decode
+
+
+async def _received() -> bytes:
+    return b""
+
+
+def _encoded(answer: Any, read: Any) -> int:
+    return id(answer)
 
 
 # ----------------------------------------------------------------- report

@@ -45,7 +45,14 @@ LAYERS: list[tuple[str, ...]] = [
     ("backends",),  # models: onnxruntime, torch, minilm, the demo
     ("loading",),  # targets, files, repositories, settings -> Models
     # the v2 HTTP and gRPC server: a request goes down these layers and comes back up once
-    ("server.statuses", "server.messages", "server.tensors", "server.auth", "server.config"),
+    (
+        "server.statuses",
+        "server.failures",
+        "server.messages",
+        "server.tensors",
+        "server.auth",
+        "server.config",
+    ),
     ("server.telemetry",),  # metrics, statistics, logs
     ("server.lifecycle",),  # the registry; loads, unloads, polls
     ("server.inference",),  # the one path: ready, admit, batch, cache, outcome

@@ -58,15 +58,15 @@ class CarpoolError(Exception):
         │   │                                 cannot accept, or a response it cannot carry
         │   └── OpenAIError                   server.openai.codec: a /v1 request OpenAI's API
         │                                     refuses, with its param and code
-        ├── ModelNotFound (LookupError)       server.lifecycle.registry: no model (or version) by
+        ├── ModelNotFound (LookupError)       server.failures: no model (or version) by
         │                                     that name: a 404
-        ├── ModelUnavailable                  server.lifecycle.registry: the model failed to load at
+        ├── ModelUnavailable                  server.failures: the model failed to load at
         │                                     start: a 400
-        ├── ModelOutputError (RuntimeError)   server.inference.admission: outputs that do not match
+        ├── ModelOutputError (RuntimeError)   server.failures: outputs that do not match
         │                                     the model's declared signature: a 500
-        ├── LoadFailed                        server.lifecycle.control: a model that could not be
+        ├── LoadFailed                        server.failures: a model that could not be
         │                                     loaded or unloaded on request: a 400
-        ├── ControlUnavailable                server.lifecycle.control: load and unload are off
+        ├── ControlUnavailable                server.failures: load and unload are off
         │                                     (no explicit model control, or stopping): a 503
         ├── HTTPError                         server.statuses: an answer other than 200,
         │   │                                 with its status and headers

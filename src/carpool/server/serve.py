@@ -239,7 +239,7 @@ def _server(app: App, config: ServerConfig, *, sent: Callable[[], None] | None =
         header_timeout_s=config.header_timeout_s,
         limit_concurrency=config.limit_concurrency,
         write_timeout_s=config.body_timeout_s,  # a stalled reader, as a stalled writer
-        record=partial(app.registry.server_counts.record, "http"),  # answers no app saw
+        record=app.recorder.server("http"),  # answers no app saw
         sent=sent,
     )
     http: type[asyncio.Protocol] = protocol

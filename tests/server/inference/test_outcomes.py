@@ -7,9 +7,12 @@ is checked directly, with the headers and message each status carries.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import pytest
 
+from carpool import Model
 from carpool.errors import (
     BatcherClosed,
     BatchSizeMismatch,
@@ -19,9 +22,9 @@ from carpool.errors import (
     QueueFull,
     SharedMemoryFull,
 )
-from carpool.server.inference.admission import ModelOutputError
-from carpool.server.inference.outcomes import error_status
-from carpool.server.lifecycle.registry import ModelNotFound, ModelUnavailable
+from carpool.server.failures import ModelNotFound, ModelOutputError, ModelUnavailable
+from carpool.server.inference.outcomes import Recorder, error_status
+from carpool.server.lifecycle.registry import Registry
 from carpool.server.messages import ProtocolError
 from carpool.server.statuses import STOPPING, HTTPError
 
@@ -96,3 +99,32 @@ def test_an_http_error_is_its_own_answer() -> None:
 def test_what_is_not_an_exception_is_not_an_outcome(exc: BaseException) -> None:
     with pytest.raises(type(exc)):
         error_status(exc)
+
+
+def test_the_classification_imports_none_of_the_modules_that_raise_what_it_classifies() -> None:
+    """The registry, model control and admission raise what ``error_status`` maps; their
+    exceptions live below them (``carpool.server.failures``), so it needs none of them."""
+    code = (
+        "import sys, carpool.server.inference.outcomes; "
+        "print(sorted(m for m in sys.modules if m.startswith('carpool.server')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = done.stdout
+    assert "carpool.server.inference.outcomes" in loaded
+    for module in ("lifecycle.registry", "lifecycle.control", "inference.admission"):
+        assert f"carpool.server.{module}'" not in loaded
+
+
+def test_the_recorder_counts_under_the_model_once_known_else_the_servers() -> None:
+    registry = Registry([Model(lambda batch: batch, name="m")])
+    (served,) = registry
+    recorder = Recorder(registry)
+    recorder.record("http", 200, served, 0.5)
+    recorder.record("http", 404)
+    recorder.server("grpc")(401)
+    recorder.named("grpc", 499, "m", None)  # withdrawn before the path: under its model
+    recorder.named("grpc", 499, "m", "7")  # no such version: the server's
+    recorder.named("grpc", 499, "x", None)
+    assert served.statuses == {"http": {200: 1}, "grpc": {499: 1}}
+    assert served.request_seconds == 0.5
+    assert registry.server_counts.totals() == {"http": {404: 1}, "grpc": {401: 1, 499: 2}}

@@ -14,8 +14,10 @@ import pytest
 
 from carpool import Batching, Model
 from carpool.errors import BatcherClosed, DeadlineExceeded
-from carpool.server.inference.path import Answer, ClientGone, Inference, Withdrawal, _unless_gone
-from carpool.server.lifecycle.registry import ModelNotFound, Registry, ServedModel
+from carpool.server.failures import ModelNotFound
+from carpool.server.inference.call import Answer, Call, Withdrawal
+from carpool.server.inference.path import ClientGone, Inference, _unless_gone
+from carpool.server.lifecycle.registry import Registry, ServedModel
 from carpool.server.messages import InferInput, InferRequest, ProtocolError
 from carpool.server.statuses import HTTPError, Status
 
@@ -64,22 +66,28 @@ def request(value: float, **parameters: Any) -> InferRequest:
 
 
 def decoding(decoded: InferRequest) -> Any:
-    async def decode(model: Model) -> InferRequest:
+    def decode(model: Model, read: bytes) -> InferRequest:
         return decoded
 
     return decode
 
 
-def encode(answer: Answer) -> list[float]:
+def encode(answer: Answer, read: bytes) -> list[float]:
     ((tensor, _),) = answer.outputs
     return [float(v) for v in tensor.data.ravel()]
 
 
+async def body() -> bytes:
+    return b"the body"
+
+
+def call(decode: Any, model: str = "m", **options: Any) -> Call[bytes, list[float]]:
+    return Call(protocol="test", model=model, read=body, decode=decode, encode=encode, **options)
+
+
 async def infer(inference: Inference, value: float, **options: Any) -> list[float]:
     decode = options.pop("decode", decoding(request(value)))
-    return await inference.infer(
-        "m", None, protocol="test", decode=decode, encode=encode, **options
-    )
+    return await inference.infer(call(decode, **options))
 
 
 class Leaving:
@@ -120,7 +128,7 @@ async def test_an_answered_request_is_counted_and_timed(inference: Inference, ga
 
 
 async def test_what_the_path_refuses_counts_under_the_model(inference: Inference) -> None:
-    async def refuse(model: Model) -> InferRequest:
+    def refuse(model: Model, read: bytes) -> InferRequest:
         raise ProtocolError("bad body", field="body")
 
     with pytest.raises(ProtocolError):
@@ -129,7 +137,7 @@ async def test_what_the_path_refuses_counts_under_the_model(inference: Inference
     with pytest.raises(BatcherClosed):
         await infer(inference, 1.0, decode=refuse)
     with pytest.raises(ModelNotFound):  # no model to count it under
-        await inference.infer("x", None, protocol="test", decode=refuse, encode=encode)
+        await inference.infer(call(refuse, model="x"))
     assert served(inference).statuses == {"test": {Status.BAD_REQUEST: 1, Status.UNAVAILABLE: 1}}
     assert served(inference).request_seconds == 0.0
 

@@ -23,7 +23,8 @@ from carpool.server.inference.cache import (
     ResponseCache,
     request_key,
 )
-from carpool.server.inference.path import Answer, ClientGone, Inference, Replay, Withdrawal
+from carpool.server.inference.call import Answer, Call, Replay, Withdrawal
+from carpool.server.inference.path import ClientGone, Inference
 from carpool.server.lifecycle.registry import Registry, ServedModel
 from carpool.server.messages import InferInput, InferRequest, ProtocolError
 from carpool.server.statuses import HTTPError, Status
@@ -81,18 +82,20 @@ def request(*values: float, request_id: str = "r", **parameters: Any) -> InferRe
     return InferRequest(request_id, parameters, (tensor,), None, False)
 
 
-def encode(answer: Answer) -> tuple[str | None, list[float]]:
+def encode(answer: Answer, read: Any = None) -> tuple[str | None, list[float]]:
     ((tensor, _),) = answer.outputs
     return answer.request.id, [float(v) for v in tensor.data.ravel()]
 
 
 async def infer(inference: Inference, decoded: InferRequest, **options: Any) -> Any:
-    async def decode(model: Model) -> InferRequest:
+    async def read() -> bytes:
+        return b"the body"
+
+    def decode(model: Model, read: bytes) -> InferRequest:
         return decoded
 
-    return await inference.infer(
-        "m", None, protocol="test", decode=decode, encode=encode, **options
-    )
+    call = Call(protocol="test", model="m", read=read, decode=decode, encode=encode, **options)
+    return await inference.infer(call)
 
 
 async def joined(inference: Inference, decoded: InferRequest, callers: int) -> None:
@@ -282,20 +285,26 @@ class Wire:
         self.reads += 1
         return self.parts
 
-    async def decode(self, model: Model) -> InferRequest:
+    def decode(self, model: Model, read: tuple[bytes | None, ...]) -> InferRequest:
         self.decodes += 1
         return self.decoded
 
-    def encode(self, answer: Answer) -> bytes:
+    def encode(self, answer: Answer, read: tuple[bytes | None, ...]) -> bytes:
         self.encodes += 1
         return repr(encode(answer)).encode()
 
 
+def as_read(parts: tuple[bytes | None, ...]) -> tuple[bytes | None, ...]:
+    return parts
+
+
 async def sent(inference: Inference, wire: Wire) -> bytes:
-    replay: Replay[bytes] = Replay(wire.received, len)
-    return await inference.infer(
-        "m", None, protocol="test", decode=wire.decode, encode=wire.encode, replay=replay
-    )
+    replay: Replay[tuple[bytes | None, ...], bytes] = Replay(as_read, len)
+    call = Call(
+        protocol="test", model="m", read=wire.received, decode=wire.decode,
+        encode=wire.encode, replay=replay,
+    )  # fmt: skip
+    return await inference.infer(call)
 
 
 async def test_a_request_repeated_byte_for_byte_is_replayed_neither_decoded_nor_encoded(

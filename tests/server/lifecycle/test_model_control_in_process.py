@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from carpool.loading import Catalog
+from carpool.server.inference.call import Answer, Call
 from carpool.server.inference.path import Inference
 from carpool.server.lifecycle.control import ControlUnavailable, LoadFailed, ModelControl, act
 from carpool.server.lifecycle.registry import ModelNotFound, Registry
@@ -42,16 +43,17 @@ def request(value: float) -> InferRequest:
 
 
 async def infer(inference: Inference, name: str, value: float) -> float:
-    async def decode(model: Any) -> InferRequest:
+    async def read() -> bytes:
+        return b""
+
+    def decode(model: Any, read: bytes) -> InferRequest:
         return request(value)
 
-    return await inference.infer(
-        name,
-        None,
-        protocol="http",
-        decode=decode,
-        encode=lambda answer: float(answer.outputs[0][0].data[0, 0]),
-    )
+    def encode(answer: Answer, read: bytes) -> float:
+        return float(answer.outputs[0][0].data[0, 0])
+
+    call = Call(protocol="http", model=name, read=read, decode=decode, encode=encode)
+    return await inference.infer(call)
 
 
 async def until(condition: Callable[[], bool]) -> None:

@@ -15,9 +15,9 @@ import pytest
 
 from carpool import Model, Tensor
 from carpool.errors import QueueFull
+from carpool.server.failures import ModelNotFound, ModelUnavailable
 from carpool.server.inference.admission import admit
 from carpool.server.inference.outcomes import error_status
-from carpool.server.lifecycle.registry import ModelNotFound, ModelUnavailable
 from carpool.server.messages import ProtocolError
 from carpool.server.openai.codec import (
     EmbeddingsRequest,
@@ -227,7 +227,7 @@ def test_a_lone_surrogate_is_refused_naming_the_row() -> None:
 
 def test_prompt_tokens_come_from_the_models_count() -> None:
     infer = infer_request(TEXT_TO_VECTOR, request(input=["a b", "c"]))
-    assert prompt_tokens(TEXT_TO_VECTOR, admit(TEXT_TO_VECTOR, infer)) == 0  # no count: 0
+    assert prompt_tokens(TEXT_TO_VECTOR, admit(TEXT_TO_VECTOR, infer).value) == 0  # no count: 0
     counting = Model(
         _vectors,
         name="m",
@@ -235,7 +235,7 @@ def test_prompt_tokens_come_from_the_models_count() -> None:
         outputs=[Tensor("VECTOR", "FP32", (2,))],
         count_tokens=_words,
     )
-    assert prompt_tokens(counting, admit(counting, infer)) == 3
+    assert prompt_tokens(counting, admit(counting, infer).value) == 3
 
 
 def test_a_model_that_has_not_opted_in_is_not_found() -> None:

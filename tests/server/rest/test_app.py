@@ -63,3 +63,40 @@ async def test_a_request_cut_off_at_the_drain_deadline_is_answered_503_and_count
     assert app.registry.get("slow").statuses == {"http": {503: 1}}
     release.set()
     await app.shutdown()
+
+
+async def test_embeddings_on_a_server_not_ready_answer_before_the_body_is_read() -> None:
+    """``/v1/embeddings`` checks readiness before it reads its body, as the v2 route does: a
+    client that sends its headers and never its body still gets the 503 at once, in OpenAI's
+    shape, counted the server's (no body: no model named)."""
+    app = build_app(ServerConfig(models=(Model(lambda batch: batch, name="m"),), grpc_port=0))
+    await app.startup()
+    app.begin_drain()  # not ready any more
+    sent: list[dict[str, Any]] = []
+    reads = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal reads
+        reads += 1
+        await asyncio.Event().wait()  # the body never comes
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/embeddings",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", b"100")],
+        "client": ("127.0.0.1", 1),
+    }
+    async with asyncio.timeout(10):
+        await app(scope, receive, send)
+    assert reads == 0
+    assert sent[0]["status"] == 503
+    error = json.loads(sent[1]["body"])["error"]
+    assert (error["message"], error["type"], error["param"]) == (STOPPING, "server_error", None)
+    assert app.registry.server_counts.totals() == {"openai": {503: 1}}
+    assert app.registry.get("m").statuses == {}
+    await app.shutdown()

@@ -19,19 +19,16 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from carpool.errors import ConfigError
 from carpool.model import Model
 from carpool.server.auth import ApiKeys
+from carpool.server.failures import ModelNotFound, ModelUnavailable
 from carpool.server.grpc import access as grpc_access
 from carpool.server.grpc import codec
 from carpool.server.grpc.bursts import MAX_HOLD_S, Bursts
 from carpool.server.grpc.wire import read_infer_request
+from carpool.server.inference.call import Answer, Call, Withdrawal
 from carpool.server.inference.outcomes import error_status
-from carpool.server.inference.path import Answer, Inference, Withdrawal
+from carpool.server.inference.path import Inference
 from carpool.server.lifecycle.control import ModelControl, act
-from carpool.server.lifecycle.registry import (
-    ModelNotFound,
-    ModelUnavailable,
-    ServedModel,
-    server_metadata,
-)
+from carpool.server.lifecycle.registry import ServedModel, server_metadata
 from carpool.server.messages import MAX_ELEMENTS, InferRequest
 from carpool.server.statuses import HTTPError, Status, grpc_code, is_server_error
 
@@ -65,13 +62,13 @@ def _unary(method: Handler) -> Handler:
         try:
             response = await method(self, request, context.time_remaining())
         except asyncio.CancelledError:
-            self._counts.record(PROTOCOL, Status.CLIENT_CLOSED)
+            self._recorder.record(PROTOCOL, Status.CLIENT_CLOSED)
             raise
         except Exception as exc:
             code, message = _status(exc, method.__name__)
-            self._counts.record(PROTOCOL, error_status(exc).status)
+            self._recorder.record(PROTOCOL, error_status(exc).status)
             await context.abort(code, message)
-        self._counts.record(PROTOCOL, Status.OK)
+        self._recorder.record(PROTOCOL, Status.OK)
         return response
 
     return wrapper  # type: ignore[return-value]
@@ -96,7 +93,7 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         self._inference = inference
         self._control = control  # None: models load at start only
         self._registry = inference.registry
-        self._counts = inference.server_counts  # the answers no model counts
+        self._recorder = inference.recorder  # every answer, the inference path's too
         self._bursts = Bursts()
 
     @_unary
@@ -205,16 +202,14 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     def _slot(self, request: Any, context: Any) -> Any:
         """The call's place in its burst; a call cancelled there counts as the inference
         path counts a cancelled call (499), under its model if it has one."""
-        withdrawn = functools.partial(self._withdrawn_while_held, request)
+        withdrawn = functools.partial(
+            self._recorder.named,
+            PROTOCOL,
+            Status.CLIENT_CLOSED,
+            request.model_name,
+            request.model_version or None,
+        )
         return self._bursts.slot(may_wait=_may_wait(context.time_remaining()), withdrawn=withdrawn)
-
-    def _withdrawn_while_held(self, request: Any) -> None:
-        try:
-            served = self._registry.get(request.model_name, request.model_version or None)
-        except (ModelNotFound, ModelUnavailable):  # the server's, as on the path
-            self._counts.record(PROTOCOL, Status.CLIENT_CLOSED)
-            return
-        served.record(PROTOCOL, Status.CLIENT_CLOSED)
 
     def _served(self, request: Any) -> ServedModel:
         return self._registry.get(request.name, request.version or None)
@@ -223,20 +218,13 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         """One ``ModelInferRequest`` through the inference path, counted
         under ``grpc``: the call's deadline (``left_s``) shortens its queue timeout, and a
         cancelled call (the client's cancel, its deadline) withdraws it and counts 499."""
-
-        async def decode(model: Model) -> InferRequest:
-            return await self._inference.admissions.decode(
-                request.size, codec.decode_infer_request, request, max_elements=MAX_ELEMENTS
-            )
-
-        return await self._inference.infer(
-            request.model_name,
-            request.model_version or None,
-            protocol=PROTOCOL,
-            decode=decode,
-            encode=_encode,
+        call = Call(
+            protocol=PROTOCOL, model=request.model_name,
+            version=request.model_version or None, read=functools.partial(_received, request),
+            size=_size, decode=_decode, encode=_encode,
             withdrawal=Withdrawal(deadline_s=left_s, cancel_counts_as=Status.CLIENT_CLOSED),
-        )
+        )  # fmt: skip
+        return await self._inference.infer(call)
 
 
 _KINDS = {
@@ -269,7 +257,19 @@ def _parameters(parameters: Any) -> dict[str, Any]:
     return {key: getattr(p, p.WhichOneof("parameter_choice")) for key, p in parameters.items()}
 
 
-def _encode(answer: Answer) -> Any:
+async def _received(request: Any) -> Any:
+    return request  # read already, by grpc (:func:`~carpool.server.grpc.wire.read_infer_request`)
+
+
+def _size(request: Any) -> int:
+    return int(request.size)
+
+
+def _decode(model: Model, request: Any) -> InferRequest:
+    return codec.decode_infer_request(request, max_elements=MAX_ELEMENTS)
+
+
+def _encode(answer: Answer, request: Any) -> Any:
     return codec.encode_infer_response(
         model_name=answer.served.name,
         model_version=answer.served.version,
@@ -282,7 +282,7 @@ def _unimplemented(rpc: str) -> Callable[..., Awaitable[Any]]:
     reason = next((why for key, why in _UNIMPLEMENTED.items() if key in rpc), "not supported")
 
     async def method(self: _Servicer, request: Any, context: Any) -> Any:
-        self._counts.record(PROTOCOL, Status.METHOD_NOT_ALLOWED)  # grpc_code: UNIMPLEMENTED
+        self._recorder.record(PROTOCOL, Status.METHOD_NOT_ALLOWED)  # grpc_code: UNIMPLEMENTED
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{rpc}: {reason}")
 
     method.__name__ = rpc
@@ -332,7 +332,7 @@ class GrpcServer:
     async def start(self) -> None:
         """Listen on ``address``; :class:`ConfigError` when it cannot (the port is taken)."""
         access = grpc_access.Access(  # --api-key; --grpc-max-concurrent-rpcs; counting
-            functools.partial(self._inference.server_counts.record, PROTOCOL),
+            self._inference.recorder.server(PROTOCOL),
             keys=self._api_keys,
             max_calls=self._max_concurrent_rpcs,
         )

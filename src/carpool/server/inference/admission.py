@@ -15,8 +15,9 @@ from typing import Any, TypeVar
 import numpy as np
 
 from carpool.datatypes import DATATYPES, datatype_of
-from carpool.errors import CarpoolError, CollationError
+from carpool.errors import CollationError
 from carpool.model import Model, Tensor
+from carpool.server.failures import ModelOutputError
 from carpool.server.messages import (
     InferInput,
     InferRequest,
@@ -51,20 +52,6 @@ DECODE_OFFLOAD_BYTES = 1 << 20
 # Threads that admit large requests, per process: a tokenizer parallelizes on its own (minilm's
 # uses every core), so a few suffice; more requests wait their turn, holding no thread.
 ADMISSION_THREADS = min(4, os.cpu_count() or 1)
-
-
-class ModelOutputError(CarpoolError, RuntimeError):
-    """The model returned outputs that do not match its declared signature (a 500).
-
-    The server's error, not the client's: the message names the model and what it broke.
-    """
-
-    def __init__(self, message: str) -> None:
-        self.message = message
-        super().__init__(message)
-
-    def _fields(self) -> dict[str, Any]:
-        return {"message": self.message}
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,14 @@
-"""Which status every exception a request can end in answers with: :func:`error_status`, the one
-classification. The app sends it, the access log and ``/metrics`` count it and gRPC names it,
-so no two protocols can disagree; each answer is counted once, under its model or its server.
-Pure."""
+"""What every answer a request can end in says, and where it is counted: :func:`error_status`,
+the one classification (the app, the access log, ``/metrics`` and gRPC all use it), and the
+:class:`Recorder` through which every answer of every protocol is counted once, under its model
+or its server. It only classifies and counts; the exceptions it names live in
+:mod:`carpool.server.failures`."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
 
 from carpool.errors import (
     BatcherClosed,
@@ -14,13 +19,20 @@ from carpool.errors import (
     SharedMemoryFull,
     WorkerDied,
 )
-from carpool.server.inference.admission import ModelOutputError
-from carpool.server.lifecycle.control import ControlUnavailable, LoadFailed
-from carpool.server.lifecycle.registry import ModelNotFound, ModelUnavailable
+from carpool.server.failures import (
+    ControlUnavailable,
+    LoadFailed,
+    ModelNotFound,
+    ModelOutputError,
+    ModelUnavailable,
+)
 from carpool.server.messages import ProtocolError
 from carpool.server.statuses import RETRY, STOPPING, HTTPError, Status
 
-__all__ = ["error_status"]
+if TYPE_CHECKING:
+    from carpool.server.lifecycle.registry import Registry, ServedModel
+
+__all__ = ["Recorder", "error_status"]
 
 
 def error_status(exc: BaseException) -> HTTPError:
@@ -52,3 +64,36 @@ def error_status(exc: BaseException) -> HTTPError:
     if isinstance(exc, Exception):  # the model's own exception, isolated to its rows
         return HTTPError(Status.INTERNAL_ERROR, f"model error: {type(exc).__name__}: {exc}")
     raise exc
+
+
+class Recorder:
+    """Where every answer of ``registry``'s server is counted, whatever protocol it came by:
+    under its model when one is known, else the server's (``registry.server_counts``)."""
+
+    def __init__(self, registry: Registry) -> None:
+        self._registry = registry
+
+    def record(
+        self, protocol: str, status: int, served: ServedModel | None = None, seconds: float = 0.0
+    ) -> None:
+        """One answer that came by ``protocol`` (a label in ``/metrics``) and ended in
+        ``status``; ``seconds`` count for a model's successes only, as Triton's do."""
+        if served is None:
+            self._registry.server_counts.record(protocol, status)
+        else:
+            served.record(protocol, status, seconds)
+
+    def server(self, protocol: str) -> Callable[[int], None]:
+        """What records the answers by ``protocol`` that no model counts (a refused key, a
+        connection over the limit), given their status."""
+        return partial(self.record, protocol)
+
+    def named(self, protocol: str, status: int, name: str, version: str | None) -> None:
+        """An answer to a request for model ``name`` that never reached the inference path
+        (a gRPC call cancelled while held for its burst): under that model if it serves,
+        else the server's, as the path counts it."""
+        try:
+            served = self._registry.get(name, version)
+        except (ModelNotFound, ModelUnavailable):
+            served = None
+        self.record(protocol, status, served)

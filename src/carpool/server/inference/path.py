@@ -1,20 +1,18 @@
-"""The inference path: one request's life between its decoder and its encoder, for every
-protocol. A front end hands :meth:`Inference.infer` its decode and encode steps and how the
-request may be withdrawn; the path does readiness, decode, admit, batch (or the response
-cache), respond, encode, and records the outcome under its model. Free of ASGI and grpc, so
-front ends in other processes use it too. With the cache: docs/architecture.md."""
+"""The inference path: one request's whole life, for every protocol. A front end hands
+:meth:`Inference.infer` one :class:`~carpool.server.inference.call.Call` and gets the encoded
+answer back; it is never called back. The path looks the model up once, checks readiness before
+reading, then reads, decodes (inline or in a thread), admits, batches or answers from the
+response cache (docs/architecture.md), encodes, and records the outcome once."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from functools import partial
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from carpool.errors import BatcherClosed, DeadlineExceeded
-from carpool.model import Model
 from carpool.server.inference.admission import (
     DECODE_OFFLOAD_BYTES,
     Admissions,
@@ -31,18 +29,33 @@ from carpool.server.inference.cache import (
     replay_key,
     request_key,
 )
-from carpool.server.inference.outcomes import error_status
+from carpool.server.inference.call import (
+    NOT_WITHDRAWN,
+    Answer,
+    Call,
+    GoneSignal,
+    Replay,
+    Withdrawal,
+)
+from carpool.server.inference.outcomes import Recorder, error_status
 from carpool.server.inference.sharing import Flights
-from carpool.server.lifecycle.registry import ModelNotFound, ModelUnavailable, Registry, ServedModel
-from carpool.server.messages import InferRequest, OutputTensor
+from carpool.server.lifecycle.registry import Registry, ServedModel
+from carpool.server.messages import InferRequest
 from carpool.server.statuses import HTTPError, Status
 
-__all__ = ["Answer", "ClientGone", "GoneSignal", "Inference", "Replay", "Withdrawal"]
+__all__ = [
+    "NOT_WITHDRAWN",
+    "Answer",
+    "Call",
+    "ClientGone",
+    "GoneSignal",
+    "Inference",
+    "Replay",
+    "Withdrawal",
+]
 
+R = TypeVar("R")
 T = TypeVar("T")
-
-# Called with what to run when the client goes (at most once); returns what stops watching.
-GoneSignal = Callable[[Callable[[], None]], Callable[[], None]]
 
 
 class ClientGone(HTTPError):
@@ -53,155 +66,96 @@ class ClientGone(HTTPError):
         super().__init__(Status.CLIENT_CLOSED, "the client went away before its answer")
 
 
-@dataclass(frozen=True, slots=True)
-class Withdrawal:
-    """How a request may be withdrawn before its answer; every field may be left out.
-
-    ``client_gone``: a :data:`GoneSignal`, told what to run when the client goes (REST: its
-    connection is lost); the request is then withdrawn and :class:`ClientGone` raised. A
-    callback, not an awaitable: watching costs no task of its own.
-    ``deadline_s``: the seconds the caller still waits (a gRPC call's deadline); it
-    shortens the queue timeout, and its expiry is a 504's kind (gRPC's
-    ``DEADLINE_EXCEEDED``), while the model's own queue timeout stays a 503.
-    ``cancel_counts_as``: the status a cancellation of the caller's task is counted as
-    (gRPC: a call the client cancelled, 499); None (REST, whose requests the server cancels
-    only at the drain timeout and answers itself) counts nothing.
-    """
-
-    client_gone: GoneSignal | None = None
-    deadline_s: float | None = None
-    cancel_counts_as: int | None = None
-
-
-NOT_WITHDRAWN = Withdrawal()
-
-
-@dataclass(frozen=True, slots=True)
-class Replay(Generic[T]):
-    """How a front end lets the response cache answer a request repeated byte for byte
-    with the answer it encoded the last time (see docs/architecture.md, the response cache).
-
-    ``received()`` reads the request (after the readiness check, as ``decode`` would) and
-    returns its parts as they came: every byte its encoded answer depends on, but the
-    model (REST: the header-length and content-type headers, None if not sent, and the
-    body); ``decode`` then decodes those bytes, not the client's again. ``size(encoded)``:
-    the bytes an encoded answer holds, which the cache counts.
-    """
-
-    received: Callable[[], Awaitable[tuple[bytes | None, ...]]]
-    size: Callable[[T], int]
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class Answer:
-    """What a request's ``encode`` step gets: the request as decoded, as admitted, and its
-    response tensors, each with whether to send it binary, in the order asked for.
-
-    From the response cache, ``admitted`` is the identical request's that computed it, its
-    ``value`` (the admitted inputs) kept only for a model that counts tokens, else empty.
-    """
-
-    served: ServedModel
-    request: InferRequest
-    admitted: AdmittedRequest
-    outputs: list[tuple[OutputTensor, bool]]
-
-
 class Inference:
     """The one inference path over the models of ``registry`` (see the module docstring);
-    ``admissions`` admits its requests (by default, a pool of its own)."""
+    ``admissions`` admits its requests (by default, a pool of its own); ``recorder`` counts
+    every answer of the server, this path's and its front ends' alike."""
 
     def __init__(self, registry: Registry, admissions: Admissions | None = None) -> None:
         self.registry = registry
         self.admissions = admissions if admissions is not None else Admissions()
-        self.server_counts = registry.server_counts  # the answers no model counts
+        self.recorder = Recorder(registry)
         self.flights: Flights[tuple[Entry, float]] = Flights()  # cached models' computations
 
-    async def infer(
-        self,
-        name: str,
-        version: str | None,
-        *,
-        protocol: str,
-        decode: Callable[[Model], Awaitable[InferRequest]],
-        encode: Callable[[Answer], T],
-        withdrawal: Withdrawal = NOT_WITHDRAWN,
-        replay: Replay[T] | None = None,
-    ) -> T:
-        """One request to model ``name`` (``version``, or None for the served one), which
-        came by ``protocol`` (a label in ``/metrics``): its encoded answer.
-
-        ``decode`` reads the request for the model (after the readiness check, so a server
-        that is stopping reads no body); ``encode`` turns the :class:`Answer` into what the
-        front end sends; with ``replay``, a cached model's answers are also kept encoded
-        (:class:`Replay`). Raises what the request ended in, already counted under its model:
-        :class:`ClientGone`, a cancellation, or any exception
-        :func:`~carpool.server.inference.outcomes.error_status` classifies; an unknown or
-        unavailable
-        model (:class:`~carpool.server.lifecycle.registry.ModelNotFound`,
-        :class:`~carpool.server.lifecycle.registry.ModelUnavailable`) has no model to count it
-        under,
-        and is counted the server's (``registry.server_counts``).
-        Whatever it returns or raises is counted, once.
-        """
+    async def infer(self, call: Call[R, T]) -> T:
+        """``call``'s encoded answer (see the module docstring). Raises what the request
+        ended in, already counted: :class:`ClientGone`, a cancellation (counted as
+        ``call.withdrawal.cancel_counts_as`` says), or any exception
+        :func:`~carpool.server.inference.outcomes.error_status` classifies. Counted under
+        the model once it is known; before (an unknown or unavailable model,
+        :class:`~carpool.server.failures.ModelNotFound`,
+        :class:`~carpool.server.failures.ModelUnavailable`, a body that cannot be read or
+        names no model), the server's. Whatever it returns or raises is counted, once."""
+        served: ServedModel | None = None
         try:
-            served = self.registry.get(name, version)
-        except (ModelNotFound, ModelUnavailable) as exc:
-            self.server_counts.record(protocol, error_status(exc).status)
-            raise
-        served.enter()  # on its way through this version (a reload waits for it)
-        started = time.perf_counter()
-        try:
-            encoded = await self._encoded(served, decode, encode, withdrawal, replay)
+            if call.model is not None:
+                served = self._enter(call.model, call.version)
+            started = time.perf_counter()
+            if not self.registry.ready:
+                raise BatcherClosed(call.model or call.protocol, "is stopping")
+            read = await call.read()
+            if served is None:
+                assert call.named is not None, "a call names its model, or says how to read it"
+                served = self._enter(call.named(read), None)
+                started = time.perf_counter()
+            encoded = await self._encoded(served, call, read)
         except asyncio.CancelledError:
-            if withdrawal.cancel_counts_as is not None:
-                served.record(protocol, withdrawal.cancel_counts_as)
+            if call.withdrawal.cancel_counts_as is not None:
+                self.recorder.record(call.protocol, call.withdrawal.cancel_counts_as, served)
             raise
         except Exception as exc:
-            served.record(protocol, error_status(exc).status)
+            self.recorder.record(call.protocol, error_status(exc).status, served)
             raise
         finally:
-            served.leave()
-        served.record(protocol, Status.OK, time.perf_counter() - started)
+            if served is not None:
+                served.leave()
+        self.recorder.record(call.protocol, Status.OK, served, time.perf_counter() - started)
         return encoded
 
-    async def _encoded(
-        self,
-        served: ServedModel,
-        decode: Callable[[Model], Awaitable[InferRequest]],
-        encode: Callable[[Answer], T],
-        withdrawal: Withdrawal,
-        replay: Replay[T] | None,
-    ) -> T:
-        if not self.registry.ready:
-            raise BatcherClosed(served.name, "is stopping")
+    def _enter(self, name: str, version: str | None) -> ServedModel:
+        """The model that serves ``name`` (``version``), this request now on its way through
+        it (a reload waits for it). Raises :class:`ModelNotFound`, :class:`ModelUnavailable`."""
+        served = self.registry.get(name, version)
+        served.enter()
+        return served
+
+    async def _decoded(self, served: ServedModel, call: Call[R, T], read: R) -> InferRequest:
+        """``read`` decoded for ``served``'s model: inline, or in a thread if it is large."""
+        return await self.admissions.decode(call.size(read), call.decode, served.model, read)
+
+    async def _encoded(self, served: ServedModel, call: Call[R, T], read: R) -> T:
         cache = self.registry.cache
-        if cache is None or not served.model.response_cache:
-            request = await decode(served.model)
-            admitted = await self.admissions.admit(served.model, request)
-            outputs = await _batched(served, admitted, withdrawal)
-            return encode(
-                Answer(served, request, admitted, respond(served.model, admitted, outputs))
-            )
-        if replay is None:
-            request = await decode(served.model)
-            answer, _ = await self._cached(cache, served, request, withdrawal)
-            return encode(answer)
-        received = await replay.received()
-        started = time.perf_counter()
-        large = sum(len(part or b"") for part in received) >= DECODE_OFFLOAD_BYTES
-        key = await self._key(replay_key, served, received, large)
-        replayed = cache.replayed(key)
-        if replayed is not None:
-            served.cache_counts.hit(time.perf_counter() - started)
-            encoded: T = replayed.encoded
-            return encoded
-        request = await decode(served.model)
-        answer, entry = await self._cached(cache, served, request, withdrawal)
-        encoded = encode(answer)
-        if entry is not None:  # seen before: kept encoded (a request seen once is not)
-            replayed = Replayed(served.name, encoded, entry)
-            self._keep(cache, served, key, replayed, REPLAY_OVERHEAD + replay.size(encoded))
+        if cache is not None and served.model.response_cache:
+            return await self._from_cache(cache, served, call, read)
+        request = await self._decoded(served, call, read)
+        admitted = await self.admissions.admit(served.model, request)
+        outputs = await _batched(served, admitted, call.withdrawal)
+        answer = Answer(served, request, admitted, respond(served.model, admitted, outputs))
+        return call.encode(answer, read)
+
+    async def _from_cache(
+        self, cache: ResponseCache, served: ServedModel, call: Call[R, T], read: R
+    ) -> T:
+        """``call``'s answer through ``cache``: replayed as it was sent the last time (with
+        ``call.replay``), else decoded, answered by :meth:`_cached` and encoded, and kept
+        encoded if the cache answered it."""
+        replay = call.replay
+        if replay is not None:
+            parts = replay.parts(read)
+            started = time.perf_counter()
+            large = sum(len(part or b"") for part in parts) >= DECODE_OFFLOAD_BYTES
+            replay_at = await self._key(replay_key, served, parts, large)
+            replayed = cache.replayed(replay_at)
+            if replayed is not None:
+                served.cache_counts.hit(time.perf_counter() - started)
+                kept: T = replayed.encoded
+                return kept
+        request = await self._decoded(served, call, read)
+        answer, entry = await self._cached(cache, served, request, call.withdrawal)
+        encoded = call.encode(answer, read)
+        if replay is not None and entry is not None:  # seen before: kept encoded
+            held = Replayed(served.name, encoded, entry)
+            self._keep(cache, served, replay_at, held, REPLAY_OVERHEAD + replay.size(encoded))
         return encoded
 
     def _keep(

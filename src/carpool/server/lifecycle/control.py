@@ -14,9 +14,10 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from carpool.errors import CarpoolError, ConfigError, WorkerStartError
+from carpool.errors import ConfigError, WorkerStartError
 from carpool.loading import Catalog
 from carpool.loading.catalog import read_version
+from carpool.server.failures import ControlUnavailable, LoadFailed
 from carpool.server.lifecycle import watch
 from carpool.server.lifecycle.load_config import check_unload, load_overrides
 from carpool.server.lifecycle.registry import Registry, ServedModel
@@ -30,31 +31,6 @@ CONTROL_OFF = (
     "explicit model load / unload is not allowed: start the server with "
     "--model-control-mode explicit"
 )
-
-
-class ControlUnavailable(CarpoolError):
-    """Loading and unloading on request are off (a 503, Triton's UNAVAILABLE): the server
-    runs without explicit model control, or is stopping."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-        super().__init__(reason)
-
-    def _fields(self) -> dict[str, Any]:
-        return {"reason": self.reason}
-
-
-class LoadFailed(CarpoolError):
-    """A model could not be loaded (a 400, Triton's INVALID_ARG); the version serving
-    before, if any, still serves."""
-
-    def __init__(self, name: str, reason: str, *, action: str = "load") -> None:
-        self.name = name
-        self.reason = reason
-        super().__init__(f"failed to {action} '{name}': {reason}")
-
-    def _fields(self) -> dict[str, Any]:
-        return {"name": self.name, "reason": self.reason}
 
 
 async def act(

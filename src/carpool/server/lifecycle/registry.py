@@ -15,9 +15,10 @@ from itertools import count
 from typing import TYPE_CHECKING, Any, Protocol
 
 from carpool.engine.stats import BatcherStats, BatchTimes
-from carpool.errors import CarpoolError, ConfigError, WorkerStartError
+from carpool.errors import ConfigError, WorkerStartError
 from carpool.loading import LoadFailure
 from carpool.model import Model, Tensor
+from carpool.server.failures import ModelNotFound, ModelUnavailable
 from carpool.server.telemetry.statistics import CacheCounts, batch_stats, compute_phases, duration
 
 __all__ = [
@@ -41,32 +42,6 @@ EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "schedu
 def server_metadata() -> dict[str, Any]:
     """The server's v2 metadata: its name, version and the protocol extensions it serves."""
     return {"name": "carpool", "version": VERSION, "extensions": EXTENSIONS}
-
-
-class ModelNotFound(CarpoolError, LookupError):
-    """No model (or no such version of it) is served under that name: a 404."""
-
-    def __init__(self, name: str, version: str | None = None) -> None:
-        self.name = name
-        self.version = version
-        what = f"'{name}'" if version is None else f"'{name}' version '{version}'"
-        super().__init__(f"Request for unknown model: {what} is not found")  # Triton's words
-
-    def _fields(self) -> dict[str, Any]:
-        return {"name": self.name, "version": self.version}
-
-
-class ModelUnavailable(CarpoolError):
-    """A request for a model that failed to load at start (its
-    :class:`~carpool.loading.LoadFailure`); the reason says why (a 400, as in Triton)."""
-
-    def __init__(self, name: str, reason: str) -> None:
-        self.name = name
-        self.reason = reason
-        super().__init__(f"Model '{name}' is not ready: failed to load: {reason}")
-
-    def _fields(self) -> dict[str, Any]:
-        return {"name": self.name, "reason": self.reason}
 
 
 def _tensor(spec: Tensor, batched: bool) -> dict[str, Any]:

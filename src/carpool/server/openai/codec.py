@@ -1,7 +1,7 @@
 """OpenAI's embeddings API as carpool's records: request bodies in, response and error bodies
 out. ``POST /v1/embeddings`` becomes a v2 :class:`~carpool.server.messages.InferRequest` of k
 rows, batched like any other; every error body is ``{"error": {"message", "type", "param",
-"code"}}``. Pure."""
+"code"}}``. Pure: nothing is kept between a request's decoding and its encoding."""
 
 from __future__ import annotations
 
@@ -15,21 +15,20 @@ import numpy as np
 import orjson
 
 from carpool.model import Model
-from carpool.server.inference.admission import AdmittedRequest
-from carpool.server.inference.path import Answer
-from carpool.server.lifecycle.registry import ModelNotFound, ModelUnavailable
+from carpool.server.failures import ModelNotFound, ModelUnavailable
 from carpool.server.messages import InferInput, InferRequest, ProtocolError
 from carpool.server.statuses import HTTPError, Status, openai_code, openai_type
 
 __all__ = [
     "OpenAIError",
     "EmbeddingsRequest",
-    "EmbeddingsCall",
     "json_body",
     "model_name",
     "parse_embeddings",
     "check_opted_in",
     "infer_request",
+    "decode",
+    "wants_base64",
     "prompt_tokens",
     "encode_embeddings",
     "model_entry",
@@ -289,39 +288,28 @@ def _utf8(text: str, index: int) -> bytes:
         ) from None
 
 
-def prompt_tokens(model: Model, admitted: AdmittedRequest) -> int:
-    """The request's tokens as the model counts them (:attr:`Model.count_tokens`, from the
-    inputs it gets); 0 for a model that does not count."""
+def prompt_tokens(model: Model, value: Any) -> int:
+    """The request's tokens as the model counts them (:attr:`Model.count_tokens`, from
+    ``value``, the inputs it gets); 0 for a model that does not count."""
     if model.count_tokens is None:
         return 0
-    return int(model.count_tokens(admitted.value))
+    return int(model.count_tokens(value))
 
 
-class EmbeddingsCall:
-    """One ``POST /v1/embeddings`` body (:func:`json_body`'s) on the inference path: its
-    decode step (:func:`parse_embeddings`, :func:`infer_request`) and its encode step
-    (:func:`encode_embeddings`), which needs what the decode read."""
+def decode(
+    model: Model, doc: dict[str, Any], *, max_client_batch_size: int | None = None
+) -> InferRequest:
+    """A ``POST /v1/embeddings`` body (:func:`json_body`'s) for ``model``: the v2 request of
+    k rows. Raises :class:`OpenAIError`: a model that has not opted in
+    (:func:`check_opted_in`), a body :func:`parse_embeddings` or :func:`infer_request`
+    refuses."""
+    check_opted_in(model)
+    return infer_request(model, parse_embeddings(doc, max_client_batch_size))
 
-    def __init__(self, doc: dict[str, Any], max_client_batch_size: int | None = None) -> None:
-        self._doc = doc
-        self._max_items = max_client_batch_size
-        self._request: EmbeddingsRequest | None = None
 
-    async def decode(self, model: Model) -> InferRequest:
-        """The body as the v2 request of k rows for ``model``; raises :class:`OpenAIError`."""
-        self._request = parse_embeddings(self._doc, self._max_items)
-        return infer_request(model, self._request)
-
-    def encode(self, answer: Answer) -> bytes:
-        """The response body for the embeddings ``answer`` holds, one per text."""
-        assert self._request is not None, "encode follows decode"
-        ((tensor, _),) = answer.outputs
-        return encode_embeddings(
-            model=answer.served.name,
-            vectors=tensor.data,
-            base64=self._request.base64,
-            prompt_tokens=prompt_tokens(answer.served.model, answer.admitted),
-        )
+def wants_base64(doc: dict[str, Any]) -> bool:
+    """Whether a body :func:`decode` took asks for base64 vectors (else float lists)."""
+    return _encoding_format(doc.get("encoding_format")) == "base64"
 
 
 def encode_embeddings(

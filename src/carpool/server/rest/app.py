@@ -1,25 +1,25 @@
-"""The REST API as a plain ASGI application: lifespan, routes, and the REST front ends of the
-inference path (v2 JSON, binary and raw; OpenAI's). Routes are matched by splitting the path,
-not by a framework: the inference route is the hot path. Error bodies are exactly
-``{"error": "<message>"}``, what tritonclient reads. It starts and drains the gRPC server it is
-given without importing grpc; only :mod:`carpool.server.serve` imports it."""
+"""The REST API as a plain ASGI application: lifespan, routes, and the REST front ends (v2 JSON,
+binary and raw; OpenAI's), each handing the inference path one call record
+(:mod:`carpool.server.rest.calls`) and sending what comes back. Routes are matched by splitting
+the path: the inference route is the hot path. Error bodies are exactly ``{"error": "..."}``,
+what tritonclient reads. It starts and drains the gRPC server it is given without importing grpc."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from carpool.errors import ConfigError
-from carpool.model import Model
 from carpool.server.auth import UNAUTHORIZED, ApiKeys, is_open
+from carpool.server.inference.call import Call
 from carpool.server.inference.outcomes import error_status
-from carpool.server.inference.path import Answer, ClientGone, Inference, Replay, Withdrawal
+from carpool.server.inference.path import ClientGone, Inference
 from carpool.server.lifecycle.control import ModelControl, act
 from carpool.server.lifecycle.load_config import request_parameters
 from carpool.server.lifecycle.registry import VERSION, ServedModel, server_metadata
-from carpool.server.messages import HEADER_LENGTH, MAX_ELEMENTS, InferRequest, ProtocolError
 from carpool.server.openai import codec as openai
 from carpool.server.rest import openapi
 from carpool.server.rest.asgi import (
@@ -27,20 +27,23 @@ from carpool.server.rest.asgi import (
     Receive,
     Scope,
     Send,
-    gone_signal,
     request_watch,
     send_json,
     send_response,
 )
 from carpool.server.rest.bodies import read_body, request_headers
+from carpool.server.rest.calls import (
+    HTTP,
+    OPENAI,
+    Received,
+    Sent,
+    embeddings_call,
+    v2_call,
+    withdrawal,
+)
 from carpool.server.rest.codec import (
-    check_raw_content_type,
     encode_error,
-    encode_infer_response,
-    parse_header_length,
     parse_index_request,
-    parse_infer_request,
-    parse_raw_request,
 )
 from carpool.server.statuses import STOPPING, HTTPError, Status, is_server_error
 from carpool.server.telemetry.logs import access_log, log_access
@@ -54,13 +57,6 @@ __all__ = ["App"]
 LOADS = ("load", "unload")  # /v2/repository/models/NAME/...
 
 log = logging.getLogger("carpool.server")
-_HTTP = "http"  # the protocol label of v2 REST requests in /metrics
-_OPENAI = "openai"  # and of /v1/embeddings requests
-# The server cancels a REST request only at the drain deadline, and answers it 503 itself
-# (``_http``): counted so under its model, as every other answer is.
-_CUT_OFF = Status.UNAVAILABLE
-# In a request's scope once the inference path counts its answer (and the app must not).
-_COUNTED = "carpool.counted"
 
 
 class App:
@@ -91,7 +87,7 @@ class App:
         self.max_body_bytes = max_body_bytes
         self.drain_timeout_s = drain_timeout_s
         self.metrics = metrics if metrics is not None else Metrics(self.registry)
-        self.server_counts = inference.server_counts  # the answers no model counts
+        self.recorder = inference.recorder  # every answer, the inference path's too
         self.startup_error: Exception | None = None  # why startup failed, if it did
         self._started: list[ServedModel] = []
         self._drain_deadline: float | None = None  # monotonic; set when draining begins
@@ -184,16 +180,21 @@ class App:
         started = time.perf_counter()
         method = scope["method"]
         parts = scope["path"].strip("/").split("/")
+        call: Call[Any, Sent] | None = None  # once handed over, the inference path counts
         try:
             if self.api_keys is not None and self._refused(self.api_keys, parts, scope):
                 bearer = [(b"www-authenticate", b"Bearer")]
                 raise HTTPError(Status.UNAUTHORIZED, UNAUTHORIZED, bearer)
-            status = await self._route(method, parts, scope, receive, send)
+            call = self._call(method, parts, scope, receive)
+            if call is None:
+                status = await self._route(method, parts, scope, receive, send)
+            else:
+                status = await self._infer(call, send)
         except asyncio.CancelledError:
             # The server gave up on this request (drain timeout): answer it with a 503, not
             # the server's plain-text 500 and an error traceback for an expected end.
             stopping = HTTPError(Status.UNAVAILABLE, STOPPING)
-            self._count(scope, parts, stopping.status)
+            self._count(call, parts, stopping.status)
             try:
                 body = _error_body(parts, stopping, stopping)
                 await send_response(send, stopping.status, body, JSON)
@@ -205,18 +206,18 @@ class App:
             status = error.status
             if is_server_error(status) and not isinstance(exc, HTTPError):
                 log.warning("%s %s -> %d: %s", method, scope["path"], status, error.message)
-            self._count(scope, parts, status)
+            self._count(call, parts, status)
             await send_response(send, status, _error_body(parts, exc, error), JSON + error.headers)
         else:
-            self._count(scope, parts, status)
+            self._count(call, parts, status)
         if access_log.isEnabledFor(logging.INFO):
             log_access(scope.get("client"), method, scope["path"], status, started)
 
-    def _count(self, scope: Scope, parts: list[str], status: int) -> None:
-        """Count an answer the server's unless the inference path counted it (under its
-        model, or the server's for an unknown one): each answer once."""
-        if not scope.get(_COUNTED):
-            self.server_counts.record(_OPENAI if parts[0] == "v1" else _HTTP, status)
+    def _count(self, call: Call[Any, Sent] | None, parts: list[str], status: int) -> None:
+        """Count an answer the server's, unless it answers a ``call`` the inference path took
+        (which counted it, whatever it ended in): each answer once."""
+        if call is None:
+            self.recorder.record(OPENAI if parts[0] == "v1" else HTTP, status)
 
     def _refused(self, keys: ApiKeys, parts: list[str], scope: Scope) -> bool:
         """Whether a request needs a key and presents none of ``keys`` (401, no detail)."""
@@ -276,24 +277,18 @@ class App:
             return await send_json(
                 send, 200, {"model_stats": [m.statistics() for m in self.registry]}
             )
-        if not rest or not rest[0]:
+        route = _model_route(rest)
+        if route is None:
             raise _not_found(scope)
-        name, tail = rest[0], rest[1:]
-        version = None
-        if len(tail) >= 2 and tail[0] == "versions":
-            version, tail = tail[1], tail[2:]
-        action = tail[0] if tail else ""
-        if len(tail) > 1 or action not in ("", "infer", "ready", "config", "stats"):
-            raise _not_found(scope)
+        name, version, action = route
         if action == "ready" and name in self.registry.load_failures:
             _allow(method, "GET")
             reason = self.registry.load_failures[name].reason
             failed = {"name": name, "ready": False, "error": reason}
             return await send_json(send, Status.UNAVAILABLE, failed)
         served = self.registry.get(name, version)
-        if action == "infer":
-            _allow(method, "POST")
-            return await self._infer(name, version, scope, receive, send)
+        if action == "infer":  # not a POST: a POST went to the inference path (_call)
+            raise _not_allowed("POST")
         _allow(method, "GET")
         if action == "":
             return await send_json(send, 200, served.metadata())
@@ -307,44 +302,45 @@ class App:
         await self.registry.refresh()
         return await send_json(send, 200, {"model_stats": [served.statistics()]})
 
-    async def _infer(
-        self, name: str, version: str | None, scope: Scope, receive: Receive, send: Send
-    ) -> int:
-        """A v2 inference request (JSON, binary or raw): decoded and encoded here, its life
-        in between the inference path's. Read once, by whichever step asks first: the
-        response cache's replay (the parts its answer depends on) or the decoder."""
-        read: list[tuple[bytes | None, bytes | None, bytes]] = []
+    def _call(
+        self, method: str, parts: list[str], scope: Scope, receive: Receive
+    ) -> Call[Any, Sent] | None:
+        """The call record of an inference request (``POST`` to a model's ``infer`` or to
+        ``/v1/embeddings``), for the inference path; None for any other request."""
+        if method != "POST":
+            return None
+        if parts == ["v1", "embeddings"]:
+            return self._embeddings_call(scope, receive)
+        route = _model_route(parts[2:]) if parts[:2] == ["v2", "models"] else None
+        if route is None or route[2] != "infer":
+            return None
+        name, version, _ = route
+        read = partial(self._received, scope, receive)
+        return v2_call(name, version, read, withdrawal(scope, receive))
 
-        async def received() -> tuple[bytes | None, bytes | None, bytes]:
-            if not read:
-                headers = request_headers(scope)
-                body = await self._read_body(headers, scope, receive)
-                length = headers.get(b"inference-header-content-length")
-                read.append((length, headers.get(b"content-type"), body))
-            return read[0]
-
-        async def decode(model: Model) -> InferRequest:
-            return await self._decode(model, *await received())
-
-        scope[_COUNTED] = True
-        gone = Withdrawal(client_gone=gone_signal(scope, receive), cancel_counts_as=_CUT_OFF)
+    async def _infer(self, call: Call[Any, Sent], send: Send) -> int:
+        """``call`` through the inference path, which counts it; its answer sent."""
         try:
-            body, json_length = await self.inference.infer(
-                name, version, protocol=_HTTP, decode=decode, encode=_encode, withdrawal=gone,
-                replay=Replay(received, _encoded_size),
-            )  # fmt: skip
+            body, headers = await self.inference.infer(call)
         except ClientGone:
             return Status.CLIENT_CLOSED  # nobody to answer
-        await send_response(send, 200, body, _infer_headers(json_length))
+        await send_response(send, 200, body, headers)
         return 200
+
+    async def _received(self, scope: Scope, receive: Receive) -> Received:
+        """A v2 inference request as it came: the parts its decoding (and its replay from
+        the response cache) depend on."""
+        headers = request_headers(scope)
+        body = await self._read_body(headers, scope, receive)
+        length = headers.get(b"inference-header-content-length")
+        return length, headers.get(b"content-type"), body
 
     async def _openai(
         self, method: str, rest: list[str], scope: Scope, receive: Receive, send: Send
     ) -> int:
         """OpenAI's routes (:mod:`carpool.server.openai.codec`), for the models that opted in."""
         if rest == ["embeddings"]:
-            _allow(method, "POST")
-            return await self._embeddings(scope, receive, send)
+            raise _not_allowed("POST")  # a POST went to the inference path (_call)
         if rest == ["models"]:
             _allow(method, "GET")
             entries = [
@@ -358,32 +354,14 @@ class App:
             return await send_json(send, 200, openai.model_entry(served.name, served.created))
         raise _not_found(scope)
 
-    async def _embeddings(self, scope: Scope, receive: Receive, send: Send) -> int:
-        """One request of k texts through the inference path the v2 route takes; OpenAI's
-        bodies in and out. The model is known (and counts the request) once named."""
-        doc = openai.json_body(await self._body(scope, receive))
-        served = self.registry.get(openai.model_name(doc))
-        scope[_COUNTED] = True
-        try:
-            openai.check_opted_in(served.model)
-        except openai.OpenAIError as exc:  # a model known by name: the refusal counts there
-            served.record(_OPENAI, exc.status)
-            raise
-        call = openai.EmbeddingsCall(doc, self.max_client_batch_size)
-        gone = Withdrawal(client_gone=gone_signal(scope, receive), cancel_counts_as=_CUT_OFF)
-        try:
-            body = await self.inference.infer(
-                served.name,
-                None,
-                protocol=_OPENAI,
-                decode=call.decode,
-                encode=call.encode,
-                withdrawal=gone,
-            )
-        except ClientGone:
-            return Status.CLIENT_CLOSED  # nobody to answer
-        await send_response(send, 200, body, JSON)
-        return 200
+    def _embeddings_call(self, scope: Scope, receive: Receive) -> Call[Any, Sent]:
+        """One request of k texts, through the inference path the v2 route takes; OpenAI's
+        bodies in and out. Its body names the model: counted the server's until then."""
+
+        async def read() -> dict[str, Any]:
+            return openai.json_body(await self._body(scope, receive))
+
+        return embeddings_call(read, withdrawal(scope, receive), self.max_client_batch_size)
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes:
         return await self._read_body(request_headers(scope), scope, receive)
@@ -397,46 +375,20 @@ class App:
             headers, receive, self.max_body_bytes, timeout_s=self.body_timeout_s, arrived=arrived
         )
 
-    async def _decode(
-        self, model: Model, length: bytes | None, content_type: bytes | None, body: bytes
-    ) -> InferRequest:
-        """The request of ``body`` and its ``inference-header-content-length`` and
-        ``content-type`` headers (None where not sent) for ``model``."""
-        header_length = parse_header_length(_text(length), len(body))
-        if header_length == 0:
-            check_raw_content_type(_text(content_type))
-            return _raw_request(model, body)
-        json_bytes = len(body) if header_length is None else header_length
-        return await self.inference.admissions.decode(
-            json_bytes, parse_infer_request, body, header_length, max_elements=MAX_ELEMENTS
-        )
 
-
-def _encode(answer: Answer) -> tuple[bytes, int | None]:
-    return encode_infer_response(
-        model_name=answer.served.name,
-        model_version=answer.served.version,
-        request_id=answer.request.id,
-        outputs=answer.outputs,
-    )
-
-
-def _encoded_size(encoded: tuple[bytes, int | None]) -> int:
-    return len(encoded[0])
-
-
-def _raw_request(model: Model, body: bytes) -> InferRequest:
-    """A raw binary body is the data of the model's one input (Triton's rule)."""
-    spec = model.input_specs
-    if len(spec) != 1:
-        raise ProtocolError(
-            f"raw binary request needs a model with exactly 1 input; "
-            f"'{model.name}' has {len(spec)}",
-            field=HEADER_LENGTH,
-        )
-    return parse_raw_request(
-        body, name=spec[0].name, datatype=spec[0].datatype, shape_without_batch=spec[0].shape
-    )
+def _model_route(rest: list[str]) -> tuple[str, str | None, str] | None:
+    """``NAME[/versions/VERSION][/ACTION]`` below ``/v2/models``: name, version (None: the
+    one served) and action ("" for the metadata); None for no model route."""
+    if not rest or not rest[0]:
+        return None
+    name, tail = rest[0], rest[1:]
+    version = None
+    if len(tail) >= 2 and tail[0] == "versions":
+        version, tail = tail[1], tail[2:]
+    action = tail[0] if tail else ""
+    if len(tail) > 1 or action not in ("", "infer", "ready", "config", "stats"):
+        return None
+    return name, version, action
 
 
 def _error_body(parts: list[str], exc: BaseException, error: HTTPError) -> bytes:
@@ -446,25 +398,16 @@ def _error_body(parts: list[str], exc: BaseException, error: HTTPError) -> bytes
     return encode_error(error.message)
 
 
-def _infer_headers(json_length: int | None) -> list[tuple[bytes, bytes]]:
-    if json_length is None:
-        return JSON
-    return [
-        (b"content-type", b"application/octet-stream"),
-        (b"inference-header-content-length", str(json_length).encode()),
-    ]
-
-
-def _text(value: bytes | None) -> str | None:
-    return None if value is None else value.decode("latin-1")
-
-
 def _not_found(scope: Scope) -> HTTPError:
     return HTTPError(Status.NOT_FOUND, f"Not Found: {scope['path']}")
 
 
 def _allow(method: str, allowed: str) -> None:
     if method != allowed:
-        raise HTTPError(
-            Status.METHOD_NOT_ALLOWED, "Method Not Allowed", [(b"allow", allowed.encode())]
-        )
+        raise _not_allowed(allowed)
+
+
+def _not_allowed(allowed: str) -> HTTPError:
+    return HTTPError(
+        Status.METHOD_NOT_ALLOWED, "Method Not Allowed", [(b"allow", allowed.encode())]
+    )
