@@ -1,13 +1,7 @@
-"""The call record: what a front end hands the inference path for one request, and what the
-path hands its encoder back.
-
-A front end (REST v2, OpenAI's ``/v1/embeddings``, gRPC) fills in one :class:`Call`: how to
-read the request, how big decoding it is, how to decode and encode it, and how the caller may
-withdraw; :meth:`~carpool.server.inference.path.Inference.infer` does the rest (readiness,
-the model, where decoding runs, admission, batching, the cache, encoding, the count) and is
-never called back. ``decode`` and ``encode`` are pure functions of what ``read`` returned:
-nothing is kept between them. Types only: it must not import the path.
-"""
+"""The call record: what a front end hands the inference path for one request (how to read,
+size, decode and encode it, how the caller may withdraw), and what the path hands its encoder
+back. ``decode`` and ``encode`` are pure functions of what ``read`` returned: nothing is kept
+between them. Types only: it must not import the path."""
 
 from __future__ import annotations
 

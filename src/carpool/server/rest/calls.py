@@ -1,10 +1,6 @@
-"""The REST front ends' call records for the inference path
-(:class:`~carpool.server.inference.call.Call`): how a v2 inference request (JSON, binary or
-raw) and an OpenAI ``/v1/embeddings`` request are sized, decoded and encoded, by the codecs
-(:mod:`carpool.server.rest.codec`, :mod:`carpool.server.openai.codec`), and how either is
-withdrawn. Pure functions of what the app read; the app reads, the path does the rest. Only
-:mod:`carpool.server.rest.app` imports it.
-"""
+"""The REST front ends' call records for the inference path: how a v2 inference request (JSON,
+binary or raw) and an OpenAI ``/v1/embeddings`` request are sized, decoded, encoded and
+withdrawn, by the codecs. Pure functions of what the app read; only the app imports it."""
 
 from __future__ import annotations
 
