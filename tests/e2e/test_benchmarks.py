@@ -58,6 +58,15 @@ def run_of(test: pytest.Function, folder: Path) -> tuple[list[str], float]:
     [
         ("overhead.py", ["[async] 1000 asyncio tasks, await infer(x)", "carpool/floor = "]),
         ("efficiency.py", ["served/offline", "workers=1 served/offline"]),
+        (
+            "reform.py",
+            [
+                "(a) priority: an urgent request's wait",
+                "urgent wait p99, staged / free only: ",
+                "(b) served/offline (P1b)",
+                "(c) 64 clients",
+            ],
+        ),
         ("low_load.py", ["eager overhead", "fixed"]),
         ("few_clients.py", ["few clients: the default policy is 'eager'", "mean batch"]),
         (

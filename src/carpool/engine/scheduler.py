@@ -31,6 +31,9 @@ _monotonic = time.monotonic  # the batcher's clock
 # A padded model's batch is formed by length from the first SORT_WINDOW batches' worth of
 # rows queued (infinity sorts up to 256 texts; 8 x 32 is the same).
 SORT_WINDOW = 8
+# Whether a more urgent arrival re-forms the staged batches. Private: only
+# benchmarks/reform.py turns it off, to measure what re-forming buys.
+_REFORM = True
 
 
 class Scheduler:
@@ -117,7 +120,7 @@ class Scheduler:
             request.timer = self._loop.call_at(
                 now + timeout_ms / 1000.0, self._resolver.expire, request, timeout_ms
             )
-        if priority < self.in_flight.least_urgent:
+        if priority < self.in_flight.least_urgent and _REFORM:
             self._reform(priority)
         waiter = self._waiter  # wake() inlined: this runs once per request
         if waiter is not None:
