@@ -87,16 +87,16 @@ class Batcher:
     """
 
     # The options users read off a batcher, read-only: each is its record's.
-    name = OptionView(lambda o: o.name)
-    max_batch_size = OptionView(lambda o: o.max_batch_size)
-    max_wait_ms = OptionView(lambda o: o.max_wait_ms)
-    max_queue_size = OptionView(lambda o: o.max_queue_size)
-    workers = OptionView(lambda o: o.workers)
-    isolate_errors = OptionView(lambda o: o.isolate_errors)
-    runner = OptionView(lambda o: o.runner)
-    batch_timeout_ms = OptionView(lambda o: o.batch_timeout_ms)
-    retry = OptionView(lambda o: o.retry)
-    runner_options = OptionView(lambda o: o.runner_options)
+    name: OptionView[str] = OptionView()
+    max_batch_size: OptionView[int] = OptionView()
+    max_wait_ms: OptionView[float] = OptionView()
+    max_queue_size: OptionView[int | None] = OptionView()
+    workers: OptionView[int] = OptionView()
+    isolate_errors: OptionView[bool] = OptionView()
+    runner: OptionView[str] = OptionView()
+    batch_timeout_ms: OptionView[float | None] = OptionView()
+    retry: OptionView[bool] = OptionView()
+    runner_options: OptionView[Mapping[str, Any]] = OptionView()
 
     def __init__(
         self,

@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Generic, Never, NoReturn, Protocol, Self, TypeVar, overload
+from typing import Any, Generic, Never, NoReturn, Protocol, Self, TypeVar, cast, overload
 
 from carpool.errors import ConfigError, ConfigTypeError
 from carpool.policies.adaptive import AdaptivePolicy
@@ -268,13 +268,10 @@ class _Configured(Protocol):
 
 class OptionView(Generic[T]):
     """A read-only attribute of an object built from a :class:`BatcherOptions` (its
-    ``options``): ``read`` of that record, so the object keeps no copy that could drift."""
-
-    def __init__(self, read: Callable[[BatcherOptions], T]) -> None:
-        self._read = read
-        self._name = "option"
+    ``options``): the field of the same name, so the object keeps no copy that could drift."""
 
     def __set_name__(self, owner: type, name: str) -> None:
+        self._field = name
         self._name = f"{owner.__name__}.{name}"
 
     @overload
@@ -282,7 +279,9 @@ class OptionView(Generic[T]):
     @overload
     def __get__(self, instance: _Configured, owner: type | None = None) -> T: ...
     def __get__(self, instance: _Configured | None, owner: type | None = None) -> T | Self:
-        return self if instance is None else self._read(instance.options)
+        if instance is None:
+            return self
+        return cast(T, getattr(instance.options, self._field))
 
     def __set__(self, instance: _Configured, value: Never) -> NoReturn:
         raise AttributeError(f"{self._name} is read-only: it reads the options it was built with")
