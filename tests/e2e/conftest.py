@@ -3,7 +3,9 @@ marked ``e2e``. The server harness and its fixtures are ``tests/server/conftest.
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -19,6 +21,7 @@ from server.conftest import (  # noqa: F401  (fixtures, shared by being imported
 )
 
 HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
 AHEAD = 2  # scripts run at once by ``started``: most are one process on one core
 
 RunOf = Callable[[pytest.Function, Path], tuple[list[str], float]]
@@ -31,10 +34,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def stdout_of(argv: list[str], timeout: float) -> str:
-    """Run ``argv``: its stdout, once it exits 0."""
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stderr[-2000:]
+    """Run ``argv`` in the repository's root: its stdout, once it exits 0."""
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return done.stdout
+
+
+def scenario(module: str, folder: Path, *args: str) -> list[str]:
+    """A benchmark scenario's quick run, as a user starts it from the repository's root,
+    writing its figures to ``folder/figures.json`` (read by the ``figures`` fixture)."""
+    json_path = str(folder / "figures.json")
+    return [sys.executable, "-m", module, "--quick", "--cpus", "none", "--json", json_path, *args]
+
+
+def shape(figures: dict[str, object]) -> dict[str, str]:
+    """Each figure's name and type: what a test of a benchmark asserts (never its value,
+    these machines are noisy), besides its checks."""
+    return {name: type(value).__name__ for name, value in figures.items()}
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +84,10 @@ def out(request: pytest.FixtureRequest, started: tuple[Path, dict[str, Future[st
 def folder(started: tuple[Path, dict[str, Future[str]]], request: pytest.FixtureRequest) -> Path:
     """This test's own folder, where its script writes."""
     return started[0] / request.node.originalname
+
+
+@pytest.fixture
+def figures(out: str, folder: Path) -> dict[str, object]:
+    """This test's scenario's figures, by name, once its run exited 0."""
+    document = json.loads((folder / "figures.json").read_text())
+    return {figure["name"]: figure["value"] for figure in document["figures"]}

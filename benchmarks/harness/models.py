@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import _bench  # noqa: F401  (single-thread BLAS env vars before numpy)
 import numpy as np
 
 from carpool.backends.demo import DemoMLP

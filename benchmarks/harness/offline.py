@@ -20,8 +20,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-import _backends
-import _bench  # first: one BLAS thread
+from benchmarks.harness import backends as _backends
+from benchmarks.harness import common as _bench
 
 BATCHES = (1, 8, 32, 64)
 

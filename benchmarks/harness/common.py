@@ -1,15 +1,9 @@
-"""Shared helpers for the carpool benchmark scripts (not a benchmark itself).
-
-Import this module *first* in every benchmark: it pins BLAS libraries to one
-thread before numpy can be imported, so model cost is single-threaded and
-comparable between the offline and the served runs.
-"""
+"""What every scenario shares: pinning, the common flags, medians and tables."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
 import sys
 import time
@@ -17,20 +11,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-# One BLAS/OpenMP thread, set before numpy is imported anywhere.  (Leave
-# OPENBLAS_CORETYPE alone: the environment may set it on purpose.)
-for _var in (
-    "OPENBLAS_NUM_THREADS",
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "BLIS_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS",
-    "NUMEXPR_NUM_THREADS",
-):
-    os.environ[_var] = "1"
-
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
+REPO = HERE.parents[1]
 SRC = REPO / "src"
 
 
@@ -157,19 +139,6 @@ def base_parser(
     return p
 
 
-def run_reported(name: str, body: Callable[[], object]) -> int:
-    """Run a script's ``body`` and return its exit status: always 0, so a failure never
-    fails the caller. A failure, or SIGTERM (raised as ``KeyboardInterrupt`` so that
-    servers are stopped on the way out), is printed as one line, ``\nNAME: Kind: message``,
-    which the tests look for."""
-    signal.signal(signal.SIGTERM, _terminate)
-    try:
-        body()
-    except (Exception, KeyboardInterrupt) as exc:  # report, never fail the caller
-        print(f"\n{name}: {type(exc).__name__}: {exc}", flush=True)
-    return 0
-
-
 def answer_commands(commands: dict[str, Callable[[dict[str, Any]], Any]]) -> int:
     """A worker process's loop: answer each ``{"cmd": NAME, ...}`` line of stdin with one
     JSON line, ``commands[NAME](spec)``'s result or ``{"error": ...}``, until stdin ends."""
@@ -186,10 +155,6 @@ def answer_commands(commands: dict[str, Callable[[dict[str, Any]], Any]]) -> int
         replies.write(json.dumps(reply) + "\n")
         replies.flush()
     return 0
-
-
-def _terminate(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 # --------------------------------------------------------------------------

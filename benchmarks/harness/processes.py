@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-import _bench  # one BLAS thread for everything numpy in this process tree
+from benchmarks.harness import common as _bench
 
 if TYPE_CHECKING:  # imported where used: overhead.py runs without carpool's bench extra
     from carpool.bench.report.data import Report

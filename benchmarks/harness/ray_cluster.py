@@ -20,8 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import _process
 import numpy as np
+
+from benchmarks.harness import processes as _process
 
 # Set before Ray is first imported (it is imported in functions below), and inherited by
 # every node and worker: each node binds and advertises 127.0.0.1, and nothing reports
