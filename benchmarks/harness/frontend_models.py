@@ -7,7 +7,7 @@ the CPU a request costs ``carpool serve`` is its front end's, not the model's.
 
 Served as ``carpool serve _frontend_models:identity _frontend_models:embed`` with
 ``benchmarks/`` on ``PYTHONPATH``. ``vectors`` and ``DIM`` are the JSON reference's
-(``_frontend_refs.py``), which computes the same answer without carpool.
+(``frontend_refs.py``), which computes the same answer without carpool.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from _frontend_refs import DIM, vectors
 
+from benchmarks.harness.frontend_refs import DIM, vectors
 from carpool import Batching, Model, Tensor
 
 MAX_BATCH = 64  # every closed-loop caller of the 64-client step fits one batch

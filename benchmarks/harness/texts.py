@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-import _backends
+from benchmarks.harness import backends as _backends
 
 # name -> (fewest words, most words, seed)
 SETS: dict[str, tuple[int, int, int]] = {"short": (5, 15, 20), "long": (100, 200, 21)}

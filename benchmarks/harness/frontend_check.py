@@ -4,7 +4,7 @@ checked against them (not a benchmark itself).
 Owns: the one request of each protocol that ``carpool bench --distinct 1 --seed 0`` sends,
 built with carpool bench's own code (``payload.generate``/``encode``,
 ``grpc_target.encode_request``, ``openai_target.embedding_bodies``); carpool's answers to
-them, recorded for the references to replay (:class:`_frontend_refs.Recording`); one
+them, recorded for the references to replay (:class:`frontend_refs.Recording`); one
 answer of any server compared with carpool's. Prints nothing.
 """
 
@@ -17,7 +17,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
-from _frontend_refs import Answer, Recording
+
+from benchmarks.harness.frontend_refs import Answer, Recording
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 METADATA = "/inference.GRPCInferenceService/ModelMetadata"
