@@ -41,6 +41,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ipc",),  # between processes: shared-memory tensors, a parent's lifeline
     ("runners",),  # where replicas live: threads, child processes, Ray actors
     ("engine",),  # the batcher: queue, scheduler, requests, executor, options, stats
+    ("steps",),  # step-wise models: sequences join and leave a batch at every step
     ("model", "decorator", "compat"),  # what builds batchers
     ("backends",),  # models: onnxruntime, torch, minilm, the demo
     ("loading",),  # targets, files, repositories, settings -> Models

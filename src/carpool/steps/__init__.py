@@ -1,0 +1,1 @@
+"""Step-wise models: sequences that join and leave a shared batch at every step."""

@@ -1,0 +1,52 @@
+"""What a step-wise model declares; carpool owns the loop that drives it.
+
+Every step, one batched ``start`` takes the sequences that join, one batched ``step``
+advances every active sequence together, and ``finished`` says who leaves.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Generic, TypeVar
+
+In = TypeVar("In")
+State = TypeVar("State")
+Out = TypeVar("Out")
+
+
+class StepModel(ABC, Generic[In, State, Out]):
+    """A model that answers in steps (a decoder, a sampler, any loop).
+
+    ``start`` and ``step`` are batched: element i of the result belongs to element i of the
+    argument. Returning an exception in place of a result fails that sequence alone;
+    raising fails every sequence of the call. States never leave the replica they started on.
+    """
+
+    @abstractmethod
+    def start(self, inputs: Sequence[In]) -> Sequence[State | BaseException]:
+        """The states of the sequences that join at this step."""
+
+    @abstractmethod
+    def step(self, states: Sequence[State]) -> Sequence[Out | BaseException]:
+        """Advance every active sequence one step: each one's output of this step."""
+
+    def finished(self, state: State, output: Out) -> bool:
+        """Whether the sequence ends with this output (it is delivered either way)."""
+        return False
+
+    def free(self, state: State) -> None:
+        """Release what a sequence holds; called once for every state, however it ended."""
+
+    def start_cost(self, state: State) -> int:
+        """Start work (tokens) still owed before the state can step; 0 once it can.
+
+        A model whose start is costly (a long prompt) returns it from ``start`` and lets
+        ``prefill`` do it in parts, so the active sequences keep their pace."""
+        return 0
+
+    def prefill(
+        self, states: Sequence[State], tokens: Sequence[int]
+    ) -> Sequence[BaseException | None]:
+        """Do ``tokens[i]`` more of ``states[i]``'s start work (only when ``start_cost`` > 0)."""
+        raise NotImplementedError(f"{type(self).__name__} has start work but no prefill")
