@@ -1,0 +1,271 @@
+"""The step-wise batcher: callers open streams; a lane per replica runs the steps that
+sequences join and leave (iteration-level scheduling, as Orca does for LLMs, for any
+:class:`~carpool.steps.model.StepModel`)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, Self, TypeVar
+
+from carpool.engine.options import check_int, check_ms
+from carpool.errors import BatcherClosed, ConfigError, Overloaded
+from carpool.runners import RUNNER_OPTIONS, RUNNERS, make_replicas
+from carpool.steps.lane import Lane
+from carpool.steps.model import StepModel
+from carpool.steps.replica import Report, StepReplica, Tick
+from carpool.steps.scheduler import Scheduler
+from carpool.steps.stats import StepObserver, StepSnapshot, StepStats
+from carpool.steps.stream import StepSequence, Stream, Wakeups
+
+__all__ = ["StepBatcher"]
+
+In = TypeVar("In")
+Out = TypeVar("Out")
+ModelSpec = StepModel[Any, Any, Any] | Callable[[], StepModel[Any, Any, Any]]
+MIN_STEPS_TO_PREDICT = 8  # the adaptive policy refuses nothing before it has seen this many
+
+
+class StepBatcher(Generic[In, Out]):
+    """Serves a step-wise model: each caller's input becomes a sequence whose outputs stream
+    back as the steps it shares with others produce them.
+
+    ``model`` is a StepModel, or a zero-argument factory of one (needed for ``workers`` > 1
+    and for the ``process`` and ``ray`` runners, where each replica builds its own).
+    ``max_sequences`` bounds the sequences aboard each replica; ``step_tokens`` bounds a
+    step's tokens (one per stepping sequence, the rest on starts, so a long prompt is
+    started over several steps); ``max_queue_size`` bounds those waiting for a slot.
+    ``policy="adaptive"`` refuses at once (:class:`~carpool.errors.Overloaded`) a sequence
+    whose first output it predicts past its ``timeout_ms``.
+    """
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        *,
+        max_sequences: int = 16,
+        step_tokens: int | None = None,
+        workers: int = 1,
+        runner: str = "thread",
+        runner_options: Mapping[str, Any] | None = None,
+        max_queue_size: int | None = 1024,
+        policy: str = "eager",
+        step_timeout_ms: float | None = None,
+        name: str = "steps",
+        observer: StepObserver | None = None,
+    ) -> None:
+        self.max_sequences = check_int("max_sequences", max_sequences, 1)
+        self.step_tokens = None if step_tokens is None else check_int("step_tokens", step_tokens, 1)
+        if self.step_tokens is not None and self.step_tokens < self.max_sequences:
+            raise ConfigError(
+                f"step_tokens must be >= max_sequences ({max_sequences}): every active sequence "
+                f"spends a token each step, got {step_tokens}"
+            )
+        self.workers = check_int("workers", workers, 1)
+        if max_queue_size is not None:
+            check_int("max_queue_size", max_queue_size, 1)
+        if runner not in RUNNERS:
+            raise ConfigError(f"runner must be one of {', '.join(RUNNERS)}, got {runner!r}")
+        unknown = set(runner_options or {}) - RUNNER_OPTIONS[runner]
+        if unknown:
+            raise ConfigError(f"runner {runner!r} takes no option {sorted(unknown)[0]!r}")
+        if policy not in ("eager", "adaptive"):
+            raise ConfigError(f"policy must be 'eager' or 'adaptive', got {policy!r}")
+        if step_timeout_ms is not None:
+            check_ms("step_timeout_ms", step_timeout_ms, positive=True)
+        factory = _is_factory(model)
+        if not factory and not isinstance(model, StepModel):
+            raise ConfigError(
+                f"model must be a StepModel or a zero-argument factory of one, got "
+                f"{type(model).__name__}"
+            )
+        if not factory and (workers > 1 or runner != "thread"):
+            raise ConfigError(
+                "workers > 1 and the process and ray runners build a model per replica: pass "
+                "a zero-argument factory (the StepModel class, or functools.partial) instead "
+                "of an instance"
+            )
+        self.name = name
+        self.policy = policy
+        self._model = model
+        self._runner = runner
+        self._runner_options = dict(runner_options or {})
+        self._step_timeout_ms = step_timeout_ms
+        self._stats = StepStats(observer)
+        self._scheduler = Scheduler(name, workers, self.max_sequences, max_queue_size)
+        self._ids = itertools.count(1)
+        self._lanes: list[Lane] = []
+        self._closers: list[Callable[[], None]] = []
+        self._scheduler.closed = "is not started"
+
+    # ---- life ------------------------------------------------------------------------
+
+    def start(self) -> Self:
+        """Load a model on each replica and start its lane; raise if any cannot load."""
+        if self._lanes:
+            return self
+        try:
+            for index in range(self.workers):
+                lane = Lane(
+                    index,
+                    self._scheduler,
+                    self._replica(index),
+                    step_tokens=self.step_tokens,
+                    stats=self._stats,
+                    name=self.name,
+                )
+                self._lanes.append(lane)
+        except BaseException:
+            self._close_replicas()
+            raise
+        self._scheduler.closed = None
+        for lane in self._lanes:
+            lane.start()
+        return self
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Take no new sequences; fail those waiting; let those aboard finish for up to
+        ``timeout`` seconds, then end the rest with :class:`~carpool.errors.BatcherClosed`."""
+        wakeups = Wakeups()
+        for seq in self._scheduler.close("is closed"):
+            seq.end(_closed(self.name), wakeups)
+        wakeups.send()
+        cut_at = time.monotonic() + timeout
+        for lane in self._lanes:
+            lane.stop(cut_at)
+        for lane in self._lanes:
+            lane.join()
+        self._lanes.clear()
+        self._close_replicas()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        import asyncio
+
+        await asyncio.to_thread(self.close)
+
+    # ---- calls -----------------------------------------------------------------------
+
+    def stream(
+        self, value: In, *, priority: int = 0, timeout_ms: float | None = None
+    ) -> Stream[Out]:
+        """Open a sequence for ``value``: its outputs, as they come. Thread-safe, never blocks.
+
+        Raises :class:`~carpool.errors.QueueFull` when ``max_queue_size`` wait already,
+        :class:`~carpool.errors.Overloaded` (adaptive policy) when its first output would
+        come after ``timeout_ms``, :class:`~carpool.errors.BatcherClosed` once closed."""
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ConfigError(f"priority must be an int, got {type(priority).__name__}")
+        if timeout_ms is not None:
+            check_ms("timeout_ms", timeout_ms, positive=True)
+        seq = StepSequence(next(self._ids), value, priority, timeout_ms, time.monotonic())
+        if self.policy == "adaptive" and timeout_ms is not None:
+            self._refuse_late(timeout_ms)
+        seq.on_cancel = self._withdraw
+        self._scheduler.admit(seq)
+        self._stats.submitted += 1
+        return Stream(seq)
+
+    async def generate(
+        self, value: In, *, priority: int = 0, timeout_ms: float | None = None
+    ) -> list[Out]:
+        """Every output of ``value``'s sequence, once it ends."""
+        with self.stream(value, priority=priority, timeout_ms=timeout_ms) as stream:
+            return await stream.collect()
+
+    def stats(self) -> StepSnapshot:
+        return self._stats.snapshot()
+
+    @property
+    def active(self) -> int:
+        """Sequences aboard a replica or routed to one."""
+        return self._scheduler.active()
+
+    @property
+    def waiting(self) -> int:
+        return self._scheduler.waiting
+
+    # ---- inside ----------------------------------------------------------------------
+
+    def _refuse_late(self, timeout_ms: float) -> None:
+        cost = self._stats.cost
+        if cost.steps_seen < MIN_STEPS_TO_PREDICT:
+            return
+        scheduler = self._scheduler
+        predicted = cost.first_output_seconds(
+            scheduler.waiting, scheduler.free_slots(), scheduler.active()
+        )
+        if predicted * 1000 > timeout_ms:
+            self._stats.refused += 1
+            raise Overloaded(
+                predicted_ms=min(predicted * 1000, 1e12),
+                budget_ms=timeout_ms,
+                queued=scheduler.waiting,
+                rows=1,
+            )
+
+    def _withdraw(self, seq: StepSequence) -> None:
+        if self._scheduler.withdraw(seq):
+            self._stats.cancelled += 1
+            wakeups = Wakeups()
+            seq.end(None, wakeups)
+            wakeups.send()
+
+    def _replica(self, index: int) -> Callable[[Tick], Report]:
+        """Lane ``index``'s way to run a tick: its own model in this process, or one replica
+        (a child process or a Ray actor) that keeps the states."""
+        if self._runner == "thread":
+            model = self._model() if _is_factory(self._model) else self._model
+            if not isinstance(model, StepModel):
+                raise ConfigError(f"the model factory gave {type(model).__name__}, not a StepModel")
+            replica = StepReplica(model)
+            self._closers.append(replica.close)
+            return replica
+        replicas = make_replicas(
+            self._runner,
+            functools.partial(_remote_replica, self._model),
+            workers=1,
+            name=f"{self.name}_{index}",
+            batch_timeout_ms=self._step_timeout_ms,
+            retry=False,  # a lost replica lost its states: its sequences fail, never replay
+            warmup=None,
+            options=self._runner_options,
+        )
+        replicas.start()
+        self._closers.append(replicas.close)
+        return replicas.call
+
+    def _close_replicas(self) -> None:
+        closers, self._closers = self._closers, []
+        for close in closers:
+            close()
+
+
+def _remote_replica(spec: Callable[[], StepModel[Any, Any, Any]]) -> StepReplica:
+    """What a child process or actor builds once: its own model, holding its own states."""
+    return StepReplica(spec())
+
+
+def _is_factory(model: object) -> bool:
+    if isinstance(model, StepModel) or not callable(model):
+        return False
+    try:
+        inspect.signature(model).bind()
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _closed(name: str) -> BaseException:
+    return BatcherClosed(name, "closed before a slot was free")

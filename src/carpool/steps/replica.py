@@ -1,0 +1,152 @@
+"""One replica's sequences, where its model lives: a tick frees leavers, starts joiners,
+spends the step's token budget on unfinished starts, and steps every ready sequence once.
+
+Only ids, inputs and outputs cross to the caller, so a tick is one call to a thread, a
+child process or a Ray actor; the states stay here for their whole life.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from carpool.steps.model import StepModel
+
+__all__ = ["Report", "StepReplica", "Tick", "allot"]
+
+
+@dataclass(frozen=True)
+class Tick:
+    """What one step asks of a replica: who joins (id, input), who leaves, the token budget."""
+
+    joins: Sequence[tuple[int, Any]] = ()
+    leaves: Sequence[int] = ()
+    budget: int | None = (
+        None  # tokens this step may spend: one per stepping sequence, rest on starts
+    )
+
+
+@dataclass
+class Report:
+    """What one step gave: outputs by id, the ids that ended (their last output is among
+    the outputs) and the ids that failed, with their errors."""
+
+    outputs: list[tuple[int, Any]] = field(default_factory=list)
+    ended: list[int] = field(default_factory=list)
+    failed: list[tuple[int, BaseException]] = field(default_factory=list)
+    stepped: int = 0  # sequences the step advanced
+    prefilled: int = 0  # start tokens the step spent
+
+
+def allot(costs: Sequence[int], budget: int | None) -> list[int]:
+    """Start tokens for each starting sequence, oldest first, out of ``budget``: a start too
+    big for what is left takes what is left, and the rest wait for the next step."""
+    if budget is None:
+        return list(costs)
+    given = []
+    for cost in costs:
+        share = min(cost, max(budget, 0))
+        given.append(share)
+        budget -= share
+    return given
+
+
+class StepReplica:
+    """A StepModel's live sequences by id, advanced one tick at a time."""
+
+    def __init__(self, model: StepModel[Any, Any, Any]) -> None:
+        self.model = model
+        self._states: dict[int, Any] = {}  # in join order: the oldest start goes first
+
+    def __call__(self, tick: Tick) -> Report:
+        report = Report()
+        for sid in tick.leaves:
+            self._free(sid)
+        self._start(tick.joins, report)
+        starting = [sid for sid, state in self._states.items() if self.model.start_cost(state) > 0]
+        ready = [sid for sid in self._states if sid not in set(starting)]
+        budget = None if tick.budget is None else tick.budget - len(ready)
+        report.prefilled = self._prefill(starting, budget, report)
+        ready = [sid for sid, state in self._states.items() if self.model.start_cost(state) == 0]
+        self._step(ready, report)
+        return report
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def close(self) -> None:
+        for sid in list(self._states):
+            self._free(sid)
+
+    def _start(self, joins: Sequence[tuple[int, Any]], report: Report) -> None:
+        if not joins:
+            return
+        results = _isolated(self.model.start, [value for _, value in joins])
+        for (sid, _), state in zip(joins, results, strict=True):
+            if isinstance(state, BaseException):
+                report.failed.append((sid, state))
+            else:
+                self._states[sid] = state
+
+    def _prefill(self, starting: list[int], budget: int | None, report: Report) -> int:
+        costs = [self.model.start_cost(self._states[sid]) for sid in starting]
+        shares = allot(costs, budget)
+        chosen = [(sid, share) for sid, share in zip(starting, shares, strict=True) if share > 0]
+        if not chosen:
+            return 0
+        states = [self._states[sid] for sid, _ in chosen]
+        tokens = [share for _, share in chosen]
+        try:
+            errors: Sequence[BaseException | None] = self.model.prefill(states, tokens)
+        except Exception as exc:  # the whole call failed: each start fails alone
+            errors = [exc] * len(chosen)
+        for (sid, _), error in zip(chosen, errors or [None] * len(chosen), strict=True):
+            if error is not None:
+                self._fail(sid, error, report)
+        return sum(tokens)
+
+    def _step(self, ready: list[int], report: Report) -> None:
+        if not ready:
+            return
+        states = [self._states[sid] for sid in ready]
+        outputs = _isolated(self.model.step, states)
+        report.stepped = len(ready)
+        for sid, state, output in zip(ready, states, outputs, strict=True):
+            if isinstance(output, BaseException):
+                self._fail(sid, output, report)
+                continue
+            report.outputs.append((sid, output))
+            try:
+                done = self.model.finished(state, output)
+            except Exception as exc:
+                self._fail(sid, exc, report)
+                continue
+            if done:
+                report.ended.append(sid)
+                self._free(sid)
+
+    def _fail(self, sid: int, error: BaseException, report: Report) -> None:
+        report.failed.append((sid, error))
+        self._free(sid)
+
+    def _free(self, sid: int) -> None:
+        state = self._states.pop(sid, None)
+        if state is not None:
+            self.model.free(state)
+
+
+def _isolated(call: Callable[[list[Any]], Sequence[Any]], items: list[Any]) -> list[Any]:
+    """``call(items)``, or, when it raises for all of them, ``call([item])`` for each, so
+    that one bad sequence fails alone (as a one-shot batch is split to find its bad row).
+    The model must not have changed a state before raising (check inputs first)."""
+    try:
+        results = list(call(items))
+    except Exception as exc:
+        if len(items) == 1:
+            return [exc]
+        return [_isolated(call, [item])[0] for item in items]
+    if len(results) != len(items):
+        error = ValueError(f"{len(items)} sequences in, {len(results)} results out")
+        return [error] * len(items)
+    return results

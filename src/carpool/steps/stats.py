@@ -1,0 +1,104 @@
+"""What the step loop counts: sequences by how they ended, steps, sequences per step, the
+time to a first output and between outputs; and the learnt step cost the adaptive policy reads.
+
+Lanes write under one lock; ``snapshot()`` is a consistent copy; ``observer`` (the server's
+metrics) hears each step and each output as it happens.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from carpool.steps.cost import StepCost
+from carpool.steps.replica import Report
+
+__all__ = ["StepObserver", "StepSnapshot", "StepStats"]
+
+
+class StepObserver(Protocol):
+    """Hears the loop as it runs (a server's histograms); called from lane threads."""
+
+    def on_step(self, sequences: int, seconds: float) -> None: ...
+
+    def on_first_output(self, seconds: float) -> None: ...
+
+    def on_next_output(self, seconds: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class StepSnapshot:
+    """Counts since the start. ``step_sizes``: steps by how many sequences they advanced."""
+
+    submitted: int
+    completed: int
+    failed: int
+    cancelled: int
+    expired: int
+    refused: int
+    steps: int
+    outputs: int
+    prefill_tokens: int
+    step_seconds: float
+    step_sizes: dict[int, int] = field(default_factory=dict)
+    first_output_seconds: float = 0.0  # summed over sequences that had one
+    first_outputs: int = 0
+
+    @property
+    def mean_sequences_per_step(self) -> float:
+        steps = sum(self.step_sizes.values())
+        return sum(n * c for n, c in self.step_sizes.items()) / steps if steps else 0.0
+
+
+class StepStats:
+    def __init__(self, observer: StepObserver | None = None) -> None:
+        self.observer = observer
+        self.cost = StepCost()
+        self.submitted = self.completed = self.failed = self.cancelled = 0
+        self.expired = self.refused = self.steps = self.outputs = self.prefill_tokens = 0
+        self.step_seconds = self.first_output_seconds = 0.0
+        self.first_outputs = 0
+        self._sizes: Counter[int] = Counter()
+        self._lock = threading.Lock()
+
+    def observe_step(self, report: Report, seconds: float, left: int) -> None:
+        with self._lock:
+            if report.stepped:
+                self.steps += 1
+                self._sizes[report.stepped] += 1
+            self.outputs += len(report.outputs)
+            self.prefill_tokens += report.prefilled
+            self.step_seconds += seconds
+            self.cost.observe(report.stepped, seconds, left)
+        if self.observer is not None and report.stepped:
+            self.observer.on_step(report.stepped, seconds)
+
+    def first_output(self, seconds: float) -> None:
+        self.first_output_seconds += seconds
+        self.first_outputs += 1
+        if self.observer is not None:
+            self.observer.on_first_output(seconds)
+
+    def next_output(self, seconds: float) -> None:
+        if self.observer is not None:
+            self.observer.on_next_output(seconds)
+
+    def snapshot(self) -> StepSnapshot:
+        with self._lock:
+            return StepSnapshot(
+                submitted=self.submitted,
+                completed=self.completed,
+                failed=self.failed,
+                cancelled=self.cancelled,
+                expired=self.expired,
+                refused=self.refused,
+                steps=self.steps,
+                outputs=self.outputs,
+                prefill_tokens=self.prefill_tokens,
+                step_seconds=self.step_seconds,
+                step_sizes=dict(self._sizes),
+                first_output_seconds=self.first_output_seconds,
+                first_outputs=self.first_outputs,
+            )
