@@ -16,8 +16,8 @@ from carpool.errors import BatcherClosed, ConfigError, Overloaded
 from carpool.runners import RUNNER_OPTIONS, RUNNERS, make_replicas
 from carpool.steps.lane import Lane
 from carpool.steps.model import StepModel
-from carpool.steps.replica import Report, StepReplica, Tick
-from carpool.steps.scheduler import Scheduler
+from carpool.steps.replica import StepReplica, StepReport, Tick
+from carpool.steps.slots import Slots
 from carpool.steps.stats import StepObserver, StepSnapshot, StepStats
 from carpool.steps.stream import StepSequence, Stream, Wakeups
 
@@ -95,11 +95,11 @@ class StepBatcher(Generic[In, Out]):
         self._runner_options = dict(runner_options or {})
         self._step_timeout_ms = step_timeout_ms
         self._stats = StepStats(observer)
-        self._scheduler = Scheduler(name, workers, self.max_sequences, max_queue_size)
+        self._slots = Slots(name, workers, self.max_sequences, max_queue_size)
         self._ids = itertools.count(1)
         self._lanes: list[Lane] = []
         self._closers: list[Callable[[], None]] = []
-        self._scheduler.closed = "is not started"
+        self._slots.closed = "is not started"
 
     # ---- life ------------------------------------------------------------------------
 
@@ -111,7 +111,7 @@ class StepBatcher(Generic[In, Out]):
             for index in range(self.workers):
                 lane = Lane(
                     index,
-                    self._scheduler,
+                    self._slots,
                     self._replica(index),
                     step_tokens=self.step_tokens,
                     stats=self._stats,
@@ -121,7 +121,7 @@ class StepBatcher(Generic[In, Out]):
         except BaseException:
             self._close_replicas()
             raise
-        self._scheduler.closed = None
+        self._slots.closed = None
         for lane in self._lanes:
             lane.start()
         return self
@@ -130,7 +130,7 @@ class StepBatcher(Generic[In, Out]):
         """Take no new sequences; fail those waiting; let those aboard finish for up to
         ``timeout`` seconds, then end the rest with :class:`~carpool.errors.BatcherClosed`."""
         wakeups = Wakeups()
-        for seq in self._scheduler.close("is closed"):
+        for seq in self._slots.close("is closed"):
             seq.end(_closed(self.name), wakeups)
         wakeups.send()
         cut_at = time.monotonic() + timeout
@@ -173,7 +173,7 @@ class StepBatcher(Generic[In, Out]):
         if self.policy == "adaptive" and timeout_ms is not None:
             self._refuse_late(timeout_ms)
         seq.on_cancel = self._withdraw
-        self._scheduler.admit(seq)
+        self._slots.admit(seq)
         self._stats.submitted += 1
         return Stream(seq)
 
@@ -190,11 +190,11 @@ class StepBatcher(Generic[In, Out]):
     @property
     def active(self) -> int:
         """Sequences aboard a replica or routed to one."""
-        return self._scheduler.active()
+        return self._slots.active()
 
     @property
     def waiting(self) -> int:
-        return self._scheduler.waiting
+        return self._slots.waiting
 
     # ---- inside ----------------------------------------------------------------------
 
@@ -202,27 +202,25 @@ class StepBatcher(Generic[In, Out]):
         cost = self._stats.cost
         if cost.steps_seen < MIN_STEPS_TO_PREDICT:
             return
-        scheduler = self._scheduler
-        predicted = cost.first_output_seconds(
-            scheduler.waiting, scheduler.free_slots(), scheduler.active()
-        )
+        slots = self._slots
+        predicted = cost.first_output_seconds(slots.waiting, slots.free_slots(), slots.active())
         if predicted * 1000 > timeout_ms:
             self._stats.refused += 1
             raise Overloaded(
                 predicted_ms=min(predicted * 1000, 1e12),
                 budget_ms=timeout_ms,
-                queued=scheduler.waiting,
+                queued=slots.waiting,
                 rows=1,
             )
 
     def _withdraw(self, seq: StepSequence) -> None:
-        if self._scheduler.withdraw(seq):
+        if self._slots.withdraw(seq):
             self._stats.cancelled += 1
             wakeups = Wakeups()
             seq.end(None, wakeups)
             wakeups.send()
 
-    def _replica(self, index: int) -> Callable[[Tick], Report]:
+    def _replica(self, index: int) -> Callable[[Tick], StepReport]:
         """Lane ``index``'s way to run a tick: its own model in this process, or one replica
         (a child process or a Ray actor) that keeps the states."""
         if self._runner == "thread":

@@ -1,5 +1,5 @@
 """One replica's loop, on a thread of its own: every step, the cancelled and expired leave,
-the scheduler's next sequences join, one tick runs on the replica, and each output goes to
+the next sequences in line join, one tick runs on the replica, and each output goes to
 its caller at once. A replica that dies ends the sequences it held, with its error."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable
 
 from carpool.errors import BatcherClosed, DeadlineExceeded
-from carpool.steps.replica import Report, Tick
-from carpool.steps.scheduler import Scheduler
+from carpool.steps.replica import StepReport, Tick
+from carpool.steps.slots import Slots
 from carpool.steps.stats import StepStats
 from carpool.steps.stream import StepSequence, Wakeups
 
@@ -18,13 +18,13 @@ __all__ = ["Lane"]
 
 
 class Lane:
-    """Drives one replica through ``call(tick) -> Report`` until stopped."""
+    """Drives one replica through ``call(tick) -> StepReport`` until stopped."""
 
     def __init__(
         self,
         index: int,
-        scheduler: Scheduler,
-        call: Callable[[Tick], Report],
+        slots: Slots,
+        call: Callable[[Tick], StepReport],
         *,
         step_tokens: int | None,
         stats: StepStats,
@@ -33,7 +33,7 @@ class Lane:
     ) -> None:
         self.index = index
         self.active: dict[int, StepSequence] = {}
-        self._scheduler = scheduler
+        self._slots = slots
         self._call = call
         self._budget = step_tokens
         self._stats = stats
@@ -41,7 +41,7 @@ class Lane:
         self._wake = threading.Event()
         self._stopping = False
         self._cut_at: float | None = None  # draining: sequences still aboard then end
-        scheduler.attach(index, self._wake.set)
+        slots.attach(index, self._wake.set)
         self._thread = threading.Thread(target=self._run, name=f"{name}_steps_{index}", daemon=True)
 
     def start(self) -> None:
@@ -58,7 +58,7 @@ class Lane:
 
     def _run(self) -> None:
         while True:
-            if not self.active and not self._scheduler.pending(self.index):
+            if not self.active and not self._slots.pending(self.index):
                 if self._stopping:
                     return
                 self._wake.wait()
@@ -69,12 +69,12 @@ class Lane:
     def tick(self) -> None:
         now = self._clock()
         wakeups = Wakeups()
-        for seq in self._scheduler.expired(now):
+        for seq in self._slots.expired(now):
             self._stats.expired += 1
             seq.end(DeadlineExceeded(timeout_ms=seq.timeout_ms or 0, stage="queued"), wakeups)
         leaves = self._leaving(now, wakeups)
-        self._scheduler.release(self.index, len(leaves))
-        joins = self._scheduler.take(self.index)
+        self._slots.release(self.index, len(leaves))
+        joins = self._slots.take(self.index)
         for seq in joins:
             self.active[seq.sid] = seq
         tick = Tick([(seq.sid, seq.value) for seq in joins], leaves, self._budget)
@@ -82,7 +82,7 @@ class Lane:
         try:
             report = self._call(tick)
         except Exception as exc:  # the replica is lost (died, hung, closed): so are its states
-            self._scheduler.release(self.index, len(self.active))
+            self._slots.release(self.index, len(self.active))
             for seq in self.active.values():
                 seq.end(exc, wakeups)
             self._stats.failed += len(self.active)
@@ -92,7 +92,7 @@ class Lane:
         ended = self._deliver(report, self._clock(), wakeups)
         wakeups.send()
         self._stats.observe_step(report, self._clock() - started, ended)
-        self._scheduler.release(self.index, ended)
+        self._slots.release(self.index, ended)
 
     def _leaving(self, now: float, wakeups: Wakeups) -> list[int]:
         """Ids to free this step: cancelled, past their deadline, or cut by a drain."""
@@ -103,7 +103,7 @@ class Lane:
                 seq.end(None, wakeups)
                 self._stats.cancelled += 1
             elif cut:
-                seq.end(BatcherClosed(self._scheduler.name, "stopped before it ended"), wakeups)
+                seq.end(BatcherClosed(self._slots.name, "stopped before it ended"), wakeups)
                 self._stats.failed += 1
             elif seq.deadline is not None and now >= seq.deadline:
                 seq.end(DeadlineExceeded(timeout_ms=seq.timeout_ms or 0, stage="running"), wakeups)
@@ -114,7 +114,7 @@ class Lane:
             leaves.append(sid)
         return leaves
 
-    def _deliver(self, report: Report, now: float, wakeups: Wakeups) -> int:
+    def _deliver(self, report: StepReport, now: float, wakeups: Wakeups) -> int:
         """Each output to its caller, each ending to its stream; how many sequences left."""
         active, stats = self.active, self._stats
         for sid, output in report.outputs:

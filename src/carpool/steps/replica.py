@@ -13,7 +13,7 @@ from typing import Any
 
 from carpool.steps.model import StepModel
 
-__all__ = ["Report", "StepReplica", "Tick", "allot"]
+__all__ = ["StepReport", "StepReplica", "Tick", "allot"]
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class Tick:
 
 
 @dataclass
-class Report:
+class StepReport:
     """What one step gave: outputs by id, the ids that ended (their last output is among
     the outputs) and the ids that failed, with their errors."""
 
@@ -59,8 +59,8 @@ class StepReplica:
         self.model = model
         self._states: dict[int, Any] = {}  # in join order: the oldest start goes first
 
-    def __call__(self, tick: Tick) -> Report:
-        report = Report()
+    def __call__(self, tick: Tick) -> StepReport:
+        report = StepReport()
         for sid in tick.leaves:
             self._free(sid)
         self._start(tick.joins, report)
@@ -79,7 +79,7 @@ class StepReplica:
         for sid in list(self._states):
             self._free(sid)
 
-    def _start(self, joins: Sequence[tuple[int, Any]], report: Report) -> None:
+    def _start(self, joins: Sequence[tuple[int, Any]], report: StepReport) -> None:
         if not joins:
             return
         results = _isolated(self.model.start, [value for _, value in joins])
@@ -89,7 +89,7 @@ class StepReplica:
             else:
                 self._states[sid] = state
 
-    def _prefill(self, starting: list[int], budget: int | None, report: Report) -> int:
+    def _prefill(self, starting: list[int], budget: int | None, report: StepReport) -> int:
         costs = [self.model.start_cost(self._states[sid]) for sid in starting]
         shares = allot(costs, budget)
         chosen = [(sid, share) for sid, share in zip(starting, shares, strict=True) if share > 0]
@@ -106,7 +106,7 @@ class StepReplica:
                 self._fail(sid, error, report)
         return sum(tokens)
 
-    def _step(self, ready: list[int], report: Report) -> None:
+    def _step(self, ready: list[int], report: StepReport) -> None:
         if not ready:
             return
         states = [self._states[sid] for sid in ready]
@@ -126,7 +126,7 @@ class StepReplica:
                 report.ended.append(sid)
                 self._free(sid)
 
-    def _fail(self, sid: int, error: BaseException, report: Report) -> None:
+    def _fail(self, sid: int, error: BaseException, report: StepReport) -> None:
         report.failed.append((sid, error))
         self._free(sid)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from carpool.steps.cost import StepCost
-from carpool.steps.replica import Report
+from carpool.steps.replica import StepReport
 
 __all__ = ["StepObserver", "StepSnapshot", "StepStats"]
 
@@ -63,7 +63,7 @@ class StepStats:
         self._sizes: Counter[int] = Counter()
         self._lock = threading.Lock()
 
-    def observe_step(self, report: Report, seconds: float, left: int) -> None:
+    def observe_step(self, report: StepReport, seconds: float, left: int) -> None:
         with self._lock:
             if report.stepped:
                 self.steps += 1

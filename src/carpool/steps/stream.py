@@ -23,7 +23,7 @@ _END = object()
 class StepSequence:
     """The engine's record of one sequence: its input, its place, its timing and its outbox.
 
-    Held by the scheduler and its lane; the caller holds the :class:`Stream` around it, and
+    Held by the slots and its lane; the caller holds the :class:`Stream` around it, and
     dropping that stream cancels the sequence."""
 
     __slots__ = (

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from carpool.errors import BatcherClosed, QueueFull
 from carpool.steps.stream import StepSequence
 
-__all__ = ["Scheduler"]
+__all__ = ["Slots"]
 
 
-class Scheduler:
+class Slots:
     """The waiting sequences and each lane's load (sequences aboard or on their way)."""
 
     def __init__(
