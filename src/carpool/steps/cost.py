@@ -58,7 +58,7 @@ class StepCost:
         """Predicted wait for a new sequence's first output, with ``ahead`` waiting before it,
         ``free`` slots free now and ``active`` sequences stepping."""
         wait = 0.0
-        if ahead >= free:
-            rate = self.leave_rate()
-            wait = (ahead - free + 1) / rate if rate > 0 else float("inf")
+        rate = self.leave_rate()
+        if ahead >= free and rate > 0:  # before any has left, the wait is not known yet
+            wait = (ahead - free + 1) / rate
         return wait + 2 * self.step_seconds(active + 1)  # its start, then its first step

@@ -74,7 +74,10 @@ class Lane:
             seq.end(DeadlineExceeded(timeout_ms=seq.timeout_ms or 0, stage="queued"), wakeups)
         leaves = self._leaving(now, wakeups)
         self._slots.release(self.index, len(leaves))
-        joins = self._slots.take(self.index)
+        joins, gone = self._slots.take(self.index)
+        for seq in gone:
+            seq.end(None, wakeups)
+        self._stats.cancelled += len(gone)
         for seq in joins:
             self.active[seq.sid] = seq
         tick = Tick([(seq.sid, seq.value) for seq in joins], leaves, self._budget)

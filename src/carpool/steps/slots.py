@@ -70,9 +70,9 @@ class Slots:
             with self._lock:
                 self._load[lane] -= left
 
-    def take(self, lane: int) -> list[StepSequence]:
-        """At a step's start: the sequences that join ``lane``: those routed to it, then the
-        best waiting ones, up to its free slots."""
+    def take(self, lane: int) -> tuple[list[StepSequence], list[StepSequence]]:
+        """At a step's start: the sequences that join ``lane`` (those routed to it, then the
+        best waiting ones, up to its free slots), and those routed to it but cancelled."""
         with self._lock:
             joins, self._inbox[lane] = self._inbox[lane], []
             gone = [seq for seq in joins if seq.cancelled]
@@ -86,7 +86,7 @@ class Slots:
                 self._load[lane] += 1
                 seq.lane = lane
                 joins.append(seq)
-            return joins
+            return joins, gone
 
     def expired(self, now: float) -> list[StepSequence]:
         """Waiting sequences whose deadline passed: out of the queue, for the caller to fail."""

@@ -29,6 +29,7 @@ class StepSequence:
     __slots__ = (
         "__weakref__",
         "_cond",
+        "_ended",
         "_items",
         "_waiter",
         "arrival",
@@ -57,7 +58,8 @@ class StepSequence:
         self.deadline = None if timeout_ms is None else arrival + timeout_ms / 1000
         self.lane: int | None = None  # the replica it runs on, once it joined
         self.cancelled = False
-        self.done = False
+        self.done = False  # ended, or taken out to be ended
+        self._ended = False
         self.outputs = 0
         self.first_output: float | None = None
         self.last_output: float | None = None
@@ -69,7 +71,7 @@ class StepSequence:
     def put(self, item: Any, wakeups: Wakeups) -> None:
         """From a lane: one output, or the end (``None``: finished, else the error)."""
         with self._cond:
-            if self.done:
+            if self._ended:
                 return
             self._items.append(item)
             self._cond.notify()
@@ -79,7 +81,7 @@ class StepSequence:
 
     def end(self, error: BaseException | None, wakeups: Wakeups) -> None:
         self.put(_Ending(error), wakeups)
-        self.done = True
+        self._ended = self.done = True
 
     def cancel(self) -> None:
         """The caller is gone: the lane frees the slot at its next step."""
