@@ -30,7 +30,7 @@ def test_outputs_stream_in_order_sync_and_async() -> None:
             return list(await asyncio.gather(*(batcher.generate(n) for n in (2, 4))))
 
         assert asyncio.run(main()) == [[1, 2], [1, 2, 3, 4]]
-        stats = batcher.stats()
+    stats = batcher.stats()  # closed: every lane has finished its last step
     assert (stats.submitted, stats.completed, stats.outputs) == (5, 5, 15)
     assert batcher.active == 0
 
@@ -122,9 +122,8 @@ def test_deadlines_end_waiting_and_running_sequences() -> None:
         with pytest.raises(DeadlineExceeded) as running_error:
             list(running)
         assert running_error.value.stage == "running"
-        assert batcher.active == 0
-        stats = batcher.stats()
-    assert stats.expired == 2
+    assert batcher.active == 0
+    assert batcher.stats().expired == 2
     assert model.freed == [1000]
 
 
