@@ -1,5 +1,8 @@
 """Served throughput under load vs the offline peak of the same model.
 
+Figures: per (model, max_batch_size, workers) served/offline (goal >= 0.97 with one
+worker), its paired ratio and mean batch; every served answer checked against offline.
+
 What: 256 concurrent callers (asyncio tasks, each ``await b.infer(row)`` in a
 loop) feed a ``carpool.Batcher`` with ``max_batch_size`` 32 (and 64).  The
 served rows/s is compared with the *offline peak*: the same rows pushed
@@ -10,7 +13,7 @@ and reported as medians; the ratio is median served / median offline ("paired":
 the median over repeats of served / the offline run just before it, which is robust to
 the machine's speed drifting during the run).
 
-Models (``models.py``):
+Models (``benchmarks/harness/models.py``):
   * ``sleep``: GPU-like cost ``time.sleep(0.002 + 0.00005 * rows)``, sync, run
     in carpool's worker thread(s), releases the GIL.  Run with ``workers=1``
     (the headline: the offline peak is one model call at a time) and
@@ -37,26 +40,24 @@ reference box).  The model gets one core (one BLAS thread / one worker
 thread) and carpool's event loop the other, like a GPU server where the model
 runs on the accelerator and batching on the host.  ``--cpus 0`` puts
 everything on one core instead (the MLP then also pays carpool's Python
-overhead out of its own core's time).  Nothing is asserted; exits 0.
+overhead out of its own core's time).
 
-    taskset -c 0,1 benchmarks/.venv/bin/python benchmarks/efficiency.py
-    benchmarks/.venv/bin/python benchmarks/efficiency.py --quick
+    python -m benchmarks.engine.efficiency
+    python -m benchmarks.engine.efficiency --quick
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import gc
-import sys
 from typing import Any
 
-import _bench  # before numpy: sets single-thread BLAS env vars
-import models
 import numpy as np
 
-_bench.import_carpool()
-
-from carpool.bench.callers import closed_requests  # noqa: E402
+from benchmarks.harness import Figures, models, run
+from benchmarks.harness import common as _bench
+from carpool.bench.callers import closed_requests
 
 CALLERS = 256
 TARGET = 0.97  # served/offline with one worker (issue 10)
@@ -99,19 +100,22 @@ def offline_run(carpool: Any, model: Any, rows: list[np.ndarray], batch: int) ->
     return {"rps": len(rows) / dt, "outs": outs}
 
 
-def check_same(served: list[Any], offline: list[Any], what: str) -> None:
-    idx = [0, len(offline) // 3, len(offline) - 1]
-    for i in idx:
+def same(served: list[Any], offline: list[Any], what: str) -> bool:
+    """Whether the served outputs (first, a third in, last) equal the offline ones; prints
+    which differs."""
+    for i in (0, len(offline) // 3, len(offline) - 1):
         if served[i] is None or not np.allclose(
             np.asarray(served[i]), np.asarray(offline[i]), rtol=1e-4, atol=1e-4
         ):
-            raise AssertionError(f"{what}: served output {i} differs from offline output")
+            print(f"  {what}: served output {i} DIFFERS from the offline output")
+            return False
+    return True
 
 
 Config = tuple[str, int, int]  # (model, max_batch_size, workers); workers 0 = offline
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     p = _bench.base_parser(__doc__, default_cpus="0,1")
     p.add_argument("--batch-sizes", default="32,64", help="comma-separated max_batch_size values")
     p.add_argument("--models", default="sleep,mlp", help="comma-separated: sleep,mlp")
@@ -120,7 +124,10 @@ def main() -> int:
         default="1,2",
         help="comma-separated worker counts served (2 runs the sleep model only)",
     )
-    args = p.parse_args()
+    return p
+
+
+def measure(args: argparse.Namespace) -> Figures:
 
     cpus = _bench.parse_cpus(args.cpus)
     pinned = _bench.pin(cpus)
@@ -148,10 +155,11 @@ def main() -> int:
             "carpool": getattr(carpool, "__version__", "?"),
         },
     )
-    res = run_all(carpool, model_fns, rows, configs, repeats)
+    res, equal = run_all(carpool, model_fns, rows, configs, repeats)
     print()
-    report(res, configs)
-    return 0
+    figures = report(res, configs)
+    figures.check("answers_equal", equal)
+    return figures
 
 
 def run_all(
@@ -160,10 +168,11 @@ def run_all(
     rows: list[np.ndarray],
     configs: list[Config],
     repeats: int,
-) -> dict[Config, list[dict[str, Any]]]:
-    """Every configuration once per repeat, in order; each served run's outputs checked
-    against the offline run just before it."""
+) -> tuple[dict[Config, list[dict[str, Any]]], bool]:
+    """Every configuration once per repeat, in order, and whether each served run's outputs
+    equal the offline run's just before it."""
     res: dict[Config, list[dict[str, Any]]] = {c: [] for c in configs}
+    equal = True
     for r in range(repeats):
         for m, bs, w in configs:
             fn = model_fns[m]
@@ -172,7 +181,7 @@ def run_all(
             else:
                 out = asyncio.run(served_run(carpool, fn, rows, bs, w))
                 offline_outs = res[(m, bs, 0)][-1]["outs"]
-                check_same(out["outs"], offline_outs, f"{m} b={bs} w={w}")
+                equal &= same(out["outs"], offline_outs, f"{m} b={bs} w={w}")
             res[(m, bs, w)].append(out)
             kind = "offline" if w == 0 else f"served w={w}"
             rps = out["rps"]
@@ -180,11 +189,12 @@ def run_all(
         for lst in res.values():  # keep only the latest outputs (memory)
             for d in lst[:-1]:
                 d.pop("outs", None)
-    return res
+    return res, equal
 
 
-def report(res: dict[Config, list[dict[str, Any]]], configs: list[Config]) -> None:
+def report(res: dict[Config, list[dict[str, Any]]], configs: list[Config]) -> Figures:
     """Medians over repeats, served/offline (of the medians, and paired), the target."""
+    figures = Figures()
     rows_out = []
     headline: list[float] = []
     for m, bs, w in configs:
@@ -201,6 +211,16 @@ def report(res: dict[Config, list[dict[str, Any]]], configs: list[Config]) -> No
         )
         if w == 1:
             headline.append(ratio)
+        name = f"{m}_{bs}_w{w}"
+        if f"{m}_{bs}_offline_rows_per_s" not in figures:
+            figures.add(f"{m}_{bs}_offline_rows_per_s", off, "rows/s")
+        figures.add(f"{name}_served_rows_per_s", srv, "rows/s")
+        if w == 1:
+            figures.at_least(f"{name}_served_over_offline", ratio, TARGET)
+        else:
+            figures.add(f"{name}_served_over_offline", ratio, "x")
+        figures.add(f"{name}_served_over_offline_paired", paired, "x")
+        figures.add(f"{name}_mean_batch", mb, "rows")
         rows_out.append(
             [m, bs, w, _bench.fmt_num(off), _bench.fmt_num(srv), f"{ratio:.3f}", f"{paired:.3f}",
              _bench.fmt_num(mb, 1), _bench.verdict(ratio, TARGET) if w == 1 else "(info)"]
@@ -211,7 +231,10 @@ def report(res: dict[Config, list[dict[str, Any]]], configs: list[Config]) -> No
     if headline:
         lo, mid = min(headline), _bench.median(headline)
         print(f"\n  workers=1 served/offline: min {lo:.3f}, median {mid:.3f}")
+        figures.at_least("served_over_offline_min", lo, TARGET)
+        figures.add("served_over_offline_median", mid, "x")
+    return figures
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run(measure, parser()))
