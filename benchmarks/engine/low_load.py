@@ -1,5 +1,8 @@
 """Latency at low load: one caller at a time.
 
+Figures: per model and variant the median and p90 latency, and eager's overhead over the
+model called directly (goal: at most 0.5 ms; 1 ms for minilm).
+
 What: a single caller awaits requests one after another (never more than one
 in flight), so a batcher can never form a batch bigger than 1.  We measure
 the per-request latency of
@@ -13,12 +16,12 @@ the per-request latency of
                   ``max_wait_ms=5`` (waits for a full batch or the timeout,
                   so ~5 ms extra is expected: shown for contrast),
 
-for three models: ``sleep`` (``models.py``: ``time.sleep(0.002 + 0.00005)``,
-about 2 ms, GIL released), ``mlp`` (``models.py``: the numpy float32 MLP on
+for three models: ``sleep`` (``harness/models.py``: ``time.sleep(0.002 + 0.00005)``,
+about 2 ms, GIL released), ``mlp`` (``harness/models.py``: the numpy float32 MLP on
 one row, one BLAS thread) and ``minilm`` (the packaged all-MiniLM-L6-v2,
 ``carpool.backends.minilm``, on one thread; ``--minilm-engine`` torch, onnx
 or onnx-int8, default the model's own).  For ``minilm`` a row is one short
-text (the first of ``_embed_texts``' short set, 15 words, 18 tokens) and each
+text (the first of ``harness/texts.py``' short set, 15 words, 18 tokens) and each
 request does the whole of a direct caller's work: ``model`` is the model's own
 ``preprocess`` (tokenizing) then its ``batched_fn()`` on the 1-row batch;
 ``eager`` and ``fixed`` tokenize, then ``await b.infer_many(tokens)`` on
@@ -35,35 +38,31 @@ of an unbatched call": eager median <= model median + 1 ms.
 
 Pinning: default CPU 0 for the whole process (callers, carpool's loop and
 the worker thread share one core; thread hand-offs on one core are the
-common cheap case).  ``--cpus 0,1`` lets them spread.  Nothing is asserted;
-exits 0.
+common cheap case).  ``--cpus 0,1`` lets them spread.
 
-    taskset -c 0 benchmarks/.venv/bin/python benchmarks/low_load.py
-    benchmarks/.venv/bin/python benchmarks/low_load.py --quick
-    taskset -c 0 python3 benchmarks/low_load.py --models minilm --minilm-engine torch
+    python -m benchmarks.engine.low_load
+    python -m benchmarks.engine.low_load --quick
+    python -m benchmarks.engine.low_load --models minilm --minilm-engine torch
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import gc
 import os
-import sys
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-import _bench  # before numpy: sets single-thread BLAS env vars
-import _embed_texts
-import models
 import numpy as np
 
-_bench.import_carpool()
-
-from carpool.backends.minilm import ENGINE_ENV, ENGINES, check_engine  # noqa: E402
-from carpool.bench.callers import closed_requests  # noqa: E402
-from carpool.bench.report.data import percentile  # noqa: E402
+from benchmarks.harness import Figures, models, run, texts
+from benchmarks.harness import common as _bench
+from carpool.backends.minilm import ENGINE_ENV, ENGINES, check_engine
+from carpool.bench.callers import closed_requests
+from carpool.bench.report.data import percentile
 
 MAX_BATCH = 32
 # The eager target per model: the batcher's cost over a direct call, ms.
@@ -98,7 +97,7 @@ def minilm_subject(engine: str | None) -> Subject:
 
     engine = check_engine(engine or os.environ.get(ENGINE_ENV) or None, where=ENGINE_ENV)
     model = minilm_model(threads=1, engine=engine)
-    text = _embed_texts.texts("short", 1)[0]
+    text = texts.texts("short", 1)[0]
     inputs = {"TEXT": np.array([[text.encode()]], dtype=object)}
     preprocess = model.preprocess
     assert preprocess is not None
@@ -151,7 +150,7 @@ def time_submit(subject: Subject, n: int, warm: int, **kw: Any) -> list[float]:
     return out
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     p = _bench.base_parser(__doc__, default_cpus="0")
     p.add_argument("--models", default="sleep,mlp", help="of sleep, mlp, minilm")
     p.add_argument(
@@ -160,11 +159,14 @@ def main() -> int:
         default=None,
         help="minilm's engine (default: the model's own)",
     )
-    args = p.parse_args()
+    return p
+
+
+def measure(args: argparse.Namespace) -> Figures:
     names = args.models.split(",")
     unknown = sorted(set(names) - set(TARGETS_MS))
     if unknown:
-        p.error(f"unknown models {unknown}; known: {', '.join(TARGETS_MS)}")
+        raise ValueError(f"unknown models {unknown}; known: {', '.join(TARGETS_MS)}")
 
     cpus = _bench.parse_cpus(args.cpus)
     pinned = _bench.pin(cpus)
@@ -200,7 +202,7 @@ def main() -> int:
         for m in names:
             for v in variants:
                 gc.collect()
-                xs = measure(subjects[m], v, n, n_fixed, warm)
+                xs = latencies(subjects[m], v, n, n_fixed, warm)
                 med[(m, v)].append(_bench.median(xs))
                 allv[(m, v)].extend(xs)
                 ms = _bench.median(xs) * 1e3
@@ -209,11 +211,10 @@ def main() -> int:
                     flush=True,
                 )
     print()
-    report(names, variants, med, allv)
-    return 0
+    return report(names, variants, med, allv)
 
 
-def measure(subject: Subject, variant: str, n: int, n_fixed: int, warm: int) -> list[float]:
+def latencies(subject: Subject, variant: str, n: int, n_fixed: int, warm: int) -> list[float]:
     """One variant's latencies, s."""
     if variant == "model":
         return time_direct(subject, n)
@@ -229,8 +230,9 @@ def report(
     variants: list[str],
     med: dict[tuple[str, str], list[float]],
     allv: dict[tuple[str, str], list[float]],
-) -> None:
+) -> Figures:
     """The table (medians over repeats, p90 over all samples) and the eager target."""
+    figures = Figures()
     rows = []
     summary = []
     for m in names:
@@ -239,6 +241,8 @@ def report(
             mm = _bench.median(med[(m, v)])
             p90 = percentile(allv[(m, v)], 90)
             over = (mm - base) * 1e3
+            figures.add(f"{m}_{v}_median_ms", mm * 1e3, "ms")
+            figures.add(f"{m}_{v}_p90_ms", p90 * 1e3, "ms")
             rows.append(
                 [
                     m,
@@ -251,6 +255,7 @@ def report(
         eager = _bench.median(med[(m, "eager")])
         eager_over = (eager - base) * 1e3
         target = TARGETS_MS[m]
+        figures.at_most(f"{m}_eager_over_model_ms", eager_over, target, "ms")
         ok = _bench.verdict(eager_over, target, higher_is_better=False)
         summary.append(
             f"  {m}: model {base * 1e3:.3f} ms, eager {eager * 1e3:.3f} ms, "
@@ -259,7 +264,8 @@ def report(
     print(_bench.table(["model", "variant", "median ms", "p90 ms", "vs model ms"], rows))
     print()
     print("\n".join(summary))
+    return figures
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run(measure, parser()))
