@@ -1,50 +1,8 @@
 """Served throughput under load vs the offline peak of the same model.
 
-Figures: per (model, max_batch_size, workers) served/offline (goal >= 0.97 with one
-worker), its paired ratio and mean batch; every served answer checked against offline.
-
-What: 256 concurrent callers (asyncio tasks, each ``await b.infer(row)`` in a
-loop) feed a ``carpool.Batcher`` with ``max_batch_size`` 32 (and 64).  The
-served rows/s is compared with the *offline peak*: the same rows pushed
-through ``carpool.batch_inference(model, rows, batch_size=max_batch_size)``,
-i.e. the model called back-to-back on full batches with nothing else going
-on.  Both are measured in the same process, interleaved, repeated (default 5)
-and reported as medians; the ratio is median served / median offline ("paired":
-the median over repeats of served / the offline run just before it, which is robust to
-the machine's speed drifting during the run).
-
-Models (``benchmarks/harness/models.py``):
-  * ``sleep``: GPU-like cost ``time.sleep(0.002 + 0.00005 * rows)``, sync, run
-    in carpool's worker thread(s), releases the GIL.  Run with ``workers=1``
-    (the headline: the offline peak is one model call at a time) and
-    ``workers=2`` (two batches in flight; since sleep overlaps, this can exceed
-    the single-threaded offline peak -- shown for information).
-  * ``mlp``: a real numpy float32 MLP 512->2048->2048->512 (ReLU), fixed-seed
-    weights, one BLAS thread.  ``workers=1``.
-
-Why: with enough callers a batcher should keep the model busy with full
-batches, so serving loses almost nothing to the offline peak.  Target:
-served/offline >= 0.97 for ``workers=1``.  The mean batch size (from
-``b.stats()``, timed section only) shows whether batches were full.
-
-What makes it possible is *staging*: while the worker runs a batch, the next
-full one is already formed and waiting for it, so the worker goes from one
-model call to the next without the event loop; and it hands the finished
-batch's results to the loop only once the next model call has begun, so the
-loop's work (answering 32-64 callers, admitting their next requests) overlaps
-the model instead of delaying it.  Without staging, every batch would wait for
-a loop round trip: the gap this ratio measures.
-
-Pinning: by default the process is pinned to CPUs 0,1 (both cores of the
-reference box).  The model gets one core (one BLAS thread / one worker
-thread) and carpool's event loop the other, like a GPU server where the model
-runs on the accelerator and batching on the host.  ``--cpus 0`` puts
-everything on one core instead (the MLP then also pays carpool's Python
-overhead out of its own core's time).
-
-    python -m benchmarks.engine.efficiency
-    python -m benchmarks.engine.efficiency --quick
-"""
+256 callers feed a ``Batcher`` (sleep and numpy MLP models); its rows/s over
+``batch_inference``'s on full batches, interleaved, medians. Goal: served/offline >= 0.97
+with one worker; answers checked. Method and results: docs/benchmarks/engine.md."""
 
 from __future__ import annotations
 

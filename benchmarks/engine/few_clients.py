@@ -1,32 +1,8 @@
 """A few closed-loop clients, fewer than max_batch_size: what each policy makes of them.
 
-Figures: per caller kind, client count and policy the req/s, p50/p99 latency and mean
-batch; and the default policy's name.
-
-What: N clients (N = 4, 8, 16) each send their next request the moment the answer arrives
-(a closed loop), against one ``carpool.Batcher`` (``max_batch_size`` 32, one worker) over a
-GPU-like model: ``time.sleep(2 ms + 0.05 ms/row)``, which releases the GIL.  Two kinds of
-callers: ``threads`` blocking on ``b.submit(row).result()`` (how a server's handlers or
-other processes reach a batcher: an answer's round trip away), and ``tasks``, asyncio tasks
-awaiting ``b.infer(row)`` on the batcher's own loop.  Each policy runs side by side in one
-process, interleaved, repeated (default 3); the table shows medians over repeats of the
-requests/s, and the p50 and p99 latency (as the client sees it) and the mean batch size over
-all repeats.
-
-Why: with fewer clients than a batch holds, a work-conserving policy answers half the
-clients, dispatches the other half at once, and the answered half comes back while that
-batch runs: the callers split into two alternating half batches (8 clients -> batches of 4),
-and each waits a whole extra batch.  Serving them in one batch halves their latency and
-doubles throughput.  The batcher answers a batch's callers before it schedules the next
-batch, so callers on its own loop, which ask again at once, join it: ``tasks`` batches hold
-every client.  ``threads`` come back a round trip later, when the next batch has left.  The
-default policy should be the one that serves them best.
-
-The figure ``default_policy`` names the default policy:
-
-    python -m benchmarks.engine.few_clients --cpus 0,1
-    python -m benchmarks.engine.few_clients --quick      # a smoke run, well under 20 s
-"""
+4, 8 and 16 clients (threads and asyncio tasks) against a sleep model, eager vs adaptive:
+req/s, p50/p99 and mean batch; the figure ``default_policy`` names the default.
+Method and results: docs/benchmarks/engine.md."""
 
 from __future__ import annotations
 

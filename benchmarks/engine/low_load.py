@@ -1,49 +1,8 @@
-"""Latency at low load: one caller at a time.
+"""Latency at low load: one caller at a time, the model direct vs through a batcher.
 
-Figures: per model and variant the median and p90 latency, and eager's overhead over the
-model called directly (goal: at most 0.5 ms; 1 ms for minilm).
-
-What: a single caller awaits requests one after another (never more than one
-in flight), so a batcher can never form a batch bigger than 1.  We measure
-the per-request latency of
-
-  * ``model``  -- the model called directly on a prepared 1-row batch (no
-                  batcher): the floor,
-  * ``eager``  -- ``await b.infer(row)`` with ``policy="eager"`` (default),
-  * ``submit`` -- ``b.submit(row).result()`` from a plain thread with the
-                  ``with Batcher(...)`` (background loop) front end, eager,
-  * ``fixed``  -- ``await b.infer(row)`` with ``policy="fixed"``,
-                  ``max_wait_ms=5`` (waits for a full batch or the timeout,
-                  so ~5 ms extra is expected: shown for contrast),
-
-for three models: ``sleep`` (``harness/models.py``: ``time.sleep(0.002 + 0.00005)``,
-about 2 ms, GIL released), ``mlp`` (``harness/models.py``: the numpy float32 MLP on
-one row, one BLAS thread) and ``minilm`` (the packaged all-MiniLM-L6-v2,
-``carpool.backends.minilm``, on one thread; ``--minilm-engine`` torch, onnx
-or onnx-int8, default the model's own).  For ``minilm`` a row is one short
-text (the first of ``harness/texts.py``' short set, 15 words, 18 tokens) and each
-request does the whole of a direct caller's work: ``model`` is the model's own
-``preprocess`` (tokenizing) then its ``batched_fn()`` on the 1-row batch;
-``eager`` and ``fixed`` tokenize, then ``await b.infer_many(tokens)`` on
-``model.batcher(...)`` (the model's batching settings, as ``carpool serve``
-has them); ``submit`` tokenizes, then submits the one row.  ``sleep`` and
-``mlp`` are the default (``--models sleep,mlp``).  Variants are interleaved
-within each repeat; each repeat records the median of its samples and the
-table shows the median over repeats (default 5) plus the p90 over all samples.
-
-Why: a work-conserving ("eager") batcher must not make a lightly loaded
-service slower.  Target: eager median <= model median + 0.5 ms for ``sleep``
-and ``mlp``; for ``minilm``, issue 20's "a lone request's latency within 1 ms
-of an unbatched call": eager median <= model median + 1 ms.
-
-Pinning: default CPU 0 for the whole process (callers, carpool's loop and
-the worker thread share one core; thread hand-offs on one core are the
-common cheap case).  ``--cpus 0,1`` lets them spread.
-
-    python -m benchmarks.engine.low_load
-    python -m benchmarks.engine.low_load --quick
-    python -m benchmarks.engine.low_load --models minilm --minilm-engine torch
-"""
+Per model (sleep, numpy MLP, minilm) the latency of a direct call, ``infer`` (eager),
+``submit`` and ``fixed``. Goal: eager <= the direct call + 0.5 ms (minilm: + 1 ms).
+Method and results: docs/benchmarks/engine.md."""
 
 from __future__ import annotations
 

@@ -1,59 +1,8 @@
 """Per-request overhead of carpool vs Ray Serve's ``@serve.batch`` vs a bare floor.
 
-Figures: each front end's req/s per implementation, carpool/floor (goal >= 0.4) and
-carpool/ray (goal >= 5); every answer checked. Details below.
-
-What: requests/s pushed through a batcher whose model is a no-op (``async def
-model(batch): return batch``), so all that is measured is the batching
-machinery: queueing a request, forming batches of up to 64, calling the model,
-and handing each caller its own row back.
-
-Two front ends, each with three implementations, measured side by side in the
-same run:
-
-``async`` -- 1000 asyncio tasks, each awaiting requests in a loop.
-  * carpool: ``async with Batcher(model, max_batch_size=64)`` + ``await b.infer(x)``
-  * ray:     ``@serve.batch(max_batch_size=64, batch_wait_timeout_s=T)`` on an
-             async function, awaited directly (in-process; see below)
-  * floor:   the honest minimum of handing a value back through asyncio: per
-             request create a future, append it to a list; one ``call_soon``
-             callback per loop turn resolves the pending futures in chunks of 64;
-             the caller awaits the future.  No model call, no coroutine wrapper.
-
-``threads`` -- 8 OS threads, each keeping a window of 32 outstanding
-concurrent.futures.Future (submit, and wait for the oldest when the window is
-full).
-  * carpool: ``with Batcher(model, max_batch_size=64)`` + ``b.submit(x)``
-  * ray:     the serve.batch function on an asyncio loop running in its own
-             thread, called via ``asyncio.run_coroutine_threadsafe`` (the
-             natural way for threaded code to use an async API)
-  * floor:   a ``queue.SimpleQueue`` drained by one server thread in chunks of
-             64, resolving ``concurrent.futures.Future`` objects.
-
-Why: carpool's promise is that batching is nearly free on the host, so a fast
-model is never starved by Python overhead.  Targets: carpool >= 5x Ray's req/s
-and >= 0.4x the floor.
-
-Ray notes: ``serve.batch`` is plain asyncio and does *not* need
-``ray.init()`` (verified: ``ray.is_initialized()`` stays False).  Ray 2.60
-only insists on a replica context when the queue is built, so we install one
-(see ``harness.common.ray_serve_batch``); the per-request path is Ray's own code.  No
-actor, RPC or HTTP is involved, which is the most favourable setting for Ray.
-``batch_wait_timeout_s`` defaults to 0 here (Ray's fastest setting under
-saturation: it takes whatever is queued without waiting; 0.005 measured the
-same within noise).
-
-Method: every (front end, implementation) runs in a fresh subprocess pinned
-with ``sched_setaffinity`` (default: all of it on CPU 0, so the comparison is
-one core vs one core and the threaded variants measure GIL/thread hand-off on
-one core, not cross-core cache traffic).  Each child warms up, sizes its run
-to ~1 s, and reports requests/s.  Configurations are interleaved round-robin
-across repeats (default 5) and the medians are reported, with ratios computed
-from the medians.  A Ray row is NaN when Ray is not installed.
-
-    python -m benchmarks.engine.overhead
-    python -m benchmarks.engine.overhead --quick
-"""
+A no-op model behind ``max_batch_size=64``, driven by 1000 asyncio tasks and by 8 threads,
+each (front end, implementation) in a fresh pinned child. Goals: carpool >= 0.4x the floor
+and >= 5x Ray (NaN without Ray). Method and results: docs/benchmarks/engine.md."""
 
 from __future__ import annotations
 

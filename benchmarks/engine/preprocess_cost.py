@@ -1,16 +1,8 @@
 """What moving minilm's tokenizer into the process workers could buy: its cost per request
-against the model's per row.
+against the model's per row (batch 32), for texts of 12, 64 and 200 tokens, in process.
 
-What: minilm's ``Model.preprocess`` (the fast tokenizer, per request, on the server's event
-loop) timed for one text of 12, 64 and 200 tokens, beside the model's batched function at
-batch 32 per row, in this process, on one thread, interleaved and repeated (medians).
-
-Why: ``--runner process`` keeps preprocessing in the server, so the event loop pays for
-tokenizing while the workers run the model. Moving it into the workers would free at most
-that share of a request's CPU: the figure ``preprocess_share_N_tokens``.
-
-    python -m benchmarks.engine.preprocess_cost [--quick]
-"""
+The figure ``preprocess_share_N_tokens`` is the most of a request's CPU that tokenizing
+in the workers frees. Results: docs/benchmarks/engine.md."""
 
 from __future__ import annotations
 

@@ -1,39 +1,8 @@
 """Staging and re-forming vs forming a batch only when a worker is free (issue 32, item 6).
 
-Figures: (a) the urgent request's wait and the low rows run before it, per engine; (b)
-served/offline per model; (c) 64 clients' rows/s and latency, staged / free only.
-
-What: the same ``carpool.Batcher`` run two ways, interleaved in one process, repeated
-(default 3), medians reported side by side:
-
-  * ``staged``: today's engine. While the worker is busy, a full batch is formed at once
-    and *staged* for it (one per worker); a more urgent request arriving meanwhile sends
-    that batch back to the queue to be formed again with it (re-forming).
-  * ``free only``: a batch is formed only when a worker is free (the staging rule's bound
-    becomes ``busy_workers < workers``; private switch
-    ``carpool.policies.base._STAGED_PER_WORKER = 0``), so nothing is ever re-formed.
-  * ``staged, no re-forming`` (priority only): staging on, re-forming off (private switch
-    ``carpool.engine.scheduler._REFORM = False``): what re-forming itself buys.
-
-Three measures, ``max_batch_size`` 32, one worker:
-
-  (a) priority: 64 closed-loop callers at priority 1 keep the ``sleep`` model busy with
-      full batches; one caller at priority 0 sends a request every ~10 ms (random gaps):
-      its wait p50/p99, and the low-priority rows whose model call began after it arrived
-      and before its own (mean, max, and the share of urgent requests with any: 0 when it
-      overtook everything queued and staged; a staged batch a worker has claimed but not
-      yet called the model on counts, as it is no longer re-formable).
-  (b) served/offline (P1b, as ``benchmarks.engine.efficiency``): 256 callers, served rows/s over the
-      offline peak (``batch_inference``) for ``sleep`` (releases the GIL), ``mlp`` (numpy
-      float32, one BLAS thread) and ``gil`` (a pure-Python loop that holds the GIL).
-  (c) 64 clients: closed-loop callers for a fixed window: rows/s, latency p50/p99.
-
-Pinning: default CPUs 0,1 as ``efficiency`` (the model one core, the loop the other);
-``--cpus 0`` puts everything on one core. Served answers are checked against offline.
-
-    python -m benchmarks.engine.reform
-    python -m benchmarks.engine.reform --quick
-"""
+The same ``Batcher`` staged, free-only and staged without re-forming: (a) an urgent
+request's wait behind 64 low-priority callers, (b) served/offline, (c) 64 clients' rows/s
+and latency. Answers checked. Method and results: docs/benchmarks/engine.md."""
 
 from __future__ import annotations
 
