@@ -1,9 +1,7 @@
-"""Helpers for ``backends_bench.py`` (not a benchmark itself): the models' files and folders,
-the text sets and the padding simulation.
-
-Pure Python and numpy, except :func:`write_mlp_onnx` (needs ``onnx``). Imported by the
-orchestrator and the offline worker (``_offline.py``) alike, so both see the same seeded
-weights and texts.
+"""Helpers for ``benchmarks.engine.cpu_backends`` and its offline worker (``offline.py``),
+so both see the same seeded weights and texts: the models' files and folders, the text
+sets and the padding simulation. Pure Python and numpy, except :func:`write_mlp_onnx`
+(needs ``onnx``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""Model functions shared by the benchmarks (not a benchmark itself).
-
-* ``sleep_model``: a GPU-like cost, ``2 ms + 50 us/row`` spent in
-  ``time.sleep`` (releases the GIL, like a CUDA kernel launch + sync would).
-* ``MLP``: a real numpy float32 MLP, 512 -> 2048 -> 2048 -> 512 with ReLU,
-  fixed-seed weights.  Import ``_bench`` before this module so BLAS uses one
-  thread.
+"""Model functions shared by the benchmarks (not a benchmark itself): ``sleep_model``, a
+GPU-like cost (``2 ms + 50 us/row`` in ``time.sleep``, the GIL released), and ``MLP``, a
+numpy float32 MLP 512 -> 2048 -> 2048 -> 512 with ReLU and fixed-seed weights, on one BLAS
+thread (``benchmarks/__init__.py`` pins it).
 """
 
 from __future__ import annotations

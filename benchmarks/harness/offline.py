@@ -1,15 +1,7 @@
-"""The model alone, in a worker process (not a benchmark itself): ``backends_bench.py``'s
-offline side, pinned to the servers' core by the orchestrator.
-
-Answers one JSON line per JSON command line on stdin (``_process.Worker``), keeping the
-model loaded in between, so its blocks interleave with the served runs:
-
-  * ``load``: build the model (the ONNX MLP with one onnxruntime thread, or minilm with one
-    torch thread), size each batch size's block to ~``target_s``, and answer the model's
-    outputs for the ``check`` rows or texts (what the servers must answer);
-  * ``curve``: seconds per call at each batch size, ``blocks`` blocks each, interleaved;
-  * ``padding`` (minilm): a mixed-length text set batched without and with length buckets:
-    padded tokens, and the measured time of each way.
+"""The model alone, in a worker process (not a benchmark itself):
+``benchmarks.engine.cpu_backends``' offline side, pinned to the servers' core. It answers
+``load``, ``curve`` and ``padding`` command lines (``processes.Worker``), keeping the model
+loaded in between, so its blocks interleave with the served runs.
 """
 
 from __future__ import annotations

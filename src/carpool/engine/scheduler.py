@@ -32,7 +32,7 @@ _monotonic = time.monotonic  # the batcher's clock
 # rows queued (infinity sorts up to 256 texts; 8 x 32 is the same).
 SORT_WINDOW = 8
 # Whether a more urgent arrival re-forms the staged batches. Private: only
-# benchmarks/reform.py turns it off, to measure what re-forming buys.
+# benchmarks/engine/reform.py turns it off, to measure what re-forming buys.
 _REFORM = True
 
 

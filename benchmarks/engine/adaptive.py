@@ -1,63 +1,23 @@
 """Adaptive batching against fixed and eager under open-loop load: p99, throughput, goodput.
 
-What: one ``carpool.Batcher`` per cell (``max_batch_size=64``, ``workers=1``), fed single
-rows by an open-loop client at precomputed, seeded arrival offsets; latency runs from each
-request's *scheduled* send time to its answer (no coordinated omission). Settings compared:
-
-  * ``eager`` (which is also ``fixed`` with ``max_wait_ms=0``: both dispatch every queued row
-    the moment a worker is free), and ``fixed`` with ``max_wait_ms`` in {1, 2, 5, 10, 20, 50};
-    the best of them at each load is chosen in hindsight (lowest p99; for throughput and
-    goodput, the highest). At 110 %, 2x and bursty only eager and fixed {5, 50} run: there
-    the queue hardly ever empties, batches leave full, and the wait hardly matters;
-  * ``adaptive``: ``policy="adaptive", latency_slo_ms=50, max_wait_ms=50`` (a generous cap:
-    the policy's own rule decides how long to wait) -- the headline; and ``adaptive/5``, the
-    same with the default ``max_wait_ms=5``.
-
-Every batcher gets ``warmup=row`` and answers one request before the clock starts, so the
-adaptive cost model starts warm (a cold start is measured apart, at the end).
-
-Models: ``sleep``, a simulated accelerator, ``t(b) = 5 ms + 0.1 ms x b`` in ``time.sleep``
-(GIL released); ``mlp``, the server benchmark's numpy MLP 512->2048->2048->2048->512 (one
-BLAS thread). Capacity = max over b <= 64 of ``b / t(b)``, ``t(b)`` the median of 15 offline
-calls (for ``sleep`` about 64 / 11.5 ms: ``time.sleep`` overshoots 64 / 11.4 ms a little).
-
-Loads: Poisson at 10, 30, 50, 70, 90 % of capacity; saturation at 110 %; overload at 2x;
-and a bursty trace alternating 2x and 0.3x capacity every second (1 s warm, 4 s measured).
-Each Poisson cell: ``--warm`` s of load (1), then a ``--window`` s measurement window (2;
-longer at low rates, to hold 2,000 requests). Throughput and goodput count the answers that
-came back in the window (goodput: those within 50 ms of their scheduled send); p50/p99 are
-over them; rejections are of the requests sent in the window, timed from the send. What is
-unanswered at the window's end is cancelled. At one load every setting sees the same
-arrivals, one after another; their order rotates per repeat; medians over repeats.
-
-Targets (the issue): at every load adaptive p99 <= 1.1x the best fixed/eager p99;
-throughput at saturation >= 0.97x the best; at 2x goodput >= 0.9x capacity with every
-rejection immediate (p99 < 1 ms), while eager and fixed serve almost nothing within 50 ms
-(< 0.1x capacity). Printed as PASS / MISS; nothing is asserted; exits 0.
-
-Client: asyncio tasks on the batcher's own loop (``--client loop``, the default), each
-``await b.infer(row)``; ``--client thread`` sends with ``b.submit`` from this thread to a
-``with Batcher`` loop thread instead (its sends lag under load: the GIL). Pinned to CPUs 0,1
-by default. About 7 minutes; ``--quick`` (50 % and 2x, three settings) about 10 s.
-
-    taskset -c 0,1 python benchmarks/adaptive_bench.py --plot docs/adaptive-latency-vs-load.png
-    python benchmarks/adaptive_bench.py --quick --cpus none
-"""
+Seeded Poisson, saturation, 2x and bursty loads per model (sleep accelerator, numpy MLP);
+the issue's targets are goals: p99 <= 1.1x the best fixed/eager, 2x goodput >= 0.9x
+capacity, immediate rejections. Method and results: docs/benchmarks/engine.md."""
 
 from __future__ import annotations
 
+import argparse
 import gc
 import math
 import os
-import sys
 import time
 from typing import Any
 
-import _adaptive as A  # imports _bench first: single-thread BLAS env vars before numpy
-import _bench
-import models
 import numpy as np
 
+from benchmarks.engine import _open_loop as A
+from benchmarks.harness import Figures, models, run
+from benchmarks.harness import common as _bench
 from carpool.bench.arrivals import bursty_offsets, poisson_offsets
 
 POISSON = (0.1, 0.3, 0.5, 0.7, 0.9)
@@ -67,7 +27,7 @@ BURSTY_MEAN = (2.0 + 0.3) / 2
 EXTREME_WAITS = (5, 50)
 MIN_SAMPLES = 2000  # a Poisson window holds at least this many requests: ~20 past the p99
 SIZES = (1, 2, 4, 8, 16, 32, 48, 64)
-MLP_DIMS = (512, 2048, 2048, 2048, 512)  # benchmarks/http_models.py's DIMS
+MLP_DIMS = (512, 2048, 2048, 2048, 512)  # benchmarks/harness/http_models.py's DIMS
 Load = float | str
 
 
@@ -125,7 +85,14 @@ def arrivals(
     return poisson_offsets(rate, warm + window, seed=seed), warm, warm + window
 
 
-def main() -> int:
+def load_slug(load: Load) -> str:
+    """``load`` in a figure's name: ``50pct``, ``sat_110pct``, ``overload_2x``, ``bursty``."""
+    if load in (BURSTY, OVERLOAD):
+        return "bursty" if load == BURSTY else "overload_2x"
+    return f"{'sat_' if load == SATURATION else ''}{100 * float(load):.0f}pct"
+
+
+def parser() -> argparse.ArgumentParser:
     p = _bench.base_parser(__doc__, default_cpus="0,1", default_repeats=1)
     p.add_argument("--models", default="sleep,mlp", help="comma-separated: sleep,mlp")
     p.add_argument("--window", type=float, help="measured seconds per Poisson cell (2)")
@@ -133,7 +100,10 @@ def main() -> int:
     p.add_argument("--client", choices=("loop", "thread"), default="loop")
     p.add_argument("--plot", metavar="PNG", help="save p99 and goodput vs load here")
     p.add_argument("--seed", type=int, default=1)
-    args = p.parse_args()
+    return p
+
+
+def measure(args: argparse.Namespace) -> Figures:
 
     pinned = _bench.pin(_bench.parse_cpus(args.cpus))
     carpool = _bench.import_carpool()
@@ -149,7 +119,7 @@ def main() -> int:
         elif name == "mlp":
             setups[name] = (models.MLP(MLP_DIMS), models.make_rows(1)[0])
         else:
-            p.error(f"unknown model {name!r}: use sleep, mlp")
+            raise ValueError(f"unknown model {name!r}: use sleep, mlp")
 
     _bench.header(
         "carpool adaptive batching: p99, throughput and goodput vs offered load",
@@ -166,15 +136,17 @@ def main() -> int:
     capacity = {name: measure_capacity(name, *setup, args.quick) for name, setup in setups.items()}
     print()
     results = run_grid(args, carpool, setups, capacity, loads)
+    figures = Figures()
     for name in setups:
-        report(results, name, capacity[name], loads)
+        figures.add(f"{name}_capacity_rows_per_s", capacity[name], "rows/s")
+        figures.update(report(results, name, capacity[name], loads), prefix=f"{name}_")
     if not args.quick:
         for name, (model, row) in setups.items():
             cold_start(carpool, name, model, row, capacity[name], args)
         print()
     if args.plot:
         draw(results, list(setups), loads, capacity, args.plot)
-    return 0
+    return figures
 
 
 def measure_capacity(name: str, model: Any, row: np.ndarray, quick: bool) -> float:
@@ -234,15 +206,17 @@ def run_grid(
     return results
 
 
-def report(results: Results, name: str, cap: float, loads: list[Load]) -> None:
-    """The two tables of one model and its targets."""
-    ratios = latency_table(results, name, cap, loads)
-    throughput_table(results, name, cap, loads)
-    targets(results, name, cap, loads, ratios)
+def report(results: Results, name: str, cap: float, loads: list[Load]) -> Figures:
+    """The two tables of one model and its targets; their figures, unprefixed."""
+    figures = Figures()
+    ratios = latency_table(results, name, cap, loads, figures)
+    throughput_table(results, name, cap, loads, figures)
+    targets(results, name, cap, loads, ratios, figures)
+    return figures
 
 
 def latency_table(
-    results: Results, name: str, cap: float, loads: list[Load]
+    results: Results, name: str, cap: float, loads: list[Load], figures: Figures
 ) -> list[tuple[float, Load]]:
     """p99 per load: eager, the best fixed/eager, adaptive; adaptive's p99 ratio per load."""
     get = results.get
@@ -251,6 +225,10 @@ def latency_table(
         label, best = results.best(name, load, "p99")
         ratio = get(name, load, "adaptive", "p99") / best
         ratios.append((ratio, load))
+        slug = load_slug(load)
+        figures.add(f"p99_ms_{slug}_adaptive", get(name, load, "adaptive", "p99"), "ms")
+        figures.add(f"p99_ms_{slug}_best_fixed_eager", best, "ms")
+        figures.add(f"p99_adaptive_over_best_{slug}", ratio, "x")
         offered = (BURSTY_MEAN if load == BURSTY else float(load)) * cap
         rows.append(
             [
@@ -270,13 +248,20 @@ def latency_table(
     return ratios
 
 
-def throughput_table(results: Results, name: str, cap: float, loads: list[Load]) -> None:
+def throughput_table(
+    results: Results, name: str, cap: float, loads: list[Load], figures: Figures
+) -> None:
     """Throughput against the best, and goodput as a share of capacity, per load."""
     get = results.get
     rows = []
     for load in loads:
         tput_label, tput_best = results.best(name, load, "throughput")
         good_label, good_best = results.best(name, load, "goodput")
+        slug = load_slug(load)
+        adaptive_tput = get(name, load, "adaptive", "throughput")
+        figures.add(f"throughput_adaptive_over_best_{slug}", adaptive_tput / tput_best, "x")
+        adaptive_good = get(name, load, "adaptive", "goodput")
+        figures.add(f"goodput_over_capacity_{slug}_adaptive", adaptive_good / cap, "x")
         rows.append(
             [
                 load_name(load),
@@ -297,9 +282,14 @@ def throughput_table(results: Results, name: str, cap: float, loads: list[Load])
 
 
 def targets(
-    results: Results, name: str, cap: float, loads: list[Load], ratios: list[tuple[float, Load]]
+    results: Results,
+    name: str,
+    cap: float,
+    loads: list[Load],
+    ratios: list[tuple[float, Load]],
+    figures: Figures,
 ) -> None:
-    """A PASS/MISS line per target of the headline setting."""
+    """A PASS/MISS line per target of the headline setting, each a goal in ``figures``."""
     get = results.get
     print(f"\n[{name}] targets (headline: adaptive, max_wait_ms=50)")
     worst, at = max(ratios, key=lambda x: x[0] if x[0] == x[0] else -1.0)
@@ -308,22 +298,27 @@ def targets(
         worst <= 1.1,
         f"worst {worst:.2f}x, at {load_name(at)}",
     )
+    figures.at_most("worst_p99_adaptive_over_best", worst, 1.1)
     if SATURATION in loads:
         label, best = results.best(name, SATURATION, "throughput")
         ratio = get(name, SATURATION, "adaptive", "throughput") / best
         _target(
             "throughput at saturation (110%) >= 0.97x best", ratio >= 0.97, f"{ratio:.3f}x {label}"
         )
+        figures.at_least("saturation_throughput_adaptive_over_best", ratio, 0.97)
     good = get(name, OVERLOAD, "adaptive", "goodput") / cap
     _target("2x overload: goodput >= 0.9x capacity", good >= 0.9, f"{good:.3f}x")
+    figures.at_least("overload_goodput_over_capacity", good, 0.9)
     late = get(name, OVERLOAD, "adaptive", "reject_p99_ms")
     _target("2x overload: rejections immediate (p99 < 1 ms)", late < 1.0, f"{late:.3f} ms")
+    figures.at_most("overload_reject_p99_ms", late, 1.0, "ms")
     label, other = results.best(name, OVERLOAD, "goodput")
     _target(
         "2x overload: eager and fixed goodput < 0.1x capacity",
         other / cap < 0.1,
         f"best {other / cap:.3f}x, {label}",
     )
+    figures.at_most("overload_goodput_over_capacity_best_fixed_eager", other / cap, 0.1)
     print()
 
 
@@ -374,4 +369,4 @@ def draw(
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run(measure, parser()))

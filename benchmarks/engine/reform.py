@@ -1,57 +1,27 @@
 """Staging and re-forming vs forming a batch only when a worker is free (issue 32, item 6).
 
-What: the same ``carpool.Batcher`` run two ways, interleaved in one process, repeated
-(default 3), medians reported side by side:
-
-  * ``staged``: today's engine. While the worker is busy, a full batch is formed at once
-    and *staged* for it (one per worker); a more urgent request arriving meanwhile sends
-    that batch back to the queue to be formed again with it (re-forming).
-  * ``free only``: a batch is formed only when a worker is free (the staging rule's bound
-    becomes ``busy_workers < workers``; private switch
-    ``carpool.policies.base._STAGED_PER_WORKER = 0``), so nothing is ever re-formed.
-  * ``staged, no re-forming`` (priority only): staging on, re-forming off (private switch
-    ``carpool.engine.scheduler._REFORM = False``): what re-forming itself buys.
-
-Three measures, ``max_batch_size`` 32, one worker:
-
-  (a) priority: 64 closed-loop callers at priority 1 keep the ``sleep`` model busy with
-      full batches; one caller at priority 0 sends a request every ~10 ms (random gaps):
-      its wait p50/p99, and the low-priority rows whose model call began after it arrived
-      and before its own (mean, max, and the share of urgent requests with any: 0 when it
-      overtook everything queued and staged; a staged batch a worker has claimed but not
-      yet called the model on counts, as it is no longer re-formable).
-  (b) served/offline (P1b, as ``efficiency.py``): 256 callers, served rows/s over the
-      offline peak (``batch_inference``) for ``sleep`` (releases the GIL), ``mlp`` (numpy
-      float32, one BLAS thread) and ``gil`` (a pure-Python loop that holds the GIL).
-  (c) 64 clients: closed-loop callers for a fixed window: rows/s, latency p50/p99.
-
-Pinning: default CPUs 0,1 as ``efficiency.py`` (the model one core, the loop the other);
-``--cpus 0`` puts everything on one core. Nothing is asserted; exits 0.
-
-    taskset -c 0,1 benchmarks/.venv/bin/python benchmarks/reform.py
-    benchmarks/.venv/bin/python benchmarks/reform.py --quick
-"""
+The same ``Batcher`` staged, free-only and staged without re-forming: (a) an urgent
+request's wait behind 64 low-priority callers, (b) served/offline, (c) 64 clients' rows/s
+and latency. Answers checked. Method and results: docs/benchmarks/engine.md."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import gc
 import random
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import _bench  # before numpy: sets single-thread BLAS env vars
-import efficiency
-import models
 import numpy as np
 
-_bench.import_carpool()
-
-from carpool.bench.report.data import percentile  # noqa: E402
-from carpool.engine import scheduler  # noqa: E402
-from carpool.policies import base as policy_base  # noqa: E402
+from benchmarks.engine import efficiency
+from benchmarks.harness import Figures, models, run
+from benchmarks.harness import common as _bench
+from carpool.bench.report.data import percentile
+from carpool.engine import scheduler
+from carpool.policies import base as policy_base
 
 BATCH = 32
 CLIENTS = 64
@@ -171,12 +141,15 @@ async def clients_run(carpool: Any, model: Any, seconds: float) -> dict[str, flo
 Results = dict[tuple[str, str, str], list[dict[str, Any]]]  # (measure, model, variant)
 
 
-def run_all(carpool: Any, repeats: int, quick: bool) -> Results:
+def run_all(carpool: Any, repeats: int, quick: bool) -> tuple[Results, bool]:
+    """Every measure, model and variant once per repeat, and whether every served run's
+    outputs equal the offline run's."""
     seconds = 0.5 if quick else 2.0
     n_rows = 256 * (4 if quick else 32)
     rows = models.make_rows(n_rows)
     fns = {"sleep": models.sleep_model, "mlp": models.MLP(), "gil": gil_model}
     res: Results = {}
+    equal = True
 
     def put(key: tuple[str, str, str], out: dict[str, Any], line: str) -> None:
         res.setdefault(key, []).append(out)
@@ -194,7 +167,7 @@ def run_all(carpool: Any, repeats: int, quick: bool) -> Results:
             for v in order:
                 with variant(v):
                     out = asyncio.run(efficiency.served_run(carpool, fn, rows, BATCH, 1))
-                efficiency.check_same(out["outs"], off["outs"], f"{m} {v}")
+                equal &= efficiency.same(out["outs"], off["outs"], f"{m} {v}")
                 put(("served", m, v), out, f"{out['rps']:>10,.0f} rows/s")
             for lst in res.values():  # keep no outputs (memory)
                 for d in lst:
@@ -204,19 +177,30 @@ def run_all(carpool: Any, repeats: int, quick: bool) -> Results:
                 with variant(v):
                     out = asyncio.run(clients_run(carpool, fn, seconds))
                 put(("clients", m, v), out, f"{out['rps']:>10,.0f} rows/s p99 {out['p99']:.2f}")
-    return res
+    return res, equal
 
 
 def med(res: Results, key: tuple[str, str, str], field: str) -> float:
     return _bench.median(x[field] for x in res[key])
 
 
-def report(res: Results) -> None:
+SLUGS = {"staged": "staged", "free only": "free_only", NO_REFORM: "no_reform"}  # figure names
+
+
+def report(res: Results) -> Figures:
+    """The three tables, and their numbers as figures."""
+    figures = Figures()
     s, f = VARIANTS
     print("\n(a) priority: an urgent request's wait behind 64 low-priority callers (sleep)")
     rows = []
     for v in (*VARIANTS, NO_REFORM):
         key = ("priority", "sleep", v)
+        slug = SLUGS[v]
+        figures.add(f"urgent_wait_p50_ms_{slug}", med(res, key, "p50"), "ms")
+        figures.add(f"urgent_wait_p99_ms_{slug}", med(res, key, "p99"), "ms")
+        figures.add(f"low_rows_ahead_mean_{slug}", med(res, key, "ahead_mean"), "rows")
+        figures.add(f"low_rows_ahead_max_{slug}", med(res, key, "ahead_max"), "rows")
+        figures.add(f"urgent_overtaken_pct_{slug}", med(res, key, "overtaken"), "%")
         rows.append(
             [v, f"{med(res, key, 'p50'):.2f}", f"{med(res, key, 'p99'):.2f}",
              f"{med(res, key, 'ahead_mean'):.2f}", f"{med(res, key, 'ahead_max'):.0f}",
@@ -227,6 +211,7 @@ def report(res: Results) -> None:
     print(_bench.table(heads, rows))
     p99 = [med(res, ("priority", "sleep", v), "p99") for v in VARIANTS]
     print(f"  urgent wait p99, {s} / {f}: {p99[0] / p99[1]:.3f}")
+    figures.add("urgent_wait_p99_staged_over_free_only", p99[0] / p99[1], "x")
 
     print("\n(b) served/offline (P1b), 256 callers, one worker")
     rows = []
@@ -237,6 +222,10 @@ def report(res: Results) -> None:
             a["rps"] / b["rps"]
             for a, b in zip(res[("served", m, s)], res[("served", m, f)], strict=True)
         )
+        figures.add(f"{m}_offline_rows_per_s", off, "rows/s")
+        figures.add(f"{m}_staged_over_offline", srv[0] / off, "x")
+        figures.add(f"{m}_free_only_over_offline", srv[1] / off, "x")
+        figures.add(f"{m}_staged_over_free_only_paired", paired, "x")
         rows.append(
             [m, _bench.fmt_num(off), _bench.fmt_num(srv[0]), _bench.fmt_num(srv[1]),
              f"{srv[0] / off:.3f}", f"{srv[1] / off:.3f}", f"{paired:.3f}"]
@@ -251,6 +240,13 @@ def report(res: Results) -> None:
         rps = [med(res, ("clients", m, v), "rps") for v in VARIANTS]
         p99 = [med(res, ("clients", m, v), "p99") for v in VARIANTS]
         p50 = [med(res, ("clients", m, v), "p50") for v in VARIANTS]
+        for v, rps_v, p50_v, p99_v in zip(VARIANTS, rps, p50, p99, strict=True):
+            slug = SLUGS[v]
+            figures.add(f"{m}_{CLIENTS}_clients_rows_per_s_{slug}", rps_v, "rows/s")
+            figures.add(f"{m}_{CLIENTS}_clients_p50_ms_{slug}", p50_v, "ms")
+            figures.add(f"{m}_{CLIENTS}_clients_p99_ms_{slug}", p99_v, "ms")
+        figures.add(f"{m}_{CLIENTS}_clients_staged_over_free_only", rps[0] / rps[1], "x")
+        figures.add(f"{m}_{CLIENTS}_clients_p99_staged_over_free_only", p99[0] / p99[1], "x")
         rows.append(
             [m, _bench.fmt_num(rps[0]), _bench.fmt_num(rps[1]), f"{rps[0] / rps[1]:.3f}",
              f"{p50[0]:.2f}", f"{p50[1]:.2f}", f"{p99[0]:.2f}", f"{p99[1]:.2f}",
@@ -260,11 +256,14 @@ def report(res: Results) -> None:
              f"{s} p99 ms", f"{f} p99 ms", "p99 ratio"]  # fmt: skip
     print(_bench.table(heads, rows))
     print(f"\n  ratios are {s} / {f}: above 1 in rows/s, below 1 in latency favour staging")
+    return figures
 
 
-def main() -> int:
-    p = _bench.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
-    args = p.parse_args()
+def parser() -> argparse.ArgumentParser:
+    return _bench.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
+
+
+def measure(args: argparse.Namespace) -> Figures:
     pinned = _bench.pin(_bench.parse_cpus(args.cpus))
     carpool = _bench.import_carpool()
     repeats = args.repeats or (1 if args.quick else 3)
@@ -278,10 +277,11 @@ def main() -> int:
             "carpool": getattr(carpool, "__version__", "?"),
         },
     )
-    res = run_all(carpool, repeats, args.quick)
-    report(res)
-    return 0
+    res, equal = run_all(carpool, repeats, args.quick)
+    figures = report(res)
+    figures.check("answers_equal", equal)
+    return figures
 
 
 if __name__ == "__main__":
-    sys.exit(_bench.run_reported("reform", main))
+    raise SystemExit(run(measure, parser()))

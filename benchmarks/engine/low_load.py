@@ -1,69 +1,27 @@
-"""Latency at low load: one caller at a time.
+"""Latency at low load: one caller at a time, the model direct vs through a batcher.
 
-What: a single caller awaits requests one after another (never more than one
-in flight), so a batcher can never form a batch bigger than 1.  We measure
-the per-request latency of
-
-  * ``model``  -- the model called directly on a prepared 1-row batch (no
-                  batcher): the floor,
-  * ``eager``  -- ``await b.infer(row)`` with ``policy="eager"`` (default),
-  * ``submit`` -- ``b.submit(row).result()`` from a plain thread with the
-                  ``with Batcher(...)`` (background loop) front end, eager,
-  * ``fixed``  -- ``await b.infer(row)`` with ``policy="fixed"``,
-                  ``max_wait_ms=5`` (waits for a full batch or the timeout,
-                  so ~5 ms extra is expected: shown for contrast),
-
-for three models: ``sleep`` (``models.py``: ``time.sleep(0.002 + 0.00005)``,
-about 2 ms, GIL released), ``mlp`` (``models.py``: the numpy float32 MLP on
-one row, one BLAS thread) and ``minilm`` (the packaged all-MiniLM-L6-v2,
-``carpool.backends.minilm``, on one thread; ``--minilm-engine`` torch, onnx
-or onnx-int8, default the model's own).  For ``minilm`` a row is one short
-text (the first of ``_embed_texts``' short set, 15 words, 18 tokens) and each
-request does the whole of a direct caller's work: ``model`` is the model's own
-``preprocess`` (tokenizing) then its ``batched_fn()`` on the 1-row batch;
-``eager`` and ``fixed`` tokenize, then ``await b.infer_many(tokens)`` on
-``model.batcher(...)`` (the model's batching settings, as ``carpool serve``
-has them); ``submit`` tokenizes, then submits the one row.  ``sleep`` and
-``mlp`` are the default (``--models sleep,mlp``).  Variants are interleaved
-within each repeat; each repeat records the median of its samples and the
-table shows the median over repeats (default 5) plus the p90 over all samples.
-
-Why: a work-conserving ("eager") batcher must not make a lightly loaded
-service slower.  Target: eager median <= model median + 0.5 ms for ``sleep``
-and ``mlp``; for ``minilm``, issue 20's "a lone request's latency within 1 ms
-of an unbatched call": eager median <= model median + 1 ms.
-
-Pinning: default CPU 0 for the whole process (callers, carpool's loop and
-the worker thread share one core; thread hand-offs on one core are the
-common cheap case).  ``--cpus 0,1`` lets them spread.  Nothing is asserted;
-exits 0.
-
-    taskset -c 0 benchmarks/.venv/bin/python benchmarks/low_load.py
-    benchmarks/.venv/bin/python benchmarks/low_load.py --quick
-    taskset -c 0 python3 benchmarks/low_load.py --models minilm --minilm-engine torch
-"""
+Per model (sleep, numpy MLP, minilm) the latency of a direct call, ``infer`` (eager),
+``submit`` and ``fixed``. Goal: eager <= the direct call + 0.5 ms (minilm: + 1 ms).
+Method and results: docs/benchmarks/engine.md."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import gc
 import os
-import sys
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-import _bench  # before numpy: sets single-thread BLAS env vars
-import _embed_texts
-import models
 import numpy as np
 
-_bench.import_carpool()
-
-from carpool.backends.minilm import ENGINE_ENV, ENGINES, check_engine  # noqa: E402
-from carpool.bench.callers import closed_requests  # noqa: E402
-from carpool.bench.report.data import percentile  # noqa: E402
+from benchmarks.harness import Figures, models, run, texts
+from benchmarks.harness import common as _bench
+from carpool.backends.minilm import ENGINE_ENV, ENGINES, check_engine
+from carpool.bench.callers import closed_requests
+from carpool.bench.report.data import percentile
 
 MAX_BATCH = 32
 # The eager target per model: the batcher's cost over a direct call, ms.
@@ -98,7 +56,7 @@ def minilm_subject(engine: str | None) -> Subject:
 
     engine = check_engine(engine or os.environ.get(ENGINE_ENV) or None, where=ENGINE_ENV)
     model = minilm_model(threads=1, engine=engine)
-    text = _embed_texts.texts("short", 1)[0]
+    text = texts.texts("short", 1)[0]
     inputs = {"TEXT": np.array([[text.encode()]], dtype=object)}
     preprocess = model.preprocess
     assert preprocess is not None
@@ -151,7 +109,7 @@ def time_submit(subject: Subject, n: int, warm: int, **kw: Any) -> list[float]:
     return out
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     p = _bench.base_parser(__doc__, default_cpus="0")
     p.add_argument("--models", default="sleep,mlp", help="of sleep, mlp, minilm")
     p.add_argument(
@@ -160,11 +118,14 @@ def main() -> int:
         default=None,
         help="minilm's engine (default: the model's own)",
     )
-    args = p.parse_args()
+    return p
+
+
+def measure(args: argparse.Namespace) -> Figures:
     names = args.models.split(",")
     unknown = sorted(set(names) - set(TARGETS_MS))
     if unknown:
-        p.error(f"unknown models {unknown}; known: {', '.join(TARGETS_MS)}")
+        raise ValueError(f"unknown models {unknown}; known: {', '.join(TARGETS_MS)}")
 
     cpus = _bench.parse_cpus(args.cpus)
     pinned = _bench.pin(cpus)
@@ -200,7 +161,7 @@ def main() -> int:
         for m in names:
             for v in variants:
                 gc.collect()
-                xs = measure(subjects[m], v, n, n_fixed, warm)
+                xs = latencies(subjects[m], v, n, n_fixed, warm)
                 med[(m, v)].append(_bench.median(xs))
                 allv[(m, v)].extend(xs)
                 ms = _bench.median(xs) * 1e3
@@ -209,11 +170,10 @@ def main() -> int:
                     flush=True,
                 )
     print()
-    report(names, variants, med, allv)
-    return 0
+    return report(names, variants, med, allv)
 
 
-def measure(subject: Subject, variant: str, n: int, n_fixed: int, warm: int) -> list[float]:
+def latencies(subject: Subject, variant: str, n: int, n_fixed: int, warm: int) -> list[float]:
     """One variant's latencies, s."""
     if variant == "model":
         return time_direct(subject, n)
@@ -229,8 +189,9 @@ def report(
     variants: list[str],
     med: dict[tuple[str, str], list[float]],
     allv: dict[tuple[str, str], list[float]],
-) -> None:
+) -> Figures:
     """The table (medians over repeats, p90 over all samples) and the eager target."""
+    figures = Figures()
     rows = []
     summary = []
     for m in names:
@@ -239,6 +200,8 @@ def report(
             mm = _bench.median(med[(m, v)])
             p90 = percentile(allv[(m, v)], 90)
             over = (mm - base) * 1e3
+            figures.add(f"{m}_{v}_median_ms", mm * 1e3, "ms")
+            figures.add(f"{m}_{v}_p90_ms", p90 * 1e3, "ms")
             rows.append(
                 [
                     m,
@@ -251,6 +214,7 @@ def report(
         eager = _bench.median(med[(m, "eager")])
         eager_over = (eager - base) * 1e3
         target = TARGETS_MS[m]
+        figures.at_most(f"{m}_eager_over_model_ms", eager_over, target, "ms")
         ok = _bench.verdict(eager_over, target, higher_is_better=False)
         summary.append(
             f"  {m}: model {base * 1e3:.3f} ms, eager {eager * 1e3:.3f} ms, "
@@ -259,7 +223,8 @@ def report(
     print(_bench.table(["model", "variant", "median ms", "p90 ms", "vs model ms"], rows))
     print()
     print("\n".join(summary))
+    return figures
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run(measure, parser()))

@@ -1,47 +1,25 @@
 """A few closed-loop clients, fewer than max_batch_size: what each policy makes of them.
 
-What: N clients (N = 4, 8, 16) each send their next request the moment the answer arrives
-(a closed loop), against one ``carpool.Batcher`` (``max_batch_size`` 32, one worker) over a
-GPU-like model: ``time.sleep(2 ms + 0.05 ms/row)``, which releases the GIL.  Two kinds of
-callers: ``threads`` blocking on ``b.submit(row).result()`` (how a server's handlers or
-other processes reach a batcher: an answer's round trip away), and ``tasks``, asyncio tasks
-awaiting ``b.infer(row)`` on the batcher's own loop.  Each policy runs side by side in one
-process, interleaved, repeated (default 3); the table shows medians over repeats of the
-requests/s, and the p50 and p99 latency (as the client sees it) and the mean batch size over
-all repeats.
-
-Why: with fewer clients than a batch holds, a work-conserving policy answers half the
-clients, dispatches the other half at once, and the answered half comes back while that
-batch runs: the callers split into two alternating half batches (8 clients -> batches of 4),
-and each waits a whole extra batch.  Serving them in one batch halves their latency and
-doubles throughput.  The batcher answers a batch's callers before it schedules the next
-batch, so callers on its own loop, which ask again at once, join it: ``tasks`` batches hold
-every client.  ``threads`` come back a round trip later, when the next batch has left.  The
-default policy should be the one that serves them best.
-
-Nothing is asserted; exits 0.  The last line names the default policy (stable text):
-
-    python3 benchmarks/few_clients.py --cpus 0,1
-    python3 benchmarks/few_clients.py --quick      # a smoke run, well under 20 s
-"""
+4, 8 and 16 clients (threads and asyncio tasks) against a sleep model, eager vs adaptive:
+req/s, p50/p99 and mean batch; the figure ``default_policy`` names the default.
+Method and results: docs/benchmarks/engine.md."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import inspect
 import statistics
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import _bench  # before numpy: sets single-thread BLAS env vars
 import numpy as np
 
-_bench.import_carpool()
-
-import carpool  # noqa: E402
-from carpool.bench.report.data import percentile  # noqa: E402
+import carpool
+from benchmarks.harness import Figures, run
+from benchmarks.harness import common as _bench
+from carpool.bench.report.data import percentile
 
 MAX_BATCH = 32
 SLO_MS = 25.0  # about 7 full batches of the sleep model: room to batch, tight enough to matter
@@ -124,11 +102,14 @@ async def closed_loop(
     }
 
 
-def main() -> int:
-    parser = _bench.base_parser(__doc__, default_cpus="none", default_repeats=3)
-    parser.add_argument("--seconds", type=float, default=None, help="per run (default 2.0)")
-    parser.add_argument("--clients", default="4,8,16", help="comma-separated client counts")
-    args = parser.parse_args()
+def parser() -> argparse.ArgumentParser:
+    p = _bench.base_parser(__doc__, default_cpus="none", default_repeats=3)
+    p.add_argument("--seconds", type=float, default=None, help="per run (default 2.0)")
+    p.add_argument("--clients", default="4,8,16", help="comma-separated client counts")
+    return p
+
+
+def measure(args: argparse.Namespace) -> Figures:
     _bench.pin(_bench.parse_cpus(args.cpus))
     repeats = args.repeats or (1 if args.quick else 3)
     seconds = args.seconds or (0.25 if args.quick else 2.0)
@@ -152,29 +133,41 @@ def main() -> int:
                         f"mean batch {result['mean_batch']:5.1f}"
                         + (f"  refused {result['refused']}" if result["refused"] else "")
                     )
+    figures = Figures()
     rows = []
     for kind in kinds:
         for clients in counts:
             for name in policies():
                 results = runs[(kind, name, clients)]
                 latencies = [x for r in results for x in r["latencies"]]
+                rps = statistics.median(r["rps"] for r in results)
+                p50 = percentile(latencies, 50) * 1000
+                p99 = percentile(latencies, 99) * 1000
+                batch = sum(r["mean_batch"] for r in results) / len(results)
                 rows.append(
                     [
                         kind,
                         str(clients),
                         f"{name}{' (default)' if name == default else ''}",
-                        f"{statistics.median(r['rps'] for r in results):,.0f}",
-                        f"{percentile(latencies, 50) * 1000:.2f}",
-                        f"{percentile(latencies, 99) * 1000:.2f}",
-                        f"{sum(r['mean_batch'] for r in results) / len(results):.1f}",
+                        f"{rps:,.0f}",
+                        f"{p50:.2f}",
+                        f"{p99:.2f}",
+                        f"{batch:.1f}",
                     ]
                 )
+                where = f"{kind}_{clients}_clients_{name}"
+                figures.add(f"{where}_req_per_s", rps, "req/s")
+                figures.add(f"{where}_p50_ms", p50, "ms")
+                figures.add(f"{where}_p99_ms", p99, "ms")
+                figures.add(f"{where}_mean_batch", batch, "rows")
+                figures.add(f"{where}_refused", sum(r["refused"] for r in results), "requests")
     print()
     headers = ["callers", "clients", "policy", "req/s", "p50 ms", "p99 ms", "mean batch"]
     print(_bench.table(headers, rows, left=3))
     print(f"\n  few clients: the default policy is {default!r}")
-    return 0
+    figures.add("default_policy", str(default))
+    return figures
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run(measure, parser()))

@@ -1,27 +1,21 @@
 """What moving minilm's tokenizer into the process workers could buy: its cost per request
-against the model's per row.
+against the model's per row (batch 32), for texts of 12, 64 and 200 tokens, in process.
 
-What: minilm's ``Model.preprocess`` (the fast tokenizer, per request, on the server's event
-loop) timed for one text of 12, 64 and 200 tokens, beside the model's batched function at
-batch 32 per row, in this process, on one thread, interleaved and repeated (medians).
-
-Why: ``--runner process`` keeps preprocessing in the server, so the event loop pays for
-tokenizing while the workers run the model. Moving it into the workers would free at most
-that share of a request's CPU: the ratio printed. Nothing is asserted; exits 0.
-
-    python3 benchmarks/preprocess_cost.py [--quick]
-"""
+The figure ``preprocess_share_N_tokens`` is the most of a request's CPU that tokenizing
+in the workers frees. Results: docs/benchmarks/engine.md."""
 
 from __future__ import annotations
 
+import argparse
 import random
 import time
 from collections.abc import Callable
 from typing import Any
 
-import _backends
-import _bench
 import numpy as np
+
+from benchmarks.harness import Figures, backends, run
+from benchmarks.harness import common as _bench
 
 BATCH = 32
 TOKENS = (12, 64, 200)
@@ -35,8 +29,11 @@ def per_call_us(fn: Callable[[], Any], calls: int) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
-def main() -> int:
-    args = _bench.base_parser(__doc__, default_cpus="0", default_repeats=5).parse_args()
+def parser() -> argparse.ArgumentParser:
+    return _bench.base_parser(__doc__, default_cpus="0", default_repeats=5)
+
+
+def measure(args: argparse.Namespace) -> Figures:
     _bench.pin(_bench.parse_cpus(args.cpus))
     import torch
 
@@ -47,9 +44,10 @@ def main() -> int:
     repeats = args.repeats or (1 if args.quick else 5)
     calls = 20 if args.quick else 200
     _bench.header("minilm: tokenizing per request vs the model per row", {"repeats": repeats})
+    figures = Figures()
     rows = []
     for tokens in TOKENS:
-        text = _backends.sentence(random.Random(tokens), tokens)
+        text = backends.sentence(random.Random(tokens), tokens)
         request = {"TEXT": np.array([[text.encode()]], object)}
         batch = model.preprocess({"TEXT": np.array([[text.encode()]] * BATCH, object)})
         pre, run = [], []
@@ -58,6 +56,9 @@ def main() -> int:
             run.append(per_call_us(lambda b=batch: model.fn(b), max(calls // 20, 2)) / BATCH)
         p, m = _bench.median(pre), _bench.median(run)
         rows.append((tokens, f"{p:,.0f}", f"{m:,.0f}", f"{p / (p + m):.3f}"))
+        figures.add(f"preprocess_us_{tokens}_tokens", p, "us/request")
+        figures.add(f"model_us_per_row_{tokens}_tokens", m, "us/row")
+        figures.add(f"preprocess_share_{tokens}_tokens", p / (p + m), "share")
     print(
         _bench.table(
             ["tokens", "preprocess us/request", "model us/row (batch 32)", "preprocess share"],
@@ -65,8 +66,8 @@ def main() -> int:
         )
     )
     print("\npreprocess share = the most of a request's CPU that tokenizing in the workers frees")
-    return 0
+    return figures
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run(measure, parser()))

@@ -1,56 +1,8 @@
 """Per-request overhead of carpool vs Ray Serve's ``@serve.batch`` vs a bare floor.
 
-What: requests/s pushed through a batcher whose model is a no-op (``async def
-model(batch): return batch``), so all that is measured is the batching
-machinery: queueing a request, forming batches of up to 64, calling the model,
-and handing each caller its own row back.
-
-Two front ends, each with three implementations, measured side by side in the
-same run:
-
-``async`` -- 1000 asyncio tasks, each awaiting requests in a loop.
-  * carpool: ``async with Batcher(model, max_batch_size=64)`` + ``await b.infer(x)``
-  * ray:     ``@serve.batch(max_batch_size=64, batch_wait_timeout_s=T)`` on an
-             async function, awaited directly (in-process; see below)
-  * floor:   the honest minimum of handing a value back through asyncio: per
-             request create a future, append it to a list; one ``call_soon``
-             callback per loop turn resolves the pending futures in chunks of 64;
-             the caller awaits the future.  No model call, no coroutine wrapper.
-
-``threads`` -- 8 OS threads, each keeping a window of 32 outstanding
-concurrent.futures.Future (submit, and wait for the oldest when the window is
-full).
-  * carpool: ``with Batcher(model, max_batch_size=64)`` + ``b.submit(x)``
-  * ray:     the serve.batch function on an asyncio loop running in its own
-             thread, called via ``asyncio.run_coroutine_threadsafe`` (the
-             natural way for threaded code to use an async API)
-  * floor:   a ``queue.SimpleQueue`` drained by one server thread in chunks of
-             64, resolving ``concurrent.futures.Future`` objects.
-
-Why: carpool's promise is that batching is nearly free on the host, so a fast
-model is never starved by Python overhead.  Targets: carpool >= 5x Ray's req/s
-and >= 0.4x the floor.
-
-Ray notes: ``serve.batch`` is plain asyncio and does *not* need
-``ray.init()`` (verified: ``ray.is_initialized()`` stays False).  Ray 2.60
-only insists on a replica context when the queue is built, so we install one
-(see ``_bench.ray_serve_batch``); the per-request path is Ray's own code.  No
-actor, RPC or HTTP is involved, which is the most favourable setting for Ray.
-``batch_wait_timeout_s`` defaults to 0 here (Ray's fastest setting under
-saturation: it takes whatever is queued without waiting; 0.005 measured the
-same within noise).
-
-Method: every (front end, implementation) runs in a fresh subprocess pinned
-with ``sched_setaffinity`` (default: all of it on CPU 0, so the comparison is
-one core vs one core and the threaded variants measure GIL/thread hand-off on
-one core, not cross-core cache traffic).  Each child warms up, sizes its run
-to ~1 s, and reports requests/s.  Configurations are interleaved round-robin
-across repeats (default 5) and the medians are reported, with ratios computed
-from the medians.  Nothing is asserted: the script prints and exits 0.
-
-    taskset -c 0 benchmarks/.venv/bin/python benchmarks/overhead.py
-    benchmarks/.venv/bin/python benchmarks/overhead.py --quick
-"""
+A no-op model behind ``max_batch_size=64``, driven by 1000 asyncio tasks and by 8 threads,
+each (front end, implementation) in a fresh pinned child. Goals: carpool >= 0.4x the floor
+and >= 5x Ray (NaN without Ray). Method and results: docs/benchmarks/engine.md."""
 
 from __future__ import annotations
 
@@ -58,16 +10,17 @@ import argparse
 import asyncio
 import gc
 import json
+import subprocess
 import sys
 import threading
 from collections import deque
-from pathlib import Path
 from typing import Any
 
-import _bench  # before numpy/carpool: sets single-thread BLAS env vars
-import _process
+from benchmarks.harness import Figures, run
+from benchmarks.harness import common as _bench
+from benchmarks.harness import processes as _process
 
-SCRIPT = Path(__file__).resolve()
+MODULE = "benchmarks.engine.overhead"
 MAX_BATCH = 64
 ASYNC_TASKS = 1000
 THREADS = 8
@@ -81,8 +34,9 @@ async def _noop_async(batch: Any) -> Any:
     return batch
 
 
-async def _drive_async(call: Any, total: int, tasks: int) -> float:
-    """``tasks`` coroutines each awaiting ``call(i)`` total/tasks times; seconds taken."""
+async def _drive_async(call: Any, total: int, tasks: int) -> tuple[float, int]:
+    """``tasks`` coroutines each awaiting ``call(i)`` total/tasks times: seconds taken, and
+    the answers that were not ``i``."""
     per = max(1, total // tasks)
     bad = 0
 
@@ -94,10 +48,7 @@ async def _drive_async(call: Any, total: int, tasks: int) -> float:
 
     t0 = _bench.now()
     await asyncio.gather(*(caller(k * per) for k in range(tasks)))
-    dt = _bench.now() - t0
-    if bad:
-        raise AssertionError(f"{bad} wrong results")
-    return dt
+    return _bench.now() - t0, bad
 
 
 class _AsyncFloor:
@@ -149,40 +100,42 @@ async def _async_bench(impl: str, target_s: float, ray_timeout: float) -> dict[s
 async def _measure_async(call: Any, target_s: float) -> dict[str, Any]:
     # warm-up (also sizes the run so it lasts ~target_s)
     n_warm = ASYNC_TASKS * 20
-    dt = await _drive_async(call, n_warm, ASYNC_TASKS)
+    dt, wrong = await _drive_async(call, n_warm, ASYNC_TASKS)
     rate = n_warm / dt
     total = max(ASYNC_TASKS * 10, int(rate * target_s) // ASYNC_TASKS * ASYNC_TASKS)
     gc.collect()
-    dt = await _drive_async(call, total, ASYNC_TASKS)
-    return {"rps": total / dt, "n": total}
+    dt, bad = await _drive_async(call, total, ASYNC_TASKS)
+    return {"rps": total / dt, "n": total, "wrong": wrong + bad}
 
 
 # --------------------------------------------------------------------------
 # threaded front end
 # --------------------------------------------------------------------------
-def _drive_threads(submit: Any, total: int, threads: int, window: int) -> float:
+def _drive_threads(submit: Any, total: int, threads: int, window: int) -> tuple[float, int]:
+    """``threads`` threads each submitting total/threads values, ``window`` outstanding:
+    seconds taken, and the answers that were not the value submitted."""
     per = max(1, total // threads)
     errors: list[BaseException] = []
+    wrong = [0] * threads
     start = threading.Barrier(threads + 1)
 
-    def worker(base: int) -> None:
+    def worker(k: int) -> None:
+        base = k * per
         try:
             futs: deque[tuple[int, Any]] = deque()
             start.wait()
             for i in range(base, base + per):
                 if len(futs) >= window:
                     x, f = futs.popleft()
-                    if f.result() != x:
-                        raise AssertionError("wrong result")
+                    wrong[k] += f.result() != x
                 futs.append((i, submit(i)))
             while futs:
                 x, f = futs.popleft()
-                if f.result() != x:
-                    raise AssertionError("wrong result")
+                wrong[k] += f.result() != x
         except BaseException as e:  # pragma: no cover - reported below
             errors.append(e)
 
-    ts = [threading.Thread(target=worker, args=(k * per,)) for k in range(threads)]
+    ts = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
     for t in ts:
         t.start()
     start.wait()
@@ -192,17 +145,17 @@ def _drive_threads(submit: Any, total: int, threads: int, window: int) -> float:
     dt = _bench.now() - t0
     if errors:
         raise errors[0]
-    return dt
+    return dt, sum(wrong)
 
 
 def _measure_threads(submit: Any, target_s: float) -> dict[str, Any]:
     n_warm = THREADS * 2000
-    dt = _drive_threads(submit, n_warm, THREADS, WINDOW)
+    dt, wrong = _drive_threads(submit, n_warm, THREADS, WINDOW)
     rate = n_warm / dt
     total = max(THREADS * 1000, int(rate * target_s) // THREADS * THREADS)
     gc.collect()
-    dt = _drive_threads(submit, total, THREADS, WINDOW)
-    return {"rps": total / dt, "n": total}
+    dt, bad = _drive_threads(submit, total, THREADS, WINDOW)
+    return {"rps": total / dt, "n": total, "wrong": wrong + bad}
 
 
 class _ThreadFloor:
@@ -288,7 +241,8 @@ def _threads_bench(impl: str, target_s: float, ray_timeout: float) -> dict[str, 
     raise ValueError(impl)
 
 
-def child_main(spec: dict[str, Any]) -> None:
+def _child_main(spec: dict[str, Any]) -> None:
+    """One (front end, implementation) run, in this pinned child: its result as a JSON line."""
     if spec["mode"] == "async":
         res = asyncio.run(_async_bench(spec["impl"], spec["target_s"], spec["ray_timeout"]))
     else:
@@ -296,33 +250,41 @@ def child_main(spec: dict[str, Any]) -> None:
     print(json.dumps(res))
 
 
+def _child(spec: dict[str, Any], cpus: set[int] | None) -> dict[str, Any]:
+    """Run one configuration in a fresh ``python -m`` child pinned to ``cpus``."""
+    proc = subprocess.run(
+        [sys.executable, "-m", MODULE, "--child", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=_process.REPO,
+        env=_process.child_env(),
+        preexec_fn=_process.pin_child(frozenset(cpus) if cpus else None),
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"child {spec} failed (rc={proc.returncode}):\n{proc.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.splitlines()[-1])
+    return result
+
+
 # --------------------------------------------------------------------------
 # driver
 # --------------------------------------------------------------------------
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     p = _bench.base_parser(__doc__, default_cpus="0")
-    p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument(
         "--ray-timeout", type=float, default=0.0, help="Ray batch_wait_timeout_s (default 0)"
     )
     p.add_argument("--only", choices=["async", "threads"], help="run one front end only")
-    args = p.parse_args()
-    if args.child:
-        child_main(json.loads(args.child))
-        return 0
+    return p
 
+
+def measure(args: argparse.Namespace) -> Figures:
     cpus = _bench.parse_cpus(args.cpus)
     repeats = args.repeats or (1 if args.quick else 5)
     target_s = 0.15 if args.quick else 1.0
     have_ray = _bench.ray_available()
-    try:
-        _bench.import_carpool()
-        have_carpool = True
-    except ImportError as e:
-        print(f"(carpool not importable: {e}; carpool rows skipped)")
-        have_carpool = False
-
-    impls = ["floor"] + (["carpool"] if have_carpool else []) + (["ray"] if have_ray else [])
+    impls = ["floor", "carpool"] + (["ray"] if have_ray else [])
     modes = [args.only] if args.only else ["async", "threads"]
     configs = [(m, i) for m in modes for i in impls]
 
@@ -338,7 +300,7 @@ def main() -> int:
         },
     )
     if not have_ray:
-        print("(ray not installed: ray rows skipped; run benchmarks/setup.sh)\n")
+        print("(ray not installed: ray figures NaN; run benchmarks/setup.sh)\n")
 
     results: dict[tuple[str, str], list[dict[str, Any]]] = {c: [] for c in configs}
     for r in range(repeats):
@@ -349,21 +311,24 @@ def main() -> int:
                 "target_s": target_s,
                 "ray_timeout": args.ray_timeout,
             }
-            res = _process.run_json(SCRIPT, ["--child", json.dumps(spec)], cpus, timeout=300)
+            res = _child(spec, cpus)
             results[(mode, impl)].append(res)
             print(
                 f"  repeat {r + 1}/{repeats}  {mode:7s} {impl:8s} {res['rps']:>12,.0f} req/s",
                 flush=True,
             )
     print()
-    report(results, modes, impls)
-    return 0
+    figures = report(results, modes, impls)
+    wrong = sum(x["wrong"] for runs in results.values() for x in runs)
+    figures.check("answers_equal", wrong == 0)
+    return figures
 
 
 def report(
     results: dict[tuple[str, str], list[dict[str, Any]]], modes: list[str], impls: list[str]
-) -> None:
+) -> Figures:
     """Per front end: medians over repeats, ratios of the medians, and the targets."""
+    figures = Figures()
     for mode in modes:
         med = {i: _bench.median(x["rps"] for x in results[(mode, i)]) for i in impls}
         rows = []
@@ -387,23 +352,30 @@ def report(
         )
         print(f"[{mode}] {label}")
         print(_bench.table(["impl", "req/s (median)", "min", "max", "x floor", "mean batch"], rows))
-        if "carpool" in med:
-            vs_floor = med["carpool"] / med["floor"]
-            ok = _bench.verdict(vs_floor, 0.4)
-            line = f"  carpool/floor = {vs_floor:.2f}x (target >= 0.40: {ok})"
-            if "ray" in med:
-                vs_ray = med["carpool"] / med["ray"]
-                line += (
-                    f"   carpool/ray = {vs_ray:.2f}x (target >= 5: {_bench.verdict(vs_ray, 5.0)})"
-                )
-            print(line)
+        nan = float("nan")
+        vs_floor = med["carpool"] / med["floor"]
+        vs_ray = med["carpool"] / med["ray"] if "ray" in med else nan
+        print(
+            f"  carpool/floor = {vs_floor:.2f}x (target >= 0.40: {_bench.verdict(vs_floor, 0.4)})"
+            f"   carpool/ray = {vs_ray:.2f}x (target >= 5: {_bench.verdict(vs_ray, 5.0)})"
+        )
         if "ray" in med:
             print(
                 f"  ray/floor = {med['ray'] / med['floor']:.2f}x  (ray.is_initialized() in child: "
                 f"{results[(mode, 'ray')][0].get('ray_initialized')})"
             )
         print()
+        for impl in ("floor", "carpool", "ray"):
+            figures.add(f"{mode}_{impl}_req_per_s", med.get(impl, nan), "req/s")
+        carpool_batch = _bench.median(x["mean_batch_size"] for x in results[(mode, "carpool")])
+        figures.add(f"{mode}_carpool_mean_batch", carpool_batch, "rows")
+        figures.at_least(f"{mode}_carpool_over_floor", vs_floor, 0.4)
+        figures.at_least(f"{mode}_carpool_over_ray", vs_ray, 5)
+    return figures
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if sys.argv[1:2] == ["--child"]:
+        _child_main(json.loads(sys.argv[2]))
+    else:
+        raise SystemExit(run(measure, parser()))

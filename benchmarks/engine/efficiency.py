@@ -1,62 +1,21 @@
 """Served throughput under load vs the offline peak of the same model.
 
-What: 256 concurrent callers (asyncio tasks, each ``await b.infer(row)`` in a
-loop) feed a ``carpool.Batcher`` with ``max_batch_size`` 32 (and 64).  The
-served rows/s is compared with the *offline peak*: the same rows pushed
-through ``carpool.batch_inference(model, rows, batch_size=max_batch_size)``,
-i.e. the model called back-to-back on full batches with nothing else going
-on.  Both are measured in the same process, interleaved, repeated (default 5)
-and reported as medians; the ratio is median served / median offline ("paired":
-the median over repeats of served / the offline run just before it, which is robust to
-the machine's speed drifting during the run).
-
-Models (``models.py``):
-  * ``sleep``: GPU-like cost ``time.sleep(0.002 + 0.00005 * rows)``, sync, run
-    in carpool's worker thread(s), releases the GIL.  Run with ``workers=1``
-    (the headline: the offline peak is one model call at a time) and
-    ``workers=2`` (two batches in flight; since sleep overlaps, this can exceed
-    the single-threaded offline peak -- shown for information).
-  * ``mlp``: a real numpy float32 MLP 512->2048->2048->512 (ReLU), fixed-seed
-    weights, one BLAS thread.  ``workers=1``.
-
-Why: with enough callers a batcher should keep the model busy with full
-batches, so serving loses almost nothing to the offline peak.  Target:
-served/offline >= 0.97 for ``workers=1``.  The mean batch size (from
-``b.stats()``, timed section only) shows whether batches were full.
-
-What makes it possible is *staging*: while the worker runs a batch, the next
-full one is already formed and waiting for it, so the worker goes from one
-model call to the next without the event loop; and it hands the finished
-batch's results to the loop only once the next model call has begun, so the
-loop's work (answering 32-64 callers, admitting their next requests) overlaps
-the model instead of delaying it.  Without staging, every batch would wait for
-a loop round trip: the gap this ratio measures.
-
-Pinning: by default the process is pinned to CPUs 0,1 (both cores of the
-reference box).  The model gets one core (one BLAS thread / one worker
-thread) and carpool's event loop the other, like a GPU server where the model
-runs on the accelerator and batching on the host.  ``--cpus 0`` puts
-everything on one core instead (the MLP then also pays carpool's Python
-overhead out of its own core's time).  Nothing is asserted; exits 0.
-
-    taskset -c 0,1 benchmarks/.venv/bin/python benchmarks/efficiency.py
-    benchmarks/.venv/bin/python benchmarks/efficiency.py --quick
-"""
+256 callers feed a ``Batcher`` (sleep and numpy MLP models); its rows/s over
+``batch_inference``'s on full batches, interleaved, medians. Goal: served/offline >= 0.97
+with one worker; answers checked. Method and results: docs/benchmarks/engine.md."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import gc
-import sys
 from typing import Any
 
-import _bench  # before numpy: sets single-thread BLAS env vars
-import models
 import numpy as np
 
-_bench.import_carpool()
-
-from carpool.bench.callers import closed_requests  # noqa: E402
+from benchmarks.harness import Figures, models, run
+from benchmarks.harness import common as _bench
+from carpool.bench.callers import closed_requests
 
 CALLERS = 256
 TARGET = 0.97  # served/offline with one worker (issue 10)
@@ -99,19 +58,22 @@ def offline_run(carpool: Any, model: Any, rows: list[np.ndarray], batch: int) ->
     return {"rps": len(rows) / dt, "outs": outs}
 
 
-def check_same(served: list[Any], offline: list[Any], what: str) -> None:
-    idx = [0, len(offline) // 3, len(offline) - 1]
-    for i in idx:
+def same(served: list[Any], offline: list[Any], what: str) -> bool:
+    """Whether the served outputs (first, a third in, last) equal the offline ones; prints
+    which differs."""
+    for i in (0, len(offline) // 3, len(offline) - 1):
         if served[i] is None or not np.allclose(
             np.asarray(served[i]), np.asarray(offline[i]), rtol=1e-4, atol=1e-4
         ):
-            raise AssertionError(f"{what}: served output {i} differs from offline output")
+            print(f"  {what}: served output {i} DIFFERS from the offline output")
+            return False
+    return True
 
 
 Config = tuple[str, int, int]  # (model, max_batch_size, workers); workers 0 = offline
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     p = _bench.base_parser(__doc__, default_cpus="0,1")
     p.add_argument("--batch-sizes", default="32,64", help="comma-separated max_batch_size values")
     p.add_argument("--models", default="sleep,mlp", help="comma-separated: sleep,mlp")
@@ -120,7 +82,10 @@ def main() -> int:
         default="1,2",
         help="comma-separated worker counts served (2 runs the sleep model only)",
     )
-    args = p.parse_args()
+    return p
+
+
+def measure(args: argparse.Namespace) -> Figures:
 
     cpus = _bench.parse_cpus(args.cpus)
     pinned = _bench.pin(cpus)
@@ -148,10 +113,11 @@ def main() -> int:
             "carpool": getattr(carpool, "__version__", "?"),
         },
     )
-    res = run_all(carpool, model_fns, rows, configs, repeats)
+    res, equal = run_all(carpool, model_fns, rows, configs, repeats)
     print()
-    report(res, configs)
-    return 0
+    figures = report(res, configs)
+    figures.check("answers_equal", equal)
+    return figures
 
 
 def run_all(
@@ -160,10 +126,11 @@ def run_all(
     rows: list[np.ndarray],
     configs: list[Config],
     repeats: int,
-) -> dict[Config, list[dict[str, Any]]]:
-    """Every configuration once per repeat, in order; each served run's outputs checked
-    against the offline run just before it."""
+) -> tuple[dict[Config, list[dict[str, Any]]], bool]:
+    """Every configuration once per repeat, in order, and whether each served run's outputs
+    equal the offline run's just before it."""
     res: dict[Config, list[dict[str, Any]]] = {c: [] for c in configs}
+    equal = True
     for r in range(repeats):
         for m, bs, w in configs:
             fn = model_fns[m]
@@ -172,7 +139,7 @@ def run_all(
             else:
                 out = asyncio.run(served_run(carpool, fn, rows, bs, w))
                 offline_outs = res[(m, bs, 0)][-1]["outs"]
-                check_same(out["outs"], offline_outs, f"{m} b={bs} w={w}")
+                equal &= same(out["outs"], offline_outs, f"{m} b={bs} w={w}")
             res[(m, bs, w)].append(out)
             kind = "offline" if w == 0 else f"served w={w}"
             rps = out["rps"]
@@ -180,11 +147,12 @@ def run_all(
         for lst in res.values():  # keep only the latest outputs (memory)
             for d in lst[:-1]:
                 d.pop("outs", None)
-    return res
+    return res, equal
 
 
-def report(res: dict[Config, list[dict[str, Any]]], configs: list[Config]) -> None:
+def report(res: dict[Config, list[dict[str, Any]]], configs: list[Config]) -> Figures:
     """Medians over repeats, served/offline (of the medians, and paired), the target."""
+    figures = Figures()
     rows_out = []
     headline: list[float] = []
     for m, bs, w in configs:
@@ -201,6 +169,16 @@ def report(res: dict[Config, list[dict[str, Any]]], configs: list[Config]) -> No
         )
         if w == 1:
             headline.append(ratio)
+        name = f"{m}_{bs}_w{w}"
+        if f"{m}_{bs}_offline_rows_per_s" not in figures:
+            figures.add(f"{m}_{bs}_offline_rows_per_s", off, "rows/s")
+        figures.add(f"{name}_served_rows_per_s", srv, "rows/s")
+        if w == 1:
+            figures.at_least(f"{name}_served_over_offline", ratio, TARGET)
+        else:
+            figures.add(f"{name}_served_over_offline", ratio, "x")
+        figures.add(f"{name}_served_over_offline_paired", paired, "x")
+        figures.add(f"{name}_mean_batch", mb, "rows")
         rows_out.append(
             [m, bs, w, _bench.fmt_num(off), _bench.fmt_num(srv), f"{ratio:.3f}", f"{paired:.3f}",
              _bench.fmt_num(mb, 1), _bench.verdict(ratio, TARGET) if w == 1 else "(info)"]
@@ -211,7 +189,10 @@ def report(res: dict[Config, list[dict[str, Any]]], configs: list[Config]) -> No
     if headline:
         lo, mid = min(headline), _bench.median(headline)
         print(f"\n  workers=1 served/offline: min {lo:.3f}, median {mid:.3f}")
+        figures.at_least("served_over_offline_min", lo, TARGET)
+        figures.add("served_over_offline_median", mid, "x")
+    return figures
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run(measure, parser()))

@@ -1,0 +1,1 @@
+"""The engine benchmarks: what carpool's in-process batcher costs and buys, no server."""
