@@ -1,6 +1,6 @@
-"""``grpc_batching.py``'s client (not a benchmark itself): bursts of concurrent calls.
+"""``grpc_batching``'s client (not a benchmark itself): bursts of concurrent calls.
 
-    python benchmarks/_grpc_burst.py PROTOCOL ADDRESS MODEL CALLS BURSTS
+    python benchmarks/protocols/_grpc_burst.py PROTOCOL ADDRESS MODEL CALLS BURSTS
 
 ``PROTOCOL``: ``grpc`` (``tritonclient.grpc.aio``, one channel, as its users hold one) or
 ``rest`` (``tritonclient.http.aio``, binary tensors, one connection per call in flight).
@@ -19,7 +19,7 @@ import numpy as np
 import tritonclient.grpc.aio as grpc_aio
 import tritonclient.http.aio as http_aio
 
-DIM = 4  # _grpc_models.DIM
+DIM = 4  # benchmarks.harness.grpc_models.DIM
 
 
 async def bursts(protocol: str, address: str, model: str, calls: int, repeat: int) -> int:

@@ -1,15 +1,16 @@
 """Does gRPC batch like REST? The same concurrent calls over both, on one ``carpool serve``.
 
 What: one ``carpool serve`` (default policy, eager) of ``demo`` and of two doubling models
-(``_grpc_models.py``: ``double`` costs nothing, ``double_2ms`` 2 ms a batch; both at the
-default batching, 32 rows, eager), REST and gRPC on, on the server core; every client on the
-client core.
+(``benchmarks/harness/grpc_models.py``: ``double`` costs nothing, ``double_2ms`` 2 ms a
+batch; both at the default batching, 32 rows, eager), REST and gRPC on, on the server core;
+every client on the client core.
 
-(a) Bursts: 200 concurrent calls of one row at once (``_grpc_burst.py``), over
+(a) Bursts: 200 concurrent calls of one row at once (``_grpc_burst.py``, beside), over
 ``tritonclient.grpc.aio`` (one channel) and over ``tritonclient.http.aio`` (binary tensors,
 one connection per call), one after the other, the order alternating by repeat. Model calls
 and mean batch from ``/v2/models/{m}/stats`` (``execution_count``, ``inference_count``)
-read before and after each burst (its one warm-up call, alone, taken off); ratio gRPC/REST.
+read before and after each burst (its one warm-up call, alone, taken off; a check that
+every call was counted); ratio gRPC/REST.
 
 (b) Closed loop: ``carpool bench`` (``--distinct 1 --seed 0``) at 1 and 64 clients on
 ``demo`` over gRPC and over REST binary: req/s and mean batch (carpool's ``/metrics``),
@@ -17,23 +18,23 @@ ratios gRPC/REST.
 
 Each figure is the median of ``--repeats`` (3). Goals (issue 18, item 4): (a) ``double``'s
 mean batch over gRPC >= 0.7x REST's; (b) at 64 clients gRPC's mean batch >= 0.8x REST's
-and its req/s >= 0.7x REST binary's. Prints ``met``/``MISSED``; exits 0.
+and its req/s >= 0.7x REST binary's.
 
-    python benchmarks/grpc_batching.py            # ~2 min
-    python benchmarks/grpc_batching.py --quick    # smoke run, numbers meaningless
+    python -m benchmarks.protocols.grpc_batching            # ~2 min
+    python -m benchmarks.protocols.grpc_batching --quick    # smoke run, numbers meaningless
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import os
 import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-import _bench
-import _process
+from benchmarks.harness import Figures, common, run
+from benchmarks.harness import processes as _process
 
 NEEDED = ("grpc", "tritonclient", "aiohttp", "numpy")
 HERE = Path(__file__).resolve().parent
@@ -42,19 +43,18 @@ BURST_MODELS = ("double", "double_2ms")
 DEMO = "demo"
 CLIENTS = (1, 64)
 PROTOCOLS = {"grpc": "gRPC", "rest": "REST binary"}
+NAMES = {"grpc": "grpc", "rest": "rest_binary"}  # in figure names
 GOALS = {"burst": 0.7, "batch64": 0.8, "rps64": 0.7}
+MODELS = "benchmarks.harness.grpc_models"
 
 
 def start(cores: _process.Cores, grpc_port: int) -> _process.Server:
-    """``carpool serve demo _grpc_models:double _grpc_models:double_2ms``, gRPC on."""
+    """``carpool serve demo MODELS:double MODELS:double_2ms``, gRPC on."""
     port = _process.free_port()
-    argv = [sys.executable, "-m", "carpool", "serve", DEMO, "_grpc_models:double",
-            "_grpc_models:double_2ms", "--port", str(port), "--grpc-port", str(grpc_port),
+    argv = [sys.executable, "-m", "carpool", "serve", DEMO, f"{MODELS}:double",
+            f"{MODELS}:double_2ms", "--port", str(port), "--grpc-port", str(grpc_port),
             "--access-log", "false", "--log-level", "warning"]  # fmt: skip
-    paths = [str(HERE), os.environ.get("PYTHONPATH", "")]
-    env = _process.child_env(PYTHONPATH=os.pathsep.join(p for p in paths if p))
-    env["PYTHONPATH"] = os.pathsep.join([str(_process.SRC), env["PYTHONPATH"]])
-    return _process.Server("carpool serve", argv, port, cores.server, env)
+    return _process.Server("carpool serve", argv, port, cores.server, _process.child_env())
 
 
 def counts(server: _process.Server, model: str) -> tuple[int, int]:
@@ -64,8 +64,11 @@ def counts(server: _process.Server, model: str) -> tuple[int, int]:
     return int(stats["inference_count"]), int(stats["execution_count"])
 
 
-def burst(server: _process.Server, grpc_port: int, protocol: str, model: str, cores: Any) -> float:
-    """One burst of ``BURST`` calls over ``protocol``: its mean batch (calls per model call)."""
+def burst(
+    server: _process.Server, grpc_port: int, protocol: str, model: str, cores: Any
+) -> tuple[float, bool]:
+    """One burst of ``BURST`` calls over ``protocol``: its mean batch (calls per model call),
+    and whether the server counted every call."""
     address = (
         f"127.0.0.1:{grpc_port}" if protocol == "grpc" else server.base.removeprefix("http://")
     )
@@ -75,12 +78,12 @@ def burst(server: _process.Server, grpc_port: int, protocol: str, model: str, co
     calls1, batches1 = counts(server, model)
     calls, batches = calls1 - calls0 - 1, batches1 - batches0 - 1  # the warm-up call, alone
     if calls != BURST:
-        raise RuntimeError(f"{model} over {protocol}: {calls} calls counted, {BURST} sent")
-    return calls / max(batches, 1)
+        print(f"  {model} over {protocol}: {calls} calls counted, {BURST} sent")
+    return calls / max(batches, 1), calls == BURST
 
 
 def closed_loop(
-    server: _process.Server, grpc_port: int, protocol: str, args: Any, cores: Any
+    server: _process.Server, grpc_port: int, protocol: str, args: argparse.Namespace, cores: Any
 ) -> dict[int, dict[str, float]]:
     """``carpool bench`` over ``protocol`` at each of ``CLIENTS``: req/s and mean batch."""
     if protocol == "grpc":
@@ -96,10 +99,15 @@ def closed_loop(
     }
 
 
-def run(args: Any) -> None:
+def measure(args: argparse.Namespace) -> Figures:
+    missing = common.missing_modules(NEEDED)
+    if missing:
+        raise ModuleNotFoundError(f"needs {', '.join(missing)}: pip install -e '.[test]'")
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    args.warmup, args.duration = (0.3, 0.7) if args.quick else (1.0, 4.0)
     cores = _process.split_cpus(args.cpus)
     _process.pin_self(cores.client)
-    _bench.header("gRPC batching against REST (issue 18, item 4)", {
+    common.header("gRPC batching against REST (issue 18, item 4)", {
         "cpus": str(cores), "repeats": args.repeats, "burst": BURST,
         "carpool": str(_process.SRC),
     })  # fmt: skip
@@ -107,22 +115,22 @@ def run(args: Any) -> None:
     server = start(cores, grpc_port)
     bursts: dict[tuple[str, str], list[float]] = {}
     loops: dict[tuple[str, int, str], list[float]] = {}
+    counted = True
     try:
         server.wait_ready()
         for r in range(args.repeats):
             order = list(PROTOCOLS)[:: 1 if r % 2 == 0 else -1]
             for model in BURST_MODELS:
                 for protocol in order:
-                    mean = burst(server, grpc_port, protocol, model, cores)
+                    mean, all_counted = burst(server, grpc_port, protocol, model, cores)
+                    counted = counted and all_counted
                     bursts.setdefault((model, protocol), []).append(mean)
                 print(f"  repeat {r + 1}/{args.repeats}  {BURST} calls to {model:10s}  "
                       + "  ".join(f"{PROTOCOLS[p]} mean batch {bursts[model, p][-1]:5.1f}"
                                   for p in PROTOCOLS))  # fmt: skip
             for protocol in order:
-                for clients, figures in closed_loop(
-                    server, grpc_port, protocol, args, cores
-                ).items():
-                    for key, value in figures.items():
+                for clients, found in closed_loop(server, grpc_port, protocol, args, cores).items():
+                    for key, value in found.items():
                         loops.setdefault((protocol, clients, key), []).append(value)
             print(f"  repeat {r + 1}/{args.repeats}  carpool bench {DEMO}  " + "  ".join(
                 f"{PROTOCOLS[p]} {c} clients {loops[p, c, 'rps'][-1]:6.0f} req/s batch "
@@ -130,13 +138,19 @@ def run(args: Any) -> None:
                 for p in PROTOCOLS for c in CLIENTS))  # fmt: skip
     finally:
         server.stop()
-    report(bursts, loops)
+    figures = Figures()
+    figures.check("bursts_all_counted", counted)
+    figures.update(report(bursts, loops))
+    return figures
 
 
 def report(
     bursts: dict[tuple[str, str], list[float]], loops: dict[tuple[str, int, str], list[float]]
-) -> None:
-    med = _bench.median
+) -> Figures:
+    """Both tables; per burst model and per client count, each protocol's mean batch (and
+    req/s) and gRPC/REST's ratio, the goals' among them."""
+    med = common.median
+    figures = Figures()
     print()
     print(f"(a) {BURST} concurrent calls at once (model calls = {BURST} / mean batch)")
     rows = []
@@ -145,7 +159,10 @@ def report(
         goal = GOALS["burst"] if model == "double" else None
         rows.append([model, f"{BURST / g:.0f}", f"{g:.1f}", f"{BURST / r:.0f}", f"{r:.1f}",
                      f"{g / r:.2f}x", _verdict(g / r, goal)])  # fmt: skip
-    print(_bench.table(["model", "gRPC calls", "gRPC batch", "REST calls", "REST batch",
+        figures.add(f"burst_{model}_grpc_mean_batch", g, "rows")
+        figures.add(f"burst_{model}_rest_binary_mean_batch", r, "rows")
+        _ratio(figures, f"burst_{model}_grpc_over_rest_binary_batch", g / r, goal)
+    print(common.table(["model", "gRPC calls", "gRPC batch", "REST calls", "REST batch",
                         "batch gRPC/REST", "goal >= 0.7x"], rows))  # fmt: skip
     print()
     print(f"(b) carpool bench on {DEMO}, gRPC against REST binary")
@@ -158,26 +175,33 @@ def report(
                      _verdict(rps[0] / rps[1], GOALS["rps64"] if big else None),
                      f"{batch[0]:.1f}", f"{batch[1]:.1f}", f"{batch[0] / batch[1]:.2f}x",
                      _verdict(batch[0] / batch[1], GOALS["batch64"] if big else None)])  # fmt: skip
-    print(_bench.table(["clients", "gRPC req/s", "REST req/s", "gRPC/REST", "goal >= 0.7x",
+        for p, value, mean in zip(PROTOCOLS, rps, batch, strict=True):
+            figures.add(f"{NAMES[p]}_req_per_s_{clients}", value, "req/s")
+            figures.add(f"{NAMES[p]}_mean_batch_{clients}", mean, "rows")
+        _ratio(figures, f"grpc_over_rest_binary_req_per_s_{clients}", rps[0] / rps[1],
+               GOALS["rps64"] if big else None)  # fmt: skip
+        _ratio(figures, f"grpc_over_rest_binary_batch_{clients}", batch[0] / batch[1],
+               GOALS["batch64"] if big else None)  # fmt: skip
+    print(common.table(["clients", "gRPC req/s", "REST req/s", "gRPC/REST", "goal >= 0.7x",
                         "gRPC batch", "REST batch", "gRPC/REST", "goal >= 0.8x"],
                        rows))  # fmt: skip
+    return figures
+
+
+def _ratio(figures: Figures, name: str, value: float, goal: float | None) -> None:
+    if goal is None:
+        figures.add(name, value, "x")
+    else:
+        figures.at_least(name, value, goal)
 
 
 def _verdict(value: float, goal: float | None) -> str:
-    return "-" if goal is None else _bench.verdict(value, goal)
+    return "-" if goal is None else common.verdict(value, goal)
 
 
-def main() -> int:
-    parser = _bench.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
-    args = parser.parse_args()
-    missing = _bench.missing_modules(NEEDED)
-    if missing:
-        print(f"grpc_batching: needs {', '.join(missing)}: pip install -e '.[test]'")
-        return 0
-    args.repeats = args.repeats or (1 if args.quick else 3)
-    args.warmup, args.duration = (0.3, 0.7) if args.quick else (1.0, 4.0)
-    return _bench.run_reported("grpc_batching", lambda: run(args))
+def parser() -> argparse.ArgumentParser:
+    return common.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run(measure, parser()))
