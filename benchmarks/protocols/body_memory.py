@@ -1,24 +1,7 @@
-"""What one large request costs ``carpool serve`` in memory: its peak RSS growth, as a
-multiple of the body, for every way a tensor comes in.
-
-What: for each way in and body size, a fresh ``carpool serve`` of ``_memory_models.py``'s
-``rowsum`` and ``texts`` (beside this module; on the server core) gets one request of that
-size from this process (on the client core), and its answer is checked. Ways in: REST JSON
-(FP32 as compact decimals, ``0.123``), REST binary (FP32 after a JSON header), gRPC
-``raw_input_contents``, gRPC typed ``fp32_contents``, gRPC ``bytes_contents`` (BYTES
-elements of 16 bytes).
-
-Measured: the server's peak resident memory (``VmHWM``) is reset (``/proc/PID/clear_refs``)
-once it is up and idle; its growth is ``VmHWM`` after the answer minus ``VmRSS`` before
-the request, divided by the body's size. A fresh server per measurement, so no request
-finds memory a previous one left. Medians over ``--repeats``. Goal (issue 19): under 3x
-the body for JSON, binary and gRPC raw and typed contents; BYTES elements are Python
-objects of ~50 bytes each, so ``bytes_contents`` is information. Every answer's value is
-checked. Linux only (``/proc``).
-
-    python -m benchmarks.protocols.body_memory                    # ~3 min
-    python -m benchmarks.protocols.body_memory --sizes 1,16,64    # MiB
-    python -m benchmarks.protocols.body_memory --quick            # smoke run, 1 MiB only
+"""What one large request costs carpool serve in memory: its peak RSS growth as a multiple of
+the body, per way a tensor comes in (REST JSON and binary; gRPC raw, typed and BYTES
+contents), a fresh server per request. Goal (issue 19): under 3x (BYTES: information).
+Linux only (/proc). See docs/benchmarks/protocols.md.
 """
 
 from __future__ import annotations

@@ -1,33 +1,7 @@
-"""What ``carpool serve``'s front end costs per request: server CPU microseconds per answer,
-by process and thread, beside references that do the least the same answer needs.
-
-What: one ``carpool serve`` of two models that cost nothing (``harness/frontend_models.py``:
-``identity``, 512 FP32 in and out; ``embed``, a text in and 512 floats out, opted in to
-OpenAI), gRPC on, on the server core; ``carpool bench`` (closed loop, 1 and 64 clients, one
-request repeated: ``--distinct 1 --seed 0``) on the client core, over REST JSON, REST
-binary, gRPC (raw tensors) and ``/v1/embeddings``. Beside it, on the same core, the
-references (``harness/frontend_refs.py``), each answering the very requests carpool bench sends
-(checked against carpool's answers before any timing):
-
-* bare ASGI: uvicorn (carpool serve's own flags) reading the body and answering carpool's
-  recorded response bytes and headers;
-* orjson+numpy ASGI: the same, also decoding the JSON body into numpy with orjson and
-  encoding the same JSON answer from numpy with orjson;
-* bare grpc.aio: a servicer of Triton's ``ModelInfer`` answering carpool's recorded
-  ``ModelInferResponse``.
-
-Measured: each server's threads (``/proc/<pid>/task/<tid>/stat``, utime + stime, named by
-``comm``) read before and after one ``carpool bench --warmup 0 --duration D`` run, after a
-warm-up run; CPU used / requests answered = CPU us per request. The run's window is the
-whole load; the server idles while carpool bench starts, and the <= 64 requests in flight
-as it stops are served but not counted (< 1 % at these rates). Each repeat runs carpool and
-its reference back to back (alternating which goes first); ratios are medians over those
-pairs. Goals (issue 18): REST binary <= 3x bare ASGI, REST JSON <= 1.5x orjson+numpy
-ASGI, gRPC <= 1.5x bare grpc.aio; ``/v1/embeddings`` against orjson+numpy is information.
-Each reference answering as carpool does is a check: a failed one is not timed.
-
-    python -m benchmarks.protocols.frontend_cpu            # ~4 min
-    python -m benchmarks.protocols.frontend_cpu --quick    # smoke run, numbers meaningless
+"""What carpool serve's front end costs: server CPU microseconds per answer over REST JSON,
+REST binary, gRPC and /v1/embeddings, by thread, against references doing the least the same
+answer needs (orjson+numpy ASGI, bare ASGI, bare grpc.aio) on models that cost nothing.
+Goals (issue 18): <= 1.5x, 3x, 1.5x the reference. See docs/benchmarks/protocols.md.
 """
 
 from __future__ import annotations

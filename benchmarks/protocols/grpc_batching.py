@@ -1,27 +1,7 @@
-"""Does gRPC batch like REST? The same concurrent calls over both, on one ``carpool serve``.
-
-What: one ``carpool serve`` (default policy, eager) of ``demo`` and of two doubling models
-(``benchmarks/harness/grpc_models.py``: ``double`` costs nothing, ``double_2ms`` 2 ms a
-batch; both at the default batching, 32 rows, eager), REST and gRPC on, on the server core;
-every client on the client core.
-
-(a) Bursts: 200 concurrent calls of one row at once (``_grpc_burst.py``, beside), over
-``tritonclient.grpc.aio`` (one channel) and over ``tritonclient.http.aio`` (binary tensors,
-one connection per call), one after the other, the order alternating by repeat. Model calls
-and mean batch from ``/v2/models/{m}/stats`` (``execution_count``, ``inference_count``)
-read before and after each burst (its one warm-up call, alone, taken off; a check that
-every call was counted); ratio gRPC/REST.
-
-(b) Closed loop: ``carpool bench`` (``--distinct 1 --seed 0``) at 1 and 64 clients on
-``demo`` over gRPC and over REST binary: req/s and mean batch (carpool's ``/metrics``),
-ratios gRPC/REST.
-
-Each figure is the median of ``--repeats`` (3). Goals (issue 18, item 4): (a) ``double``'s
-mean batch over gRPC >= 0.7x REST's; (b) at 64 clients gRPC's mean batch >= 0.8x REST's
-and its req/s >= 0.7x REST binary's.
-
-    python -m benchmarks.protocols.grpc_batching            # ~2 min
-    python -m benchmarks.protocols.grpc_batching --quick    # smoke run, numbers meaningless
+"""Does gRPC batch like REST? The same concurrent calls over both, on one carpool serve: bursts
+of 200 calls (mean batch, from the model's stats) and carpool bench's closed loop at 1 and 64
+clients (req/s, mean batch). Goals (issue 18): gRPC's mean batch >= 0.7x REST's in bursts,
+>= 0.8x at 64 clients, its req/s >= 0.7x there. See docs/benchmarks/protocols.md.
 """
 
 from __future__ import annotations

@@ -1,45 +1,7 @@
-"""`carpool serve` vs a plain uvicorn endpoint, over HTTP, for the same numpy MLP, loaded
-by ``carpool bench``.
-
-What: two real servers, side by side in one run, each in its own process pinned to one core
-(default CPU 0), loaded by ``carpool bench`` pinned to the other core (CPU 1):
-
-  * carpool:  ``python -m carpool serve benchmarks.harness.http_models:mlp
-    --max-batch-size 32`` (KServe v2 REST; eager policy, one model worker);
-  * plain:    ``python -m uvicorn benchmarks.harness.http_models:plain_app``: a minimal
-    ASGI app with the same v2 request/response shapes that calls the same model once per request in
-    a thread: no batching. Same uvicorn settings as carpool's: httptools, uvloop, no access
-    log, no server header;
-  * instant:  the same wire format answered with a canned response and no model: the
-    ceiling of the load generator plus uvicorn, printed to show that the client is not the
-    bottleneck.
-
-The model (``benchmarks/harness/http_models.py``): float32 MLP 512 -> 2048 -> 2048 -> 2048
--> 512, ReLU, fixed-seed weights, numpy with ONE BLAS thread (threadpoolctl inside the server
-process).
-
-Load: ``carpool bench URL --concurrency C --encoding E --json FILE``: closed loop, C callers
-with one keep-alive connection each (aiohttp on uvloop), one 512-float row per request
-(generated from the model's v2 metadata, seeded), as v2 JSON and as v2 binary (output asked
-back binary, as tritonclient sends it). Each run warms up, then measures a fixed window:
-throughput = responses in the window / window, p50/p99 over them, and for carpool the mean
-batch size from its ``/metrics`` over the window; the server's CPU share comes from /proc.
-Runs are interleaved (for each repeat, for each concurrency, for each encoding: carpool and
-plain back to back, the first of the two alternating, then instant), repeated (default 3)
-and reported as medians; the ratio and Δp50 are medians over the back-to-back (carpool,
-plain) pairs. At 1 client each repeat is ``--latency-rounds`` (4) shorter rounds, so drift
-on a shared machine hits both servers alike. Every server's answers are checked against
-the model computed here before any timing.
-
-Why: batching must pay over HTTP even when one core does the HTTP work, the protocol and
-the model (many clients: more throughput than a server that calls the model per request),
-and must cost next to nothing when there is nothing to batch (one client: the same
-latency). Targets (JSON): at 64 clients carpool req/s / plain req/s >= 2.5; at 1 client
-p50(carpool) - p50(plain) <= 0.5 ms; every server's answers are checks.
-
-    python -m benchmarks.protocols.http_batching                # ~8 min
-    python -m benchmarks.protocols.http_batching --quick        # ~10 s, JSON only: smoke test
-    python -m benchmarks.protocols.http_batching --cpus none    # no pinning
+"""carpool serve against plain uvicorn calling the same numpy MLP once per request, over v2
+REST JSON and binary, loaded by carpool bench: batching must pay at many clients (goal: >=
+2.5x req/s at 64) and cost next to nothing at one (goal: p50 within 0.5 ms); an instant
+endpoint (a canned answer) shows the client's ceiling. See docs/benchmarks/protocols.md.
 """
 
 from __future__ import annotations

