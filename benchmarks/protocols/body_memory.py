@@ -35,16 +35,16 @@ WAYS = {  # --ways name: its label, its name in figures, its goal
 
 def _json_body(size: int) -> tuple[bytes, float]:
     # Compact decimals, each "0.ddd," (6 bytes): a 1 MiB run repeated to ``size``.
-    run = np.random.default_rng(0).integers(0, 1000, MIB // 6) / 1000
-    text = ",".join(f"{x:.3f}" for x in run)
+    sample = np.random.default_rng(0).integers(0, 1000, MIB // 6) / 1000
+    text = ",".join(f"{x:.3f}" for x in sample)
     copies = max(1, size // (len(text) + 1))
     numbers = ",".join([text] * copies)
-    count = run.size * copies
+    count = sample.size * copies
     doc = b'{"inputs":[{"name":"X","datatype":"FP32","shape":[1,%d],"data":[%s]}]}' % (
         count,
         numbers.encode(),
     )
-    return doc, float(np.float32(run.astype(np.float32).sum(dtype=np.float32))) * copies
+    return doc, float(np.float32(sample.astype(np.float32).sum(dtype=np.float32))) * copies
 
 
 def _floats(size: int) -> np.ndarray[Any, Any]:

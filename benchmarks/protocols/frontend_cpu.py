@@ -112,12 +112,12 @@ def bench(
     }
     target, flags = targets[protocol]
     before = _thread_cpu.read(server.pid)
-    run = _process.carpool_bench(
+    done = _process.carpool_bench(
         server, MODEL, [clients], warmup=0, duration=duration, cpus=cores.client,
         flags=[*flags, *SAME_REQUEST], target=target,
     )  # fmt: skip
     after = _thread_cpu.read(server.pid)
-    (step,) = run.report.steps
+    (step,) = done.report.steps
     answered = step.throughput_rps * step.duration_s
     threads = {
         name: seconds * 1e6 / answered if answered else float("nan")
@@ -154,9 +154,9 @@ def load(
                 results.setdefault((protocol.name, clients), []).append(pair)
                 print(f"  repeat {r + 1}/{args.repeats}  {protocol.label:18s} {clients:2d} "
                       f"clients  " + "  ".join(
-                          f"{REFERENCES.get(n, n)} {run.rps:6.0f} req/s {run.us_per_request:5.0f}"
-                          f" us/req" + (f" ERRORS {run.errors}" if run.errors else "")
-                          for n, run in pair.items()))  # fmt: skip
+                          f"{REFERENCES.get(n, n)} {r.rps:6.0f} req/s {r.us_per_request:5.0f}"
+                          f" us/req" + (f" ERRORS {r.errors}" if r.errors else "")
+                          for n, r in pair.items()))  # fmt: skip
     return results
 
 
@@ -201,8 +201,8 @@ def report(results: dict[tuple[str, int], list[dict[str, Run]]], args: Any) -> F
         for clients in CLIENTS:
             pairs = results[(protocol.name, clients)]
             carpool = [p["carpool"] for p in pairs]
-            names = {name for run in carpool for name in run.threads}
-            threads = {name: med(run.threads.get(name, 0.0) for run in carpool) for name in names}
+            names = {name for r in carpool for name in r.threads}
+            threads = {name: med(r.threads.get(name, 0.0) for r in carpool) for name in names}
             busiest = dict(sorted(threads.items(), key=lambda kv: -kv[1]))
             ratio = med(p["carpool"].us_per_request / p[ref].us_per_request for p in pairs)
             goal = "(information)"

@@ -70,12 +70,13 @@ def closed_loop(
         target, flags = f"grpc://127.0.0.1:{grpc_port}", ["--model", DEMO]
     else:
         target, flags = None, ["--encoding", "binary"]
-    run = _process.carpool_bench(
+    done = _process.carpool_bench(
         server, DEMO, CLIENTS, warmup=args.warmup, duration=args.duration, cpus=cores.client,
         flags=[*flags, "--distinct", "1", "--seed", "0"], target=target,
     )  # fmt: skip
     return {
-        row["clients"]: {"rps": row["throughput"], "batch": row["mean_batch"]} for row in run.rows()
+        row["clients"]: {"rps": row["throughput"], "batch": row["mean_batch"]}
+        for row in done.rows()
     }
 
 
