@@ -119,10 +119,8 @@ def bench(
     after = _thread_cpu.read(server.pid)
     (step,) = done.report.steps
     answered = step.throughput_rps * step.duration_s
-    threads = {
-        name: seconds * 1e6 / answered if answered else float("nan")
-        for name, seconds in _thread_cpu.used(before, after).items()
-    }
+    used = _thread_cpu.used(before, after) if answered else {}  # no answer: nothing per answer
+    threads = {name: seconds * 1e6 / answered for name, seconds in used.items()}
     total = sum(threads.values()) if answered else float("nan")
     return Run(step.throughput_rps, sum(step.errors.values()), total, threads)
 
@@ -204,7 +202,12 @@ def report(results: dict[tuple[str, int], list[dict[str, Run]]], args: Any) -> F
             names = {name for r in carpool for name in r.threads}
             threads = {name: med(r.threads.get(name, 0.0) for r in carpool) for name in names}
             busiest = dict(sorted(threads.items(), key=lambda kv: -kv[1]))
-            ratio = med(p["carpool"].us_per_request / p[ref].us_per_request for p in pairs)
+            ratio = med(
+                p["carpool"].us_per_request / p[ref].us_per_request
+                if p[ref].us_per_request
+                else float("nan")  # a window with no answer, or under one clock tick
+                for p in pairs
+            )
             goal = "(information)"
             if protocol.goal is not None:
                 goal = f"<= {protocol.goal:g}x: {common.verdict(ratio, protocol.goal, False)}"

@@ -152,16 +152,16 @@ def report(
         rps = [med(loops[p, clients, "rps"]) for p in PROTOCOLS]
         batch = [med(loops[p, clients, "batch"]) for p in PROTOCOLS]
         big = clients == CLIENTS[-1]
-        rows.append([str(clients), f"{rps[0]:.0f}", f"{rps[1]:.0f}", f"{rps[0] / rps[1]:.2f}x",
-                     _verdict(rps[0] / rps[1], GOALS["rps64"] if big else None),
-                     f"{batch[0]:.1f}", f"{batch[1]:.1f}", f"{batch[0] / batch[1]:.2f}x",
-                     _verdict(batch[0] / batch[1], GOALS["batch64"] if big else None)])  # fmt: skip
+        rows.append([str(clients), f"{rps[0]:.0f}", f"{rps[1]:.0f}", f"{_over(*rps):.2f}x",
+                     _verdict(_over(*rps), GOALS["rps64"] if big else None),
+                     f"{batch[0]:.1f}", f"{batch[1]:.1f}", f"{_over(*batch):.2f}x",
+                     _verdict(_over(*batch), GOALS["batch64"] if big else None)])  # fmt: skip
         for p, value, mean in zip(PROTOCOLS, rps, batch, strict=True):
             figures.add(f"{NAMES[p]}_req_per_s_{clients}", value, "req/s")
             figures.add(f"{NAMES[p]}_mean_batch_{clients}", mean, "rows")
-        _ratio(figures, f"grpc_over_rest_binary_req_per_s_{clients}", rps[0] / rps[1],
+        _ratio(figures, f"grpc_over_rest_binary_req_per_s_{clients}", _over(*rps),
                GOALS["rps64"] if big else None)  # fmt: skip
-        _ratio(figures, f"grpc_over_rest_binary_batch_{clients}", batch[0] / batch[1],
+        _ratio(figures, f"grpc_over_rest_binary_batch_{clients}", _over(*batch),
                GOALS["batch64"] if big else None)  # fmt: skip
     print(common.table(["clients", "gRPC req/s", "REST req/s", "gRPC/REST", "goal >= 0.7x",
                         "gRPC batch", "REST batch", "gRPC/REST", "goal >= 0.8x"],
@@ -174,6 +174,11 @@ def _ratio(figures: Figures, name: str, value: float, goal: float | None) -> Non
         figures.add(name, value, "x")
     else:
         figures.at_least(name, value, goal)
+
+
+def _over(value: float, other: float) -> float:
+    """``value / other``; nan when ``other`` is 0 (a quick run's window with no answer)."""
+    return value / other if other else float("nan")
 
 
 def _verdict(value: float, goal: float | None) -> str:
