@@ -1,11 +1,7 @@
-"""``frontend_cpu.py``'s requests, carpool's recorded answers, and the references' answers
-checked against them (not a benchmark itself).
-
-Owns: the one request of each protocol that ``carpool bench --distinct 1 --seed 0`` sends,
-built with carpool bench's own code (``payload.generate``/``encode``,
-``grpc_target.encode_request``, ``openai_target.embedding_bodies``); carpool's answers to
-them, recorded for the references to replay (:class:`frontend_refs.Recording`); one
-answer of any server compared with carpool's. Prints nothing.
+"""The one request per protocol that ``carpool bench --distinct 1 --seed 0`` sends (built
+with carpool bench's own code), carpool's answers to them recorded for the references to
+replay (:class:`frontend_refs.Recording`), and any server's answer compared with carpool's.
+Used by the protocols' ``frontend_cpu`` and the server group; prints nothing.
 """
 
 from __future__ import annotations

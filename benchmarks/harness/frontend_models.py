@@ -1,13 +1,7 @@
-"""``frontend_cpu.py``'s models (not a benchmark itself): as cheap as a model can be, so that
-the CPU a request costs ``carpool serve`` is its front end's, not the model's.
-
-* ``identity``: one FP32 input of 512, one FP32 output of 512, its input returned.
-* ``embed``: one text in, a 512-float vector out (its UTF-8 length added to 0..511), opted
-  in to OpenAI's ``/v1/embeddings``; no tokenizer, 0 tokens counted.
-
-Served as ``carpool serve _frontend_models:identity _frontend_models:embed`` with
-``benchmarks/`` on ``PYTHONPATH``. ``vectors`` and ``DIM`` are the JSON reference's
-(``frontend_refs.py``), which computes the same answer without carpool.
+"""Models as cheap as a model can be, so a request's CPU is the front end's: ``identity``
+(FP32 512 in, the same out) and ``embed`` (a text in, 512 floats out, on /v1/embeddings;
+``vectors``, ``DIM``: the JSON reference's). From the repository's root: ``carpool serve
+benchmarks.harness.frontend_models:identity benchmarks.harness.frontend_models:embed``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
-"""``frontend_cpu.py``'s reference servers (not a benchmark itself): the least a server can
-do to answer the requests ``carpool bench`` sends ``carpool serve``, without carpool.
-
-* ``bare_app`` (ASGI, ``uvicorn --factory``): reads the whole body and answers carpool's
-  own response bytes and headers, recorded beforehand, for v2 JSON, v2 binary and
-  ``/v1/embeddings`` alike: the cost of uvicorn and HTTP alone.
-* ``orjson_app`` (ASGI): also decodes the JSON body with orjson into numpy and encodes
-  the same JSON answer from numpy with orjson (v2 JSON and ``/v1/embeddings``).
-* ``serve_grpc`` (``python benchmarks/_frontend_refs.py PORT FIXTURE``): a ``grpc.aio`` servicer of
-  Triton's ``GRPCInferenceService`` (tritonclient's stubs) answering ``ModelInfer`` with
-  carpool's recorded ``ModelInferResponse``.
-
-Each reads the recording (a pickled :class:`Recording`, path in ``$FRONTEND_FIXTURE`` or on
-the command line) at start; ``benchmarks/`` must be on the path (``uvicorn --app-dir
-benchmarks``), so that the recording's class is ``_frontend_refs.Recording`` everywhere.
-Imports numpy and orjson, never carpool; grpc where used.
+"""Reference servers, without carpool, answering carpool bench's requests with the least work:
+``bare_app`` (ASGI: carpool's recorded response), ``orjson_app`` (ASGI: also JSON to numpy
+and back with orjson), ``serve_grpc`` (``python -m benchmarks.harness.frontend_refs PORT
+FIXTURE``: grpc.aio replaying ``ModelInfer``). Each reads a pickled :class:`Recording`
+(``$FRONTEND_FIXTURE`` or argv); ASGI targets: ``benchmarks.harness.frontend_refs:bare_app``.
 """
 
 from __future__ import annotations
@@ -61,7 +50,7 @@ def vectors(texts: Any) -> np.ndarray[Any, Any]:
 
 def load(path: str | None = None) -> Recording:
     with open(path or os.environ[FIXTURE_ENV], "rb") as f:
-        recording: Recording = pickle.load(f)  # our own file, written by frontend_cpu.py
+        recording: Recording = pickle.load(f)  # our own file, written by frontend_check's caller
     return recording
 
 

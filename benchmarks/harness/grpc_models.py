@@ -1,13 +1,7 @@
-"""``grpc_batching.py``'s models (not a benchmark itself): a model that costs nothing, so a
-batch's size shows how the front end admitted its calls, and one that costs 2 ms.
-
-* ``double``: one FP32 input of 4, its input doubled.
-* ``double_2ms``: the same after a 2 ms sleep (the GIL released, as a GPU's would be).
-
-Both batch as ``carpool serve``'s defaults say (32 rows, eager), as issue 18 measured them.
-
-Served as ``carpool serve _grpc_models:double _grpc_models:double_2ms`` with ``benchmarks/``
-on ``PYTHONPATH``.
+"""Doubling models at carpool serve's default batching (32 rows, eager): ``double`` costs
+nothing, so a batch's size shows how the front end admitted its calls; ``double_2ms`` sleeps
+2 ms a batch (the GIL released, as a GPU's would be). From the repository's root: ``carpool
+serve benchmarks.harness.grpc_models:double benchmarks.harness.grpc_models:double_2ms``.
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
-"""Servers for ``http_bench.py`` (not a benchmark itself): the MLP, three ways.
-
-* ``mlp``: a :class:`carpool.Model` for ``carpool serve`` (input ``INPUT0`` FP32 [512],
-  output ``OUTPUT0`` FP32 [512]); carpool batches it.
-* ``plain_app``: a minimal ASGI app for plain ``uvicorn``, speaking the same v2 JSON and
-  binary request/response shapes (and answering ``GET /v2/models/mlp`` with the metadata
-  ``carpool bench`` builds its requests from), calling the same model once per request in
-  a thread (no batching).
-* ``instant_app``: the same wire format, answering with a canned response and no model at
-  all: the ceiling of the client plus uvicorn, to show the client is not the bottleneck.
-
-Run from the repository root (``benchmarks`` is then a namespace package)::
-
-    python -m carpool serve benchmarks.http_models:mlp --max-batch-size 32 --access-log false
-    python -m uvicorn benchmarks.http_models:plain_app --http httptools --loop uvloop \
-        --no-access-log --no-server-header
-
-The model: float32 MLP 512 -> 2048 -> 2048 -> 2048 -> 512, ReLU between layers, fixed-seed
-weights, numpy with ONE BLAS thread (``threadpool_limits(1)`` when this module is imported,
-i.e. inside the server process before it serves).
+"""``http_batching``'s MLP (float32 512 -> 2048 x3 -> 512, ReLU, fixed seed, one BLAS thread)
+three ways: ``mlp`` for carpool serve to batch; ``plain_app`` (ASGI, the same v2 JSON and
+binary shapes) calling it once per request in a thread; ``instant_app``, a canned answer (the
+client's ceiling). From the repository's root: ``carpool serve
+benchmarks.harness.http_models:mlp``, ``uvicorn benchmarks.harness.http_models:plain_app``.
 """
 
 from __future__ import annotations

@@ -1,39 +1,13 @@
-"""What ``carpool serve``'s front end costs per request: server CPU microseconds per answer,
-by process and thread, beside references that do the least the same answer needs.
-
-What: one ``carpool serve`` of two models that cost nothing (``_frontend_models.py``:
-``identity``, 512 FP32 in and out; ``embed``, a text in and 512 floats out, opted in to
-OpenAI), gRPC on, on the server core; ``carpool bench`` (closed loop, 1 and 64 clients, one
-request repeated: ``--distinct 1 --seed 0``) on the client core, over REST JSON, REST
-binary, gRPC (raw tensors) and ``/v1/embeddings``. Beside it, on the same core, the
-references (``_frontend_refs.py``), each answering the very requests carpool bench sends
-(checked against carpool's answers before any timing):
-
-* bare ASGI: uvicorn (carpool serve's own flags) reading the body and answering carpool's
-  recorded response bytes and headers;
-* orjson+numpy ASGI: the same, also decoding the JSON body into numpy with orjson and
-  encoding the same JSON answer from numpy with orjson;
-* bare grpc.aio: a servicer of Triton's ``ModelInfer`` answering carpool's recorded
-  ``ModelInferResponse``.
-
-Measured: each server's threads (``/proc/<pid>/task/<tid>/stat``, utime + stime, named by
-``comm``) read before and after one ``carpool bench --warmup 0 --duration D`` run, after a
-warm-up run; CPU used / requests answered = CPU us per request. The run's window is the
-whole load; the server idles while carpool bench starts, and the <= 64 requests in flight
-as it stops are served but not counted (< 1 % at these rates). Each repeat runs carpool and
-its reference back to back (alternating which goes first); ratios are medians over those
-pairs. Goals (issue 18): REST binary <= 3x bare ASGI, REST JSON <= 1.5x orjson+numpy
-ASGI, gRPC <= 1.5x bare grpc.aio; ``/v1/embeddings`` against orjson+numpy is information.
-Prints ``met``/``MISSED``; exits 0.
-
-    python benchmarks/frontend_cpu.py            # ~4 min
-    python benchmarks/frontend_cpu.py --quick    # smoke run, numbers meaningless
+"""What carpool serve's front end costs: server CPU microseconds per answer over REST JSON,
+REST binary, gRPC and /v1/embeddings, by thread, against references doing the least the same
+answer needs (orjson+numpy ASGI, bare ASGI, bare grpc.aio) on models that cost nothing.
+Goals (issue 18): <= 1.5x, 3x, 1.5x the reference. See docs/benchmarks/protocols.md.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import os
 import pickle
 import sys
 import tempfile
@@ -41,15 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import _bench  # before numpy: one BLAS thread for everything numpy in this process tree
-import _frontend_check
-import _process
-import _thread_cpu
 import numpy as np
-from _frontend_refs import vectors
+
+from benchmarks.harness import Figures, common, run
+from benchmarks.harness import frontend_check as _frontend_check
+from benchmarks.harness import processes as _process
+from benchmarks.harness import thread_cpu as _thread_cpu
+from benchmarks.harness.frontend_refs import vectors
 
 NEEDED = ("aiohttp", "orjson", "uvicorn", "grpc", "tritonclient", "numpy")
-HERE = Path(__file__).resolve().parent
+MODELS, REFS = "benchmarks.harness.frontend_models", "benchmarks.harness.frontend_refs"
 CLIENTS = (1, 64)
 MODEL, EMBED = "identity", "embed"
 SAME_REQUEST = ("--distinct", "1", "--seed", "0")  # the one request the references answer
@@ -57,19 +32,21 @@ SAME_REQUEST = ("--distinct", "1", "--seed", "0")  # the one request the referen
 
 @dataclass(frozen=True)
 class Protocol:
-    """One way in: its label, the reference it is held to, and the goal (None: none)."""
+    """One way in: its label and name in figures, the reference it is held to, and the goal
+    (None: none)."""
 
     name: str
+    figure: str
     label: str
     reference: str
     goal: float | None
 
 
 PROTOCOLS = (
-    Protocol("json", "REST JSON", "orjson", 1.5),
-    Protocol("binary", "REST binary", "bare", 3.0),
-    Protocol("grpc", "gRPC (raw tensors)", "grpc", 1.5),
-    Protocol("openai", "/v1/embeddings", "orjson", None),
+    Protocol("json", "rest_json", "REST JSON", "orjson", 1.5),
+    Protocol("binary", "rest_binary", "REST binary", "bare", 3.0),
+    Protocol("grpc", "grpc", "gRPC (raw tensors)", "grpc", 1.5),
+    Protocol("openai", "embeddings", "/v1/embeddings", "orjson", None),
 )
 REFERENCES = {"bare": "bare ASGI", "orjson": "orjson+numpy ASGI", "grpc": "bare grpc.aio"}
 
@@ -77,19 +54,13 @@ REFERENCES = {"bare": "bare ASGI", "orjson": "orjson+numpy ASGI", "grpc": "bare 
 # ------------------------------------------------------------------------------ servers
 
 
-def env() -> dict[str, str]:
-    """The children's environment, ``benchmarks/`` on the path (``_frontend_*`` modules)."""
-    paths = [str(HERE), str(_process.REPO), str(_process.SRC), os.environ.get("PYTHONPATH", "")]
-    return _process.child_env(PYTHONPATH=os.pathsep.join(p for p in paths if p))
-
-
 def start_carpool(cores: _process.Cores, grpc_port: int) -> _process.Server:
     """``carpool serve`` of both models, gRPC on ``grpc_port``."""
     port = _process.free_port()
-    argv = [sys.executable, "-m", "carpool", "serve", f"_frontend_models:{MODEL}",
-            f"_frontend_models:{EMBED}", "--port", str(port), "--grpc-port", str(grpc_port),
+    argv = [sys.executable, "-m", "carpool", "serve", f"{MODELS}:{MODEL}",
+            f"{MODELS}:{EMBED}", "--port", str(port), "--grpc-port", str(grpc_port),
             "--access-log", "false", "--log-level", "warning"]  # fmt: skip
-    return _process.Server("carpool serve", argv, port, cores.server, env())
+    return _process.Server("carpool serve", argv, port, cores.server, _process.child_env())
 
 
 def start_references(
@@ -99,14 +70,14 @@ def start_references(
     servers: dict[str, _process.Server] = {}
     for name in ("bare", "orjson"):
         port = _process.free_port()
-        argv = [sys.executable, "-m", "uvicorn", "--factory", "--app-dir", str(HERE),
-                f"_frontend_refs:{name}_app", "--port", str(port),
-                *_process.UVICORN_FLAGS]  # fmt: skip
-        servers[name] = _process.Server(
-            REFERENCES[name], argv, port, cores.server, {**env(), "FRONTEND_FIXTURE": str(fixture)}
-        )
-    argv = [sys.executable, str(HERE / "_frontend_refs.py"), str(grpc_port), str(fixture)]
-    servers["grpc"] = _process.Server(REFERENCES["grpc"], argv, grpc_port, cores.server, env())
+        argv = [sys.executable, "-m", "uvicorn", "--factory", f"{REFS}:{name}_app",
+                "--port", str(port), *_process.UVICORN_FLAGS]  # fmt: skip
+        env = _process.child_env(FRONTEND_FIXTURE=str(fixture))
+        servers[name] = _process.Server(REFERENCES[name], argv, port, cores.server, env)
+    argv = [sys.executable, "-m", REFS, str(grpc_port), str(fixture)]
+    servers["grpc"] = _process.Server(
+        REFERENCES["grpc"], argv, grpc_port, cores.server, _process.child_env()
+    )
     return servers
 
 
@@ -141,17 +112,15 @@ def bench(
     }
     target, flags = targets[protocol]
     before = _thread_cpu.read(server.pid)
-    run = _process.carpool_bench(
+    done = _process.carpool_bench(
         server, MODEL, [clients], warmup=0, duration=duration, cpus=cores.client,
         flags=[*flags, *SAME_REQUEST], target=target,
     )  # fmt: skip
     after = _thread_cpu.read(server.pid)
-    (step,) = run.report.steps
+    (step,) = done.report.steps
     answered = step.throughput_rps * step.duration_s
-    threads = {
-        name: seconds * 1e6 / answered if answered else float("nan")
-        for name, seconds in _thread_cpu.used(before, after).items()
-    }
+    used = _thread_cpu.used(before, after) if answered else {}  # no answer: nothing per answer
+    threads = {name: seconds * 1e6 / answered for name, seconds in used.items()}
     total = sum(threads.values()) if answered else float("nan")
     return Run(step.throughput_rps, sum(step.errors.values()), total, threads)
 
@@ -165,7 +134,7 @@ def warm_up(
             bench(servers[name], protocol.name, ports[name], CLIENTS[-1], args.warmup, cores)
 
 
-def measure(
+def load(
     servers: dict[str, _process.Server], ports: dict[str, int], args: Any, cores: Any
 ) -> dict[tuple[str, int], list[dict[str, Run]]]:
     """Every repeat: each protocol and client count, carpool and its reference in turn."""
@@ -183,20 +152,22 @@ def measure(
                 results.setdefault((protocol.name, clients), []).append(pair)
                 print(f"  repeat {r + 1}/{args.repeats}  {protocol.label:18s} {clients:2d} "
                       f"clients  " + "  ".join(
-                          f"{REFERENCES.get(n, n)} {run.rps:6.0f} req/s {run.us_per_request:5.0f}"
-                          f" us/req" + (f" ERRORS {run.errors}" if run.errors else "")
-                          for n, run in pair.items()))  # fmt: skip
+                          f"{REFERENCES.get(n, n)} {r.rps:6.0f} req/s {r.us_per_request:5.0f}"
+                          f" us/req" + (f" ERRORS {r.errors}" if r.errors else "")
+                          for n, r in pair.items()))  # fmt: skip
     return results
 
 
 # ------------------------------------------------------------------------------ checks
 
 
-def check(servers: dict[str, _process.Server], ports: dict[str, int], sent: Any, args: Any) -> bool:
+def check(
+    servers: dict[str, _process.Server], ports: dict[str, int], sent: Any, args: Any
+) -> Figures:
     """Each reference's answer to each protocol's request against carpool's; prints one
-    line each. False when any differs."""
+    line each. A check per protocol."""
     text = json.loads(sent.embeddings)["input"].encode()
-    ok = True
+    figures = Figures()
     for protocol in args.protocols:
         expected = vectors(np.array([[text]], object)) if protocol.name == "openai" else sent.data
         got = {
@@ -209,38 +180,47 @@ def check(servers: dict[str, _process.Server], ports: dict[str, int], sent: Any,
             protocol.name, got[protocol.reference], got["carpool"], expected
         )
         print(f"check {protocol.label} vs {REFERENCES[protocol.reference]}: {verdict}")
-        ok = ok and verdict == "ok"
-    return ok
+        figures.check(f"{protocol.figure}_answers_equal", verdict == "ok")
+    return figures
 
 
 # ------------------------------------------------------------------------------ report
 
 
-def report(results: dict[tuple[str, int], list[dict[str, Run]]], args: Any) -> None:
-    """The table (carpool's top threads by median CPU per request) and a line per goal."""
-    med = _bench.median
+def report(results: dict[tuple[str, int], list[dict[str, Run]]], args: Any) -> Figures:
+    """The table (carpool's top threads by median CPU per request) and a line per goal; per
+    protocol and client count: req/s and CPU us per request, carpool's and the reference's,
+    and their ratio (a goal's where there is one)."""
+    med = common.median
+    figures = Figures()
     rows, verdicts = [], []
     for protocol in args.protocols:
         ref = protocol.reference
         for clients in CLIENTS:
             pairs = results[(protocol.name, clients)]
             carpool = [p["carpool"] for p in pairs]
-            names = {name for run in carpool for name in run.threads}
-            threads = {name: med(run.threads.get(name, 0.0) for run in carpool) for name in names}
+            names = {name for r in carpool for name in r.threads}
+            threads = {name: med(r.threads.get(name, 0.0) for r in carpool) for name in names}
             busiest = dict(sorted(threads.items(), key=lambda kv: -kv[1]))
-            ratio = med(p["carpool"].us_per_request / p[ref].us_per_request for p in pairs)
+            ratio = med(
+                p["carpool"].us_per_request / p[ref].us_per_request
+                if p[ref].us_per_request
+                else float("nan")  # a window with no answer, or under one clock tick
+                for p in pairs
+            )
             goal = "(information)"
             if protocol.goal is not None:
-                goal = f"<= {protocol.goal:g}x: {_bench.verdict(ratio, protocol.goal, False)}"
+                goal = f"<= {protocol.goal:g}x: {common.verdict(ratio, protocol.goal, False)}"
                 verdicts.append(f"{protocol.label} <= {protocol.goal:g}x {REFERENCES[ref]}, "
                                 f"{clients} client{'s' * (clients > 1)}: {ratio:.2f}x "
-                                f"[{_bench.verdict(ratio, protocol.goal, False)}]")  # fmt: skip
+                                f"[{common.verdict(ratio, protocol.goal, False)}]")  # fmt: skip
+            _figures(figures, protocol, clients, pairs, ratio)
             rows.append([
                 protocol.label, REFERENCES[ref], clients,
-                _bench.fmt_num(med(r.rps for r in carpool)),
-                _bench.fmt_num(med(p[ref].rps for p in pairs)),
-                _bench.fmt_num(med(r.us_per_request for r in carpool)),
-                _bench.fmt_num(med(p[ref].us_per_request for p in pairs)),
+                common.fmt_num(med(r.rps for r in carpool)),
+                common.fmt_num(med(p[ref].rps for p in pairs)),
+                common.fmt_num(med(r.us_per_request for r in carpool)),
+                common.fmt_num(med(p[ref].us_per_request for p in pairs)),
                 f"{ratio:.2f}x", goal, sum(r.errors for p in pairs for r in p.values()),
                 _thread_cpu.top(busiest, 3, 1.0),
             ])  # fmt: skip
@@ -251,23 +231,43 @@ def report(results: dict[tuple[str, int], list[dict[str, Run]]], args: Any) -> N
     headers = ["protocol", "reference", "clients", "req/s", "ref req/s", "us/req",
                "ref us/req", "carpool/ref", "goal", "errors",
                "carpool's top threads, us/req"]  # fmt: skip
-    print(_bench.table(headers, rows, left=2))
+    print(common.table(headers, rows, left=2))
     print()
     for line in verdicts:
         print(f"  goal: {line}")
+    return figures
+
+
+def _figures(
+    figures: Figures, protocol: Protocol, clients: int, pairs: list[dict[str, Run]], ratio: float
+) -> None:
+    """One protocol's figures at one client count."""
+    med = common.median
+    name, ref = f"{protocol.figure}_{{}}_{clients}", protocol.reference
+    figures.add(name.format("req_per_s"), med(p["carpool"].rps for p in pairs), "req/s")
+    figures.add(name.format("ref_req_per_s"), med(p[ref].rps for p in pairs), "req/s")
+    us = med(p["carpool"].us_per_request for p in pairs)
+    figures.add(name.format("us_per_request"), us, "us")
+    figures.add(name.format("ref_us_per_request"), med(p[ref].us_per_request for p in pairs), "us")
+    if protocol.goal is None:
+        figures.add(name.format("over_ref"), ratio, "x")
+    else:
+        figures.at_most(name.format("over_ref"), ratio, protocol.goal)
+    errors = sum(r.errors for p in pairs for r in p.values())
+    figures.add(name.format("errors"), int(errors))
 
 
 # ------------------------------------------------------------------------------ main
 
 
-def run(args: Any) -> None:
-    missing = _bench.missing_modules(NEEDED)
+def measure(args: argparse.Namespace) -> Figures:
+    settle(args)
+    missing = common.missing_modules(NEEDED)
     if missing:
-        print(f"frontend_cpu: {sys.executable} lacks {', '.join(missing)}")
-        return
+        raise ModuleNotFoundError(f"{sys.executable} lacks {', '.join(missing)}")
     cores = _process.split_cpus(args.cpus)
     _process.pin_self(cores.client)  # the orchestrator mostly waits: keep it off the servers'
-    _bench.header(
+    common.header(
         "carpool serve's front end: server CPU per request against bare references",
         {"cpus": str(cores), "repeats": args.repeats, "clients": ",".join(map(str, CLIENTS))},
     )
@@ -284,15 +284,17 @@ def run(args: Any) -> None:
             servers.update(start_references(cores, fixture, ports["grpc"]))
             _process.wait_all(s for n, s in servers.items() if n != "grpc")
             wait_grpc(servers["grpc"], ports["grpc"])
-            if not check(servers, ports, sent, args):
+            figures = check(servers, ports, sent, args)
+            if figures.failed_checks():
                 print("frontend_cpu: a reference does not answer as carpool does; not timed")
-                return
+                return figures
             if not args.quick:
                 warm_up(servers, ports, args, cores)
-            report(measure(servers, ports, args, cores), args)
+            figures.update(report(load(servers, ports, args, cores), args))
         finally:
             for server in servers.values():
                 server.stop()
+    return figures
 
 
 def wait_grpc(server: _process.Server, port: int, timeout: float = _process.READY_S) -> None:
@@ -306,25 +308,28 @@ def wait_grpc(server: _process.Server, port: int, timeout: float = _process.READ
             raise RuntimeError(f"{server.name} not ready:\n{server.tail()}") from None
 
 
-def main() -> int:
-    p = _bench.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
+def parser() -> argparse.ArgumentParser:
+    p = common.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
     p.add_argument("--duration", type=float, default=None, help="measured s per run (3)")
     p.add_argument(
         "--protocols",
         default=",".join(p.name for p in PROTOCOLS),
         help="which to measure, comma-separated (all: %(default)s)",
     )
-    args = p.parse_args()
+    return p
+
+
+def settle(args: argparse.Namespace) -> None:
+    """``--protocols`` parsed, and the defaults that depend on ``--quick``."""
     wanted = args.protocols.split(",")
     unknown = set(wanted) - {p.name for p in PROTOCOLS}
     if unknown:
-        p.error(f"--protocols: unknown {sorted(unknown)}; choose from the default")
+        raise ValueError(f"--protocols: unknown {sorted(unknown)}; choose from the default")
     args.protocols = tuple(p for p in PROTOCOLS if p.name in wanted)
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.duration = args.duration or (0.3 if args.quick else 3.0)
     args.warmup = 0.0 if args.quick else 1.0
-    return _bench.run_reported("frontend_cpu", lambda: run(args))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run(measure, parser()))

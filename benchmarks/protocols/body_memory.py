@@ -1,65 +1,50 @@
-"""What one large request costs ``carpool serve`` in memory: its peak RSS growth, as a
-multiple of the body, for every way a tensor comes in.
-
-What: for each way in and body size, a fresh ``carpool serve _memory_models:rowsum
-_memory_models:texts`` (on the server core) gets one request of that size from this process
-(on the client core), and its answer is checked. Ways in: REST JSON (FP32 as compact
-decimals, ``0.123``), REST binary (FP32 after a JSON header), gRPC ``raw_input_contents``,
-gRPC typed ``fp32_contents``, gRPC ``bytes_contents`` (BYTES elements of 16 bytes).
-
-Measured: the server's peak resident memory (``VmHWM``) is reset (``/proc/PID/clear_refs``)
-once it is up and idle; its growth is ``VmHWM`` after the answer minus ``VmRSS`` before
-the request, divided by the body's size. A fresh server per measurement, so no request
-finds memory a previous one left. Medians over ``--repeats``. Goal (issue 19): under 3x
-the body for JSON, binary and gRPC raw and typed contents; BYTES elements are Python
-objects of ~50 bytes each, so ``bytes_contents`` is information. Prints ``met``/``MISSED``;
-exits 0. Linux only (``/proc``).
-
-    python benchmarks/body_memory.py                    # ~3 min
-    python benchmarks/body_memory.py --sizes 1,16,64    # MiB
-    python benchmarks/body_memory.py --quick            # smoke run, 1 MiB only
+"""What one large request costs carpool serve in memory: its peak RSS growth as a multiple of
+the body, per way a tensor comes in (REST JSON and binary; gRPC raw, typed and BYTES
+contents), a fresh server per request. Goal (issue 19): under 3x (BYTES: information).
+Linux only (/proc). See docs/benchmarks/protocols.md.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import _bench  # before numpy: one BLAS thread for everything numpy in this process tree
-import _process
 import numpy as np
-from _frontend_check import fetch
 
-HERE = Path(__file__).resolve().parent
+from benchmarks.harness import Figures, common, run
+from benchmarks.harness import processes as _process
+from benchmarks.harness.frontend_check import fetch
+
+MODELS = "benchmarks.protocols._memory_models"
 MIB = 1 << 20
 GOAL = 3.0
 TEXT_BYTES = 16  # each BYTES element's length
-WAYS = {
-    "json": ("REST JSON", GOAL),
-    "binary": ("REST binary", GOAL),
-    "grpc-raw": ("gRPC raw_input_contents", GOAL),
-    "grpc-fp32": ("gRPC fp32_contents", GOAL),
-    "grpc-bytes": ("gRPC bytes_contents", None),
+WAYS = {  # --ways name: its label, its name in figures, its goal
+    "json": ("REST JSON", "rest_json", GOAL),
+    "binary": ("REST binary", "rest_binary", GOAL),
+    "grpc-raw": ("gRPC raw_input_contents", "grpc_raw", GOAL),
+    "grpc-fp32": ("gRPC fp32_contents", "grpc_fp32", GOAL),
+    "grpc-bytes": ("gRPC bytes_contents", "grpc_bytes", None),
 }
 
 
 def _json_body(size: int) -> tuple[bytes, float]:
     # Compact decimals, each "0.ddd," (6 bytes): a 1 MiB run repeated to ``size``.
-    run = np.random.default_rng(0).integers(0, 1000, MIB // 6) / 1000
-    text = ",".join(f"{x:.3f}" for x in run)
+    sample = np.random.default_rng(0).integers(0, 1000, MIB // 6) / 1000
+    text = ",".join(f"{x:.3f}" for x in sample)
     copies = max(1, size // (len(text) + 1))
     numbers = ",".join([text] * copies)
-    count = run.size * copies
+    count = sample.size * copies
     doc = b'{"inputs":[{"name":"X","datatype":"FP32","shape":[1,%d],"data":[%s]}]}' % (
         count,
         numbers.encode(),
     )
-    return doc, float(np.float32(run.astype(np.float32).sum(dtype=np.float32))) * copies
+    return doc, float(np.float32(sample.astype(np.float32).sum(dtype=np.float32))) * copies
 
 
 def _floats(size: int) -> np.ndarray[Any, Any]:
@@ -138,16 +123,15 @@ def _memory_kib(pid: int, key: str) -> int:
     raise RuntimeError(f"no {key} in /proc/{pid}/status")
 
 
-def measure(way: str, size: int, cores: _process.Cores) -> tuple[float, float]:
-    """One fresh server, one request: (peak RSS growth / body, seconds to the answer)."""
+def one_request(way: str, size: int, cores: _process.Cores) -> tuple[float, float, bool]:
+    """One fresh server, one request: (peak RSS growth / body, seconds to the answer, whether
+    the answer is right)."""
     http_port, grpc_port = _process.free_port(), _process.free_port()
-    argv = [sys.executable, "-m", "carpool", "serve", "_memory_models:rowsum",
-            "_memory_models:texts", "--port", str(http_port), "--grpc-port", str(grpc_port),
+    argv = [sys.executable, "-m", "carpool", "serve", f"{MODELS}:rowsum",
+            f"{MODELS}:texts", "--port", str(http_port), "--grpc-port", str(grpc_port),
             "--max-body-bytes", str(2 * size + MIB), "--access-log", "false",
             "--log-level", "warning"]  # fmt: skip
-    paths = [str(HERE), str(_process.REPO), str(_process.SRC)]
-    env = _process.child_env(PYTHONPATH=os.pathsep.join(paths))
-    server = _process.Server("carpool serve", argv, http_port, cores.server, env)
+    server = _process.Server("carpool serve", argv, http_port, cores.server, _process.child_env())
     try:
         send = (_grpc if way.startswith("grpc") else _rest)(way, size)
         server.wait_ready()
@@ -161,44 +145,55 @@ def measure(way: str, size: int, cores: _process.Cores) -> tuple[float, float]:
     finally:
         server.stop()
     want = _expected(way, size)
-    if abs(answer - want) > 1e-3 * max(1.0, abs(want)):
-        raise RuntimeError(f"{way} {size}: the answer is {answer}, not {want}")
-    return (peak - before) * 1024 / sent, took
+    right = abs(answer - want) <= 1e-3 * max(1.0, abs(want))
+    if not right:
+        print(f"{way} {size}: the answer is {answer}, not {want}")
+    return (peak - before) * 1024 / sent, took, right
 
 
-def run(args: Any) -> None:
+def measure(args: argparse.Namespace) -> Figures:
     cores = _process.split_cpus(args.cpus)
     _process.pin_self(cores.client)
     sizes = [1] if args.quick else [int(s) for s in args.sizes.split(",")]
     ways = [w for w in args.ways.split(",") if w]
+    unknown = set(ways) - set(WAYS)
+    if unknown:
+        raise ValueError(f"--ways: unknown {sorted(unknown)}; choose from {','.join(WAYS)}")
     repeats = args.repeats or (1 if args.quick else 3)
-    _bench.header("carpool serve: peak RSS growth per request, x body", {"cpus": str(cores)})
-    rows, verdicts = [], []
+    common.header("carpool serve: peak RSS growth per request, x body", {"cpus": str(cores)})
+    figures = Figures()
+    rows, verdicts, right = [], [], True
     for way in ways:
-        label, goal = WAYS[way]
+        label, name, goal = WAYS[way]
         for mib in sizes:
-            runs = [measure(way, mib * MIB, cores) for _ in range(repeats)]
-            growth = _bench.median(r[0] for r in runs)
-            took = _bench.median(r[1] for r in runs)
+            runs = [one_request(way, mib * MIB, cores) for _ in range(repeats)]
+            right = right and all(r[2] for r in runs)
+            growth = common.median(r[0] for r in runs)
+            took = common.median(r[1] for r in runs)
             rows.append([label, f"{mib} MiB", f"{growth:.2f}x", f"{took * 1000:.0f}"])
             print(f"{label}, {mib} MiB: {growth:.2f}x the body, {took * 1000:.0f} ms", flush=True)
-            if goal is not None:
+            if goal is None:
+                figures.add(f"{name}_growth_over_body_{mib}mib", growth, "x")
+            else:
+                figures.at_most(f"{name}_growth_over_body_{mib}mib", growth, goal)
                 verdicts.append((label, mib, growth, goal))
+            figures.add(f"{name}_ms_to_answer_{mib}mib", took * 1000, "ms")
+    figures.check("answers_right", right)
     print()
-    print(_bench.table(["way in", "body", "peak RSS growth", "ms to answer"], rows, left=2))
+    print(common.table(["way in", "body", "peak RSS growth", "ms to answer"], rows, left=2))
     print()
     for label, mib, growth, goal in verdicts:
-        verdict = _bench.verdict(growth, goal, higher_is_better=False)
+        verdict = common.verdict(growth, goal, higher_is_better=False)
         print(f"goal: {label}, {mib} MiB < {goal:g}x the body: {growth:.2f}x {verdict}")
+    return figures
 
 
-def main() -> int:
-    parser = _bench.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
-    parser.add_argument("--sizes", default="1,16,64", help="body sizes in MiB [1,16,64]")
-    parser.add_argument("--ways", default=",".join(WAYS), help=f"ways in [{','.join(WAYS)}]")
-    args = parser.parse_args()
-    return _bench.run_reported("body_memory", lambda: run(args))
+def parser() -> argparse.ArgumentParser:
+    p = common.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
+    p.add_argument("--sizes", default="1,16,64", help="body sizes in MiB [1,16,64]")
+    p.add_argument("--ways", default=",".join(WAYS), help=f"ways in [{','.join(WAYS)}]")
+    return p
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run(measure, parser()))

@@ -1,54 +1,17 @@
-"""`carpool serve` vs a plain uvicorn endpoint, over HTTP, for the same numpy MLP, loaded
-by ``carpool bench``.
-
-What: two real servers, side by side in one run, each in its own process pinned to one core
-(default CPU 0), loaded by ``carpool bench`` pinned to the other core (CPU 1):
-
-  * carpool:  ``python -m carpool serve benchmarks.http_models:mlp --max-batch-size 32``
-    (KServe v2 REST; eager policy, one model worker);
-  * plain:    ``python -m uvicorn benchmarks.http_models:plain_app`` -- a minimal ASGI app
-    with the same v2 request/response shapes that calls the same model once per request in
-    a thread: no batching. Same uvicorn settings as carpool's: httptools, uvloop, no access
-    log, no server header;
-  * instant:  the same wire format answered with a canned response and no model: the
-    ceiling of the load generator plus uvicorn, printed to show that the client is not the
-    bottleneck.
-
-The model (``http_models.py``): float32 MLP 512 -> 2048 -> 2048 -> 2048 -> 512, ReLU,
-fixed-seed weights, numpy with ONE BLAS thread (threadpoolctl inside the server process).
-
-Load: ``carpool bench URL --concurrency C --encoding E --json FILE``: closed loop, C callers
-with one keep-alive connection each (aiohttp on uvloop), one 512-float row per request
-(generated from the model's v2 metadata, seeded), as v2 JSON and as v2 binary (output asked
-back binary, as tritonclient sends it). Each run warms up, then measures a fixed window:
-throughput = responses in the window / window, p50/p99 over them, and for carpool the mean
-batch size from its ``/metrics`` over the window; the server's CPU share comes from /proc.
-Runs are interleaved (for each repeat, for each concurrency, for each encoding: carpool and
-plain back to back, the first of the two alternating, then instant), repeated (default 3)
-and reported as medians; the ratio and Δp50 are medians over the back-to-back (carpool,
-plain) pairs. At 1 client each repeat is ``--latency-rounds`` (4) shorter rounds, so drift
-on a shared machine hits both servers alike. Every server's answers are checked against
-the model computed here before any timing.
-
-Why: batching must pay over HTTP even when one core does the HTTP work, the protocol and
-the model (many clients: more throughput than a server that calls the model per request),
-and must cost next to nothing when there is nothing to batch (one client: the same
-latency). Targets (JSON): at 64 clients carpool req/s / plain req/s >= 2.5; at 1 client
-p50(carpool) - p50(plain) <= 0.5 ms. Nothing is asserted; exits 0.
-
-    python benchmarks/http_bench.py                 # ~8 min
-    python benchmarks/http_bench.py --quick         # ~10 s, JSON only: smoke test
-    python benchmarks/http_bench.py --cpus none     # no pinning
+"""carpool serve against plain uvicorn calling the same numpy MLP once per request, over v2
+REST JSON and binary, loaded by carpool bench: batching must pay at many clients (goal: >=
+2.5x req/s at 64) and cost next to nothing at one (goal: p50 within 0.5 ms); an instant
+endpoint (a canned answer) shows the client's ceiling. See docs/benchmarks/protocols.md.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 import time
 from typing import Any
 
-import _bench  # first: one BLAS thread for everything numpy in this process tree
-import _process
+from benchmarks.harness import Figures, common, run
+from benchmarks.harness import processes as _process
 
 MODEL = "mlp"
 SERVERS = ("carpool", "plain", "instant")
@@ -66,17 +29,17 @@ def start_servers(
     try:
         if "carpool" in only:
             servers["carpool"] = _process.carpool_serve(
-                "benchmarks.http_models:mlp", "--max-batch-size", "32", cpus=cores.server
+                "benchmarks.harness.http_models:mlp", "--max-batch-size", "32", cpus=cores.server
             )
         if "plain" in only:
             servers["plain"] = _process.uvicorn(
-                "benchmarks.http_models:plain_app",
+                "benchmarks.harness.http_models:plain_app",
                 cpus=cores.server,
                 PLAIN_THREADS=str(plain_threads),
             )
         if "instant" in only:
             servers["instant"] = _process.uvicorn(
-                "benchmarks.http_models:instant_app", cpus=cores.server
+                "benchmarks.harness.http_models:instant_app", cpus=cores.server
             )
         _process.wait_all(servers.values())
     except BaseException:
@@ -88,8 +51,9 @@ def start_servers(
 
 def check(server: _process.Server, compare: bool) -> str:
     """'ok', or what is wrong with the server's answers to three rows in each encoding."""
-    import http_models
     import numpy as np
+
+    from benchmarks.harness import http_models
 
     rows = np.random.default_rng(1).standard_normal((3, 1, 512)).astype(np.float32)
     problems = []
@@ -110,10 +74,11 @@ def check(server: _process.Server, compare: bool) -> str:
     return "ok" if not problems else "; ".join(problems)
 
 
-def model_ms() -> str:
+def model_ms() -> list[float]:
     """The model's own cost on this (the client's) core: median ms at 1 and 32 rows."""
-    import http_models
     import numpy as np
+
+    from benchmarks.harness import http_models
 
     out = []
     for rows in (1, 32):
@@ -124,8 +89,8 @@ def model_ms() -> str:
             http_models.model(x)
             if i >= 5:  # the first calls warm up
                 times.append(time.perf_counter() - t0)
-        out.append(f"{_bench.median(times) * 1e3:.2f}")
-    return ",".join(out)
+        out.append(common.median(times) * 1e3)
+    return out
 
 
 def schedule(
@@ -142,7 +107,10 @@ def schedule(
     return plan
 
 
-def measure(args: Any, servers: dict[str, _process.Server], cores: _process.Cores) -> Results:
+def load(
+    args: argparse.Namespace, servers: dict[str, _process.Server], cores: _process.Cores
+) -> Results:
+    """Every repeat's runs, carpool and plain back to back (alternating), then instant."""
     results: Results = {}
     plan = schedule(args.concurrency, args.latency_rounds, args.quick)
     for r in range(args.repeats):
@@ -154,7 +122,7 @@ def measure(args: Any, servers: dict[str, _process.Server], cores: _process.Core
                 pair = ["carpool", "plain"] if (r * rounds + k) % 2 == 0 else ["plain", "carpool"]
                 order = pair + (["instant"] if k == 0 and not args.no_ceiling else [])
                 for name in order:
-                    run = _process.carpool_bench(
+                    bench = _process.carpool_bench(
                         servers[name],
                         MODEL,
                         group,
@@ -164,7 +132,7 @@ def measure(args: Any, servers: dict[str, _process.Server], cores: _process.Core
                         flags=("--encoding", encoding),
                     )
                     where = f"repeat {r + 1}/{args.repeats}" + (f".{k + 1}" if rounds > 1 else "  ")
-                    for row in run.rows():
+                    for row in bench.rows():
                         results.setdefault((name, encoding, row["clients"]), []).append(row)
                         print(f"  {where}  {encoding:6s} {name:8s} {progress(row, name)}")
     return results
@@ -184,7 +152,7 @@ def progress(row: dict[str, Any], name: str) -> str:
 
 
 def _med(results: Results, key: tuple[str, str, int], field: str) -> float:
-    return _bench.median(r[field] for r in results.get(key, []))
+    return common.median(r[field] for r in results.get(key, []))
 
 
 def _paired(results: Results, enc: str, c: int, field: str) -> float:
@@ -193,12 +161,14 @@ def _paired(results: Results, enc: str, c: int, field: str) -> float:
         results.get(("carpool", enc, c), []), results.get(("plain", enc, c), []), strict=False
     )
     if field == "ratio":
-        return _bench.median(a["throughput"] / b["throughput"] for a, b in pairs if b["throughput"])
-    return _bench.median(a["p50_ms"] - b["p50_ms"] for a, b in pairs)
+        return common.median(a["throughput"] / b["throughput"] for a, b in pairs if b["throughput"])
+    return common.median(a["p50_ms"] - b["p50_ms"] for a, b in pairs)
 
 
-def report_ceiling(results: Results, concurrencies: list[int], encodings: list[str]) -> None:
-    fmt = _bench.fmt_num
+def report_ceiling(results: Results, concurrencies: list[int], encodings: list[str]) -> Figures:
+    """The instant endpoint's table; its req/s per encoding and client count."""
+    fmt = common.fmt_num
+    figures = Figures()
     print("client ceiling: the instant endpoint (canned answer, no model), medians")
     rows = []
     for enc in encodings:
@@ -208,18 +178,25 @@ def report_ceiling(results: Results, concurrencies: list[int], encodings: list[s
                 [enc, c, fmt(_med(results, k, "throughput")), fmt(_med(results, k, "p50_ms"), 2),
                  fmt(_med(results, k, "p99_ms"), 2), f"{_med(results, k, 'server_cpu'):.0%}"]
             )  # fmt: skip
-    print(_bench.table(["enc", "clients", "req/s", "p50 ms", "p99 ms", "server CPU"], rows))
+            figures.add(
+                f"rest_{enc}_instant_req_per_s_{c}", _med(results, k, "throughput"), "req/s"
+            )
+    print(common.table(["enc", "clients", "req/s", "p50 ms", "p99 ms", "server CPU"], rows))
     print()
+    return figures
 
 
-def report(results: Results, concurrencies: list[int], encodings: list[str]) -> None:
-    fmt = _bench.fmt_num
+def report(results: Results, concurrencies: list[int], encodings: list[str]) -> Figures:
+    """The carpool/plain table, and its figures per encoding and client count; the goals."""
+    fmt = common.fmt_num
+    figures = Figures()
     print("carpool serve vs plain uvicorn (same model, same client), medians over repeats")
     rows = []
+    errors = 0
     for enc in encodings:
         for c in concurrencies:
             kc, kp = ("carpool", enc, c), ("plain", enc, c)
-            errors = sum(r["errors"] for k in (kc, kp) for r in results.get(k, []))
+            errors += sum(r["errors"] for k in (kc, kp) for r in results.get(k, []))
             rows.append([
                 enc, c, fmt(_med(results, kc, "throughput")), fmt(_med(results, kp, "throughput")),
                 f"{_paired(results, enc, c, 'ratio'):.2f}x",
@@ -228,12 +205,18 @@ def report(results: Results, concurrencies: list[int], encodings: list[str]) -> 
                 fmt(_med(results, kc, "p99_ms"), 2), fmt(_med(results, kp, "p99_ms"), 2),
                 fmt(_med(results, kc, "mean_batch"), 1),
                 f"{_med(results, kc, 'server_cpu'):.0%}/{_med(results, kp, 'server_cpu'):.0%}",
-                errors,
+                sum(r["errors"] for k in (kc, kp) for r in results.get(k, [])),
             ])  # fmt: skip
+            for server, key in (("carpool", kc), ("plain", kp)):
+                name = f"rest_{enc}_{server}"
+                figures.add(f"{name}_req_per_s_{c}", _med(results, key, "throughput"), "req/s")
+                figures.add(f"{name}_p50_ms_{c}", _med(results, key, "p50_ms"), "ms")
+                figures.add(f"{name}_p99_ms_{c}", _med(results, key, "p99_ms"), "ms")
+            figures.add(f"rest_{enc}_mean_batch_{c}", _med(results, kc, "mean_batch"), "rows")
     headers = ["enc", "clients", "carpool req/s", "plain req/s", "ratio", "carpool p50",
                "plain p50", "Δp50 ms", "carpool p99", "plain p99", "mean batch",
                "srv CPU c/p", "errors"]  # fmt: skip
-    print(_bench.table(headers, rows))
+    print(common.table(headers, rows))
     print("  (ratio, Δp50: medians over carpool/plain pairs measured back to back; medians over")
     print("   repeats otherwise; latencies in ms; mean batch: carpool's /metrics over the window;")
     print("   srv CPU: share of one core the server used while loaded)")
@@ -241,57 +224,34 @@ def report(results: Results, concurrencies: list[int], encodings: list[str]) -> 
     print("targets")
     for enc in encodings:
         tag = "" if enc == "json" else "  (binary: for information)"
+        for c in concurrencies:  # the goals are JSON's at 64 clients and at 1
+            ratio, d = _paired(results, enc, c, "ratio"), _paired(results, enc, c, "p50")
+            if enc == "json" and c == 64:
+                figures.at_least(f"rest_{enc}_carpool_over_plain_{c}", ratio, 2.5)
+            else:
+                figures.add(f"rest_{enc}_carpool_over_plain_{c}", ratio, "x")
+            if enc == "json" and c == 1:
+                figures.at_most(f"rest_{enc}_p50_ms_carpool_minus_plain_{c}", d, 0.5, "ms")
+            else:
+                figures.add(f"rest_{enc}_p50_ms_carpool_minus_plain_{c}", d, "ms")
         if 64 in concurrencies:
             ratio = _paired(results, enc, 64, "ratio")
             print(f"  [{enc}] 64 clients: carpool/plain throughput = {ratio:.2f}x "
-                  f"(target >= 2.5x: {_bench.verdict(ratio, 2.5)}){tag}")  # fmt: skip
+                  f"(target >= 2.5x: {common.verdict(ratio, 2.5)}){tag}")  # fmt: skip
         if 1 in concurrencies:
             d = _paired(results, enc, 1, "p50")
-            ok = _bench.verdict(d, 0.5, higher_is_better=False)
+            ok = common.verdict(d, 0.5, higher_is_better=False)
             print(f"  [{enc}] 1 client: p50 carpool - plain = {d:+.3f} ms "
                   f"(target <= +0.5 ms: {ok}){tag}")  # fmt: skip
+    figures.add("errors", int(errors))
+    return figures
 
 
 # ------------------------------------------------------------------------------ main
 
 
-def run(args: Any) -> None:
-    missing = _bench.missing_modules(NEEDED)
-    if missing:
-        print(f"http_bench: {sys.executable} lacks {', '.join(missing)}: install carpool's server"
-              " and bench extras, e.g.  python -m pip install -e '.[server,bench]'")  # fmt: skip
-        return
-    cores = _process.split_cpus(args.cpus)
-    _process.pin_self(cores.client)  # the orchestrator mostly waits: keep it off the servers'
-    servers: dict[str, _process.Server] = {}
-    try:
-        servers = start_servers(cores, args.plain_threads)
-        _bench.header(
-            "carpool serve vs plain uvicorn over HTTP (KServe v2), MLP 512->2048x3->512",
-            {
-                "cpus": str(cores),
-                "client": "carpool bench",
-                "repeats": args.repeats,
-                "window": f"{args.warmup:g}s warm-up + {args.duration:g}s measured",
-                "plain_threads": args.plain_threads,
-                "model_ms(1,32 rows)": model_ms(),
-            },
-        )
-        for name, server in servers.items():
-            print(f"  check {name:8s}: {check(server, compare=name != 'instant')}")
-        print()
-        results = measure(args, servers, cores)
-        print()
-        if not args.no_ceiling:
-            report_ceiling(results, args.concurrency, args.encodings)
-        report(results, args.concurrency, args.encodings)
-    finally:
-        for server in servers.values():
-            server.stop()
-
-
-def parse_args() -> Any:
-    p = _bench.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
+def parser() -> argparse.ArgumentParser:
+    p = common.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
     p.add_argument(
         "--concurrency",
         default=None,
@@ -318,7 +278,11 @@ def parse_args() -> Any:
         help="alternating carpool/plain rounds per repeat at 1 client, "
         "each a third of --duration (default 4)",
     )
-    args = p.parse_args()
+    return p
+
+
+def settle(args: argparse.Namespace) -> None:
+    """The defaults that depend on ``--quick``, filled in."""
     quick = args.quick
     args.concurrency = [
         int(c) for c in (args.concurrency or ("1,64" if quick else CONCURRENCY)).split(",")
@@ -327,13 +291,53 @@ def parse_args() -> Any:
     args.repeats = args.repeats or (1 if quick else 3)
     args.warmup = args.warmup if args.warmup is not None else (0.2 if quick else 1.0)
     args.duration = args.duration if args.duration is not None else (0.4 if quick else 3.0)
-    return args
 
 
-def main() -> int:
-    args = parse_args()
-    return _bench.run_reported("http_bench", lambda: run(args))
+def measure(args: argparse.Namespace) -> Figures:
+    settle(args)
+    missing = common.missing_modules(NEEDED)
+    if missing:
+        raise ModuleNotFoundError(
+            f"lacks {', '.join(missing)}: install carpool's server and bench extras, "
+            "e.g.  python -m pip install -e '.[server,bench]'"
+        )
+    cores = _process.split_cpus(args.cpus)
+    _process.pin_self(cores.client)  # the orchestrator mostly waits: keep it off the servers'
+    figures = Figures()
+    servers: dict[str, _process.Server] = {}
+    try:
+        servers = start_servers(cores, args.plain_threads)
+        one, many = model_ms()
+        figures.add("model_ms_1_row", one, "ms")
+        figures.add("model_ms_32_rows", many, "ms")
+        common.header(
+            "carpool serve vs plain uvicorn over HTTP (KServe v2), MLP 512->2048x3->512",
+            {
+                "cpus": str(cores),
+                "client": "carpool bench",
+                "repeats": args.repeats,
+                "window": f"{args.warmup:g}s warm-up + {args.duration:g}s measured",
+                "plain_threads": args.plain_threads,
+                "model_ms(1,32 rows)": f"{one:.2f},{many:.2f}",
+            },
+        )
+        for name, server in servers.items():
+            verdict = check(server, compare=name != "instant")
+            print(f"  check {name:8s}: {verdict}")
+            figures.check(f"{name}_answers_ok", verdict == "ok")
+        print()
+        if figures.failed_checks():
+            return figures
+        results = load(args, servers, cores)
+        print()
+        if not args.no_ceiling:
+            figures.update(report_ceiling(results, args.concurrency, args.encodings))
+        figures.update(report(results, args.concurrency, args.encodings))
+    finally:
+        for server in servers.values():
+            server.stop()
+    return figures
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run(measure, parser()))

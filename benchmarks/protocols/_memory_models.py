@@ -1,11 +1,7 @@
-"""``body_memory.py``'s models (not a benchmark itself): each answers one number per row, so
-what a request costs the server is its body's decoding, not its answer.
-
-* ``rowsum``: one FP32 input of any length per row, its sum out.
-* ``texts``: one BYTES input of any length per row, its total length in bytes out.
-
-Served as ``carpool serve _memory_models:rowsum _memory_models:texts`` with ``benchmarks/``
-on ``PYTHONPATH``.
+"""``body_memory``'s models: one number per row out, so what a request costs the server is
+its body's decoding. ``rowsum``: an FP32 row of any length, its sum. ``texts``: a BYTES row
+of any length, its total length in bytes. From the repository's root:
+``carpool serve benchmarks.protocols._memory_models:rowsum ...:texts``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""``grpc_batching.py``'s client (not a benchmark itself): bursts of concurrent calls.
-
-    python benchmarks/_grpc_burst.py PROTOCOL ADDRESS MODEL CALLS BURSTS
-
-``PROTOCOL``: ``grpc`` (``tritonclient.grpc.aio``, one channel, as its users hold one) or
-``rest`` (``tritonclient.http.aio``, binary tensors, one connection per call in flight).
-One warm-up call, then ``BURSTS`` times ``CALLS`` calls at once, each waited for; every
-answer checked (its input doubled). Prints ``{"calls": N}`` (warm-up included).
+"""grpc_batching's client: a warm-up call, then BURSTS times CALLS calls at once over ``grpc``
+(tritonclient.grpc.aio, one channel) or ``rest`` (tritonclient.http.aio, binary tensors),
+each answer checked; prints ``{"calls": N}``.
+``python benchmarks/protocols/_grpc_burst.py PROTOCOL ADDRESS MODEL CALLS BURSTS``
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ import numpy as np
 import tritonclient.grpc.aio as grpc_aio
 import tritonclient.http.aio as http_aio
 
-DIM = 4  # _grpc_models.DIM
+DIM = 4  # benchmarks.harness.grpc_models.DIM
 
 
 async def bursts(protocol: str, address: str, model: str, calls: int, repeat: int) -> int:

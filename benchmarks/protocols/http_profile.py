@@ -1,24 +1,6 @@
-"""Where a server's time goes under http_bench.py's load: py-spy, summarised per request.
-
-Starts one of ``http_bench.py``'s servers as it does (pinned to CPU 0), loads it with
-``carpool bench`` (pinned to CPU 1) at one concurrency and encoding, and once the load has
-begun and warmed up, records the server process with ``py-spy record --format raw``
-(py-spy pinned to the client's core) for the measured window. Prints, per request served
-in that window:
-
-  * CPU-time by thread (the event loop vs the model worker thread);
-  * the functions with the most *self* time (the leaf frame of each sample);
-  * the functions with the most *inclusive* time, from carpool, uvicorn, the plain app
-    and asyncio (what the request path costs, with its callees).
-
-Samples of idle threads are not recorded, so a thread's µs/request is time it was running
-(or runnable); one core is shared by all threads of the server. py-spy pauses the process
-for each sample unless ``--nonblocking``: at the default 1000 Hz that costs a few percent.
-
-    python benchmarks/http_profile.py --server carpool --concurrency 64
-    python benchmarks/http_profile.py --server carpool --concurrency 1 --encoding binary
-    python benchmarks/http_profile.py --server plain --concurrency 1
-    python benchmarks/http_profile.py --quick     # ~10 s smoke test (needs py-spy)
+"""Where a server's time goes under http_batching's load: py-spy records its carpool or plain
+server through one carpool bench run, summarised as microseconds per request by thread, by
+self time and by inclusive time. Needs py-spy. See docs/benchmarks/protocols.md.
 """
 
 from __future__ import annotations
@@ -34,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import _bench  # noqa: F401  (first: one BLAS thread)
-import _process
-import http_bench
+from benchmarks.harness import Figures, run
+from benchmarks.harness import processes as _process
+from benchmarks.protocols import http_batching
 
 INTERESTING = ("carpool/", "uvicorn/", "http_models", "asyncio/", "concurrent/", "threading")
 # Leaf frames where a thread waits in C: a worker thread blocked on its work queue, the event
@@ -54,7 +36,8 @@ def _frames(stack: str) -> list[str]:
     return stack.split(";")
 
 
-def summarise(raw: Path, rate: int, requests: int, top: int) -> str:
+def summarise(raw: Path, rate: int, requests: int, top: int) -> tuple[str, Figures]:
+    """The report's text, and its figures: samples, µs/request running and waiting."""
     per_thread: collections.Counter[str] = collections.Counter()
     waiting: collections.Counter[str] = collections.Counter()
     self_time: collections.Counter[str] = collections.Counter()
@@ -100,7 +83,12 @@ def summarise(raw: Path, rate: int, requests: int, top: int) -> str:
     out.append(f"top {top} inclusive (µs/request; carpool, uvicorn, asyncio, plain app frames)")
     for name, n in inclusive.most_common(top):
         out.append(f"  {us(n)}  {name}")
-    return "\n".join(out)
+    figures = Figures()
+    figures.add("samples", total)
+    figures.add("requests_profiled", requests)
+    figures.add("us_per_request_running", float(us(busy)), "us")
+    figures.add("us_per_request_waiting", float(us(total - busy)), "us")
+    return "\n".join(out), figures
 
 
 def wait_loaded(pid: int, timeout: float = 30.0) -> None:
@@ -138,7 +126,7 @@ def profile(args: Any, server: _process.Server, cores: _process.Cores, raw: Path
         try:
             result["run"] = _process.carpool_bench(
                 server,
-                http_bench.MODEL,
+                http_batching.MODEL,
                 [args.concurrency],
                 warmup=args.warmup,
                 duration=args.duration + 0.5,  # outlasts py-spy's window
@@ -166,11 +154,11 @@ def profile(args: Any, server: _process.Server, cores: _process.Cores, raw: Path
     return result["run"]
 
 
-def parse_args() -> Any:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--server", choices=("carpool", "plain"), default="carpool")
     p.add_argument("--concurrency", type=int, default=64)
-    p.add_argument("--encoding", choices=http_bench.ENCODINGS, default="json")
+    p.add_argument("--encoding", choices=http_batching.ENCODINGS, default="json")
     p.add_argument("--duration", type=float, default=None, help="profiled seconds (default 8)")
     p.add_argument("--warmup", type=float, default=None, help="seconds before (default 2)")
     p.add_argument("--rate", type=int, default=1000, help="py-spy samples/s (default 1000)")
@@ -183,46 +171,49 @@ def parse_args() -> Any:
         help="sample running threads, not only the one holding the GIL (py-spy "
         "then under-counts numpy calls that released the GIL)",
     )
-    p.add_argument("--cpus", default="0,1", help="server CPU, client CPU (default '0,1')")
+    p.add_argument(
+        "--cpus", default="0,1", help="server CPU, client CPU; 'none' to not pin (default '0,1')"
+    )
     p.add_argument("--keep", default=None, help="also write the raw py-spy output here")
     p.add_argument("--quick", action="store_true", help="a short smoke run (1 s profiled)")
-    args = p.parse_args()
+    return p
+
+
+def measure(args: argparse.Namespace) -> Figures:
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     args.duration = args.duration or (1.0 if args.quick else 8.0)
     args.warmup = args.warmup if args.warmup is not None else (0.3 if args.quick else 2.0)
     args.top = 5 if args.quick else args.top
-    return args
-
-
-def main() -> int:
-    args = parse_args()
-    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     if not shutil.which("py-spy") and not Path(sys.executable).with_name("py-spy").exists():
-        print("http_profile: py-spy not found; install it: python -m pip install py-spy")
-        return 0
-
+        raise FileNotFoundError("py-spy not found; install it: python -m pip install py-spy")
     cores = _process.split_cpus(args.cpus)
     _process.pin_self(cores.client)
     servers: dict[str, _process.Server] = {}
     try:
-        servers = http_bench.start_servers(cores, 1, only=(args.server,))
+        servers = http_batching.start_servers(cores, 1, only=(args.server,))
         with tempfile.TemporaryDirectory() as folder:
             raw = Path(folder) / "profile.txt"
-            run = profile(args, servers[args.server], cores, raw)
+            bench = profile(args, servers[args.server], cores, raw)
             if args.keep:
                 shutil.copy(raw, args.keep)
-            (row,) = run.rows()
+            (row,) = bench.rows()
             print(f"== py-spy on {args.server} ({cores}), {args.encoding}, "
                   f"{args.concurrency} clients ==")  # fmt: skip
-            print(f"   {http_bench.progress(row, args.server)}")
+            print(f"   {http_batching.progress(row, args.server)}")
             print()
-            print(summarise(raw, args.rate, int(row["throughput"] * args.duration), args.top))
-    except (Exception, KeyboardInterrupt) as exc:  # report, never fail the caller
-        print(f"\nhttp_profile: {type(exc).__name__}: {exc}", flush=True)
+            text, found = summarise(
+                raw, args.rate, int(row["throughput"] * args.duration), args.top
+            )
+            print(text)
     finally:
         for server in servers.values():
             server.stop()
-    return 0
+    figures = Figures()
+    figures.add("req_per_s", row["throughput"], "req/s")
+    figures.add("errors", int(row["errors"]))
+    figures.update(found)
+    return figures
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run(measure, parser()))
