@@ -1,35 +1,21 @@
-"""What issue 19's per-request checks cost an ordinary request: each one timed alone, on the
-real functions, beside the step it guards.
+"""What issue 19's per-request checks cost an ordinary request, in us: each timed alone on
+the real functions (``timeit``, best of ``--repeats``), beside the step it guards.
 
-What: one small request of each kind (a 512-float v2 JSON body, the same as a gRPC
-``ModelInferRequest`` with raw contents, a 16-byte text for a model with a preprocess),
-and the checks every such request now passes: the duplicate-header check
-(``bodies.request_headers``), the large-array cut's size test (``json_arrays.lift``), the
-gRPC message walk's size test (``grpc_wire.read_infer_request`` against protobuf's parse),
-the row cap and the preprocess thread's size test (``admission.reaches``), and the
-server's own count of an answer (``ServerCounts.record``). Connection timers (the linger,
-the write timeout, the TLS handshake's) run per connection or only on a stall, and the
-request id check only for non-ASCII ids: not here.
-
-Measured: ``timeit``, best of ``--repeats`` runs of 20,000 calls each, in microseconds per
-request; each check beside the baseline it adds to. Goal (issue 19): their sum under 2 us.
-Prints ``met``/``MISSED``; exits 0.
-
-    python benchmarks/check_cost.py            # ~10 s
-    python benchmarks/check_cost.py --quick    # smoke run
+    python -m benchmarks.server.request_checks [--quick]
 """
 
 from __future__ import annotations
 
+import argparse
 import timeit
 from collections.abc import Callable
 from typing import Any
 
-import _bench  # before numpy: one BLAS thread for everything numpy in this process tree
 import numpy as np
 import orjson
 from tritonclient.grpc import service_pb2 as pb
 
+from benchmarks.harness import Figures, common, run
 from carpool.server.grpc.wire import read_infer_request
 from carpool.server.inference import admission
 from carpool.server.lifecycle.registry import ServerCounts
@@ -67,21 +53,26 @@ def _text_request() -> InferRequest:
     return InferRequest(None, {}, (InferInput("TEXT", "BYTES", (1, 1), text, {}),), None, False)
 
 
-def _checks() -> list[tuple[str, Callable[[], Any], str, Callable[[], Any] | None, bool]]:
-    """(check, a call that makes it, the step it guards, that step's call, whether the call
-    makes the step too: then the check costs the difference)."""
+Check = tuple[str, str, Callable[[], Any], str, Callable[[], Any] | None, bool]
+
+
+def _checks() -> list[Check]:
+    """(figure, check, a call that makes it, the step it guards, that step's call, whether
+    the call makes the step too: then the check costs the difference)."""
     body, message, text = _json_body(), _grpc_message(), _text_request()
     scope = {"headers": HEADERS}
     counts = ServerCounts()
     return [
-        ("headers sent twice", lambda: request_headers(scope), "dict(headers)",
-         lambda: dict(HEADERS), True),
-        ("JSON array cut: size test", lambda: json_arrays.lift(body), "orjson.loads(body)",
-         lambda: orjson.loads(body), False),
-        ("gRPC walk: size test", lambda: read_infer_request(message), "protobuf parse",
-         lambda: pb.ModelInferRequest.FromString(message), True),
-        ("preprocess thread: size test", lambda: admission.reaches(text, 4096), "", None, False),
-        ("server's own count", lambda: counts.record("http", 200), "", None, False),
+        ("headers_twice_us", "headers sent twice", lambda: request_headers(scope),
+         "dict(headers)", lambda: dict(HEADERS), True),
+        ("json_array_cut_us", "JSON array cut: size test", lambda: json_arrays.lift(body),
+         "orjson.loads(body)", lambda: orjson.loads(body), False),
+        ("grpc_walk_us", "gRPC walk: size test", lambda: read_infer_request(message),
+         "protobuf parse", lambda: pb.ModelInferRequest.FromString(message), True),
+        ("preprocess_size_test_us", "preprocess thread: size test",
+         lambda: admission.reaches(text, 4096), "", None, False),
+        ("server_count_us", "server's own count", lambda: counts.record("http", 200), "",
+         None, False),
     ]  # fmt: skip
 
 
@@ -89,29 +80,28 @@ def _best_us(call: Callable[[], Any], repeats: int, number: int) -> float:
     return min(timeit.repeat(call, number=number, repeat=repeats)) / number * 1e6
 
 
-def run(args: Any) -> None:
-    _bench.pin(_bench.parse_cpus(args.cpus))
+def parser() -> argparse.ArgumentParser:
+    return common.base_parser(__doc__, default_cpus="0", default_repeats=7)
+
+
+def measure(args: argparse.Namespace) -> Figures:
+    common.pin(common.parse_cpus(args.cpus))
     repeats = args.repeats or (1 if args.quick else 7)
     number = 2_000 if args.quick else 20_000
-    _bench.header("issue 19's checks, us per request", {"cpus": args.cpus})
+    common.header("issue 19's checks, us per request", {"cpus": args.cpus})
+    figures = Figures()
     rows, added = [], 0.0
     empty = _best_us(lambda: None, repeats, number)  # a call's own cost
-    for name, call, base_name, base, includes_base in _checks():
+    for figure, name, call, base_name, base, includes_base in _checks():
         base_us = _best_us(base, repeats, number) if base is not None else empty
         cost = _best_us(call, repeats, number) - (base_us if includes_base else empty)
         rows.append([name, f"{cost:.2f}", base_name, f"{base_us - empty:.2f}" if base else ""])
+        figures.add(figure, cost, "us")
         added += max(cost, 0.0)
-    print(_bench.table(["check", "us", "beside", "us"], rows, left=1))
-    print()
-    verdict = _bench.verdict(added, GOAL_US, higher_is_better=False)
-    print(f"goal: the checks together < {GOAL_US:g} us per request: {added:.2f} us {verdict}")
-
-
-def main() -> int:
-    parser = _bench.base_parser(__doc__, default_cpus="0", default_repeats=7)
-    args = parser.parse_args()
-    return _bench.run_reported("check_cost", lambda: run(args))
+    print(common.table(["check", "us", "beside", "us"], rows, left=1))
+    figures.at_most("checks_together_us", added, GOAL_US, "us")
+    return figures
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run(measure, parser()))
