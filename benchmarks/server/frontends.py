@@ -1,72 +1,40 @@
-"""``carpool serve --frontends N``: who spends the CPU, how full batches stay, and what the
-main process's share implies for a larger host.
+"""``carpool serve --frontends N``: CPU per request of the main process and of the front ends
+(``/proc``), req/s and mean batch for each N, REST binary and gRPC on a free model, open loop
+on a 2 ms one; the main process's share caps a larger host (4, 8, 16 cores). Goals: issue 18.
 
-What: ``carpool serve _frontend_models:identity --frontends N`` (the model costs nothing:
-512 FP32 in, the same out, so every microsecond is the server's own) for each N of
-``--frontends`` (1 is today's single process), pinned to ``--server-cpus``; ``carpool
-bench`` (closed loop, ``--clients`` callers, one request repeated, REST binary and gRPC) on
-``--client-cpus`` with ``--client-processes`` load processes. Batching at the same load is
-measured open loop (``--rate`` requests/s, Poisson, the same for every setting and below
-any setting's capacity) on a model that costs 2 ms a batch (``_grpc_models:double_2ms``):
-one batcher across the front ends fills its batches as one front end does (a batcher per
-front end would about halve them). Each run reads every thread
-of the server's process tree (``/proc/<pid>/task/<tid>/stat``) before and after, and
-groups them by process: ``main`` (the batcher, the hub, the model's worker thread) and each
-``frontend#i``. Per run: req/s, mean batch (carpool's ``/metrics``), and CPU us per request
-for the main process and for the front ends together.
-
-Accounting: with N front ends the main process is the one part that does not grow; its
-CPU per request ``m`` caps the server at ``1e6 / m`` req/s, whatever the cores. Front ends
-at ``f`` us per request on ``c - 1`` cores give ``(c - 1) * 1e6 / f``. The projection for
-4, 8 and 16 cores is the lesser of the two. Goals (issue 18): at the most front ends, they
-use well over half of the server's CPU and the main process <= 15 us per request; the mean
-batch with 2 front ends >= 0.9x that with 1 at the same load (the 2 ms model; on the
-identity model the figure is shown too, but the load is not the same: req/s differ).
-Repeats alternate the order of the settings; figures are medians. Prints ``met`` or
-``MISSED``; exits 0.
-
-    python benchmarks/frontends.py                   # 2-core box: ~2 min
-    python benchmarks/frontends.py --frontends 1,2,4,8 --server-cpus 0-11 \\
-        --client-cpus 12-15 --client-processes 4 --clients 256   # a 16-core host
-    python benchmarks/frontends.py --quick           # smoke run, numbers meaningless
+    python -m benchmarks.server.frontends [--quick] [--frontends 1,2,4 --server-cpus 0-11 ...]
 """
 
 from __future__ import annotations
 
-import os
+import argparse
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import _bench  # before numpy: one BLAS thread for everything numpy in this process tree
-import _process
-import _thread_cpu
+from benchmarks.harness import Figures, common, run
+from benchmarks.harness import processes as _process
+from benchmarks.harness import thread_cpu as _thread_cpu
 
-HERE = Path(__file__).resolve().parent
 MODEL = "identity"
 SAME_REQUEST = ("--distinct", "1", "--seed", "0")
 PROTOCOLS = {"binary": "REST binary", "grpc": "gRPC", "model2ms": "REST, 2 ms model, open loop"}
-SLOW = "double_2ms"  # _grpc_models: 2 ms a batch, 32 rows at most: batching matters
+FIGURE = {"binary": "rest_binary", "grpc": "grpc", "model2ms": "rest_2ms_open_loop"}
+SLOW = "double_2ms"  # grpc_models: 2 ms a batch, 32 rows at most: batching matters
 PROJECTED_CORES = (4, 8, 16)
 MAIN_GOAL_US = 15.0
 BATCH_GOAL = 0.9
 
 
-def env() -> dict[str, str]:
-    """The children's environment, ``benchmarks/`` on the path (the ``_*_models`` modules)."""
-    paths = [str(HERE), str(_process.REPO), str(_process.SRC), os.environ.get("PYTHONPATH", "")]
-    return _process.child_env(PYTHONPATH=os.pathsep.join(p for p in paths if p))
-
-
 def start(frontends: int, cpus: frozenset[int] | None, grpc_port: int) -> _process.Server:
     port = _process.free_port()
-    argv = [sys.executable, "-m", "carpool", "serve", f"_frontend_models:{MODEL}",
-            f"_grpc_models:{SLOW}", "--port", str(port), "--grpc-port", str(grpc_port),
+    argv = [sys.executable, "-m", "carpool", "serve",
+            f"benchmarks.harness.frontend_models:{MODEL}", f"benchmarks.harness.grpc_models:{SLOW}",
+            "--port", str(port), "--grpc-port", str(grpc_port),
             "--frontends", str(frontends),
             "--access-log", "false", "--log-level", "warning"]  # fmt: skip
-    return _process.Server(f"--frontends {frontends}", argv, port, cpus, env())
+    return _process.Server(f"--frontends {frontends}", argv, port, cpus, _process.child_env())
 
 
 @dataclass(frozen=True)
@@ -106,7 +74,7 @@ def bench(server: _process.Server, protocol: str, grpc_port: int, args: Any) -> 
     return Run(step.throughput_rps, p50, batch, errors, main * per, others * per)
 
 
-def measure(args: Any) -> dict[tuple[str, int], list[Run]]:
+def runs(args: Any) -> dict[tuple[str, int], list[Run]]:
     results: dict[tuple[str, int], list[Run]] = {}
     ports = {n: _process.free_port() for n in args.frontends}
     servers = {n: start(n, args.server_cpus, ports[n]) for n in args.frontends}
@@ -144,45 +112,49 @@ def _short(args: Any) -> Any:
 
 
 def _median(runs: Sequence[Run], field: str) -> float:
-    return _bench.median(getattr(run, field) for run in runs)
+    return common.median(getattr(run, field) for run in runs)
 
 
-def report(results: dict[tuple[str, int], list[Run]], args: Any) -> None:
+def report(results: dict[tuple[str, int], list[Run]], args: Any) -> Figures:
+    """Each protocol's table (medians), and its figures and goals."""
+    figures = Figures()
     most = max(args.frontends)
     for protocol in args.protocols:
         load = f"{args.rate:g} req/s" if protocol == "model2ms" else f"{args.clients} clients"
         print(f"\n{PROTOCOLS[protocol]}, {load} (medians of {args.repeats}):")
+        stem = FIGURE[protocol]
         rows = []
         for n in args.frontends:
             runs = results[(protocol, n)]
             main, fes = _median(runs, "main_us"), _median(runs, "frontends_us")
             share = fes / (main + fes) if main + fes else float("nan")
             projected = [_projection(main, fes, n, cores) for cores in PROJECTED_CORES]
-            rows.append([f"--frontends {n}", _bench.fmt_num(_median(runs, "rps")),
+            rows.append([f"--frontends {n}", common.fmt_num(_median(runs, "rps")),
                          f"{_median(runs, 'p50_ms'):.2f}", f"{_median(runs, 'mean_batch'):.1f}",
                          f"{main:.1f}", f"{fes:.1f}",
-                         f"{share:.0%}", _bench.fmt_num(1e6 / main if main else float("nan")),
-                         *(_bench.fmt_num(p) for p in projected)])  # fmt: skip
-        print(_bench.table(
+                         f"{share:.0%}", common.fmt_num(1e6 / main if main else float("nan")),
+                         *(common.fmt_num(p) for p in projected)])  # fmt: skip
+            at = f"frontends_{n}"
+            figures.add(f"{stem}_req_per_s_{at}", _median(runs, "rps"), "req/s")
+            figures.add(f"{stem}_p50_ms_{at}", _median(runs, "p50_ms"), "ms")
+            figures.add(f"{stem}_mean_batch_{at}", _median(runs, "mean_batch"), "rows")
+            figures.add(f"{stem}_frontends_us_{at}", fes, "us")
+            figures.add(f"{stem}_errors_{at}", sum(run.errors for run in runs), "requests")
+            if n == most and most > 1:
+                figures.at_most(f"{stem}_main_us_{at}", main, MAIN_GOAL_US, "us")
+                figures.at_least(f"{stem}_frontends_share_{at}", share, 0.5, "")
+            else:
+                figures.add(f"{stem}_main_us_{at}", main, "us")
+        print(common.table(
             ["setting", "req/s", "p50 ms", "mean batch", "main us/req", "front ends us/req",
              "front ends' share", "main's ceiling req/s",
              *(f"{c} cores req/s" for c in PROJECTED_CORES)], rows))  # fmt: skip
-        if most > 1:
-            runs = results[(protocol, most)]
-            main = _median(runs, "main_us")
-            fes = _median(runs, "frontends_us")
-            print(
-                f"  main process at --frontends {most}: {main:.1f} us/req "
-                f"(goal <= {MAIN_GOAL_US:g}): {_bench.verdict(main, MAIN_GOAL_US, False)}"
-            )
-            print(f"  front ends' share of the server's CPU: {fes / (main + fes):.0%} "
-                  f"(goal > 50%): {_bench.verdict(fes / (main + fes), 0.5)}")  # fmt: skip
         if 1 in args.frontends and 2 in args.frontends:
             one = _median(results[(protocol, 1)], "mean_batch")
             two = _median(results[(protocol, 2)], "mean_batch")
             ratio = two / one if one else float("nan")
-            print(f"  mean batch, 2 front ends / 1: {ratio:.2f}x (goal >= {BATCH_GOAL:g}x): "
-                  f"{_bench.verdict(ratio, BATCH_GOAL)}")  # fmt: skip
+            figures.at_least(f"{stem}_mean_batch_2_over_1", ratio, BATCH_GOAL)
+    return figures
 
 
 def _projection(main_us: float, frontends_us: float, frontends: int, cores: int) -> float:
@@ -193,27 +165,12 @@ def _projection(main_us: float, frontends_us: float, frontends: int, cores: int)
     return min(1e6 / main_us, (cores - 1) * 1e6 / frontends_us)
 
 
-def run(args: Any) -> None:
-    missing = _bench.missing_modules(("aiohttp", "uvicorn", "grpc", "tritonclient", "numpy"))
-    if missing:
-        print(f"frontends: {sys.executable} lacks {', '.join(missing)}")
-        return
-    _process.pin_self(args.client_cpus)
-    _bench.header(
-        "carpool serve --frontends N: CPU per request by process, batches, projection",
-        {"server cpus": _show(args.server_cpus), "client cpus": _show(args.client_cpus),
-         "clients": args.clients, "client processes": args.client_processes,
-         "repeats": args.repeats, "frontends": ",".join(map(str, args.frontends))},
-    )  # fmt: skip
-    report(measure(args), args)
-
-
 def _show(cpus: frozenset[int] | None) -> str:
     return "any" if not cpus else ",".join(map(str, sorted(cpus)))
 
 
-def main() -> int:
-    p = _bench.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
+def parser() -> argparse.ArgumentParser:
+    p = common.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
     p.add_argument("--frontends", default="1,2", help="settings to compare (%(default)s)")
     p.add_argument("--server-cpus", default=None, help="the server's CPUs (lowest of --cpus)")
     p.add_argument("--client-cpus", default=None, help="the load's CPUs (highest of --cpus)")
@@ -222,18 +179,34 @@ def main() -> int:
     p.add_argument("--rate", type=float, default=2000, help="the 2 ms model's req/s (2000)")
     p.add_argument("--protocols", default=",".join(PROTOCOLS), help="which to run (%(default)s)")
     p.add_argument("--duration", type=float, default=None, help="measured s per run (3)")
-    args = p.parse_args()
+    return p
+
+
+def measure(args: argparse.Namespace) -> Figures:
     cores = _process.split_cpus(args.cpus)
-    args.server_cpus = frozenset(_bench.parse_cpus(args.server_cpus) or ()) or cores.server
-    args.client_cpus = frozenset(_bench.parse_cpus(args.client_cpus) or ()) or cores.client
+    args.server_cpus = frozenset(common.parse_cpus(args.server_cpus) or ()) or cores.server
+    args.client_cpus = frozenset(common.parse_cpus(args.client_cpus) or ()) or cores.client
     args.frontends = [int(n) for n in args.frontends.split(",")]
     args.protocols = [name for name in args.protocols.split(",") if name]
-    if set(args.protocols) - set(PROTOCOLS):
-        p.error(f"--protocols: choose from {', '.join(PROTOCOLS)}")
+    unknown = set(args.protocols) - set(PROTOCOLS)
+    if unknown:
+        raise ValueError(
+            f"--protocols {', '.join(sorted(unknown))}: choose from {', '.join(PROTOCOLS)}"
+        )
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.duration = args.duration or (0.3 if args.quick else 3.0)
-    return _bench.run_reported("frontends", lambda: run(args))
+    missing = common.missing_modules(("aiohttp", "uvicorn", "grpc", "tritonclient", "numpy"))
+    if missing:
+        raise ModuleNotFoundError(f"{sys.executable} lacks {', '.join(missing)}")
+    _process.pin_self(args.client_cpus)
+    common.header(
+        "carpool serve --frontends N: CPU per request by process, batches, projection",
+        {"server cpus": _show(args.server_cpus), "client cpus": _show(args.client_cpus),
+         "clients": args.clients, "client processes": args.client_processes,
+         "repeats": args.repeats, "frontends": ",".join(map(str, args.frontends))},
+    )  # fmt: skip
+    return report(runs(args), args)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run(measure, parser()))
