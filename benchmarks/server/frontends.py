@@ -53,13 +53,13 @@ def bench(server: _process.Server, protocol: str, grpc_port: int, args: Any) -> 
     model = SLOW if protocol == "model2ms" else MODEL
     flags += ["--client-processes", str(args.client_processes), *SAME_REQUEST]
     before = _thread_cpu.read(server.pid)
-    run = _process.carpool_bench(
+    done = _process.carpool_bench(
         server, model, [args.clients], warmup=0, duration=args.duration,
         cpus=args.client_cpus, flags=flags, target=target,
         rate=args.rate if protocol == "model2ms" else None,
     )  # fmt: skip
     after = _thread_cpu.read(server.pid)
-    (step,) = run.report.steps
+    (step,) = done.report.steps
     answered = step.throughput_rps * step.duration_s or float("nan")
     main = others = 0.0
     for name, seconds in _thread_cpu.used(before, after).items():
@@ -74,7 +74,7 @@ def bench(server: _process.Server, protocol: str, grpc_port: int, args: Any) -> 
     return Run(step.throughput_rps, p50, batch, errors, main * per, others * per)
 
 
-def runs(args: Any) -> dict[tuple[str, int], list[Run]]:
+def run_settings(args: Any) -> dict[tuple[str, int], list[Run]]:
     results: dict[tuple[str, int], list[Run]] = {}
     ports = {n: _process.free_port() for n in args.frontends}
     servers = {n: start(n, args.server_cpus, ports[n]) for n in args.frontends}
@@ -88,12 +88,12 @@ def runs(args: Any) -> dict[tuple[str, int], list[Run]]:
             order = args.frontends if r % 2 == 0 else args.frontends[::-1]
             for protocol in args.protocols:
                 for n in order:
-                    run = bench(servers[n], protocol, ports[n], args)
-                    results.setdefault((protocol, n), []).append(run)
-                    errors = f"  ERRORS {run.errors}" if run.errors else ""
+                    one = bench(servers[n], protocol, ports[n], args)
+                    results.setdefault((protocol, n), []).append(one)
+                    errors = f"  ERRORS {one.errors}" if one.errors else ""
                     print(f"  repeat {r + 1}/{args.repeats}  {PROTOCOLS[protocol]:11s} "
-                          f"--frontends {n:<2d} {run.rps:7.0f} req/s  batch {run.mean_batch:5.1f}"
-                          f"  main {run.main_us:5.1f} us/req  front ends {run.frontends_us:6.1f}"
+                          f"--frontends {n:<2d} {one.rps:7.0f} req/s  batch {one.mean_batch:5.1f}"
+                          f"  main {one.main_us:5.1f} us/req  front ends {one.frontends_us:6.1f}"
                           f" us/req{errors}")  # fmt: skip
     finally:
         for server in servers.values():
@@ -101,18 +101,12 @@ def runs(args: Any) -> dict[tuple[str, int], list[Run]]:
     return results
 
 
-def _short(args: Any) -> Any:
-    class Short:
-        pass
-
-    short = Short()
-    vars(short).update(vars(args))
-    short.duration = 1.0  # type: ignore[attr-defined]
-    return short
+def _short(args: Any) -> argparse.Namespace:
+    return argparse.Namespace(**{**vars(args), "duration": 1.0})
 
 
 def _median(runs: Sequence[Run], field: str) -> float:
-    return common.median(getattr(run, field) for run in runs)
+    return common.median(getattr(one, field) for one in runs)
 
 
 def report(results: dict[tuple[str, int], list[Run]], args: Any) -> Figures:
@@ -138,13 +132,14 @@ def report(results: dict[tuple[str, int], list[Run]], args: Any) -> Figures:
             figures.add(f"{stem}_req_per_s_{at}", _median(runs, "rps"), "req/s")
             figures.add(f"{stem}_p50_ms_{at}", _median(runs, "p50_ms"), "ms")
             figures.add(f"{stem}_mean_batch_{at}", _median(runs, "mean_batch"), "rows")
-            figures.add(f"{stem}_frontends_us_{at}", fes, "us")
-            figures.add(f"{stem}_errors_{at}", sum(run.errors for run in runs), "requests")
             if n == most and most > 1:
                 figures.at_most(f"{stem}_main_us_{at}", main, MAIN_GOAL_US, "us")
+                figures.add(f"{stem}_frontends_us_{at}", fes, "us")
                 figures.at_least(f"{stem}_frontends_share_{at}", share, 0.5, "")
             else:
                 figures.add(f"{stem}_main_us_{at}", main, "us")
+                figures.add(f"{stem}_frontends_us_{at}", fes, "us")
+            figures.add(f"{stem}_errors_{at}", sum(one.errors for one in runs), "requests")
         print(common.table(
             ["setting", "req/s", "p50 ms", "mean batch", "main us/req", "front ends us/req",
              "front ends' share", "main's ceiling req/s",
@@ -201,11 +196,11 @@ def measure(args: argparse.Namespace) -> Figures:
     _process.pin_self(args.client_cpus)
     common.header(
         "carpool serve --frontends N: CPU per request by process, batches, projection",
-        {"server cpus": _show(args.server_cpus), "client cpus": _show(args.client_cpus),
+        {"cpus": args.cpus, "server cpus": _show(args.server_cpus), "client cpus": _show(args.client_cpus),
          "clients": args.clients, "client processes": args.client_processes,
          "repeats": args.repeats, "frontends": ",".join(map(str, args.frontends))},
     )  # fmt: skip
-    return report(runs(args), args)
+    return report(run_settings(args), args)
 
 
 if __name__ == "__main__":
