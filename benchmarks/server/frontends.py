@@ -196,7 +196,8 @@ def measure(args: argparse.Namespace) -> Figures:
     _process.pin_self(args.client_cpus)
     common.header(
         "carpool serve --frontends N: CPU per request by process, batches, projection",
-        {"cpus": args.cpus, "server cpus": _show(args.server_cpus), "client cpus": _show(args.client_cpus),
+        {"cpus": args.cpus, "server cpus": _show(args.server_cpus),
+         "client cpus": _show(args.client_cpus),
          "clients": args.clients, "client processes": args.client_processes,
          "repeats": args.repeats, "frontends": ",".join(map(str, args.frontends))},
     )  # fmt: skip
