@@ -45,7 +45,7 @@ def _grpc_message() -> bytes:
     message = pb.ModelInferRequest(model_name="identity")
     message.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 512])
     message.raw_input_contents.append(np.ones(512, dtype=np.float32).tobytes())
-    return message.SerializeToString()
+    return bytes(message.SerializeToString())
 
 
 def _text_request() -> InferRequest:
