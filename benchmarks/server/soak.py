@@ -1,38 +1,16 @@
-"""Soak: ``carpool serve`` for 10 minutes at about 70 % of its capacity, with everything mixed.
+"""Soak: ``carpool serve demo`` for 10 minutes at 70 % of its measured capacity, the whole mix
+(rows, encodings, priorities, queue timeouts, bad requests, cancellations) open loop: RSS,
+fds, tasks and p99 over time (goals), and the server's books against the client's (checks).
 
-What: ``carpool serve demo`` (the numpy MLP; 3 priority levels, a bounded queue) on the
-server core; its capacity for the mix measured first (closed loop, 64 callers), then an
-open-loop Poisson arrival at 70 % of it from this process on the client core (aiohttp):
-1..8 rows a request, JSON or binary, random priorities, 10 % with a short queue ``timeout``
-(some expire), 2 % bad requests (wrong shape, wrong datatype, unknown model, malformed JSON:
-4xx), 2 % cancelled (the client closes its connection before the answer; see ``_soak.py``).
-The server is sampled every second: RSS, open fds and the sockets among them (``/proc``),
-event-loop tasks (``carpool_event_loop_tasks``), threads, CPU; every ``--interval`` s a row
-shows the requests that ended, p50/p99 of the answers and the samples' means. Latency runs
-from each request's scheduled send time, so a lagging client hides nothing.
-
-Goals: RSS growth after the first minute < 5 %; fds flat (the fds other than sockets peak no
-higher in the last minute than in the first; sockets follow the client's connection pool;
-as many fds idle after the load as before it); tasks flat (the last minute's mean within
-10 % (+2) of the first's, as many idle after as before); p99 of the last minute within 20 %
-of the first. Shorter runs (``--duration``) use a quarter of the run for "minute".
-
-Accounting, from ``/metrics`` at the end: the server counted every request sent to the model
-once; what the batcher received equals completed + failed + expired + cancelled + rejected
-+ in flight; every request got one answer or ended in a close the client made itself; 0
-lost, 0 unexpected statuses. Exits 0 whatever it finds.
-
-Here: the capacity step, the open-loop run and its live table. The traffic (the mix, its
-bodies, one request sent and classified) is ``_soak.py``'s; the server's samples
-``_soak_server.py``'s; the verdicts and the accounting ``_soak_checks.py``'s.
+    python -m benchmarks.server.soak [--quick] [--duration S] [--interval S]
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import random
 import statistics
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -40,18 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import _bench
-import _process
-import _soak
-import _soak_checks
 import aiohttp
-from _soak_checks import Soak
-from _soak_server import Proc, observe, settle
 
-_bench.import_carpool()
-
-from carpool.bench.callers import closed_window  # noqa: E402
-from carpool.bench.report.data import percentile  # noqa: E402
+from benchmarks.harness import Figures, common, run
+from benchmarks.harness import processes as _process
+from benchmarks.server import _soak_checks
+from benchmarks.server import _soak_traffic as _soak
+from benchmarks.server._soak_checks import Soak
+from benchmarks.server._soak_server import Proc, observe, settle
+from carpool.bench.callers import closed_window
+from carpool.bench.report.data import percentile
 
 LOAD = 0.70  # of the measured capacity
 CLIENTS = 64  # closed-loop callers of the capacity step: enough to keep batches full
@@ -68,13 +44,13 @@ max_queue_size = 2048  # rows: ~20x what waits at 70 % load; a burst is refused,
 """
 
 
-def parse_args() -> Any:
-    p = _bench.base_parser(__doc__, default_cpus="0,1")
+def parser() -> argparse.ArgumentParser:
+    p = common.base_parser(__doc__, default_cpus="0,1")
     p.add_argument("--duration", type=float, default=None, help="seconds of soak (600)")
     p.add_argument("--interval", type=float, default=None, help="seconds between rows")
     p.add_argument("--load", type=float, default=LOAD, help="share of capacity (0.70)")
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args()
+    return p
 
 
 # ------------------------------------------------------------------------------ load
@@ -188,6 +164,7 @@ async def sampler(
         run.outcomes, run.ok_latencies, before = Counter(), [], proc
         print(_line(_cells(row)))
         rows.append(row)
+        run.rows.append(t)
 
 
 def _session(connections: int) -> aiohttp.ClientSession:
@@ -225,7 +202,7 @@ def _cells(row: Row) -> list[Any]:
         f"{p.rss_mb:.1f}",
         f"{row.fds:.0f}",
         f"{row.sockets:.0f}",
-        _bench.fmt_num(row.tasks),
+        common.fmt_num(row.tasks),
         p.threads,
         f"{row.cpu:.0%}",
     ]
@@ -238,14 +215,20 @@ def _ms(latencies: Any, q: float) -> float:
 # ------------------------------------------------------------------------------ main
 
 
-async def run(args: Any) -> None:
+def measure(args: argparse.Namespace) -> Figures:
+    return asyncio.run(soak_run(args))
+
+
+async def soak_run(args: argparse.Namespace) -> Figures:
+    """The server started with the soak's config, soaked, stopped: its figures."""
+    figures = Figures()
     cores = _process.split_cpus(args.cpus)
     _process.pin_self(cores.client)  # this process is the client
     duration = args.duration or (6.0 if args.quick else 600.0)
     every = args.interval or max(1.0, min(10.0, duration / 12))
     window = min(60.0, duration / 4)
     cap_warmup, cap_window = (1.0, 2.0) if args.quick else (2.0, min(10.0, duration / 12))
-    _bench.header(
+    common.header(
         "soak: carpool serve demo under a mixed open-loop load",
         {
             "cores": cores,
@@ -262,10 +245,13 @@ async def run(args: Any) -> None:
         server = _process.carpool_serve("demo", "--config", str(config), cpus=cores.server)
         try:
             server.wait_ready()
-            await soak_server(server, args, duration, every, window, (cap_warmup, cap_window))
+            cap = (cap_warmup, cap_window)
+            await soak_server(server, args, duration, every, window, cap, figures)
         finally:
             server.stop()
     print(f"server exit code: {server.proc.returncode}")
+    figures.add("server_exit_code", server.proc.returncode)
+    return figures
 
 
 async def soak_server(
@@ -275,6 +261,7 @@ async def soak_server(
     every: float,
     window: float,
     cap: tuple[float, float],
+    figures: Figures,
 ) -> None:
     bodies = _soak.Bodies(args.seed)
     warm, soaked = _soak.Tally(), _soak.Tally()
@@ -293,19 +280,20 @@ async def soak_server(
             f"idle: fds {idle_before.fds}, tasks {idle_before.tasks:g}, "
             f"RSS {idle_before.rss_mb:.1f} MB"
         )
+        figures.add("capacity_req_per_s", rps, "req/s")
+        figures.add("capacity_server_cpu", share, "cores")
+        figures.add("soak_req_per_s", rate, "req/s")
         print()
         result = await soak(server, scrape, rate, duration, every, args.seed, soaked, bodies)
         idle_after = await settle(scrape, server, idle_before.fds)
         async with scrape.get(server.base + "/metrics") as r:
             metrics = await r.text()
-    _soak_checks.goals(result, window, duration, (idle_before, idle_after))
-    _soak_checks.accounting(metrics, [warm, soaked])
-
-
-def main() -> int:
-    args = parse_args()
-    return _bench.run_reported("soak", lambda: asyncio.run(run(args)))
+    figures.add("table_rows", len(result.rows))
+    figures.add("last_row_s", result.rows[-1] if result.rows else float("nan"), "s")
+    figures.add("samples", len(result.samples))
+    _soak_checks.goals(result, window, duration, (idle_before, idle_after), figures)
+    _soak_checks.accounting(metrics, [warm, soaked], figures)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run(measure, parser()))

@@ -1,12 +1,6 @@
-"""``soak.py``'s traffic (not a benchmark itself): the request mix, its bodies, and one
-request sent and classified.
-
-Owns: what each arrival is (rows, encoding, priority, a short queue timeout, a bad request,
-a cancellation), its v2 body built from data rendered once (so the client spends its core
-on sending, not on encoding floats), and the one outcome each request ends in, as the client
-saw it. A cancellation is sent on a raw connection of its own: the whole request is written
-before the client closes, so the server has certainly received it and must account for it.
-Imports aiohttp and orjson (carpool's ``bench`` and ``server`` extras); no carpool.
+"""``soak``'s traffic: the request mix, each arrival's v2 body (from data rendered once, so
+the client's core sends rather than encodes) and the one outcome it ends in, as the client
+saw it; a cancellation is written whole on a raw connection of its own, then closed.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""``soak.py``'s checks (not a benchmark itself): what the open-loop run recorded, a verdict
-per goal (RSS growth, flat fds and tasks, p99 drift), and the server's books against the
-client's, exactly.
-
-The goals are judged on the run's record (:class:`Soak`) and the server's samples; the
-accounting on ``/metrics`` read once the load has ended (prometheus_client's parser) and
-the client's tallies (``_soak.Tally``). Both print their lines; nothing here sends.
+"""``soak``'s verdicts: what the open-loop run recorded, a figure and goal per trend (RSS
+growth, flat fds and tasks, p99 drift), and the server's books (``/metrics``, read once the
+load has ended) against the client's tallies, exactly: a check each. Prints its lines.
 """
 
 from __future__ import annotations
@@ -14,13 +10,10 @@ from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 
-import _bench
-import _soak
-from _soak_server import Proc
-
-_bench.import_carpool()
-
-from carpool.bench.report.data import percentile  # noqa: E402
+from benchmarks.harness import Figures, common
+from benchmarks.server import _soak_traffic as _soak
+from benchmarks.server._soak_server import Proc
+from carpool.bench.report.data import percentile
 
 
 @dataclass
@@ -34,9 +27,12 @@ class Soak:
     outcomes: Counter[str] = field(default_factory=Counter)  # since the last row
     ok_latencies: list[float] = field(default_factory=list)  # since the last row
     samples: list[tuple[float, Proc]] = field(default_factory=list)  # (s in, the server)
+    rows: list[float] = field(default_factory=list)  # s in, of each row of the table
 
 
-def goals(run: Soak, window: float, duration: float, idle: tuple[Proc, Proc]) -> None:
+def goals(
+    run: Soak, window: float, duration: float, idle: tuple[Proc, Proc], figures: Figures
+) -> None:
     """The figures over time, and a verdict per goal."""
     first = [p for t, p in run.samples if t <= window + 1e-6]
     last = [p for t, p in run.samples if t > duration - window + 1e-6]
@@ -46,8 +42,11 @@ def goals(run: Soak, window: float, duration: float, idle: tuple[Proc, Proc]) ->
     print()
     print(
         f"RSS at {w}: {rss_1:.1f} MB, at the end ({duration:g} s): {rss_end:.1f} MB: growth "
-        f"{growth:+.1%} (goal < 5 %: {_bench.verdict(growth, 0.05, higher_is_better=False)})"
+        f"{growth:+.1%} (goal < 5 %: {common.verdict(growth, 0.05, higher_is_better=False)})"
     )
+    figures.add("rss_mb_first", rss_1, "MB")
+    figures.add("rss_mb_end", rss_end, "MB")
+    figures.at_most("rss_growth", growth, 0.05, "")
     before, after = idle
     # Sockets follow the client's connection pool; any other fd that grows is a leak, and
     # a socket left open shows once the client has closed its connections.
@@ -60,6 +59,13 @@ def goals(run: Soak, window: float, duration: float, idle: tuple[Proc, Proc]) ->
         f"{files_early}, {files_late}); idle before the load {before.fds}, after it "
         f"{after.fds} (goal flat: {'met' if flat else 'MISSED'})"
     )
+    figures.add("fds_mean_first", _mean(first, "fds"))
+    figures.add("fds_mean_last", _mean(last, "fds"))
+    figures.add("files_max_first", files_early)
+    figures.add("files_max_last", files_late)
+    figures.add("fds_idle_before", before.fds)
+    figures.add("fds_idle_after", after.fds)
+    figures.add("fds_flat", flat, goal="flat", met=flat)
     early, late = _mean(first, "tasks"), _mean(last, "tasks")
     flat = late <= 1.1 * early + 2 and after.tasks <= before.tasks
     print(
@@ -67,15 +73,24 @@ def goals(run: Soak, window: float, duration: float, idle: tuple[Proc, Proc]) ->
         f"{max(p.tasks for _, p in run.samples):g}; idle before the load {before.tasks:g}, "
         f"after it {after.tasks:g} (goal flat: {'met' if flat else 'MISSED'})"
     )
+    figures.add("tasks_mean_first", early)
+    figures.add("tasks_mean_last", late)
+    figures.add("tasks_idle_before", before.tasks)
+    figures.add("tasks_idle_after", after.tasks)
+    figures.add("tasks_flat", flat, goal="flat", met=flat)
     p99_first = _p99(run, 0.0, window)
     p99_last = _p99(run, duration - window, duration)
     ratio = p99_last / p99_first
     print(
         f"p99 first {w}: {p99_first:.2f} ms, last {w}: {p99_last:.2f} ms: last/first "
-        f"{ratio:.2f} (goal <= 1.20: {_bench.verdict(ratio, 1.2, higher_is_better=False)})"
+        f"{ratio:.2f} (goal <= 1.20: {common.verdict(ratio, 1.2, higher_is_better=False)})"
     )
+    figures.add("p99_ms_first", p99_first, "ms")
+    figures.add("p99_ms_last", p99_last, "ms")
+    figures.at_most("p99_last_over_first", ratio, 1.2)
     lag = percentile(run.lag, 99) * 1000.0
     print(f"client send lag p99 {lag:.2f} ms (latency counts from the scheduled send)")
+    figures.add("client_send_lag_p99_ms", lag, "ms")
 
 
 def _mean(procs: list[Proc], name: str) -> float:
@@ -102,8 +117,9 @@ _LABELS = {
 _BEFORE_BATCHER = ("invalid", "not_found", "too_large", "unsupported_encoding")
 
 
-def accounting(metrics: str, tallies: list[_soak.Tally]) -> bool:
-    """The server's books against the client's, exactly; prints each check."""
+def accounting(metrics: str, tallies: list[_soak.Tally], figures: Figures) -> None:
+    """The server's books against the client's, exactly: each check printed, and a check
+    figure; every outcome's count."""
     http, batcher, gauges = _books(metrics)
     sent = sum(t.sent[_soak.MODEL] for t in tallies)
     answered: Counter[str] = Counter()
@@ -116,34 +132,39 @@ def accounting(metrics: str, tallies: list[_soak.Tally]) -> bool:
     ended = sum(batcher[o] for o in ("completed", "failed", "expired", "cancelled", "rejected"))
     pending = int(gauges.get("carpool_requests_in_flight", -1))
     server_5xx = sum(v for k, v in http.items() if k in ("error", "timeout"))
-    checks = [
+    checks: list[tuple[str, str, bool]] = [
         (
+            "server_counted_every_request",
             f"server counted every request sent to {_soak.MODEL!r}: {sum(http.values())} == {sent}",
             sum(http.values()) == sent,
         ),
         (
+            "answers_under_their_status",
             f"answers under their status, cancellations under one each: {dict(http)} - "
             f"{dict(answered)} = {cancelled} cancelled",
             all(http[k] >= v for k, v in answered.items())
             and sum(http.values()) - sum(answered.values()) == cancelled,
         ),
         (
+            "batcher_books_balance",
             f"batcher received {received} == completed + failed + expired + cancelled + "
             f"rejected + in flight = {ended} + {pending}",
             received == ended + pending,
         ),
         (
+            "unavailable_are_expired_or_rejected",
             f"503s {http['unavailable']} == expired + rejected = "
             f"{batcher['expired'] + batcher['rejected']}",
             http["unavailable"] == batcher["expired"] + batcher["rejected"],
         ),
         (
+            "nothing_left_in_flight",
             f"nothing left: in flight {pending}, queued rows "
             f"{gauges.get('carpool_queue_rows', -1):g}",
             pending == 0 and gauges.get("carpool_queue_rows") == 0,
         ),
     ]
-    return _verdict(checks, outcomes, batcher, server_5xx, tallies)
+    _verdict(checks, outcomes, batcher, server_5xx, tallies, figures)
 
 
 def _books(metrics: str) -> tuple[Counter[str], Counter[str], dict[str, float]]:
@@ -168,24 +189,33 @@ def _books(metrics: str) -> tuple[Counter[str], Counter[str], dict[str, float]]:
 
 
 def _verdict(
-    checks: list[tuple[str, bool]],
+    checks: list[tuple[str, str, bool]],
     outcomes: Counter[str],
     batcher: Counter[str],
     server_5xx: int,
     tallies: list[_soak.Tally],
-) -> bool:
-    """Each check printed, the surprises, and the one line the tests look for."""
+    figures: Figures,
+) -> None:
+    """Each check printed and reported, the surprises, and every outcome's count."""
     print()
     print(f"client outcomes: {dict(outcomes)}")
     print(f"batcher outcomes: {dict(batcher)}")
-    for text, ok in checks:
+    for name, text, ok in checks:
         print(f"  [{'ok' if ok else 'FAILED'}] {text}")
+        figures.check(name, ok)
     lost = outcomes[_soak.LOST]
     unexpected = outcomes[_soak.WRONG] + outcomes[_soak.UNEXPECTED]
     print(f"lost requests: {lost}")
     print(f"unexpected answers: {unexpected}; server 5xx other than 503: {server_5xx}")
     for surprise in (s for t in tallies for s in t.surprises):
         print(f"  {surprise}")
-    good = all(ok for _, ok in checks) and lost == 0 and unexpected == 0 and server_5xx == 0
-    print(f"accounting: {'ok' if good else 'FAILED'}")
-    return good
+    for outcome in _soak.OUTCOMES:
+        figures.add(f"requests_{_slug(outcome)}", outcomes[outcome], "requests")
+    figures.add("server_5xx_not_503", server_5xx, "requests")
+    figures.check("nothing_lost", lost == 0)
+    figures.check("no_unexpected_answer", unexpected == 0 and server_5xx == 0)
+
+
+def _slug(outcome: str) -> str:
+    """An outcome as a figure's name: ``queue full`` -> ``queue_full``, ``4xx`` -> ``refused``."""
+    return "refused" if outcome == _soak.REFUSED else outcome.replace(" ", "_")

@@ -1,0 +1,1 @@
+"""Server benchmarks: what carpool serve's features cost and what it survives."""
