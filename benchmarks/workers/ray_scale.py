@@ -202,8 +202,8 @@ async def under_fault(
     between them: the answers as each window opens and closes, the seconds until the actor
     was back (NaN: not within the window), and whether a request hung past DRAIN_S."""
     start = clock()
-    timing = Timing(start, start + warmup_s, start + warmup_s + 2 * seconds)
-    assert timing.end is not None
+    end = start + warmup_s + 2 * seconds
+    timing = Timing(start, start + warmup_s, end)
     marks: list[tuple[int, float]] = []
     back_after = [float("nan")]
 
@@ -214,7 +214,7 @@ async def under_fault(
         marks.append(outcomes.answered())
         async with asyncio.TaskGroup() as group:
             restart = group.create_task(kill_one(outcomes.batcher, replicas))
-            await sleep_until(timing.end)
+            await sleep_until(end)
             marks.append(outcomes.answered())
             restart.cancel()  # back by now, or not back at all
         if not restart.cancelled():
@@ -222,7 +222,7 @@ async def under_fault(
 
     share = Share(concurrency=CALLERS_PER_REPLICA * replicas)
     try:  # the load stops at the window's end; then every answer within DRAIN_S
-        async with asyncio.timeout_at(timing.end + DRAIN_S), asyncio.TaskGroup() as tg:
+        async with asyncio.timeout_at(end + DRAIN_S), asyncio.TaskGroup() as tg:
             tg.create_task(fault())
             await run_share(outcomes.send, share, timing, ShareTally())
     except TimeoutError:  # some request never came back: counted as lost
