@@ -1,13 +1,7 @@
-"""``ray_scale.py``'s Ray side (not a benchmark itself): a loopback cluster, the Serve
-application it compares carpool with, and the CPU the whole cluster uses.
-
-Owns: a cluster of Ray nodes on 127.0.0.1 with this process as the driver (each node
-offering one carpool actor slot and one Serve replica slot, as custom resources), its
-shutdown down to the last process; the processes under this one and their CPU seconds; a
-Serve deployment of a model under ``@serve.batch`` whose replicas bind only loopback, called
-through a ``DeploymentHandle`` by a client that counts rows and batches; a filter that keeps
-Serve's router quiet and counts its late probes. It measures nothing itself and prints only
-why ``serve.shutdown`` failed. Ray is imported where it is used (it is optional).
+"""benchmarks.workers.ray_scale's Ray side: a loopback cluster (started, shut down to its last
+process) and its CPU seconds; the Serve application it compares carpool with, bound to
+loopback, called through a handle that counts batches; a filter that keeps Serve's router
+quiet. It measures nothing itself. Ray is imported where it is used (it is optional).
 """
 
 from __future__ import annotations
@@ -75,11 +69,18 @@ def start_cluster(nodes: int) -> Any:
     for _ in range(nodes - 1):
         cluster.add_node(num_cpus=1, resources=SLOTS)
     ray.init(address=cluster.address, log_to_driver=False, logging_level=logging.WARNING)
-    alive = [n for n in ray.nodes() if n["Alive"]]
+    alive = alive_nodes()
     where = {n["NodeManagerAddress"] for n in alive}
     if len(alive) != nodes or where != {"127.0.0.1"}:
         raise RuntimeError(f"expected {nodes} nodes on 127.0.0.1, got {len(alive)} on {where}")
     return cluster
+
+
+def alive_nodes() -> list[dict[str, Any]]:
+    """The connected cluster's live nodes, as ``ray.nodes()`` describes them."""
+    import ray
+
+    return [n for n in ray.nodes() if n["Alive"]]
 
 
 def stop_cluster(cluster: Any) -> int:

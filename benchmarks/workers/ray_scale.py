@@ -1,36 +1,13 @@
-"""Scale-out on a loopback Ray cluster: carpool's ``runner="ray"`` beside Ray Serve's
-``@serve.batch``, with 1, 2 and 4 replicas, and one actor killed under load.
+"""Scale-out on a loopback Ray cluster: carpool's runner="ray" beside Ray Serve's
+@serve.batch with 1, 2 and 4 replicas of a 20 ms model, then one actor killed under load.
 
-What: a GIL-releasing model (it sleeps 20 ms a batch of up to 32 rows, as a small GPU
-model would, and returns the batch * 2) served two ways on the same 4-node Ray cluster
-(``ray.cluster_utils.Cluster``, every node on 127.0.0.1), loaded by closed-loop callers on
-this process's event loop (each awaits one single-row request and asks again; 128 per
-replica: 4 full batches each, so no replica ever waits for work):
-
-``carpool``  ``Batcher(model, runner="ray", workers=N, max_batch_size=32)``: one queue in
-             this process; a batch goes whole to whichever of the N actors is free
-``serve``    a Serve deployment, ``num_replicas=N``, ``max_ongoing_requests=128`` (it
-             admits all its callers), its method under ``@serve.batch(max_batch_size=32,
-             batch_wait_timeout_s=0.01)`` running the model in a thread, called through a
-             ``DeploymentHandle``: Serve's router spreads requests, each replica batches
-
-For N = 1, 2, 4 both run side by side, their repeats interleaved; medians are compared.
-Reported: rows/s, scale-out efficiency (rows/s / (N x one replica's rows/s)) and the mean
-batch size (carpool: its stats; Serve: each replica answers with the size of the batch it
-ran). Then a fresh 4-actor batcher under the same load: a fault-free window, SIGKILL of one
-actor's process, and a window as long after it; every request must get exactly one answer
-(a result or a typed carpool error, none hung).
-
-Goals: carpool efficiency >= 0.9 at 2 and 4 actors; its mean batch at 4 actors >= 0.9 x at
-one; goodput after the kill >= 0.7 x fault-free, 0 lost. Serve has no goal: it is the
-baseline, shown beside.
-
-Here: the model, the load (``carpool.bench.callers``' closed loop), the kill and the report.
-The cluster, its CPU seconds and the Serve application are ``_ray_cluster.py``'s.
+The model, the load, the kill and the report; the cluster, its CPU seconds and the Serve
+application are benchmarks.harness.ray_cluster's. Without Ray Serve it reports nothing.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import os
@@ -40,16 +17,14 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import _bench  # before numpy: sets single-thread BLAS env vars
-import _ray_cluster  # before Ray: the cluster's environment
 import numpy as np
 
-_bench.import_carpool()
-
-import carpool  # noqa: E402
-from carpool.bench.callers import closed_window  # noqa: E402
-from carpool.bench.loops import ShareTally, run_share, sleep_until  # noqa: E402
-from carpool.bench.plan import Share, Timing, clock  # noqa: E402
+import carpool
+from benchmarks.harness import Figures, common, run
+from benchmarks.harness import ray_cluster as _ray_cluster  # before Ray: its environment
+from carpool.bench.callers import closed_window
+from carpool.bench.loops import ShareTally, run_share, sleep_until
+from carpool.bench.plan import Share, Timing, clock
 
 BATCH_S = 0.020  # the model's time per batch, whatever its size (a GPU-like call)
 MAX_BATCH = 32
@@ -227,8 +202,8 @@ async def under_fault(
     between them: the answers as each window opens and closes, the seconds until the actor
     was back (NaN: not within the window), and whether a request hung past DRAIN_S."""
     start = clock()
-    timing = Timing(start, start + warmup_s, start + warmup_s + 2 * seconds)
-    assert timing.end is not None
+    end = start + warmup_s + 2 * seconds
+    timing = Timing(start, start + warmup_s, end)
     marks: list[tuple[int, float]] = []
     back_after = [float("nan")]
 
@@ -239,7 +214,7 @@ async def under_fault(
         marks.append(outcomes.answered())
         async with asyncio.TaskGroup() as group:
             restart = group.create_task(kill_one(outcomes.batcher, replicas))
-            await sleep_until(timing.end)
+            await sleep_until(end)
             marks.append(outcomes.answered())
             restart.cancel()  # back by now, or not back at all
         if not restart.cancelled():
@@ -247,7 +222,7 @@ async def under_fault(
 
     share = Share(concurrency=CALLERS_PER_REPLICA * replicas)
     try:  # the load stops at the window's end; then every answer within DRAIN_S
-        async with asyncio.timeout_at(timing.end + DRAIN_S), asyncio.TaskGroup() as tg:
+        async with asyncio.timeout_at(end + DRAIN_S), asyncio.TaskGroup() as tg:
             tg.create_task(fault())
             await run_share(outcomes.send, share, timing, ShareTally())
     except TimeoutError:  # some request never came back: counted as lost
@@ -261,10 +236,12 @@ async def under_fault(
 Runs = dict[int, Windows]  # N -> name -> windows
 
 
-def report_scale(runs: Runs) -> float:
-    """The side-by-side table and carpool's verdicts; returns carpool's rows/s at the top N."""
+def report_scale(runs: Runs, figures: Figures) -> float:
+    """The side-by-side table, and its figures: per N each system's rows/s, efficiency
+    (from 2 on), mean batch and cores, carpool/Serve; carpool's goals. Returns carpool's
+    rows/s at the top N."""
     med = {
-        (n, name): tuple(_bench.median(w[i] for w in windows) for i in range(3))
+        (n, name): tuple(common.median(w[i] for w in windows) for i in range(3))
         for n, by_name in runs.items()
         for name, windows in by_name.items()
     }
@@ -273,31 +250,35 @@ def report_scale(runs: Runs) -> float:
         (c, cb, cc), (s, sb, sc) = med[(n, "carpool")], med[(n, "serve")]
         c1, s1 = med[(1, "carpool")][0], med[(1, "serve")][0]
         rows.append(
-            (n, _bench.fmt_num(c), f"{c / (n * c1):.2f}", f"{cb:.1f}", f"{cc:.2f}",
-             _bench.fmt_num(s), f"{_ratio(s, n * s1):.2f}", f"{sb:.1f}", f"{sc:.2f}",
+            (n, common.fmt_num(c), f"{c / (n * c1):.2f}", f"{cb:.1f}", f"{cc:.2f}",
+             common.fmt_num(s), f"{_ratio(s, n * s1):.2f}", f"{sb:.1f}", f"{sc:.2f}",
              f"{_ratio(c, s):.2f}x")
         )  # fmt: skip
     headers = ["replicas", "carpool rows/s", "eff", "batch", "cores",
                "Serve rows/s", "eff", "batch", "cores", "carpool/Serve"]  # fmt: skip
-    print(_bench.table(headers, rows))
+    print(common.table(headers, rows))
     print(
         "  eff = rows/s / (N x rows/s at N=1); batch = mean rows per model call; "
         "cores = CPU of this process and the whole cluster / wall"
     )
-    print()
     for n in runs:
-        if n > 1:
-            eff = med[(n, "carpool")][0] / (n * med[(1, "carpool")][0])
-            print(
-                f"carpool scale-out efficiency at {n} actors = {eff:.2f} "
-                f"(goal >= 0.9: {_bench.verdict(eff, 0.9)})"
-            )
+        for name in ("carpool", "serve"):
+            rows_per_s, batch, cores = med[(n, name)]
+            figures.add(f"{name}_rows_per_s_{n}", rows_per_s, "rows/s")
+            if n > 1:
+                eff = _ratio(rows_per_s, n * med[(1, name)][0])
+                if name == "carpool":
+                    figures.at_least(f"carpool_efficiency_{n}", eff, 0.9)
+                else:
+                    figures.add(f"serve_efficiency_{n}", eff, "x")
+            figures.add(f"{name}_mean_batch_{n}", batch, "rows")
+            figures.add(f"{name}_cores_{n}", cores, "cores")
+        figures.add(
+            f"carpool_over_serve_{n}", _ratio(med[(n, "carpool")][0], med[(n, "serve")][0]), "x"
+        )
     top = max(runs)
     batch_ratio = med[(top, "carpool")][1] / med[(1, "carpool")][1]
-    print(
-        f"carpool mean batch at {top} actors / at 1 = {batch_ratio:.2f} "
-        f"(goal >= 0.9: {_bench.verdict(batch_ratio, 0.9)})"
-    )
+    figures.at_least(f"carpool_mean_batch_{top}_over_1", batch_ratio, 0.9)
     return med[(top, "carpool")][0]
 
 
@@ -306,96 +287,44 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b else float("nan")
 
 
-def report_faults(fault: dict[str, Any], replicas: int, scale_rows_per_s: float) -> None:
+def report_faults(
+    fault: dict[str, Any], replicas: int, scale_rows_per_s: float, figures: Figures
+) -> None:
+    """The fault run's table, and its figures: goodput before and after the kill and their
+    ratio (a goal), the actor's time to come back, restarts, retries, requests sent, answered
+    and failed; and a check that every request ended (none lost, none hung)."""
     errors = {k: n for k, n in fault["outcomes"].items() if k != "answered"}
+    ratio = fault["after_kill"] / fault["fault_free"]
     print(
-        _bench.table(
+        common.table(
             ["window", "goodput rows/s", "vs fault-free"],
             [
-                ("fault-free", _bench.fmt_num(fault["fault_free"]), "1.00"),
-                (
-                    "after kill -9",
-                    _bench.fmt_num(fault["after_kill"]),
-                    f"{fault['after_kill'] / fault['fault_free']:.2f}",
-                ),
+                ("fault-free", common.fmt_num(fault["fault_free"]), "1.00"),
+                ("after kill -9", common.fmt_num(fault["after_kill"]), f"{ratio:.2f}"),
             ],
         )
     )
     print(
-        f"  (scale-out median at {replicas} actors: {_bench.fmt_num(scale_rows_per_s)} rows/s; "
+        f"  (scale-out median at {replicas} actors: {common.fmt_num(scale_rows_per_s)} rows/s; "
         f"the killed actor was back after {fault['back_after']:.1f} s; "
         f"restarts {fault['restarts']}, batches retried {fault['retried']})"
     )
-    print()
-    ratio = fault["after_kill"] / fault["fault_free"]
-    answered = fault["outcomes"].get("answered", 0)
-    print(
-        f"goodput after kill / fault-free = {ratio:.2f} (goal >= 0.7: {_bench.verdict(ratio, 0.7)})"
-    )
-    lost = fault["lost"]
-    print(
-        f"requests: answered {answered:,} of {fault['sent']:,} sent, errors {errors or 'none'}, "
-        f"lost {lost} (goal 0: {'met' if lost == 0 and not fault['hung'] else 'MISSED'})"
-    )
+    print(f"  errors by type: {errors or 'none'}")
+    figures.add("fault_free_rows_per_s", fault["fault_free"], "rows/s")
+    figures.add("after_kill_rows_per_s", fault["after_kill"], "rows/s")
+    figures.at_least("after_kill_over_fault_free", ratio, 0.7)
+    figures.add("back_after_s", fault["back_after"], "s")
+    figures.add("restarts", fault["restarts"], "actors")
+    figures.add("retried_batches", fault["retried"], "batches")
+    figures.add("sent", fault["sent"], "requests")
+    figures.add("answered", fault["outcomes"].get("answered", 0), "requests")
+    figures.add("errors", sum(errors.values()), "requests")
+    figures.add("lost", fault["lost"], "requests")
+    figures.check("every_request_ended", fault["lost"] == 0 and not fault["hung"])
 
 
-def main() -> None:
-    args = parse_args()
-    repeats = args.repeats or (1 if args.quick else 3)
-    warmup_s, seconds = (0.5, 1.0) if args.quick else (1.0, 3.0)
-    fault_s = 3.0 if args.quick else 30.0
-    replicas, nodes = (QUICK_REPLICAS, QUICK_NODES) if args.quick else (REPLICAS, NODES)
-    pinned = _bench.pin(_bench.parse_cpus(args.cpus))
-    _bench.header(
-        "scale-out on a loopback Ray cluster: carpool runner='ray' vs Ray Serve @serve.batch",
-        {
-            "cpus": pinned,
-            "load": f"{os.getloadavg()[0]:.1f}",
-            "ray": _bench.ray_version(),
-            "nodes": nodes,
-            "model": f"{BATCH_S * 1000:g} ms/batch",
-            "max_batch_size": MAX_BATCH,
-            "callers": f"{CALLERS_PER_REPLICA}/replica",
-            "serve": f"max_ongoing={args.serve_max_ongoing},wait={args.serve_wait_s:g}s",
-            "seconds": seconds,
-            "repeats": repeats,
-        },
-    )
-    if not _bench.ray_available():
-        print("ray_scale: needs Ray Serve (pip install 'carpool[ray]' 'ray[serve]'); skipped")
-        return
-    from ray import serve
-
-    begin = time.perf_counter()
-    cluster = _ray_cluster.start_cluster(nodes)
-    try:
-        print(f"cluster: {nodes} nodes on 127.0.0.1 up in {time.perf_counter() - begin:.0f} s")
-        quiet = _ray_cluster.QuietServe()
-        logging.getLogger("ray.serve").addFilter(quiet)
-        serve.start(proxy_location="Disabled", http_options={"host": "127.0.0.1"})
-        runs = {}
-        for n in replicas:
-            serving = {"wait_s": args.serve_wait_s, "max_ongoing": args.serve_max_ongoing}
-            handle = _ray_cluster.deploy_serve(
-                sleepy, n, max_batch=MAX_BATCH, num_cpus=ACTOR_CPUS, **serving
-            )
-            runs[n] = asyncio.run(side_by_side(n, handle, repeats, warmup_s, seconds))
-        serve.delete(_ray_cluster.APP)
-        print()
-        scale = report_scale(runs)
-        print(f"Serve's router: {quiet.late_probes} queue-length probes past their deadline")
-        print()
-        print(f"kill -9 one of {max(replicas)} actors under load ({fault_s:g} s windows):")
-        fault = asyncio.run(fault_run(max(replicas), warmup_s, fault_s))
-        report_faults(fault, max(replicas), scale)
-    finally:
-        left = _ray_cluster.stop_cluster(cluster)
-    took = time.perf_counter() - begin
-    print(f"Ray and Serve shut down, processes left: {left}; took {took:.0f} s")
-
-
-def parse_args() -> Any:
-    p = _bench.base_parser(__doc__, default_cpus="none", default_repeats=3)
+def parser() -> argparse.ArgumentParser:
+    p = common.base_parser(__doc__, default_cpus="none", default_repeats=3)
     p.add_argument(
         "--serve-wait-s",
         type=float,
@@ -408,8 +337,69 @@ def parse_args() -> Any:
         default=MAX_ONGOING,
         help=f"Serve's max_ongoing_requests per replica (default {MAX_ONGOING})",
     )
-    return p.parse_args()
+    return p
+
+
+def measure(args: argparse.Namespace) -> Figures:
+    """The cluster's size, the side-by-side scale-out, the kill under load, and the
+    processes left once the cluster is down (none expected); no figures without Ray Serve."""
+    repeats = args.repeats or (1 if args.quick else 3)
+    warmup_s, seconds = (0.5, 1.0) if args.quick else (1.0, 3.0)
+    fault_s = 3.0 if args.quick else 30.0
+    replicas, nodes = (QUICK_REPLICAS, QUICK_NODES) if args.quick else (REPLICAS, NODES)
+    pinned = common.pin(common.parse_cpus(args.cpus))
+    common.header(
+        "scale-out on a loopback Ray cluster: carpool runner='ray' vs Ray Serve @serve.batch",
+        {
+            "cpus": pinned,
+            "load": f"{os.getloadavg()[0]:.1f}",
+            "ray": common.ray_version(),
+            "nodes": nodes,
+            "model": f"{BATCH_S * 1000:g} ms/batch",
+            "max_batch_size": MAX_BATCH,
+            "callers": f"{CALLERS_PER_REPLICA}/replica",
+            "serve": f"max_ongoing={args.serve_max_ongoing},wait={args.serve_wait_s:g}s",
+            "seconds": seconds,
+            "repeats": repeats,
+        },
+    )
+    figures = Figures()
+    if not common.ray_available():
+        print("ray_scale: needs Ray Serve (pip install 'carpool[ray]' 'ray[serve]'); skipped")
+        return figures
+    from ray import serve
+
+    begin = time.perf_counter()
+    cluster = _ray_cluster.start_cluster(nodes)
+    try:
+        print(f"cluster: {nodes} nodes on 127.0.0.1 up in {time.perf_counter() - begin:.0f} s")
+        figures.add("cluster_nodes", len(_ray_cluster.alive_nodes()), "nodes")
+        quiet = _ray_cluster.QuietServe()
+        logging.getLogger("ray.serve").addFilter(quiet)
+        serve.start(proxy_location="Disabled", http_options={"host": "127.0.0.1"})
+        runs = {}
+        for n in replicas:
+            serving = {"wait_s": args.serve_wait_s, "max_ongoing": args.serve_max_ongoing}
+            handle = _ray_cluster.deploy_serve(
+                sleepy, n, max_batch=MAX_BATCH, num_cpus=ACTOR_CPUS, **serving
+            )
+            runs[n] = asyncio.run(side_by_side(n, handle, repeats, warmup_s, seconds))
+        serve.delete(_ray_cluster.APP)
+        print()
+        scale = report_scale(runs, figures)
+        print(f"Serve's router: {quiet.late_probes} queue-length probes past their deadline")
+        figures.add("serve_late_probes", quiet.late_probes, "probes")
+        print()
+        print(f"kill -9 one of {max(replicas)} actors under load ({fault_s:g} s windows):")
+        fault = asyncio.run(fault_run(max(replicas), warmup_s, fault_s))
+        report_faults(fault, max(replicas), scale, figures)
+    finally:
+        left = _ray_cluster.stop_cluster(cluster)
+    took = time.perf_counter() - begin
+    print(f"Ray and Serve shut down, processes left: {left}; took {took:.0f} s")
+    figures.add("processes_left", left, "processes")
+    return figures
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run(measure, parser()))

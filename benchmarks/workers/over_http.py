@@ -1,41 +1,37 @@
-"""A GIL-releasing model over HTTP: ``--runner process`` against ``--runner thread``.
+"""A GIL-releasing model over HTTP: carpool serve --runner process against --runner thread.
 
-What: ``carpool serve demo --workers 2`` (the numpy MLP, which releases the GIL in BLAS) as
-two servers side by side, one running the model in its 2 worker threads, the other in 2
-worker processes (``--runner process``: every batch crosses to a process through shared
-memory and back). ``carpool bench`` drives each with 64 closed-loop clients and binary
-tensors; the servers share the server CPU, the client runs on the other; each repeat runs
-both, alternating, and the medians are compared.
-
-Goal: process/thread throughput >= 0.95x: for a model that already uses its cores from
-threads, process workers must cost almost nothing.
+carpool serve demo --workers 2 (numpy MLP) twice side by side on the server CPU, each
+driven by carpool bench (64 clients, binary tensors) from the client CPU, repeats
+alternating. Goal: process/thread throughput >= 0.95x.
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
 from typing import Any
 
-import _bench
-import _process
+from benchmarks.harness import Figures, common, run
+from benchmarks.harness import processes as _process
 
 CLIENTS = 64
 RUNNERS = ("thread", "process")
 
 
-def parse_args() -> Any:
-    p = _bench.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
+def parser() -> argparse.ArgumentParser:
+    p = common.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
     p.add_argument("--duration", type=float, default=None, help="measured s per run (3)")
     p.add_argument("--workers", type=int, default=2, help="model workers per server (2)")
-    return p.parse_args()
+    return p
 
 
-def run(args: Any) -> None:
+def measure(args: argparse.Namespace) -> Figures:
+    """Each runner's medians (req/s, p50, p99, mean batch) and errors over the repeats, and
+    process/thread throughput."""
     cores = _process.split_cpus(args.cpus)
     repeats = args.repeats or (1 if args.quick else 3)
     duration = args.duration or (1.0 if args.quick else 3.0)
     warmup = 0.5 if args.quick else 1.0
-    _bench.header(
+    common.header(
         "demo MLP over HTTP: process workers vs thread workers",
         {
             "cores": cores,
@@ -82,25 +78,25 @@ def run(args: Any) -> None:
     finally:
         for server in servers.values():
             server.stop()
-    report(results)
+    return report(results)
 
 
-def report(results: dict[str, list[dict[str, Any]]]) -> None:
+def report(results: dict[str, list[dict[str, Any]]]) -> Figures:
     med = {
         runner: {
-            key: _bench.median(r[key] for r in rows)
+            key: common.median(r[key] for r in rows)
             for key in ("throughput", "p50_ms", "p99_ms", "mean_batch")
         }
         for runner, rows in results.items()
     }
     print()
     print(
-        _bench.table(
+        common.table(
             ["runner", "req/s", "p50 ms", "p99 ms", "mean batch", "errors"],
             [
                 (
                     runner,
-                    _bench.fmt_num(m["throughput"]),
+                    common.fmt_num(m["throughput"]),
                     f"{m['p50_ms']:.2f}",
                     f"{m['p99_ms']:.2f}",
                     f"{m['mean_batch']:.1f}",
@@ -110,17 +106,17 @@ def report(results: dict[str, list[dict[str, Any]]]) -> None:
             ],
         )
     )
+    figures = Figures()
+    for runner, m in med.items():
+        figures.add(f"{runner}_req_per_s_{CLIENTS}", m["throughput"], "req/s")
+        figures.add(f"{runner}_p50_ms_{CLIENTS}", m["p50_ms"], "ms")
+        figures.add(f"{runner}_p99_ms_{CLIENTS}", m["p99_ms"], "ms")
+        figures.add(f"{runner}_mean_batch_{CLIENTS}", m["mean_batch"], "rows")
+        figures.add(f"{runner}_errors", int(sum(r["errors"] for r in results[runner])))
     ratio = med["process"]["throughput"] / med["thread"]["throughput"]
-    print()
-    print(
-        f"process/thread throughput = {ratio:.2f}x (goal >= 0.95x: {_bench.verdict(ratio, 0.95)})"
-    )
-
-
-def main() -> int:
-    args = parse_args()
-    return _bench.run_reported("process_http", lambda: run(args))
+    figures.at_least(f"process_over_thread_{CLIENTS}", ratio, 0.95)
+    return figures
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run(measure, parser()))

@@ -1,23 +1,12 @@
-"""Round-trip cost of a batch through a process worker, with no model work.
+"""Round trip of a batch through a process worker, no model work: 32x512 FP32 and minilm.
 
-What: ``ProcessReplicas.call`` on a model that returns its input (or a fixed output), so that
-all that is timed is the transfer: the parent writes the batch into the worker's shared
-memory and sends a header; the worker decodes views, writes the same-size output into its
-output arena and answers; the parent copies the output out. Two batches:
-
-``32x512 FP32``  one 64 KiB tensor in, the same back (goal: median <= 100 us)
-``minilm``       a dict of int64 ``input_ids``/``attention_mask`` 32x64 in, FP32 32x384 out
-
-Beside them, measured in the same run: ``pipe floor``, a header-sized message to a spawned
-process and back over the same channel (two wake-ups: no transport can beat it), and
-``copies``, the same encode/decode work in one process with no pipe (what the data costs).
-
-Why: process workers are only worth having if the boundary costs almost nothing next to a
-model call; this separates the boundary's cost from the machine's wake-up latency.
+Beside them, in the same run: the pipe's floor (a header-sized ping-pong with a spawned
+process) and the copies alone (the same encode/decode in one process, no pipe).
 """
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing
 import os
 import time
@@ -25,14 +14,12 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-import _bench  # before numpy: sets single-thread BLAS env vars
 import numpy as np
 
-_bench.import_carpool()
-
-from carpool.bench.report.data import percentile  # noqa: E402
-from carpool.ipc.transport import Arena, Channel, decode, lay_out  # noqa: E402
-from carpool.runners.processes import ProcessReplicas  # noqa: E402
+from benchmarks.harness import Figures, common, run
+from carpool.bench.report.data import percentile
+from carpool.ipc.transport import Arena, Channel, decode, lay_out
+from carpool.runners.processes import ProcessReplicas
 
 EMBEDDING = np.random.default_rng(0).standard_normal((32, 384)).astype(np.float32)
 
@@ -111,13 +98,26 @@ def through_pool(spec: Callable[[Any], Any], batch: Any, calls: int) -> list[flo
         return timed(lambda: pool.call(batch), calls)
 
 
-def main() -> None:
-    p = _bench.base_parser(__doc__, default_cpus="none", default_repeats=3)
-    args = p.parse_args()
+CASES = {  # figure prefix: the case's row in the table
+    "pipe_floor": "pipe floor (header ping-pong)",
+    "copies_dense": "copies 32x512 FP32, no pipe",
+    "dense_round_trip": "32x512 FP32 round trip",
+    "copies_minilm": "copies minilm, no pipe",
+    "minilm_round_trip": "minilm round trip",
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    return common.base_parser(__doc__, default_cpus="none", default_repeats=3)
+
+
+def measure(args: argparse.Namespace) -> Figures:
+    """Each case's median and p90 microseconds (medians over repeats); goal: the 32x512
+    FP32 round trip <= 100 us."""
     repeats = args.repeats or (1 if args.quick else 3)
     calls = 300 if args.quick else 3000
-    pinned = _bench.pin(_bench.parse_cpus(args.cpus))
-    _bench.header(
+    pinned = common.pin(common.parse_cpus(args.cpus))
+    common.header(
         "process worker transport",
         {"cpus": pinned, "load": f"{os.getloadavg()[0]:.1f}", "calls": calls, "repeats": repeats},
     )
@@ -125,37 +125,41 @@ def main() -> None:
     dense = np.random.default_rng(1).standard_normal((32, 512)).astype(np.float32)
     ids = np.random.default_rng(2).integers(0, 30522, (32, 64), dtype=np.int64)
     tokens = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-    cases: list[tuple[str, Callable[[], list[float]]]] = [
-        ("pipe floor (header ping-pong)", lambda: pipe_floor(calls)),
-        ("copies 32x512 FP32, no pipe", lambda: copies(dense, dense, calls)),
-        ("32x512 FP32 round trip", lambda: through_pool(echo, dense, calls)),
-        ("copies minilm, no pipe", lambda: copies(tokens, EMBEDDING, calls)),
-        ("minilm round trip", lambda: through_pool(embed, tokens, calls)),
-    ]
+    cases: dict[str, Callable[[], list[float]]] = {
+        "pipe_floor": lambda: pipe_floor(calls),
+        "copies_dense": lambda: copies(dense, dense, calls),
+        "dense_round_trip": lambda: through_pool(echo, dense, calls),
+        "copies_minilm": lambda: copies(tokens, EMBEDDING, calls),
+        "minilm_round_trip": lambda: through_pool(embed, tokens, calls),
+    }
     results: dict[str, tuple[float, float]] = {}
-    for name, run in cases:
+    for name, timings in cases.items():
         medians, p90s = [], []
         for _ in range(repeats):
-            times = run()
-            medians.append(_bench.median(times) * 1e6)
+            times = timings()
+            medians.append(common.median(times) * 1e6)
             p90s.append(percentile(times, 90) * 1e6)
-        results[name] = (_bench.median(medians), _bench.median(p90s))
+        results[name] = (common.median(medians), common.median(p90s))
     print(
-        _bench.table(
+        common.table(
             ["case", "median us", "p90 us"],
-            [(n, _bench.fmt_num(m, 1), _bench.fmt_num(q, 1)) for n, (m, q) in results.items()],
+            [
+                (CASES[n], common.fmt_num(m, 1), common.fmt_num(q, 1))
+                for n, (m, q) in results.items()
+            ],
         )
     )
-    dense_us = results["32x512 FP32 round trip"][0]
-    floor_us = results["pipe floor (header ping-pong)"][0]
-    print()
-    print(
-        f"32x512 FP32 round trip = {dense_us:.1f} us (goal <= 100 us: "
-        f"{_bench.verdict(dense_us, 100.0, higher_is_better=False)}); "
-        f"above the pipe floor: {dense_us - floor_us:.1f} us"
-    )
-    print(f"minilm round trip = {results['minilm round trip'][0]:.1f} us")
+    figures = Figures()
+    for name, (med, p90) in results.items():
+        if name == "dense_round_trip":
+            figures.at_most(f"{name}_us", med, 100.0, "us")
+        else:
+            figures.add(f"{name}_us", med, "us")
+        figures.add(f"{name}_p90_us", p90, "us")
+    dense_above = results["dense_round_trip"][0] - results["pipe_floor"][0]
+    figures.add("dense_round_trip_above_floor_us", dense_above, "us")
+    return figures
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run(measure, parser()))

@@ -1,23 +1,12 @@
-"""A GIL-bound model: 2 process workers vs 2 thread workers, rows/s side by side.
+"""A GIL-bound model in carpool.Batcher(workers=2): 2 process workers against 2 threads.
 
-What: a pure-Python model (about 2 ms per batch plus a per-row cost, all of it holding the
-GIL: tokenizer-like loops) served by ``carpool.Batcher(max_batch_size=32, workers=2)`` under
-128 closed-loop callers on the event loop (each awaits ``infer(row)`` and asks again), so
-that a full batch always waits for each worker:
-
-``threads``    ``runner="thread"``: the batcher's 2 worker threads call the model
-``processes``  ``runner="process"``: the model runs in 2 child processes (shared-memory
-               transfer included), what ``carpool serve --runner process`` does
-
-Each repeat runs both, one after the other; the medians over repeats are compared.
-Goal: processes/threads >= 1.6x rows/s on a 2-core machine (threads cannot beat 1x: the
-GIL lets one of them run at a time). Beside rows/s it prints how many cores each run kept
-busy (CPU seconds of this process and the workers / wall seconds): on a shared machine
-whose other users leave less than 2 cores, processes cannot reach 2x, and this says so.
+Rows/s and the cores each kept busy, 128 closed-loop callers; goal: processes/threads
+>= 1.6x on 2 free cores (threads cannot beat 1x: the GIL runs one at a time).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import functools
 import os
@@ -25,14 +14,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import _bench  # before numpy: sets single-thread BLAS env vars
-import _process
 import numpy as np
 
-_bench.import_carpool()
-
-import carpool  # noqa: E402
-from carpool.bench.callers import closed_window  # noqa: E402
+import carpool
+from benchmarks.harness import Figures, common, run
+from benchmarks.harness import processes as _process
+from carpool.bench.callers import closed_window
 
 ROWS = 32
 FIXED_MS = 2.0  # per batch
@@ -89,7 +76,7 @@ async def rows_per_s(
     return window.answered_per_s, (window.closed - window.opened) / window.seconds
 
 
-async def measure(fixed: int, per_row: int, repeats: int, seconds: float) -> dict[str, Any]:
+async def side_by_side(fixed: int, per_row: int, repeats: int, seconds: float) -> dict[str, Any]:
     options: dict[str, Any] = {"max_batch_size": ROWS, "workers": 2, "name": "gil"}
     spec = functools.partial(GilModel, fixed, per_row)  # built once in each worker process
     runs: dict[str, list[tuple[float, float]]] = {"threads": [], "processes": []}
@@ -111,15 +98,19 @@ async def measure(fixed: int, per_row: int, repeats: int, seconds: float) -> dic
     return {"runs": runs, "stats": stats, "mean_batch": stats.mean_batch_size}
 
 
-def main() -> None:
-    p = _bench.base_parser(__doc__, default_cpus="none", default_repeats=5)
-    args = p.parse_args()
+def parser() -> argparse.ArgumentParser:
+    return common.base_parser(__doc__, default_cpus="none", default_repeats=5)
+
+
+def measure(args: argparse.Namespace) -> Figures:
+    """Both runners, their repeats interleaved: medians of rows/s and cores busy, their
+    ratio, and the process workers' restarts and retried batches (none expected)."""
     repeats = args.repeats or (1 if args.quick else 5)
     seconds = 1.0 if args.quick else 3.0
-    pinned = _bench.pin(_bench.parse_cpus(args.cpus))
+    pinned = common.pin(common.parse_cpus(args.cpus))
     speed = iterations_per_ms()
     fixed, per_row = int(FIXED_MS * speed), int(ROW_MS * speed)
-    _bench.header(
+    common.header(
         "GIL-bound model: 2 process workers vs 2 thread workers, through carpool.Batcher",
         {
             "cpus": pinned,
@@ -131,37 +122,35 @@ def main() -> None:
         },
     )
     print(f"model: {FIXED_MS} ms/batch + {ROW_MS} ms/row of pure Python ({fixed} + {per_row}/row)")
-    result = asyncio.run(measure(fixed, per_row, repeats, seconds))
+    result = asyncio.run(side_by_side(fixed, per_row, repeats, seconds))
     threads, processes = result["runs"]["threads"], result["runs"]["processes"]
-    t, pr = _bench.median(r for r, _ in threads), _bench.median(r for r, _ in processes)
+    t, pr = common.median(r for r, _ in threads), common.median(r for r, _ in processes)
+    tc, pc = common.median(c for _, c in threads), common.median(c for _, c in processes)
     print()
     print(
-        _bench.table(
+        common.table(
             ["workers", "rows/s (median)", "cores busy (median)"],
             [
-                ("2 threads", _bench.fmt_num(t), f"{_bench.median(c for _, c in threads):.2f}"),
-                (
-                    "2 processes",
-                    _bench.fmt_num(pr),
-                    f"{_bench.median(c for _, c in processes):.2f}",
-                ),
+                ("2 threads", common.fmt_num(t), f"{tc:.2f}"),
+                ("2 processes", common.fmt_num(pr), f"{pc:.2f}"),
             ],
         )
     )
-    ratio = pr / t
     stats = result["stats"]
-    print()
-    print(
-        f"processes/threads = {ratio:.2f}x (goal >= 1.6x: {_bench.verdict(ratio, 1.6)}); "
-        f"mean batch {result['mean_batch']:.1f}; worker restarts {stats.worker_restarts}, "
-        f"retried {stats.retried_batches}"
-    )
-    per_core = _bench.median(r / c for r, c in processes) / _bench.median(r / c for r, c in threads)
-    print(
-        f"rows per busy core-second, processes/threads = {per_core:.2f}x "
-        "(below 1: what the boundary costs; the speedup is this times the cores available)"
-    )
+    per_core = common.median(r / c for r, c in processes) / common.median(r / c for r, c in threads)
+    figures = Figures()
+    figures.add("threads_rows_per_s", t, "rows/s")
+    figures.add("processes_rows_per_s", pr, "rows/s")
+    figures.add("threads_cores_busy", tc, "cores")
+    figures.add("processes_cores_busy", pc, "cores")
+    figures.at_least("processes_over_threads", pr / t, 1.6)
+    # below 1: what the boundary costs; the speedup is this times the cores available
+    figures.add("processes_over_threads_per_core", per_core, "x")
+    figures.add("processes_mean_batch", result["mean_batch"], "rows")
+    figures.add("worker_restarts", stats.worker_restarts)
+    figures.add("retried_batches", stats.retried_batches)
+    return figures
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run(measure, parser()))
