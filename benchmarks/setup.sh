@@ -4,11 +4,11 @@
 #
 #   bash benchmarks/setup.sh            # from anywhere
 #   PYTHON=python3.11 bash benchmarks/setup.sh
-#   bash benchmarks/setup.sh --embeddings   # only: infinity-emb for embeddings_bench.py
+#   bash benchmarks/setup.sh --embeddings   # only: infinity-emb for benchmarks.embeddings.peers
 #
 # --embeddings makes benchmarks/.venv-embeddings instead, a venv of its own (infinity-emb's
 # pins clash with carpool's environment) holding requirements-embeddings.txt; it ignores
-# itself in git. embeddings_bench.py finds it there and runs infinity with its python.
+# itself in git. benchmarks.embeddings.peers finds it there and runs infinity with its python.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/.." && pwd)"
@@ -23,7 +23,7 @@ if [ "${1:-}" = "--embeddings" ]; then
     echo '*' > "$EMB/.gitignore"
     "$EMB/bin/python" -m pip install -r "$HERE/requirements-embeddings.txt"
     "$EMB/bin/python" -c "import importlib.metadata as m; print('infinity-emb', m.version('infinity-emb'))"
-    echo "OK: python benchmarks/embeddings_bench.py runs infinity with $EMB/bin/python"
+    echo "OK: python -m benchmarks.embeddings.peers runs infinity with $EMB/bin/python"
     exit 0
 fi
 

@@ -1,4 +1,4 @@
-"""``embeddings_bench.py``'s texts (not a benchmark itself): deterministic English-looking
+"""``benchmarks.embeddings.peers``' texts (not a benchmark itself): deterministic English-looking
 sentences from a fixed word list and a seed, nothing downloaded.
 
 Two sets: **short** (5 to 15 words) and **long** (100 to 200 words). Every word of the list is

@@ -1,26 +1,7 @@
 """minilm's onnx-int8 engine on each kind of CPU: cosine to sentence-transformers and speed of
-the fp32, ``int8`` and ``int7`` graphs, natively and on an AVX2-only CPU emulated by QEMU
-(issue 30).
-
-What, in one run:
-
-  * the three graphs, exported by carpool's own engine into a temporary cache (``int8`` and
-    ``int7`` by telling the engine the CPU it runs on: one with AVX-512 VNNI, one with AVX2
-    only), each carrying its load-time check;
-  * **native**: each graph on every sentence of ``carpool bench``'s 64 (each alone, then in
-    mixed-length batches of 32 beside the test suite's 256-token text) against
-    sentence-transformers: worst and median cosine; and ms per batch of 32 short texts on one
-    thread, graphs interleaved, median over ``--repeats``, as a ratio to fp32;
-  * **emulated AVX2** (``qemu-x86_64 -cpu Haswell``, where installed: ``apt-get install
-    qemu-user``): the same graphs on the first ``--emulated`` short sentences, each alone, in
-    a worker under the emulator, whose onnxruntime then picks its AVX2 kernels (vpmaddubsw,
-    no VNNI): worst and median cosine, and the largest difference from the native
-    embeddings. ``int7`` must match them exactly (its products cannot saturate); ``int8``
-    shows what saturation costs. QEMU's TCG has no AVX-512, so AVX-512 without VNNI is not
-    emulated; it uses the same saturating instruction at twice the width.
-
-    python benchmarks/minilm_int8_cpus.py               # ~8 min with the emulator
-    python benchmarks/minilm_int8_cpus.py --emulated 0  # native only, ~1 min
+its fp32, ``int8`` and ``int7`` graphs, natively and on an AVX2-only CPU emulated by QEMU
+(``qemu-x86_64 -cpu Haswell``), where ``int7`` must give its native embeddings exactly
+(issue 30; docs/benchmarks/embeddings.md).
 """
 
 from __future__ import annotations
@@ -36,21 +17,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-import _bench  # noqa: F401  (first: one BLAS thread)
 import numpy as np
 
+from benchmarks.harness import Figures, common, run
+from benchmarks.harness import processes as _process
+
 GRAPHS = ("fp32", "int8", "int7")
+MIN_COSINE = 0.99  # every graph served on a CPU: its worst cosine to sentence-transformers
 LONG = "Dynamic batching holds requests for a few milliseconds so that one model call serves " * 12
 
 
-def main() -> None:
-    args = _args()
-    if args.worker:
+def measure(args: argparse.Namespace) -> Figures:
+    if args.worker:  # under the emulator
         _worker(Path(args.worker))
-        return
+        return Figures()
     from carpool.bench.targets.sentences import SENTENCES
 
+    args.repeats = args.repeats or (1 if args.quick else 7)
+    args.emulated = args.emulated if args.emulated is not None else (0 if args.quick else 12)
+    print(f"pinned to CPUs {common.pin(common.parse_cpus(args.cpus))}")
     texts = list(SENTENCES)
+    figures = Figures()
     with tempfile.TemporaryDirectory(prefix="carpool-int8-") as scratch:
         folder = Path(scratch)
         graphs = _export(folder)
@@ -72,8 +59,12 @@ def main() -> None:
             a, m = _cosines(alone, reference[:-1]), _cosines(mixed, reference[:-1])
             print(f"| {name} | native | {a.min():.4f} | {np.median(a):.4f} | "
                   f"{m.min():.4f} | {np.median(m):.4f} |")  # fmt: skip
-        _emulated(args, folder, graphs, texts, reference, native)
-        _speed(args, graphs, tokenizer, texts)
+            for where, c in (("alone", a), ("mixed", m)):
+                figures.at_least(f"{name}_{where}_worst_cosine", float(c.min()), MIN_COSINE, "")
+                figures.add(f"{name}_{where}_median_cosine", float(np.median(c)))
+        figures.update(_emulated(args, folder, graphs, texts, reference, native))
+        figures.update(_speed(args, graphs, tokenizer, texts))
+    return figures
 
 
 def _emulated(
@@ -83,13 +74,19 @@ def _emulated(
     texts: list[str],
     reference: np.ndarray[Any, Any],
     native: dict[str, np.ndarray[Any, Any]],
-) -> None:
+) -> Figures:
+    """The quantized graphs under QEMU's AVX2-only CPU: cosines, and the difference from
+    native; none with ``--emulated 0``, n/a where QEMU is not installed."""
+    figures = Figures()
     qemu = shutil.which("qemu-x86_64")
     if args.emulated <= 0:
-        return
+        return figures
     if qemu is None:
         print("\nemulated AVX2 not run: qemu-x86_64 not found (apt-get install qemu-user)")
-        return
+        for name in ("int8", "int7"):
+            for what in ("worst_cosine", "median_cosine", "diff_from_native"):
+                figures.add(f"{name}_avx2_{what}", float("nan"))
+        return figures
     short = [i for i, t in enumerate(texts) if len(t) < 60][: args.emulated]
     job = folder / "job.json"
     quantized = {k: str(v) for k, v in graphs.items() if k != "fp32"}
@@ -97,8 +94,20 @@ def _emulated(
     job.write_text(json.dumps(spec))
     started = time.perf_counter()
     subprocess.run(
-        [qemu, "-cpu", "Haswell", sys.executable, __file__, "--worker", str(job)],
+        [
+            qemu,
+            "-cpu",
+            "Haswell",
+            sys.executable,
+            "-m",
+            "benchmarks.embeddings.int8_cpus",
+            "--worker",
+            str(job),
+        ],
         check=True,
+        cwd=_process.REPO,
+        env=_process.child_env(),
+        stdout=subprocess.DEVNULL,  # the harness's empty table
         stderr=subprocess.DEVNULL,  # QEMU's notes on host features TCG does not model
     )
     took = time.perf_counter() - started
@@ -111,11 +120,19 @@ def _emulated(
         c = _cosines(got, reference[short])
         diff = float(np.abs(got - native[name][short]).max())
         print(f"| {name} | AVX2 | {c.min():.4f} | {np.median(c):.4f} | {diff:.1e} |")
+        figures.add(f"{name}_avx2_worst_cosine", float(c.min()))
+        figures.add(f"{name}_avx2_median_cosine", float(np.median(c)))
+        figures.add(f"{name}_avx2_diff_from_native", diff)
+    # int7's products cannot saturate: AVX2's kernels give its native answers exactly
+    figures.check("int7_avx2_equals_native", figures["int7_avx2_diff_from_native"] == 0.0)
+    return figures
 
 
 def _speed(
     args: argparse.Namespace, graphs: dict[str, Path], tokenizer: Any, texts: list[str]
-) -> None:
+) -> Figures:
+    """ms per batch of 32 short texts on one thread, graphs interleaved, median of repeats."""
+    figures = Figures()
     short = [t for t in texts if len(t) < 60][:32]
     sessions = {name: _session(path) for name, path in graphs.items()}
     times: dict[str, list[float]] = {name: [] for name in GRAPHS}
@@ -133,6 +150,10 @@ def _speed(
     for name in GRAPHS:
         t = statistics.median(times[name])
         print(f"| {name} | {t * 1e3:.1f} | {32 / t:.0f} | {fp32 / t:.2f}x |")
+        figures.add(f"{name}_ms_per_batch_32", t * 1e3, "ms")
+        if name != "fp32":
+            figures.add(f"{name}_speedup_over_fp32", fp32 / t, "x")
+    return figures
 
 
 def _export(folder: Path) -> dict[str, Path]:
@@ -216,13 +237,17 @@ def _describe() -> str:
     return cpu_features().describe()
 
 
-def _args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--emulated", type=int, default=12, help="short sentences under QEMU (0: none)")
-    p.add_argument("--repeats", type=int, default=7, help="speed repeats (default 7)")
+def parser() -> argparse.ArgumentParser:
+    p = common.base_parser(__doc__, default_cpus="0", default_repeats=7)
+    p.add_argument(
+        "--emulated",
+        type=int,
+        default=None,
+        help="short sentences under QEMU (0: none; default 12, 0 with --quick)",
+    )
     p.add_argument("--worker", default="", help=argparse.SUPPRESS)
-    return p.parse_args()
+    return p
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run(measure, parser()))

@@ -1,14 +1,7 @@
-"""``embeddings_bench.py``'s offline limit, in a worker process (not a benchmark itself):
-sentence-transformers ``encode(all_texts, batch_size=32)`` with torch on one thread, pinned
-to the servers' core by the orchestrator.
-
-Answers one JSON line per JSON command line on stdin (``_process.Worker``), the model kept
-loaded in between so its runs interleave with the servers':
-
-  * ``load``: load the packaged weights, answer the embeddings of ``check`` texts (what
-    every server must answer) and the versions;
-  * ``encode``: the first ``n`` texts of set ``set`` (``_embed_texts``), encoded whole
-    (one untimed pass, then timed passes until ``target_s``): texts per second.
+"""``peers.py``'s offline limit, a worker pinned to the servers' core: sentence-transformers
+``encode(all_texts, batch_size=32)`` on one torch thread, its model kept loaded between the
+commands (``load``: the reference embeddings every server must answer; ``encode``: texts/s
+over one set) so that its runs interleave with the servers' (``processes.Worker``).
 """
 
 from __future__ import annotations
@@ -18,8 +11,8 @@ import sys
 import time
 from typing import Any
 
-import _bench  # first: one BLAS thread, before torch and numpy
-import _embed_texts
+from benchmarks.harness import common  # the package first: one BLAS thread, before torch
+from benchmarks.harness import texts as _texts
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
@@ -45,7 +38,7 @@ class Offline:
         }
 
     def encode(self, spec: dict[str, Any]) -> dict[str, Any]:
-        texts = _embed_texts.texts(spec["set"], spec["n"])
+        texts = _texts.texts(spec["set"], spec["n"])
         key = (spec["set"], spec["n"])
         if key not in self.warm:  # the first pass allocates; not timed
             self.model.encode(texts, batch_size=32)
@@ -61,7 +54,7 @@ class Offline:
 def main() -> int:
     """Answer ``{"cmd": "load" | "encode", ...}`` lines until stdin ends."""
     worker = Offline()
-    return _bench.answer_commands({"load": worker.load, "encode": worker.encode})
+    return common.answer_commands({"load": worker.load, "encode": worker.encode})
 
 
 if __name__ == "__main__":

@@ -1,25 +1,13 @@
-"""The ``demo`` model's latency-throughput curve for max_wait_ms 0, 2, 5 and 10, measured
-with ``carpool bench`` itself.
-
-What: for each window W, ``carpool serve demo --policy fixed --max-wait-ms W``; all four
-servers pinned to one core (default CPU 0, started once, idle while another is loaded),
-each loaded by ``carpool bench --encoding binary --json`` pinned to the other core (CPU 1),
-closed loop at 1, 4, 16, 64 and 256 clients. Every repeat runs the four servers one after
-another, in an order that rotates per repeat; each window's report (one file per W, the
-medians over repeats of each step's req/s, latency percentiles and mean batch) is written
-as JSON, then ``carpool bench --compare`` prints them side by side (req/s and p99 ratios
-against max_wait_ms=0) and draws them on one plot.
-
-Why: in a closed loop with fewer callers than max_batch_size a fixed window only adds
-latency; with more, it fills batches. The curve shows where the crossover lies.
-
-    python benchmarks/bench_demo_curve.py                      # ~5 min; docs/bench/*
-    python benchmarks/bench_demo_curve.py --quick              # smoke: waits 0, 5; temp folder
-    python benchmarks/bench_demo_curve.py --cpus none          # no pinning
+"""The ``demo`` model's latency-throughput curve for max_wait_ms 0, 2, 5 and 10 (policy fixed),
+measured with ``carpool bench`` at 1 to 256 closed-loop clients: one median report per window
+(docs/bench/demo-wait-*.json), compared side by side and drawn by ``carpool bench --compare``
+(docs/bench-demo-max-wait.png). It shows where a fixed window starts filling batches rather
+than only adding latency (docs/benchmarks/loadgen.md).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import subprocess
 import sys
@@ -27,9 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import _bench
-import _process
-
+from benchmarks.harness import Figures, common, run
+from benchmarks.harness import processes as _process
 from carpool.bench.report.data import Latency, Report, Step
 
 WAITS = (0, 2, 5, 10)
@@ -49,7 +36,7 @@ def median_report(reports: list[Report]) -> Report:
 
 def _median_step(steps: list[Step]) -> Step:
     def med(values: Any) -> float:
-        return float(_bench.median(list(values)))
+        return float(common.median(list(values)))
 
     latencies = [s.latency for s in steps if s.latency is not None]
     latency = None
@@ -75,7 +62,9 @@ def _median_step(steps: list[Step]) -> Step:
     )
 
 
-def measure(args: Any, cores: _process.Cores, waits: tuple[int, ...]) -> dict[int, list[Report]]:
+def measure_all(
+    args: Any, cores: _process.Cores, waits: tuple[int, ...]
+) -> dict[int, list[Report]]:
     servers = {
         w: _process.carpool_serve(
             "demo", "--policy", "fixed", "--max-wait-ms", str(w), cpus=cores.server
@@ -87,7 +76,7 @@ def measure(args: Any, cores: _process.Cores, waits: tuple[int, ...]) -> dict[in
         _process.wait_all(servers.values())
         for r in range(args.repeats):
             for w in waits[r % len(waits) :] + waits[: r % len(waits)]:
-                run = _process.carpool_bench(
+                bench = _process.carpool_bench(
                     servers[w],
                     "demo",
                     args.concurrency,
@@ -96,9 +85,9 @@ def measure(args: Any, cores: _process.Cores, waits: tuple[int, ...]) -> dict[in
                     cpus=cores.client,
                     flags=("--encoding", "binary", "--label", f"wait {w} ms"),
                 )
-                runs[w].append(run.report)
+                runs[w].append(bench.report)
                 steps = "  ".join(
-                    f"{s.load.value:g}: {s.throughput_rps:,.0f}" for s in run.report.steps
+                    f"{s.load.value:g}: {s.throughput_rps:,.0f}" for s in bench.report.steps
                 )
                 print(f"  repeat {r + 1}/{args.repeats}  wait {w:2d} ms  req/s by clients  {steps}")
     finally:
@@ -107,14 +96,7 @@ def measure(args: Any, cores: _process.Cores, waits: tuple[int, ...]) -> dict[in
     return runs
 
 
-def main() -> int:
-    parser = _bench.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
-    parser.add_argument("--out", default=None, help="report folder (default docs/bench)")
-    parser.add_argument("--plot", default=None, help="PNG (default docs/bench-demo-max-wait.png)")
-    parser.add_argument("--concurrency", default=None, help="client counts (default 1,4,16,64,256)")
-    parser.add_argument("--duration", type=float, default=None, help="measured s per step (3)")
-    parser.add_argument("--warmup", type=float, default=None, help="warm-up s per step (1)")
-    args = parser.parse_args()
+def measure(args: argparse.Namespace) -> Figures:
     quick = args.quick
     args.concurrency = [
         int(c) for c in (args.concurrency or ("16" if quick else "1,4,16,64,256")).split(",")
@@ -122,41 +104,55 @@ def main() -> int:
     args.duration = args.duration or (0.5 if quick else 3.0)
     args.warmup = args.warmup if args.warmup is not None else (0.2 if quick else 1.0)
     args.repeats = args.repeats or (1 if quick else 3)
-    scratch = tempfile.TemporaryDirectory(prefix="carpool-demo-curve-") if quick else None
-    default_out = Path(scratch.name) if scratch else _process.REPO / "docs" / "bench"
-    out = Path(args.out) if args.out else default_out
-    plot = args.plot or str(
-        out / "demo-max-wait.png" if scratch else _process.REPO / "docs" / "bench-demo-max-wait.png"
-    )
-    out.mkdir(parents=True, exist_ok=True)
+    docs = _process.REPO / "docs"
+    with tempfile.TemporaryDirectory(prefix="carpool-demo-curve-") as scratch:
+        out = Path(args.out) if args.out else (Path(scratch) if quick else docs / "bench")
+        default_plot = out / "demo-max-wait.png" if quick else docs / "bench-demo-max-wait.png"
+        plot = args.plot or str(default_plot)
+        out.mkdir(parents=True, exist_ok=True)
+        return curve(args, out, plot, QUICK_WAITS if quick else WAITS)
 
+
+def curve(args: argparse.Namespace, out: Path, plot: str, waits: tuple[int, ...]) -> Figures:
+    """Measure, write one median report per window in ``out``, compare them and draw
+    ``plot``; the figures: each window's req/s, p99 and mean batch at each client count."""
     cores = _process.split_cpus(args.cpus)
     _process.pin_self(cores.client)  # the orchestrator mostly waits: keep it off the servers'
-    _bench.header(
+    common.header(
         "demo model: latency against throughput by max_wait_ms (policy fixed), carpool bench",
         {"cpus": str(cores), "repeats": args.repeats, "clients": args.concurrency,
          "step": f"{args.warmup:g} s warm-up + {args.duration:g} s"},
     )  # fmt: skip
-    try:
-        waits = QUICK_WAITS if quick else WAITS
-        runs = measure(args, cores, waits)
-        reports = []
-        for w in waits:
-            path = out / f"demo-wait-{w}ms.json"
-            median_report(runs[w]).save(path)
-            reports.append(str(path))
-        print()
-        compare = [sys.executable, "-m", "carpool", "bench", "--compare", *reports, "--plot", plot]
-        subprocess.run(
-            compare, cwd=_process.REPO, env=_process.child_env(COLUMNS="200"), check=True
-        )
-    except (Exception, KeyboardInterrupt) as exc:  # report, never fail the caller
-        print(f"\nbench_demo_curve: {type(exc).__name__}: {exc}", flush=True)
-    finally:
-        if scratch is not None:
-            scratch.cleanup()
-    return 0
+    runs = measure_all(args, cores, waits)
+    figures = Figures()
+    reports = []
+    for w in waits:
+        path = out / f"demo-wait-{w}ms.json"
+        report = median_report(runs[w])
+        report.save(path)
+        reports.append(str(path))
+        for step in report.steps:
+            c = int(step.load.value)
+            p99 = step.latency.p99 if step.latency else float("nan")
+            batch = step.server.batch_size_mean if step.server else float("nan")
+            figures.add(f"req_per_s_wait_{w}ms_{c}", float(step.throughput_rps), "req/s")
+            figures.add(f"p99_ms_wait_{w}ms_{c}", float(p99), "ms")
+            figures.add(f"mean_batch_wait_{w}ms_{c}", float(batch), "rows")
+    print()
+    compare = [sys.executable, "-m", "carpool", "bench", "--compare", *reports, "--plot", plot]
+    subprocess.run(compare, cwd=_process.REPO, env=_process.child_env(COLUMNS="200"), check=True)
+    return figures
+
+
+def parser() -> argparse.ArgumentParser:
+    p = common.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
+    p.add_argument("--out", default=None, help="report folder (default docs/bench)")
+    p.add_argument("--plot", default=None, help="PNG (default docs/bench-demo-max-wait.png)")
+    p.add_argument("--concurrency", default=None, help="client counts (default 1,4,16,64,256)")
+    p.add_argument("--duration", type=float, default=None, help="measured s per step (3)")
+    p.add_argument("--warmup", type=float, default=None, help="warm-up s per step (1)")
+    return p
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run(measure, parser()))

