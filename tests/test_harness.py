@@ -8,7 +8,6 @@ import math
 from pathlib import Path
 
 import pytest
-
 from benchmarks.harness import Figures, run
 
 
@@ -38,7 +37,8 @@ def test_update_prefixes_names() -> None:
     inner.add("rps", 10.0, "req/s")
     outer = Figures()
     outer.update(inner, prefix="grpc_")
-    assert "grpc_rps" in outer and outer["grpc_rps"] == 10.0
+    assert "grpc_rps" in outer
+    assert outer["grpc_rps"] == 10.0
 
 
 def test_nan_survives() -> None:

@@ -36,7 +36,7 @@ fi
 . "$HERE/env.sh"
 
 case "$MODEL" in
-    mlp) TARGET="benchmarks.http_models:mlp" ;;
+    mlp) TARGET="benchmarks.harness.http_models:mlp" ;;
     demo) TARGET="demo" ;;
     *) echo "run.sh: model must be 'mlp' or 'demo', got '$MODEL'" >&2; exit 2 ;;
 esac

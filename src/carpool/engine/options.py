@@ -174,7 +174,7 @@ class BatcherOptions:
     max_batch_size: int = option(32, help="rows per model call at most")
     # TF Serving's and Ray's order of magnitude; eager never waits
     max_wait_ms: float = option(5.0, help="longest deliberate wait for a batch")
-    # never waits; serves few callers best (few_clients.py)
+    # never waits; serves few callers best (benchmarks/engine/few_clients.py)
     policy: str | Policy = option(  # noqa: RUF009 - option() returns a dataclasses.field()
         "eager", help="batching policy: eager, fixed or adaptive"
     )

@@ -57,40 +57,25 @@ class StepBatcher(Generic[In, Out]):
         name: str = "steps",
         observer: StepObserver | None = None,
     ) -> None:
-        self.max_sequences = check_int("max_sequences", max_sequences, 1)
-        self.step_tokens = None if step_tokens is None else check_int("step_tokens", step_tokens, 1)
-        if self.step_tokens is not None and self.step_tokens < self.max_sequences:
-            raise ConfigError(
-                f"step_tokens must be >= max_sequences ({max_sequences}): every active sequence "
-                f"spends a token each step, got {step_tokens}"
-            )
-        self.workers = check_int("workers", workers, 1)
-        if max_queue_size is not None:
-            check_int("max_queue_size", max_queue_size, 1)
-        if runner not in RUNNERS:
-            raise ConfigError(f"runner must be one of {', '.join(RUNNERS)}, got {runner!r}")
-        unknown = set(runner_options or {}) - RUNNER_OPTIONS[runner]
-        if unknown:
-            raise ConfigError(f"runner {runner!r} takes no option {sorted(unknown)[0]!r}")
-        if policy not in ("eager", "adaptive"):
-            raise ConfigError(f"policy must be 'eager' or 'adaptive', got {policy!r}")
-        if step_timeout_ms is not None:
-            check_ms("step_timeout_ms", step_timeout_ms, positive=True)
-        factory = _is_factory(model)
-        if not factory and not isinstance(model, StepModel):
-            raise ConfigError(
-                f"model must be a StepModel or a zero-argument factory of one, got "
-                f"{type(model).__name__}"
-            )
-        if not factory and (workers > 1 or runner != "thread"):
-            raise ConfigError(
-                "workers > 1 and the process and ray runners build a model per replica: pass "
-                "a zero-argument factory (the StepModel class, or functools.partial) instead "
-                "of an instance"
-            )
+        _check_options(
+            model,
+            max_sequences,
+            step_tokens,
+            workers,
+            runner,
+            runner_options,
+            max_queue_size,
+            policy,
+            step_timeout_ms,
+        )
+        self.max_sequences = max_sequences
+        self.step_tokens = step_tokens
+        self.workers = workers
         self.name = name
         self.policy = policy
-        self._model = model
+        self._build: Callable[[], StepModel[Any, Any, Any]] = (
+            functools.partial(_same, model) if isinstance(model, StepModel) else model
+        )
         self._runner = runner
         self._runner_options = dict(runner_options or {})
         self._step_timeout_ms = step_timeout_ms
@@ -224,7 +209,7 @@ class StepBatcher(Generic[In, Out]):
         """Lane ``index``'s way to run a tick: its own model in this process, or one replica
         (a child process or a Ray actor) that keeps the states."""
         if self._runner == "thread":
-            model = self._model() if _is_factory(self._model) else self._model
+            model = self._build()
             if not isinstance(model, StepModel):
                 raise ConfigError(f"the model factory gave {type(model).__name__}, not a StepModel")
             replica = StepReplica(model)
@@ -232,7 +217,7 @@ class StepBatcher(Generic[In, Out]):
             return replica
         replicas = make_replicas(
             self._runner,
-            functools.partial(_remote_replica, self._model),
+            functools.partial(_remote_replica, self._build),
             workers=1,
             name=f"{self.name}_{index}",
             batch_timeout_ms=self._step_timeout_ms,
@@ -250,9 +235,59 @@ class StepBatcher(Generic[In, Out]):
             close()
 
 
+def _check_options(
+    model: object,
+    max_sequences: int,
+    step_tokens: int | None,
+    workers: int,
+    runner: str,
+    runner_options: Mapping[str, Any] | None,
+    max_queue_size: int | None,
+    policy: str,
+    step_timeout_ms: float | None,
+) -> None:
+    """Refuse, naming the option, what a StepBatcher cannot run with."""
+    check_int("max_sequences", max_sequences, 1)
+    if step_tokens is not None:
+        check_int("step_tokens", step_tokens, 1)
+        if step_tokens < max_sequences:
+            raise ConfigError(
+                f"step_tokens must be >= max_sequences ({max_sequences}): every active "
+                f"sequence spends a token each step, got {step_tokens}"
+            )
+    check_int("workers", workers, 1)
+    if max_queue_size is not None:
+        check_int("max_queue_size", max_queue_size, 1)
+    if runner not in RUNNERS:
+        raise ConfigError(f"runner must be one of {', '.join(RUNNERS)}, got {runner!r}")
+    unknown = set(runner_options or {}) - RUNNER_OPTIONS[runner]
+    if unknown:
+        raise ConfigError(f"runner {runner!r} takes no option {sorted(unknown)[0]!r}")
+    if policy not in ("eager", "adaptive"):
+        raise ConfigError(f"policy must be 'eager' or 'adaptive', got {policy!r}")
+    if step_timeout_ms is not None:
+        check_ms("step_timeout_ms", step_timeout_ms, positive=True)
+    factory = _is_factory(model)
+    if not factory and not isinstance(model, StepModel):
+        raise ConfigError(
+            f"model must be a StepModel or a zero-argument factory of one, got "
+            f"{type(model).__name__}"
+        )
+    if not factory and (workers > 1 or runner != "thread"):
+        raise ConfigError(
+            "workers > 1 and the process and ray runners build a model per replica: pass "
+            "a zero-argument factory (the StepModel class, or functools.partial) instead "
+            "of an instance"
+        )
+
+
 def _remote_replica(spec: Callable[[], StepModel[Any, Any, Any]]) -> StepReplica:
     """What a child process or actor builds once: its own model, holding its own states."""
     return StepReplica(spec())
+
+
+def _same(model: StepModel[Any, Any, Any]) -> StepModel[Any, Any, Any]:
+    return model
 
 
 def _is_factory(model: object) -> bool:

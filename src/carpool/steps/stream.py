@@ -209,7 +209,7 @@ class Stream(Generic[Out]):
 
     def collect_sync(self, timeout: float | None = None) -> list[Out]:
         """Every output, from a thread; ``timeout`` bounds each wait for the next one."""
-        items = []
+        items: list[Out] = []
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
