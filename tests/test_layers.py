@@ -42,7 +42,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("runners",),  # where replicas live: threads, child processes, Ray actors
     ("engine",),  # the batcher: queue, scheduler, requests, executor, options, stats
     ("steps",),  # step-wise models: sequences join and leave a batch at every step
-    ("model", "decorator", "compat"),  # what builds batchers
+    ("model", "decorator", "compat", "stepwise"),  # what builds batchers
     ("backends",),  # models: onnxruntime, torch, minilm, the demo
     ("loading",),  # targets, files, repositories, settings -> Models
     # the v2 HTTP and gRPC server: a request goes down these layers and comes back up once

@@ -172,6 +172,10 @@ class StepBatcher(Generic[In, Out]):
     def stats(self) -> StepSnapshot:
         return self._stats.snapshot()
 
+    def cost_line(self) -> tuple[float, float]:
+        """What a step costs, as learnt: (fixed seconds, seconds per sequence)."""
+        return self._stats.cost.line()
+
     @property
     def active(self) -> int:
         """Sequences aboard a replica or routed to one."""

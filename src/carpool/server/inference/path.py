@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Any, TypeVar
+
+import numpy as np
 
 from carpool.errors import BatcherClosed, DeadlineExceeded
 from carpool.server.inference.admission import (
@@ -40,8 +42,10 @@ from carpool.server.inference.call import (
 from carpool.server.inference.outcomes import Recorder, error_status
 from carpool.server.inference.sharing import Flights
 from carpool.server.lifecycle.registry import Registry, ServedModel
-from carpool.server.messages import InferRequest
+from carpool.server.messages import InferRequest, Parameters, ProtocolError
 from carpool.server.statuses import HTTPError, Status
+from carpool.steps.stream import Stream
+from carpool.stepwise import StepInputError, StepServed
 
 __all__ = [
     "NOT_WITHDRAWN",
@@ -112,6 +116,68 @@ class Inference:
         self.recorder.record(call.protocol, Status.OK, served, time.perf_counter() - started)
         return encoded
 
+    async def stream(self, call: Call[R, T], emit: Callable[[T], Awaitable[None]]) -> None:
+        """``call``'s answer step by step: each step's outputs encoded and handed to
+        ``emit`` as they come, for a step-wise model (a whole answer, for any other). Raises
+        and counts as :meth:`infer` does; an error after the first ``emit`` is the front
+        end's to send as its protocol does (an SSE error event, a final gRPC response)."""
+        served = self._enter(call.model, call.version) if call.model is not None else None
+        try:
+            if not self.registry.ready:
+                raise BatcherClosed(call.model or call.protocol, "is stopping")
+            started = time.perf_counter()
+            read = await call.read()
+            if served is None:
+                assert call.named is not None, "a call names its model, or says how to read it"
+                served = self._enter(call.named(read), None)
+            if not isinstance(served.batcher, StepServed):
+                await emit(await self._encoded(served, call, read))
+            else:
+                await self._steps(served, served.batcher, call, read, emit)
+        except asyncio.CancelledError:
+            if call.withdrawal.cancel_counts_as is not None:
+                self.recorder.record(call.protocol, call.withdrawal.cancel_counts_as, served)
+            raise
+        except Exception as exc:
+            self.recorder.record(call.protocol, error_status(exc).status, served)
+            raise
+        finally:
+            if served is not None:
+                served.leave()
+        self.recorder.record(call.protocol, Status.OK, served, time.perf_counter() - started)
+
+    async def _steps(
+        self,
+        served: ServedModel,
+        steps: StepServed,
+        call: Call[R, T],
+        read: R,
+        emit: Callable[[T], Awaitable[None]],
+    ) -> None:
+        """One row's sequence: each output as response tensors, encoded, emitted."""
+        request = await self._decoded(served, call, read)
+        admitted = await self.admissions.admit(served.model, request)
+        if admitted.rows != 1:
+            raise ProtocolError(
+                f"a streamed request carries one sequence: got {admitted.rows} rows "
+                "(send one request per sequence)",
+                field="inputs",
+            )
+        row = {name: rows[0] for name, rows in admitted.value.items()}
+        model = steps.model
+        assert model.response is not None
+        try:
+            stream = steps.stream(
+                row, request.parameters, timeout_ms=admitted.timeout_ms, priority=admitted.priority
+            )
+        except StepInputError as exc:
+            raise ProtocolError(str(exc), field=exc.field) from None
+        with stream:
+            async for output in _unless(stream, call.withdrawal):
+                result = {k: np.expand_dims(v, 0) for k, v in model.response(output).items()}
+                outputs = respond(served.model, admitted, result)
+                await emit(call.encode(Answer(served, request, admitted, outputs), read))
+
     def _enter(self, name: str, version: str | None) -> ServedModel:
         """The model that serves ``name`` (``version``), this request now on its way through
         it (a reload waits for it). Raises :class:`ModelNotFound`, :class:`ModelUnavailable`."""
@@ -129,7 +195,7 @@ class Inference:
             return await self._from_cache(cache, served, call, read)
         request = await self._decoded(served, call, read)
         admitted = await self.admissions.admit(served.model, request)
-        outputs = await _batched(served, admitted, call.withdrawal)
+        outputs = await _batched(served, admitted, call.withdrawal, request.parameters)
         answer = Answer(served, request, admitted, respond(served.model, admitted, outputs))
         return call.encode(answer, read)
 
@@ -236,7 +302,12 @@ class Inference:
         return entry, time.perf_counter() - started
 
 
-async def _batched(served: ServedModel, admitted: AdmittedRequest, withdrawal: Withdrawal) -> Any:
+async def _batched(
+    served: ServedModel,
+    admitted: AdmittedRequest,
+    withdrawal: Withdrawal,
+    parameters: Parameters,
+) -> Any:
     """``admitted``'s rows through the model's batcher: their outputs. Withdrawn (the
     batcher drops it if still queued) when the caller is cancelled, when the client goes
     (:class:`ClientGone`), or when the caller's deadline passes (a 504's kind)."""
@@ -246,9 +317,12 @@ async def _batched(served: ServedModel, admitted: AdmittedRequest, withdrawal: W
         deadline_ms = max(withdrawal.deadline_s * 1000.0, 1e-3)
         if timeout_ms is None or deadline_ms < timeout_ms:
             timeout_ms = deadline_ms  # the caller's deadline shortens the queue timeout
-    work = served.batcher.infer_many(
-        admitted.value, timeout_ms=timeout_ms, priority=admitted.priority
-    )
+    if isinstance(served.batcher, StepServed):  # each row's steps, answered whole
+        work = _whole(served.batcher, admitted, timeout_ms, parameters)
+    else:
+        work = served.batcher.infer_many(
+            admitted.value, timeout_ms=timeout_ms, priority=admitted.priority
+        )
     try:
         if withdrawal.client_gone is None:
             return await work
@@ -257,6 +331,17 @@ async def _batched(served: ServedModel, admitted: AdmittedRequest, withdrawal: W
         if deadline_ms is None or timeout_ms is not deadline_ms:
             raise  # the queue timeout's 503
         raise HTTPError(Status.GATEWAY_TIMEOUT, f"the call's deadline passed: {exc}") from None
+
+
+async def _whole(
+    steps: StepServed, admitted: AdmittedRequest, timeout_ms: float | None, parameters: Parameters
+) -> Any:
+    try:
+        return await steps.infer_many(
+            admitted.value, timeout_ms=timeout_ms, priority=admitted.priority, parameters=parameters
+        )
+    except StepInputError as exc:
+        raise ProtocolError(str(exc), field=exc.field) from None
 
 
 async def _waited(work: Awaitable[T], withdrawal: Withdrawal, timeout_ms: float | None) -> T:
@@ -305,6 +390,36 @@ async def _unless_gone(work: Awaitable[T], client_gone: GoneSignal) -> T:
     stop = client_gone(gone)
     try:
         return await work
+    except asyncio.CancelledError:
+        if went and task.uncancel() == 0:
+            raise ClientGone from None
+        raise
+    finally:
+        stop()
+
+
+async def _unless(stream: Stream[Any], withdrawal: Withdrawal) -> AsyncIterator[Any]:
+    """``stream``'s outputs until the client goes (:class:`ClientGone`, the sequence
+    cancelled: its slot is free at the next step)."""
+    if withdrawal.client_gone is None:
+        async for output in stream:
+            yield output
+        return
+    task = asyncio.current_task()
+    assert task is not None
+    went = False
+
+    def gone() -> None:
+        nonlocal went
+        if not went:
+            went = True
+            stream.cancel()
+            task.cancel()
+
+    stop = withdrawal.client_gone(gone)
+    try:
+        async for output in stream:
+            yield output
     except asyncio.CancelledError:
         if went and task.uncancel() == 0:
             raise ClientGone from None

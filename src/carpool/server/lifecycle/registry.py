@@ -20,6 +20,7 @@ from carpool.loading import LoadFailure
 from carpool.model import Model, Tensor
 from carpool.server.failures import ModelNotFound, ModelUnavailable
 from carpool.server.telemetry.statistics import CacheCounts, batch_stats, compute_phases, duration
+from carpool.stepwise import StepwiseModel
 
 __all__ = [
     "ModelNotFound",
@@ -177,7 +178,8 @@ class ServedModel:
             "input": [_config_tensor(t) for t in self.model.input_specs],
             "output": [_config_tensor(t) for t in self.model.output_specs],
             "instance_group": [{"count": b.workers, "kind": "KIND_CPU"}],
-            "model_transaction_policy": {"decoupled": False},
+            # a step-wise model answers in steps (generate_stream, ModelStreamInfer)
+            "model_transaction_policy": {"decoupled": isinstance(self.model, StepwiseModel)},
         }
         if self.model.response_cache:  # perf_analyzer reports cache hits and misses then
             config["response_cache"] = {"enable": True}

@@ -45,6 +45,7 @@ from carpool.server.rest.codec import (
     encode_error,
     parse_index_request,
 )
+from carpool.server.rest.generate import EVENT_STREAM, error_event, event, generate_call
 from carpool.server.statuses import STOPPING, HTTPError, Status, is_server_error
 from carpool.server.telemetry.logs import access_log, log_access
 from carpool.server.telemetry.metrics import Metrics
@@ -55,6 +56,7 @@ if TYPE_CHECKING:  # built by serve, only when the gRPC port is on: grpc is not 
 __all__ = ["App"]
 
 LOADS = ("load", "unload")  # /v2/repository/models/NAME/...
+_INFERENCE = ("infer", "generate", "generate_stream")  # /v2/models/NAME/..., POSTed
 
 log = logging.getLogger("carpool.server")
 
@@ -180,14 +182,16 @@ class App:
         started = time.perf_counter()
         method = scope["method"]
         parts = scope["path"].strip("/").split("/")
-        call: Call[Any, Sent] | None = None  # once handed over, the inference path counts
+        call: Call[Any, Any] | None = None  # once handed over, the inference path counts
         try:
             if self.api_keys is not None and self._refused(self.api_keys, parts, scope):
                 bearer = [(b"www-authenticate", b"Bearer")]
                 raise HTTPError(Status.UNAUTHORIZED, UNAUTHORIZED, bearer)
-            call = self._call(method, parts, scope, receive)
+            call, streamed = self._call(method, parts, scope, receive)
             if call is None:
                 status = await self._route(method, parts, scope, receive, send)
+            elif streamed:
+                status = await self._stream(call, send)
             else:
                 status = await self._infer(call, send)
         except asyncio.CancelledError:
@@ -213,7 +217,7 @@ class App:
         if access_log.isEnabledFor(logging.INFO):
             log_access(scope.get("client"), method, scope["path"], status, started)
 
-    def _count(self, call: Call[Any, Sent] | None, parts: list[str], status: int) -> None:
+    def _count(self, call: Call[Any, Any] | None, parts: list[str], status: int) -> None:
         """Count an answer the server's, unless it answers a ``call`` the inference path took
         (which counted it, whatever it ended in): each answer once."""
         if call is None:
@@ -287,7 +291,7 @@ class App:
             failed = {"name": name, "ready": False, "error": reason}
             return await send_json(send, Status.UNAVAILABLE, failed)
         served = self.registry.get(name, version)
-        if action == "infer":  # not a POST: a POST went to the inference path (_call)
+        if action in _INFERENCE:  # not a POST: a POST went to the inference path (_call)
             raise _not_allowed("POST")
         _allow(method, "GET")
         if action == "":
@@ -304,27 +308,67 @@ class App:
 
     def _call(
         self, method: str, parts: list[str], scope: Scope, receive: Receive
-    ) -> Call[Any, Sent] | None:
-        """The call record of an inference request (``POST`` to a model's ``infer`` or to
-        ``/v1/embeddings``), for the inference path; None for any other request."""
+    ) -> tuple[Call[Any, Any] | None, bool]:
+        """The call record of an inference request (``POST`` to a model's ``infer``,
+        ``generate`` or ``generate_stream``, or to ``/v1/embeddings``), for the inference
+        path, and whether its answer streams; None for any other request."""
         if method != "POST":
-            return None
+            return None, False
         if parts == ["v1", "embeddings"]:
-            return self._embeddings_call(scope, receive)
+            return self._embeddings_call(scope, receive), False
         route = _model_route(parts[2:]) if parts[:2] == ["v2", "models"] else None
-        if route is None or route[2] != "infer":
-            return None
-        name, version, _ = route
-        read = partial(self._received, scope, receive)
-        return v2_call(name, version, read, withdrawal(scope, receive))
+        if route is None or route[2] not in _INFERENCE:
+            return None, False
+        name, version, action = route
+        withdrawn = withdrawal(scope, receive)
+        if action == "infer":
+            read = partial(self._received, scope, receive)
+            return v2_call(name, version, read, withdrawn), False
+        body = partial(self._body, scope, receive)
+        return generate_call(name, version, body, withdrawn), action == "generate_stream"
 
-    async def _infer(self, call: Call[Any, Sent], send: Send) -> int:
+    async def _infer(self, call: Call[Any, Any], send: Send) -> int:
         """``call`` through the inference path, which counts it; its answer sent."""
         try:
-            body, headers = await self.inference.infer(call)
+            answer = await self.inference.infer(call)
         except ClientGone:
             return Status.CLIENT_CLOSED  # nobody to answer
-        await send_response(send, 200, body, headers)
+        if isinstance(answer, bytes):  # generate: one JSON object
+            await send_response(send, 200, answer, JSON)
+        else:
+            await send_response(send, 200, *answer)
+        return 200
+
+    async def _stream(self, call: Call[Any, bytes], send: Send) -> int:
+        """``call``'s steps as server-sent events, one per step; an error before the first
+        is an ordinary error response, after it an ``{"error": ...}`` event that ends it."""
+        started = False
+
+        async def emit(data: bytes) -> None:
+            nonlocal started
+            if not started:
+                started = True
+                await send({"type": "http.response.start", "status": 200, "headers": EVENT_STREAM})
+            await send({"type": "http.response.body", "body": event(data), "more_body": True})
+
+        try:
+            await self.inference.stream(call, emit)
+        except ClientGone:
+            return Status.CLIENT_CLOSED
+        except (Exception, asyncio.CancelledError) as exc:
+            if not started:
+                raise
+            error = (
+                HTTPError(Status.UNAVAILABLE, STOPPING)
+                if isinstance(exc, asyncio.CancelledError)
+                else error_status(exc)
+            )
+            last = error_event(error.message)
+            await send({"type": "http.response.body", "body": last, "more_body": False})
+            return 200
+        if not started:
+            await send({"type": "http.response.start", "status": 200, "headers": EVENT_STREAM})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
         return 200
 
     async def _received(self, scope: Scope, receive: Receive) -> Received:
@@ -386,7 +430,7 @@ def _model_route(rest: list[str]) -> tuple[str, str | None, str] | None:
     if len(tail) >= 2 and tail[0] == "versions":
         version, tail = tail[1], tail[2:]
     action = tail[0] if tail else ""
-    if len(tail) > 1 or action not in ("", "infer", "ready", "config", "stats"):
+    if len(tail) > 1 or action not in ("", "ready", "config", "stats", *_INFERENCE):
         return None
     return name, version, action
 

@@ -20,6 +20,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from carpool.engine.stats import BatcherStats
 from carpool.server.statuses import outcome
 from carpool.server.telemetry.buckets import batch_size_buckets, histogram_buckets
+from carpool.stepwise import StepServed
 
 if TYPE_CHECKING:
     from carpool.server.lifecycle.registry import Registry, ServedModel
@@ -101,7 +102,10 @@ class _Families:
             "kind",
         )
 
+        self.first_output, self.next_output, self.active, self.step_sequences = _step_families()
+
     def __iter__(self) -> Iterator[Metric]:
+        yield from (self.first_output, self.next_output, self.active, self.step_sequences)
         yield from (
             self.requests, self.batches, self.waits, self.model_time, self.queued,
             self.running, self.pending, self.received, self.outcomes, self.reasons, self.overloaded,
@@ -116,6 +120,8 @@ class _Families:
                 self.requests.add_metric([name, outcome(status), protocol], count)
         s = served.batcher.stats()
         self._add_batcher(name, s, served.model.batching.max_batch_size)
+        if isinstance(served.batcher, StepServed):
+            self._add_steps(name, served.batcher, s)
         if served.model.batching.latency_slo_ms is not None:
             self.overloaded.add_metric([name], s.overloaded)
         if served.model.padding is not None or served.model.count_tokens is not None:
@@ -144,6 +150,16 @@ class _Families:
         self.retried.add_metric([name], s.retried_batches)
         self.timed_out.add_metric([name], s.timed_out_batches)
 
+    def _add_steps(self, name: str, steps: StepServed, s: BatcherStats) -> None:
+        first, following = steps.histograms.first_output, steps.histograms.next_output
+        for family, histogram in ((self.first_output, first), (self.next_output, following)):
+            snapshot = histogram.snapshot()
+            family.add_metric([name], histogram_buckets(snapshot), snapshot.sum)
+        self.active.add_metric([name], steps.steps.active)
+        outputs = sum(size * n for size, n in s.batch_sizes.items())
+        buckets = batch_size_buckets(s.batch_sizes, steps.steps.max_sequences)
+        self.step_sequences.add_metric([name], buckets, float(outputs))
+
     def _add_learned(self, name: str, s: BatcherStats) -> None:
         # What an adaptive policy fitted: its cost curve and how well it predicts.
         if s.cost_curve is not None:
@@ -153,6 +169,26 @@ class _Families:
         if s.prediction_ratio is not None:
             for q in ("p50", "p90", "p99"):
                 self.accuracy.add_metric([name, q[1:]], getattr(s.prediction_ratio, q))
+
+
+def _step_families() -> tuple[
+    HistogramMetricFamily, HistogramMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+]:
+    """What a step-wise model adds: its outputs' pace, and how full its steps run."""
+    return (
+        _histogram(
+            "carpool_time_to_first_output_seconds",
+            "From a sequence's arrival to its first output (step-wise models)",
+        ),
+        _histogram(
+            "carpool_time_per_output_seconds",
+            "Between a sequence's outputs after its first (step-wise models)",
+        ),
+        _gauge("carpool_active_sequences", "Sequences aboard a replica now (step-wise models)"),
+        _histogram(
+            "carpool_step_sequences", "Active sequences each step advanced (step-wise models)"
+        ),
+    )
 
 
 class _Collector:
