@@ -183,7 +183,12 @@ class ServedModel:
         }
         if self.model.response_cache:  # perf_analyzer reports cache hits and misses then
             config["response_cache"] = {"enable": True}
-        if b.batched:  # Triton leaves dynamic_batching out of a model that does not batch
+        if isinstance(self.model, StepwiseModel):  # batched per step, not per request
+            config["parameters"] = {
+                "max_sequences": {"string_value": str(self.model.max_sequences)},
+                "step_tokens": {"string_value": str(self.model.step_tokens or "")},
+            }
+        elif b.batched:  # Triton leaves dynamic_batching out of a model that does not batch
             config["dynamic_batching"] = {
                 "max_queue_delay_microseconds": int(b.max_wait_ms * 1000),
                 "preferred_batch_size": list(b.allowed_batch_sizes) or [b.max_batch_size],
