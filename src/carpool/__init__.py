@@ -40,6 +40,11 @@ from carpool.policies.base import (
     WaitUntil,
 )
 from carpool.policies.cost import CostCurve, CostModel
+from carpool.steps.batcher import StepBatcher
+from carpool.steps.model import StepModel
+from carpool.steps.stats import StepSnapshot
+from carpool.steps.stream import Stream
+from carpool.stepwise import StepwiseModel
 
 __version__ = _version("carpool")  # written once, in pyproject.toml
 
@@ -52,6 +57,12 @@ __all__ = [
     "Percentiles",
     "Collator",
     "Handler",
+    # step-wise models: sequences that join and leave a batch at every step
+    "StepModel",
+    "StepBatcher",
+    "Stream",
+    "StepSnapshot",
+    "StepwiseModel",
     # serving: a model with a declared signature
     "Model",
     "Tensor",
