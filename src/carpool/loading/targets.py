@@ -14,6 +14,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from carpool.engine.options import check_int
 from carpool.errors import ConfigError
 from carpool.loading.repository import as_model, described, load_file, run_model_code
 from carpool.loading.settings import parse_tensor
@@ -114,7 +115,34 @@ def _minilm(options: Mapping[str, Any]) -> Model:
         raise ConfigError(f"model 'minilm' [torch] options: {exc}") from None
 
 
-BUILTINS: dict[str, Callable[[Mapping[str, Any]], Model]] = {DEMO: _demo, "minilm": _minilm}
+def _smollm2(options: Mapping[str, Any]) -> Model:
+    """SmolLM2-135M-Instruct, step-wise; ``engine`` picks torch or llama
+    (``$CARPOOL_SMOLLM2_ENGINE`` overrides it); ``threads`` and ``max_sequences`` per replica."""
+    from carpool.backends.smollm2.files import gguf_path
+    from carpool.backends.smollm2.served import ENGINE_ENV, smollm2_model
+
+    gguf_path()  # a missing package says what to install, at start
+    engine = os.environ.get(ENGINE_ENV) or options.get("engine")
+    unknown = sorted(set(options) - {"engine", "threads", "max_sequences"})
+    if unknown:
+        raise ConfigError(
+            f"[models.smollm2] takes engine, threads and max_sequences, not {unknown[0]!r}"
+        )
+    try:
+        return smollm2_model(
+            engine,
+            threads=check_int("threads", options.get("threads", 1), 1),
+            max_sequences=check_int("max_sequences", options.get("max_sequences", 16), 1),
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"[models.smollm2] {exc}") from None
+
+
+BUILTINS: dict[str, Callable[[Mapping[str, Any]], Model]] = {
+    DEMO: _demo,
+    "minilm": _minilm,
+    "smollm2": _smollm2,
+}
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

@@ -44,8 +44,7 @@ from carpool.server.inference.sharing import Flights
 from carpool.server.lifecycle.registry import Registry, ServedModel
 from carpool.server.messages import InferRequest, Parameters, ProtocolError
 from carpool.server.statuses import HTTPError, Status
-from carpool.steps.stream import Stream
-from carpool.stepwise import StepInputError, StepServed
+from carpool.stepwise import StepInputError, StepwiseModel
 
 __all__ = [
     "NOT_WITHDRAWN",
@@ -130,10 +129,10 @@ class Inference:
             if served is None:
                 assert call.named is not None, "a call names its model, or says how to read it"
                 served = self._enter(call.named(read), None)
-            if not isinstance(served.batcher, StepServed):
-                await emit(await self._encoded(served, call, read))
+            if isinstance(served.model, StepwiseModel):
+                await self._steps(served, call, read, emit)
             else:
-                await self._steps(served, served.batcher, call, read, emit)
+                await emit(await self._encoded(served, call, read))
         except asyncio.CancelledError:
             if call.withdrawal.cancel_counts_as is not None:
                 self.recorder.record(call.protocol, call.withdrawal.cancel_counts_as, served)
@@ -147,14 +146,10 @@ class Inference:
         self.recorder.record(call.protocol, Status.OK, served, time.perf_counter() - started)
 
     async def _steps(
-        self,
-        served: ServedModel,
-        steps: StepServed,
-        call: Call[R, T],
-        read: R,
-        emit: Callable[[T], Awaitable[None]],
+        self, served: ServedModel, call: Call[R, T], read: R, emit: Callable[[T], Awaitable[None]]
     ) -> None:
-        """One row's sequence: each output as response tensors, encoded, emitted."""
+        """One row's sequence: each output as response tensors, encoded, emitted. The
+        batcher is a :class:`~carpool.stepwise.StepServed` (or a front end's link to one)."""
         request = await self._decoded(served, call, read)
         admitted = await self.admissions.admit(served.model, request)
         if admitted.rows != 1:
@@ -164,8 +159,10 @@ class Inference:
                 field="inputs",
             )
         row = {name: rows[0] for name, rows in admitted.value.items()}
-        model = steps.model
+        model = served.model
+        assert isinstance(model, StepwiseModel)
         assert model.response is not None
+        steps: Any = served.batcher
         try:
             stream = steps.stream(
                 row, request.parameters, timeout_ms=admitted.timeout_ms, priority=admitted.priority
@@ -317,7 +314,7 @@ async def _batched(
         deadline_ms = max(withdrawal.deadline_s * 1000.0, 1e-3)
         if timeout_ms is None or deadline_ms < timeout_ms:
             timeout_ms = deadline_ms  # the caller's deadline shortens the queue timeout
-    if isinstance(served.batcher, StepServed):  # each row's steps, answered whole
+    if isinstance(served.model, StepwiseModel):  # each row's steps, answered whole
         work = _whole(served.batcher, admitted, timeout_ms, parameters)
     else:
         work = served.batcher.infer_many(
@@ -334,7 +331,7 @@ async def _batched(
 
 
 async def _whole(
-    steps: StepServed, admitted: AdmittedRequest, timeout_ms: float | None, parameters: Parameters
+    steps: Any, admitted: AdmittedRequest, timeout_ms: float | None, parameters: Parameters
 ) -> Any:
     try:
         return await steps.infer_many(
@@ -398,7 +395,7 @@ async def _unless_gone(work: Awaitable[T], client_gone: GoneSignal) -> T:
         stop()
 
 
-async def _unless(stream: Stream[Any], withdrawal: Withdrawal) -> AsyncIterator[Any]:
+async def _unless(stream: Any, withdrawal: Withdrawal) -> AsyncIterator[Any]:
     """``stream``'s outputs until the client goes (:class:`ClientGone`, the sequence
     cancelled: its slot is free at the next step)."""
     if withdrawal.client_gone is None:
