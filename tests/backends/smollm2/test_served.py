@@ -1,0 +1,67 @@
+"""smollm2's request parameters: each becomes the Prompt's setting, and each refusal names
+its field (the server answers 400 with it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from carpool.backends.generation import Piece, Prompt
+from carpool.backends.smollm2.served import prompt_of, smollm2_model
+from carpool.errors import ConfigError
+
+
+def row(text: str) -> dict[str, np.ndarray[Any, Any]]:
+    return {"text_input": np.array([text.encode()], dtype=object)}
+
+
+def test_defaults_and_every_parameter() -> None:
+    assert prompt_of(row("hi"), {}) == Prompt(text="hi", max_tokens=128)
+    given = {"max_tokens": 5, "temperature": 0, "top_p": 0.5, "seed": 7, "stop": "\n"}
+    assert prompt_of(row("hi"), given) == Prompt(
+        text="hi", max_tokens=5, temperature=0.0, top_p=0.5, seed=7, stop=("\n",)
+    )
+    assert prompt_of(row("x"), {"stop": '["a", "bc"]', "chat": False}).stop == ("a", "bc")
+    assert prompt_of(row("x"), {"chat": False}).chat is False
+
+
+@pytest.mark.parametrize(
+    ("parameters", "field", "message"),
+    [
+        ({"max_tokens": 0}, "parameters.max_tokens", "max_tokens must be an int from 1"),
+        ({"max_tokens": 2.5}, "parameters.max_tokens", "max_tokens must be an int"),
+        ({"temperature": -1}, "parameters.temperature", "temperature must be a number"),
+        ({"temperature": True}, "parameters.temperature", "temperature must be a number"),
+        ({"top_p": 0}, "parameters.top_p", "top_p must be > 0"),
+        ({"seed": "7"}, "parameters.seed", "seed must be an int"),
+        ({"stop": ""}, "parameters.stop", "stop must be a non-empty string"),
+        ({"stop": '["a","b","c","d","e"]'}, "parameters.stop", "a list of 1 to 4"),
+        ({"chat": "yes"}, "parameters.chat", "chat must be true or false"),
+        ({"n": 2}, "parameters.n", "smollm2 takes the parameters"),
+    ],
+)
+def test_refusals_name_the_field(parameters: dict[str, Any], field: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as refused:
+        prompt_of(row("hi"), parameters)
+    assert refused.value.args[1] == field
+
+
+def test_scheduling_parameters_pass() -> None:
+    assert prompt_of(row("hi"), {"priority": 1, "timeout": 1000}).text == "hi"
+
+
+def test_rows_become_text_and_answers() -> None:
+    model = smollm2_model("torch")
+    assert model.max_sequences == 16
+    assert model.response is not None
+    assert model.whole is not None
+    assert model.response(Piece("lo"))["text_output"].tolist() == [b"lo"]
+    whole = model.whole([Piece("Hel"), Piece("lo", finish_reason="stop")])
+    assert whole["text_output"].tolist() == [b"Hello"]
+
+
+def test_an_unknown_engine_is_refused() -> None:
+    with pytest.raises(ConfigError, match="smollm2 engine must be one of"):
+        smollm2_model("vllm")
