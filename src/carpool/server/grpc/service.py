@@ -190,19 +190,22 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         (the Stream), whose slot is free at the next step."""
         context = out.context
         served = self._registry.find(request.model_name)
+        whole = None  # the one answer of a model that is not step-wise
         try:
             async with self._slot(request, context):
                 if served is not None and isinstance(served.batcher, StepServed):
                     call = self._call(request, context.time_remaining())
                     await self._inference.stream(call, out.step)
                 else:
-                    response = await self._infer(request, context.time_remaining())
-                    await out.step(response)
+                    whole = await self._infer(request, context.time_remaining())
         except Exception as exc:
             _, message = _status(exc, "ModelStreamInfer")
             await out.fail(message)
             return
-        await out.end()
+        if whole is None:
+            await out.end()
+        else:  # the last: never an empty one after it (as Triton's models that are not decoupled)
+            await out.whole(whole)
 
     def _slot(self, request: Any, context: Any) -> Any:
         """The call's place in its burst; a call cancelled there counts as the inference
@@ -251,7 +254,7 @@ class _Responses:
         self._last: Any = None  # the last response made, written or held
 
     async def step(self, response: Any) -> None:
-        """One response (a step's, or a whole answer's) for the request."""
+        """One step's response for the request."""
         if self._held is not None:
             await self._write(self._held, final=False)
         self._last = response
@@ -259,6 +262,10 @@ class _Responses:
             await self._write(response, final=False)
         else:
             self._held = response
+
+    async def whole(self, response: Any) -> None:
+        """The request's one response (a model that is not step-wise), its last."""
+        await self._write(response, final=True)
 
     async def end(self) -> None:
         """The request ended well: its last response written, marked final."""
