@@ -104,6 +104,15 @@ def active(server: Server) -> float:
     return server.metric("carpool_active_sequences", model="words")
 
 
+def closed(server: Server) -> float:
+    """The words requests counted as cancelled by their client (499) over gRPC."""
+    labels = '{model="words",outcome="client_closed",protocol="grpc"} '
+    for line in server.metrics().splitlines():
+        if line.startswith(f"carpool_requests_total{labels}"):
+            return float(line.split()[-1])
+    return 0.0
+
+
 # ---------------------------------------------------------------- responses and their flags
 
 
@@ -249,6 +258,7 @@ def test_the_stream_flag_is_consumed_not_passed_to_the_model() -> None:
 def test_cancelling_the_stream_frees_the_sequences_slot(
     client: triton.InferenceServerClient, server: Server
 ) -> None:
+    cancelled = closed(server)
     answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
     client.start_stream(callback=lambda result, error: answers.put((result, error)))
     try:
@@ -261,16 +271,19 @@ def test_cancelling_the_stream_frees_the_sequences_slot(
     finally:
         client.stop_stream(cancel_requests=True)
     wait_until(lambda: active(server) == 0, "the cancelled sequence to leave", within=10.0)
+    wait_until(lambda: closed(server) == cancelled + 1, "the cancel counted once", within=10.0)
     result = client.infer("words", text("after it"))
     assert result.as_numpy("text_output").tolist() == [[b"after it"]]
 
 
 def test_cancelling_a_raw_call_frees_the_sequences_slot(stub: Any, server: Server) -> None:
+    cancelled = closed(server)
     long = " ".join(f"w{i}" for i in range(200))
     call = stub.ModelStreamInfer(iter([request("k", long, delay_ms=50)]), timeout=30)
     assert flagged(next(call)) == ("k", ["w0"], False)
     call.cancel()
     wait_until(lambda: active(server) == 0, "the cancelled sequence to leave", within=10.0)
+    wait_until(lambda: closed(server) == cancelled + 1, "the cancel counted once", within=10.0)
     assert [flagged(r) for r in streamed(stub, request("n", "next"))] == [("n", ["next"], True)]
 
 

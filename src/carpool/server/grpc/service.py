@@ -186,17 +186,18 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
             room.release()
 
     async def _stream_answer(self, request: Any, out: _Responses) -> None:
-        """``request``'s responses through ``out``; a cancelled call cancels its sequence
-        (the Stream), whose slot is free at the next step."""
+        """``request``'s responses through ``out``. A step-wise model's sequence joins at
+        its next step, held for no burst; a cancelled call cancels it (its Stream), and its
+        slot is free at the next step."""
         context = out.context
         served = self._registry.find(request.model_name)
         whole = None  # the one answer of a model that is not step-wise
         try:
-            async with self._slot(request, context):
-                if served is not None and isinstance(served.batcher, StepServed):
-                    call = self._call(request, context.time_remaining())
-                    await self._inference.stream(call, out.step)
-                else:
+            if served is not None and isinstance(served.batcher, StepServed):
+                call = self._call(request, context.time_remaining())
+                await self._inference.stream(call, out.step)
+            else:
+                async with self._slot(request, context):
                     whole = await self._infer(request, context.time_remaining())
         except Exception as exc:
             _, message = _status(exc, "ModelStreamInfer")
@@ -286,9 +287,8 @@ class _Responses:
     def _empty(self, like: Any) -> Any:
         """A response with no outputs for the request, named as ``like`` (if any) is."""
         source = self.request if like is None else like
-        version = source.model_version
         return pb.ModelInferResponse(
-            model_name=source.model_name, model_version=version, id=self.request.id
+            model_name=source.model_name, model_version=source.model_version, id=self.request.id
         )
 
     async def _write(self, response: Any, *, final: bool) -> None:
