@@ -34,7 +34,10 @@ from carpool.server.messages import (
 from carpool.server.tensors import array_from_wire, array_to_wire, check_shape
 
 __all__ = [
+    "EMPTY_FINAL",
+    "FINAL",
     "decode_infer_request",
+    "empty_final_response",
     "encode_infer_response",
     "model_config",
     "model_metadata",
@@ -59,6 +62,12 @@ CONTENTS = {
     "FP64": "fp64_contents",
     "BYTES": "bytes_contents",
 }
+
+
+# A streamed request's parameter asking for an empty last response (Triton's decoupled
+# models), and every streamed response's, true on the last of its request's.
+EMPTY_FINAL = "triton_enable_empty_final_response"
+FINAL = "triton_final_response"
 
 
 def decode_infer_request(message: Any, *, max_elements: int) -> InferRequest:
@@ -94,13 +103,25 @@ def decode_infer_request(message: Any, *, max_elements: int) -> InferRequest:
         )
         params = parameters(tensor.parameters, f"{where}.parameters")
         inputs.append(input_tensor(name, tensor.datatype, shape, data, params))
+    params = parameters(message.parameters, "parameters")
+    if not isinstance(params.pop(EMPTY_FINAL, False), bool):  # the stream's, not the model's
+        raise ProtocolError(
+            f"parameter '{EMPTY_FINAL}' must be a bool_param", field=f"parameters.{EMPTY_FINAL}"
+        )
     return InferRequest(
         id=message.id or None,
-        parameters=parameters(message.parameters, "parameters"),
+        parameters=params,
         inputs=tuple(inputs),
         outputs=_outputs(message.outputs),
         binary_data_output=True,  # no meaning over gRPC: outputs are always raw
     )
+
+
+def empty_final_response(message: Any) -> bool:
+    """Whether a ``ModelInferRequest`` asks for an empty last response on its stream."""
+    if EMPTY_FINAL not in message.parameters:
+        return False
+    return message.parameters[EMPTY_FINAL].bool_param is True
 
 
 def parameters(values: Mapping[str, Any], field: str) -> Parameters:

@@ -31,6 +31,7 @@ from carpool.server.lifecycle.control import ModelControl, act
 from carpool.server.lifecycle.registry import ServedModel, server_metadata
 from carpool.server.messages import MAX_ELEMENTS, InferRequest
 from carpool.server.statuses import HTTPError, Status, grpc_code, is_server_error
+from carpool.stepwise import StepServed
 
 __all__ = ["GrpcServer"]
 
@@ -162,8 +163,10 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> None:
         """Each request on the stream answered on the stream, as it completes (requests
-        run concurrently, so they batch together); an error is that answer's
-        ``error_message``, and the stream goes on."""
+        run concurrently, so they batch together): a step-wise model's once per step, as
+        Triton's decoupled models, any other's once; each response says whether it is its
+        request's last (``triton_final_response``). An error is that request's last
+        answer, an ``error_message``, and the stream goes on."""
         writing = asyncio.Lock()
         # At most STREAM_IN_FLIGHT requests of one stream at a time: past it the stream is
         # not read until one is answered (HTTP/2's flow control then holds the client back),
@@ -178,26 +181,32 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         self, request: Any, context: Any, writing: asyncio.Lock, room: asyncio.Semaphore
     ) -> None:
         try:
-            await self._stream_answer(request, context, writing)
+            await self._stream_answer(request, _Responses(request, context, writing))
         finally:
             room.release()
 
-    async def _stream_answer(self, request: Any, context: Any, writing: asyncio.Lock) -> None:
+    async def _stream_answer(self, request: Any, out: _Responses) -> None:
+        """``request``'s responses through ``out``. A step-wise model's sequence joins at
+        its next step, held for no burst; a cancelled call cancels it (its Stream), and its
+        slot is free at the next step."""
+        context = out.context
+        served = self._registry.find(request.model_name)
+        whole = None  # the one answer of a model that is not step-wise
         try:
-            async with self._slot(request, context):
-                response = await self._infer(request, context.time_remaining())
-            answer = pb.ModelStreamInferResponse(infer_response=response)
+            if served is not None and isinstance(served.batcher, StepServed):
+                call = self._call(request, context.time_remaining())
+                await self._inference.stream(call, out.step)
+            else:
+                async with self._slot(request, context):
+                    whole = await self._infer(request, context.time_remaining())
         except Exception as exc:
             _, message = _status(exc, "ModelStreamInfer")
-            answer = pb.ModelStreamInferResponse(
-                error_message=message,
-                infer_response=pb.ModelInferResponse(
-                    model_name=request.model_name, model_version=request.model_version,
-                    id=request.id,
-                ),
-            )  # fmt: skip
-        async with writing:
-            await context.write(answer)
+            await out.fail(message)
+            return
+        if whole is None:
+            await out.end()
+        else:  # the last: never an empty one after it (as Triton's models that are not decoupled)
+            await out.whole(whole)
 
     def _slot(self, request: Any, context: Any) -> Any:
         """The call's place in its burst; a call cancelled there counts as the inference
@@ -214,17 +223,81 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     def _served(self, request: Any) -> ServedModel:
         return self._registry.get(request.name, request.version or None)
 
-    async def _infer(self, request: Any, left_s: float | None) -> Any:
-        """One ``ModelInferRequest`` through the inference path, counted
-        under ``grpc``: the call's deadline (``left_s``) shortens its queue timeout, and a
-        cancelled call (the client's cancel, its deadline) withdraws it and counts 499."""
-        call = Call(
+    def _call(self, request: Any, left_s: float | None) -> Call[Any, Any]:
+        """One ``ModelInferRequest`` as the inference path's call, counted under ``grpc``:
+        the call's deadline (``left_s``) shortens its queue timeout, and a cancelled call
+        (the client's cancel, its deadline) withdraws it and counts 499."""
+        return Call(
             protocol=PROTOCOL, model=request.model_name,
             version=request.model_version or None, read=functools.partial(_received, request),
             size=_size, decode=_decode, encode=_encode,
             withdrawal=Withdrawal(deadline_s=left_s, cancel_counts_as=Status.CLIENT_CLOSED),
         )  # fmt: skip
-        return await self._inference.infer(call)
+
+    async def _infer(self, request: Any, left_s: float | None) -> Any:
+        """One ``ModelInferRequest``'s whole answer through the inference path."""
+        return await self._inference.infer(self._call(request, left_s))
+
+
+class _Responses:
+    """One streamed request's responses, written on its stream (under ``writing``, which
+    the stream's requests share). Each carries ``triton_final_response``: with the
+    request's ``triton_enable_empty_final_response``, every step's is false and an empty
+    response ends it; without, each step's response waits for the next (or the end) to
+    know whether it is the last."""
+
+    def __init__(self, request: Any, context: Any, writing: asyncio.Lock) -> None:
+        self.request = request
+        self.context = context
+        self._writing = writing
+        self._empty_final = codec.empty_final_response(request.message)
+        self._held: Any = None  # the last step's response, not yet written
+        self._last: Any = None  # the last response made, written or held
+
+    async def step(self, response: Any) -> None:
+        """One step's response for the request."""
+        if self._held is not None:
+            await self._write(self._held, final=False)
+        self._last = response
+        if self._empty_final:
+            await self._write(response, final=False)
+        else:
+            self._held = response
+
+    async def whole(self, response: Any) -> None:
+        """The request's one response (a model that is not step-wise), its last."""
+        await self._write(response, final=True)
+
+    async def end(self) -> None:
+        """The request ended well: its last response written, marked final."""
+        held, self._held = self._held, None
+        if held is None:  # asked for an empty one, or no step came
+            held = self._empty(self._last)
+        await self._write(held, final=True)
+
+    async def fail(self, message: str) -> None:
+        """The request ended in ``message``: what it answered, then the error, its last."""
+        held, self._held = self._held, None
+        if held is not None:
+            await self._write(held, final=False)
+        error = self._empty(None)
+        error.parameters[codec.FINAL].bool_param = True
+        await self._send(pb.ModelStreamInferResponse(error_message=message, infer_response=error))
+
+    def _empty(self, like: Any) -> Any:
+        """A response with no outputs for the request, named as ``like`` (if any) is."""
+        source = self.request if like is None else like
+        return pb.ModelInferResponse(
+            model_name=source.model_name, model_version=source.model_version, id=self.request.id
+        )
+
+    async def _write(self, response: Any, *, final: bool) -> None:
+        response.parameters[codec.FINAL].bool_param = final
+        await self._send(pb.ModelStreamInferResponse(infer_response=response))
+
+    async def _send(self, answer: Any) -> None:
+        async with self._writing:
+            await self.context.write(answer)
 
 
 _KINDS = {
