@@ -71,8 +71,8 @@ class SmolLM2Llama(StepModel[Prompt, LlamaState, Piece]):
         n_threads: int = 1,
         n_batch: int = 512,
         n_ubatch: int = 512,
-        flash_attn: bool | None = None,
-        unified_kv: bool = True,
+        flash_attn: bool | None = True,
+        unified_kv: bool = False,
         path: Path | None = None,
     ) -> None:
         for name, value in (("max_sequences", max_sequences), ("context", context)):
@@ -335,23 +335,22 @@ def sample(logits: np.ndarray, temperature: float, top_p: float, rng: np.random.
         return int(np.argmax(logits))
     scaled = logits / np.float32(temperature)
     probs = np.exp(scaled - scaled.max())
-    order = _nucleus(probs, top_p) if top_p < 1 else np.arange(len(probs))
+    nucleus = top_p * float(probs.sum(dtype=np.float64))
+    order = _nucleus(probs, nucleus) if top_p < 1 else np.arange(len(probs))
     mass = np.cumsum(probs[order], dtype=np.float64)
-    keep = len(order)
     if top_p < 1:
-        keep = min(int(np.searchsorted(mass, top_p * mass[-1])) + 1, keep)
-    drawn = int(np.searchsorted(mass[:keep], rng.random() * mass[keep - 1], side="right"))
-    return int(order[min(drawn, keep - 1)])
+        mass = mass[: int(np.searchsorted(mass, nucleus)) + 1]
+    drawn = int(np.searchsorted(mass, rng.random() * mass[-1], side="right"))
+    return int(order[min(drawn, len(mass) - 1)])
 
 
-def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
-    """The most likely tokens, most likely first, at least until their mass reaches ``top_p``:
-    a partition finds them without sorting the whole vocabulary."""
-    total = probs.sum()
+def _nucleus(probs: np.ndarray, nucleus: float) -> np.ndarray:
+    """The most likely tokens, most likely first, at least until their mass reaches
+    ``nucleus``: a partition finds them without sorting the whole vocabulary."""
     size = 64
     while size < len(probs):
         top = np.argpartition(-probs, size)[:size]
-        if probs[top].sum() >= top_p * total:
+        if probs[top].sum(dtype=np.float64) >= nucleus:
             return top[np.argsort(-probs[top], kind="stable")]
         size *= 8
     return np.argsort(-probs, kind="stable")
