@@ -204,3 +204,17 @@ def test_chat_renders_the_gguf_template(model: SmolLM2Llama) -> None:
     turn = "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n"
     assert as_text == raw(f"<|im_start|>system\n{system}<|im_end|>\n{turn}")
     assert as_messages == raw(f"<|im_start|>system\nBe brief.<|im_end|>\n{turn}")
+
+
+def test_a_freed_sequence_fails_alone_in_prefill_and_step(model: SmolLM2Llama) -> None:
+    kept, freed = started(model, [greedy(STORY, max_tokens=4), greedy(OTHERS[1])])
+    model.free(freed)
+    cost = model.start_cost(kept)
+    errors = model.prefill([freed, kept], [5, cost])
+    assert isinstance(errors[0], ValueError)
+    assert errors[1] is None
+    outputs = model.step([freed, kept])
+    assert isinstance(outputs[0], ValueError)
+    assert "freed" in str(outputs[0])
+    assert isinstance(outputs[1], Piece)
+    model.free(kept)

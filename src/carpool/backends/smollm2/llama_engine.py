@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import codecs
 import ctypes
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import cast
 
 import llama_cpp
 import numpy as np
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+from llama_cpp.llama_types import ChatCompletionRequestMessage
 
 from carpool.backends.generation import FinishReason, Message, Piece, Prompt, StopText
 from carpool.backends.smollm2.files import gguf_path
@@ -61,16 +64,19 @@ class LlamaState:
 
 class SmolLM2Llama(StepModel[Prompt, LlamaState, Piece]):
     """SmolLM2-135M-Instruct (Q4_1 GGUF) in one llama.cpp context of ``max_sequences`` slots,
-    each ``context`` tokens long. ``flash_attn`` None lets llama.cpp choose."""
+    each ``context`` tokens long. Flash attention and one KV stream per sequence (not a
+    unified cache) are the defaults: then a sequence's logits do not depend on who shares
+    its step, so greedy tokens and seeded samples match a lone run. ``flash_attn`` None lets
+    llama.cpp choose."""
 
     def __init__(
         self,
         *,
         max_sequences: int = 16,
-        context: int = 512,
+        context: int = 1024,
         n_threads: int = 1,
-        n_batch: int = 512,
-        n_ubatch: int = 512,
+        n_batch: int = 1024,
+        n_ubatch: int = 256,
         flash_attn: bool | None = True,
         unified_kv: bool = False,
         path: Path | None = None,
@@ -85,6 +91,9 @@ class SmolLM2Llama(StepModel[Prompt, LlamaState, Piece]):
             raise ConfigError(f"n_batch must be >= max_sequences ({max_sequences}), got {n_batch}")
         self.max_sequences = max_sequences
         self.context = context
+        quiet = logging.getLogger("llama-cpp-python")  # llama.cpp's log, printed at its level
+        if quiet.level == logging.NOTSET:
+            quiet.setLevel(logging.WARNING)
         llama_cpp.llama_backend_init()
         model_params = llama_cpp.llama_model_default_params()
         file = str(path or gguf_path()).encode()
@@ -155,26 +164,32 @@ class SmolLM2Llama(StepModel[Prompt, LlamaState, Piece]):
     def prefill(
         self, states: Sequence[LlamaState], tokens: Sequence[int]
     ) -> Sequence[BaseException | None]:
-        counts = [min(n, self.start_cost(s)) for s, n in zip(states, tokens, strict=True)]
-        self._feed(states, counts)
-        return [None] * len(states)
+        live = [(s, min(n, self.start_cost(s))) for s, n in zip(states, tokens, strict=True)]
+        live = [(s, n) for s, n in live if s.slot is not None]
+        if live:
+            self._feed([s for s, _ in live], [n for _, n in live])
+        return [None if s.slot is not None else _freed() for s in states]
 
     def step(self, states: Sequence[LlamaState]) -> Sequence[Piece | BaseException]:
-        owed = [s for s in states if self.start_cost(s) > 0]
+        live = [s for s in states if s.slot is not None]
+        owed = [s for s in live if self.start_cost(s) > 0]
         if owed:
             self._feed(owed, [self.start_cost(s) for s in owed])
-        slots = [self._slot(s) for s in states]
         self._decode(
-            np.array([s.pending for s in states]), np.array([s.fed for s in states]), slots, True
+            np.array([s.pending for s in live]),
+            np.array([s.fed for s in live]),
+            [self._slot(s) for s in live],
+            True,
         )
-        pieces: list[Piece | BaseException] = []
-        for i, state in enumerate(states):
+        pieces: list[Piece] = []
+        for i, state in enumerate(live):
             state.fed += 1
             logits = np.ctypeslib.as_array(
                 llama_cpp.llama_get_logits_ith(self._ctx, i), shape=(self._n_vocab,)
             )
             pieces.append(self._advance(state, logits))
-        return pieces
+        out = iter(pieces)
+        return [next(out) if s.slot is not None else _freed() for s in states]
 
     def finished(self, state: LlamaState, output: Piece) -> bool:
         return output.finish_reason is not None
@@ -221,7 +236,10 @@ class SmolLM2Llama(StepModel[Prompt, LlamaState, Piece]):
         if prompt.messages or prompt.chat:
             messages = prompt.messages or (Message("user", prompt.text),)
             rendered = self._chat(
-                messages=[{"role": m.role, "content": m.content} for m in messages]
+                messages=[
+                    cast(ChatCompletionRequestMessage, {"role": m.role, "content": m.content})
+                    for m in messages
+                ]
             )
             return self._tokenize(rendered.prompt, add_special=False)
         return self._tokenize(prompt.text, add_special=True)
@@ -241,7 +259,7 @@ class SmolLM2Llama(StepModel[Prompt, LlamaState, Piece]):
 
     def _slot(self, state: LlamaState) -> int:
         if state.slot is None:
-            raise ValueError("the sequence was freed")
+            raise _freed()
         return state.slot
 
     def _feed(self, states: Sequence[LlamaState], counts: Sequence[int]) -> None:
@@ -326,6 +344,10 @@ class SmolLM2Llama(StepModel[Prompt, LlamaState, Piece]):
         buf = ctypes.create_string_buffer(size + 1)
         llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, size + 1)
         return buf.value.decode()
+
+
+def _freed() -> ValueError:
+    return ValueError("the sequence was freed: it can no longer prefill or step")
 
 
 def sample(logits: np.ndarray, temperature: float, top_p: float, rng: np.random.Generator) -> int:
