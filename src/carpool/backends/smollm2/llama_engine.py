@@ -76,7 +76,7 @@ class SmolLM2Llama(StepModel[Prompt, LlamaState, Piece]):
         context: int = 1024,
         n_threads: int = 1,
         n_batch: int = 1024,
-        n_ubatch: int = 256,
+        n_ubatch: int = 128,
         flash_attn: bool | None = True,
         unified_kv: bool = False,
         path: Path | None = None,
