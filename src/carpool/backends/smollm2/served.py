@@ -56,7 +56,7 @@ def _engine(name: str, threads: int, max_sequences: int) -> StepModel[Prompt, An
     if name == "llama":
         from carpool.backends.smollm2.llama_engine import SmolLM2Llama
 
-        return SmolLM2Llama(max_sequences=max_sequences, threads=threads)
+        return SmolLM2Llama(max_sequences=max_sequences, n_threads=threads)
     from carpool.backends.smollm2.torch_engine import SmolLM2Torch
 
     build = SmolLM2Torch
