@@ -21,8 +21,11 @@ __all__ = [
 ]
 
 # Keys that say how to load a model, not how to serve it; read before loading. ``engine``:
-# minilm's (torch, onnx or onnx-int8).
-LOAD_KEYS = frozenset({"backend", "file", "target", "onnx", "torch", "engine"})
+# minilm's (torch, onnx or onnx-int8) and smollm2's (torch or llama); ``threads`` and
+# ``max_sequences``: what smollm2's engine is built with, in each replica.
+LOAD_KEYS = frozenset(
+    {"backend", "file", "target", "onnx", "torch", "engine", "threads", "max_sequences"}
+)
 
 
 def parse_tensor(text: str) -> Tensor:
