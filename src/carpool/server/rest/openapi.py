@@ -228,6 +228,34 @@ def _model_routes(suffix: str, tag: str) -> dict[str, Any]:
             {"200": _json("StatisticsResponse", "statistics"), **_errors("400", "404")},
         ),
         base + "/infer": {"post": _infer(f"ModelInfer{tag}")},
+        base + "/generate": {"post": _generate(f"ModelGenerate{tag}", stream=False)},
+        base + "/generate_stream": {"post": _generate(f"ModelGenerateStream{tag}", stream=True)},
+    }
+
+
+def _generate(operation_id: str, *, stream: bool) -> dict[str, Any]:
+    """Triton's generate extension: a flat object in; one object, or an event per step, out."""
+    body = {
+        "type": "object",
+        "description": "each field named as an input is that input; the rest, and "
+        "'parameters', are request parameters",
+        "properties": {"id": _STRING, "parameters": {"type": "object"}},
+    }
+    answer = {"type": "object", "required": ["model_name"], "properties": {"model_name": _STRING}}
+    ok = (
+        {
+            "description": "one data: event per step",
+            "content": {"text/event-stream": {"schema": _STRING}},
+        }
+        if stream
+        else _json(answer, "the whole answer")
+    )
+    return {
+        "operationId": operation_id,
+        "summary": "generate (Triton's generate extension)"
+        + (": server-sent events, one per step" if stream else ""),
+        "requestBody": {"required": True, "content": {JSON_TYPE: {"schema": body}}},
+        "responses": {"200": ok, **_errors("400", "404", "413", "500", "503", "504")},
     }
 
 
