@@ -1,0 +1,254 @@
+"""SmolLM2 as a packed torch decoder: every step's new tokens, of every sequence, are one
+[tokens, hidden] matrix for the matrix products (Orca's selective batching), and attention
+runs per sequence against its own KV cache, so caches need no padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.nn import functional
+
+from carpool.backends.generation import Piece, Prompt, StopText
+from carpool.backends.smollm2.files import gguf_path
+from carpool.backends.smollm2.sampling import Sampler, pick
+from carpool.backends.smollm2.text import Detokenizer, TextCodec
+from carpool.backends.smollm2.weights import LlamaConfig, LlamaWeights, load_weights, read_gguf
+from carpool.steps.model import StepModel
+
+__all__ = ["KVCache", "SmolLM2Torch", "State"]
+
+_GROWTH = 128  # cache capacity grows in multiples of this many tokens, by half at least
+
+
+class KVCache:
+    """One sequence's keys and values, [layers, kv_heads, capacity, head_dim] each, grown
+    ahead of need so appending a token never copies the history."""
+
+    def __init__(self, config: LlamaConfig, limit: int) -> None:
+        self._config = config
+        self.limit = limit  # the most tokens the sequence can hold
+        self.length = 0
+        self.keys = self._empty(0)
+        self.values = self._empty(0)
+
+    def reserve(self, tokens: int) -> None:
+        """Room for ``tokens`` more."""
+        needed = self.length + tokens
+        capacity = self.keys.shape[2]
+        if needed <= capacity:
+            return
+        wanted = max(needed, capacity + capacity // 2)
+        grown = min(-(-wanted // _GROWTH) * _GROWTH, max(self.limit, needed))
+        keys, values = self._empty(grown), self._empty(grown)
+        keys[:, :, : self.length] = self.keys[:, :, : self.length]
+        values[:, :, : self.length] = self.values[:, :, : self.length]
+        self.keys, self.values = keys, values
+
+    def _empty(self, capacity: int) -> torch.Tensor:
+        c = self._config
+        return torch.empty(c.layers, c.kv_heads, capacity, c.head_dim)
+
+
+@dataclass(eq=False)
+class State:
+    """One sequence: its prompt's tokens, its cache, and what it has generated."""
+
+    prompt: Prompt
+    ids: list[int]
+    sampler: Sampler
+    text: Detokenizer
+    stop: StopText
+    cache: KVCache | None
+    pending: int  # the token the next step feeds
+    fed: int = 0  # prompt tokens in the cache (prefill covers all but the last)
+    generated: int = 0
+    done: bool = field(default=False)
+
+
+class SmolLM2Torch(StepModel[Prompt, State, Piece]):
+    """SmolLM2-135M-Instruct from its GGUF, dequantized to fp32, on the CPU.
+
+    ``threads``: torch's intra-op threads (process-wide; one by default, one core per replica).
+    """
+
+    def __init__(self, *, threads: int = 1, path: Path | None = None) -> None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads must be an int >= 1, got {threads!r}")
+        torch.set_num_threads(threads)
+        reader = read_gguf(path or gguf_path())
+        self.codec = TextCodec(reader)
+        self.weights: LlamaWeights = load_weights(reader)
+        self.config = self.weights.config
+        self._cos, self._sin = _rope_tables(self.config)
+
+    def start(self, inputs: Sequence[Prompt]) -> list[State | BaseException]:
+        return [self._start(p) for p in inputs]
+
+    def _start(self, prompt: Prompt) -> State | BaseException:
+        try:
+            if prompt.max_tokens < 1:
+                raise ValueError(f"max_tokens must be >= 1, got {prompt.max_tokens!r}")
+            sampler = Sampler(prompt.temperature, prompt.top_p, prompt.seed)
+            ids = self.codec.prompt_ids(prompt)
+        except ValueError as exc:
+            return exc
+        if not ids:
+            return ValueError("the prompt has no tokens: give text or messages")
+        if len(ids) >= self.config.context:
+            return ValueError(
+                f"the prompt has {len(ids)} tokens; the model's context is {self.config.context}"
+            )
+        limit = min(len(ids) + prompt.max_tokens, self.config.context)
+        return State(
+            prompt=prompt,
+            ids=ids,
+            sampler=sampler,
+            text=Detokenizer(self.codec.token_bytes),
+            stop=StopText(prompt.stop),
+            cache=KVCache(self.config, limit),
+            pending=ids[-1],
+        )
+
+    def start_cost(self, state: State) -> int:
+        return len(state.ids) - 1 - state.fed
+
+    def prefill(self, states: Sequence[State], tokens: Sequence[int]) -> list[BaseException | None]:
+        chunks = []
+        for state, count in zip(states, tokens, strict=True):
+            take = max(0, min(count, self.start_cost(state)))
+            chunks.append(state.ids[state.fed : state.fed + take])
+        with torch.inference_mode():
+            self._forward(states, chunks, logits=False)
+        for state, chunk in zip(states, chunks, strict=True):
+            state.fed += len(chunk)
+        return [None] * len(states)
+
+    def step(self, states: Sequence[State]) -> list[Piece | BaseException]:
+        ready = [s for s in states if self.start_cost(s) == 0 and not s.done]
+        picks: dict[int, int] = {}
+        if ready:
+            with torch.inference_mode():
+                logits = self._forward(ready, [[s.pending] for s in ready], logits=True)
+                chosen = pick(logits, [s.sampler for s in ready])
+            picks = {id(s): token for s, token in zip(ready, chosen, strict=True)}
+        pieces: list[Piece | BaseException] = []
+        for state in states:
+            if id(state) in picks:
+                pieces.append(self._piece(state, picks[id(state)]))
+            elif state.done:
+                pieces.append(ValueError("the sequence has finished; it cannot step again"))
+            else:
+                pieces.append(ValueError(f"{self.start_cost(state)} prompt tokens await prefill"))
+        return pieces
+
+    def finished(self, state: State, output: Piece) -> bool:
+        return output.finish_reason is not None
+
+    def free(self, state: State) -> None:
+        state.cache = None
+        state.done = True
+
+    def _piece(self, state: State, token: int) -> Piece:
+        """The sequence's output for the token just chosen."""
+        state.generated += 1
+        state.pending = token
+        first = len(state.ids) if state.generated == 1 else 0
+        ended = token in self.codec.eos_ids
+        text, hit = state.stop.feed("" if ended else state.text.feed(token))
+        full = state.cache is None or state.cache.length >= self.config.context
+        if hit or (not ended and state.generated < state.prompt.max_tokens and not full):
+            return Piece(text, finish_reason="stop" if hit else None, prompt_tokens=first)
+        state.done = True
+        rest, hit = state.stop.feed(state.text.flush())
+        text += rest if hit else rest + state.stop.flush()
+        reason = "stop" if ended or hit else "length"
+        return Piece(text, finish_reason=reason, prompt_tokens=first)
+
+    def _forward(
+        self, states: Sequence[State], chunks: Sequence[Sequence[int]], *, logits: bool
+    ) -> torch.Tensor:
+        """Feed each state its chunk of tokens through the decoder, appending to its cache;
+        the logits of each chunk's last token ([states, vocab]) when ``logits``."""
+        c, w = self.config, self.weights
+        spans = [(s.cache, len(chunk)) for s, chunk in zip(states, chunks, strict=True) if chunk]
+        flat = [t for chunk in chunks for t in chunk]
+        if not flat:
+            return torch.empty(0, c.vocab)
+        positions = torch.cat([torch.arange(k.length, k.length + n) for k, n in spans])
+        cos, sin = self._cos[positions], self._sin[positions]
+        x = w.embed[torch.tensor(flat)]
+        for cache, n in spans:
+            cache.reserve(n)
+        q_size, kv_size = c.heads * c.head_dim, c.kv_heads * c.head_dim
+        for index, layer in enumerate(w.layers):
+            h = functional.rms_norm(x, (c.hidden,), layer.attn_norm, c.rms_eps)
+            q, k, v = functional.linear(h, layer.qkv).split([q_size, kv_size, kv_size], dim=1)
+            q = _rotate(q.view(-1, c.heads, c.head_dim), cos, sin)
+            k = _rotate(k.view(-1, c.kv_heads, c.head_dim), cos, sin)
+            v = v.view(-1, c.kv_heads, c.head_dim)
+            mixed = self._attend(index, spans, q, k, v)
+            x = x + functional.linear(mixed, layer.out)
+            h = functional.rms_norm(x, (c.hidden,), layer.ffn_norm, c.rms_eps)
+            gate, up = functional.linear(h, layer.gate_up).chunk(2, dim=1)
+            x = x + functional.linear(functional.silu(gate) * up, layer.down)
+        for cache, n in spans:
+            cache.length += n
+        if not logits:
+            return x.new_empty(0, c.vocab)
+        last = torch.tensor([n for _, n in spans]).cumsum(0) - 1
+        h = functional.rms_norm(x[last], (c.hidden,), w.norm, c.rms_eps)
+        return functional.linear(h, w.head)
+
+    def _attend(
+        self,
+        layer: int,
+        spans: Sequence[tuple[KVCache, int]],
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+    ) -> torch.Tensor:
+        """Each sequence's queries against its cache (its new keys written in first); the
+        outputs packed back as [tokens, hidden]. A kv head's query heads are its rows, so
+        no key is repeated."""
+        c = self.config
+        group = c.heads // c.kv_heads
+        out = q.new_empty(q.shape[0], c.heads * c.head_dim)
+        start = 0
+        for cache, n in spans:
+            end, past = start + n, cache.length
+            keys = cache.keys[layer, :, : past + n]
+            values = cache.values[layer, :, : past + n]
+            keys[:, past:] = k[start:end].transpose(0, 1)
+            values[:, past:] = v[start:end].transpose(0, 1)
+            # [n, heads, dim] -> [kv_heads, group * n, dim], rows ordered (member, token)
+            query = q[start:end].view(n, c.kv_heads, group, c.head_dim).permute(1, 2, 0, 3)
+            query = query.reshape(c.kv_heads, group * n, c.head_dim)
+            mask = None
+            if n > 1:  # causal within the chunk: token i sees the past and tokens <= i
+                seen = torch.arange(n).repeat(group) + past
+                mask = torch.arange(past + n)[None, :] <= seen[:, None]
+            mixed = functional.scaled_dot_product_attention(query, keys, values, attn_mask=mask)
+            mixed = mixed.view(c.kv_heads, group, n, c.head_dim).permute(2, 0, 1, 3)
+            out[start:end] = mixed.reshape(n, -1)
+            start = end
+        return out
+
+
+def _rope_tables(config: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin for every position, [context, head_dim], halves layout (transformers')."""
+    half = torch.arange(0, config.head_dim, 2, dtype=torch.int64).float() / config.head_dim
+    inverse = 1.0 / (config.rope_theta**half)
+    angles = torch.arange(config.context).float()[:, None] * inverse[None, :]
+    angles = torch.cat([angles, angles], dim=1)
+    return angles.cos(), angles.sin()
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rope on [tokens, heads, head_dim] with each token's cos and sin ([tokens, head_dim])."""
+    first, second = x.chunk(2, dim=-1)
+    turned = torch.cat([-second, first], dim=-1)
+    return x * cos[:, None, :] + turned * sin[:, None, :]
