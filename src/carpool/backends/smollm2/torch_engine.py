@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
 import torch
 from torch.nn import functional
@@ -65,21 +65,23 @@ class State:
     cache: KVCache | None
     pending: int  # the token the next step feeds
     fed: int = 0  # prompt tokens in the cache (prefill covers all but the last)
-    generated: int = 0
-    done: bool = field(default=False)
+    tokens: list[int] = field(default_factory=list)  # generated so far
+    done: bool = False
 
 
 class SmolLM2Torch(StepModel[Prompt, State, Piece]):
     """SmolLM2-135M-Instruct from its GGUF, dequantized to fp32, on the CPU.
 
     ``threads``: torch's intra-op threads (process-wide; one by default, one core per replica).
+    ``reader``: the GGUF already open (a ``gguf.GGUFReader``), else the shipped one is read.
     """
 
-    def __init__(self, *, threads: int = 1, path: Path | None = None) -> None:
+    def __init__(self, *, threads: int = 1, reader: Any = None) -> None:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise ValueError(f"threads must be an int >= 1, got {threads!r}")
         torch.set_num_threads(threads)
-        reader = read_gguf(path or gguf_path())
+        if reader is None:
+            reader = read_gguf(gguf_path())
         self.codec = TextCodec(reader)
         self.weights: LlamaWeights = load_weights(reader)
         self.config = self.weights.config
@@ -154,13 +156,14 @@ class SmolLM2Torch(StepModel[Prompt, State, Piece]):
 
     def _piece(self, state: State, token: int) -> Piece:
         """The sequence's output for the token just chosen."""
-        state.generated += 1
+        state.tokens.append(token)
         state.pending = token
-        first = len(state.ids) if state.generated == 1 else 0
+        generated = len(state.tokens)
+        first = len(state.ids) if generated == 1 else 0
         ended = token in self.codec.eos_ids
         text, hit = state.stop.feed("" if ended else state.text.feed(token))
         full = state.cache is None or state.cache.length >= self.config.context
-        if hit or (not ended and state.generated < state.prompt.max_tokens and not full):
+        if hit or (not ended and generated < state.prompt.max_tokens and not full):
             return Piece(text, finish_reason="stop" if hit else None, prompt_tokens=first)
         state.done = True
         rest, hit = state.stop.feed(state.text.flush())
