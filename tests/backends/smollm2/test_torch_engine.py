@@ -221,3 +221,12 @@ def test_bad_prompts_fail_alone(engine: SmolLM2Torch) -> None:
     )
     assert [type(r) for r in results] == [ValueError, ValueError, ValueError, State]
     engine.free(results[3])  # type: ignore[arg-type]
+
+
+def test_int8_answers_and_batches_alike(reader: Any) -> None:
+    int8 = SmolLM2Torch(reader=reader, int8=True)
+    [(_, pieces)] = run(int8, [FRANCE])
+    assert text(pieces) == "The capital of France is Paris."
+    prompts = [dataclasses.replace(GREEDY, max_tokens=6), Prompt("hi", temperature=0, max_tokens=6)]
+    alone = [run(int8, [p])[0][0].tokens for p in prompts]
+    assert [s.tokens for s, _ in run(int8, prompts, chunk=5)] == alone
