@@ -224,9 +224,12 @@ def test_bad_prompts_fail_alone(engine: SmolLM2Torch) -> None:
 
 
 def test_int8_answers_and_batches_alike(reader: Any) -> None:
+    """Each token is quantized with its own scale, so its neighbours in a batch never change
+    it. (Prefill in other parts changes attention's float rounding, which int8 can amplify
+    into another token: chunking is left out here.)"""
     int8 = SmolLM2Torch(reader=reader, int8=True)
     [(_, pieces)] = run(int8, [FRANCE])
     assert text(pieces) == "The capital of France is Paris."
     prompts = [dataclasses.replace(GREEDY, max_tokens=6), Prompt("hi", temperature=0, max_tokens=6)]
     alone = [run(int8, [p])[0][0].tokens for p in prompts]
-    assert [s.tokens for s, _ in run(int8, prompts, chunk=5)] == alone
+    assert [s.tokens for s, _ in run(int8, prompts)] == alone
