@@ -34,6 +34,8 @@ class KVCache:
         self.length = 0
         self.keys = self._empty(0)
         self.values = self._empty(0)
+        # each layer's keys and values as [1, kv_heads, capacity, head_dim] views
+        self.layers: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def reserve(self, tokens: int) -> None:
         """Room for ``tokens`` more."""
@@ -47,6 +49,7 @@ class KVCache:
         keys[:, :, : self.length] = self.keys[:, :, : self.length]
         values[:, :, : self.length] = self.values[:, :, : self.length]
         self.keys, self.values = keys, values
+        self.layers = list(zip(keys[:, None], values[:, None], strict=True))
 
     def _empty(self, capacity: int) -> torch.Tensor:
         c = self._config
@@ -225,23 +228,27 @@ class SmolLM2Torch(StepModel[Prompt, State, Piece]):
         no key is repeated: q as [kv_heads, group, tokens, dim]."""
         c = self.config
         group, tokens = c.heads // c.kv_heads, qk.shape[0]
+        sizes = [n for _, n in spans]
         q = qk[:, : c.heads].view(tokens, c.kv_heads, group, c.head_dim).permute(1, 2, 0, 3)
-        k = qk[:, c.heads :].transpose(0, 1)  # [kv_heads, tokens, dim]
-        v = v.transpose(0, 1)
-        out = q.new_empty(c.kv_heads, group, tokens, c.head_dim)
-        start = 0
-        for (cache, n), mask in zip(spans, masks, strict=True):
-            end, past = start + n, cache.length
-            keys, values = cache.keys[layer], cache.values[layer]
-            keys[:, past : past + n] = k[:, start:end]
-            values[:, past : past + n] = v[:, start:end]
-            query = q[:, :, start:end].reshape(1, c.kv_heads, group * n, c.head_dim)
+        queries = q.split(sizes, dim=2)  # [kv_heads, group, n, dim] each
+        keys = qk[:, c.heads :].transpose(0, 1).split(sizes, dim=1)  # [kv_heads, n, dim] each
+        values = v.transpose(0, 1).split(sizes, dim=1)
+        outs = []
+        for (cache, n), mask, query, key, value in zip(
+            spans, masks, queries, keys, values, strict=True
+        ):
+            past = cache.length
+            cached_keys, cached_values = cache.layers[layer]  # [1, kv_heads, capacity, dim]
+            cached_keys[0, :, past : past + n] = key
+            cached_values[0, :, past : past + n] = value
             mixed = functional.scaled_dot_product_attention(
-                query, keys[None, :, : past + n], values[None, :, : past + n], attn_mask=mask
+                query.reshape(1, c.kv_heads, group * n, c.head_dim),
+                cached_keys[:, :, : past + n],
+                cached_values[:, :, : past + n],
+                attn_mask=mask,
             )
-            out[:, :, start:end] = mixed.view(c.kv_heads, group, n, c.head_dim)
-            start = end
-        return out.permute(2, 0, 1, 3).reshape(tokens, c.heads * c.head_dim)
+            outs.append(mixed.view(c.kv_heads, group, n, c.head_dim).permute(2, 0, 1, 3))
+        return torch.cat(outs).view(tokens, c.heads * c.head_dim)
 
 
 def _causal(n: int, past: int, group: int) -> torch.Tensor | None:
