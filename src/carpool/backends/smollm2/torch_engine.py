@@ -25,35 +25,30 @@ _GROWTH = 128  # cache capacity grows in multiples of this many tokens, by half 
 
 
 class KVCache:
-    """One sequence's keys and values, [layers, kv_heads, capacity, head_dim] each, grown
-    ahead of need so appending a token never copies the history."""
+    """One sequence's keys and values, [layers, 2, kv_heads, capacity, head_dim] (keys at 0,
+    values at 1), grown ahead of need so appending a token never copies the history."""
 
     def __init__(self, config: LlamaConfig, limit: int) -> None:
         self._config = config
         self.limit = limit  # the most tokens the sequence can hold
         self.length = 0
-        self.keys = self._empty(0)
-        self.values = self._empty(0)
-        # each layer's keys and values as [1, kv_heads, capacity, head_dim] views
-        self.layers: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.data = self._empty(0)
 
     def reserve(self, tokens: int) -> None:
         """Room for ``tokens`` more."""
         needed = self.length + tokens
-        capacity = self.keys.shape[2]
+        capacity = self.data.shape[3]
         if needed <= capacity:
             return
         wanted = max(needed, capacity + capacity // 2)
         grown = min(-(-wanted // _GROWTH) * _GROWTH, max(self.limit, needed))
-        keys, values = self._empty(grown), self._empty(grown)
-        keys[:, :, : self.length] = self.keys[:, :, : self.length]
-        values[:, :, : self.length] = self.values[:, :, : self.length]
-        self.keys, self.values = keys, values
-        self.layers = list(zip(keys[:, None], values[:, None], strict=True))
+        data = self._empty(grown)
+        data[..., : self.length, :] = self.data[..., : self.length, :]
+        self.data = data
 
     def _empty(self, capacity: int) -> torch.Tensor:
         c = self._config
-        return torch.empty(c.layers, c.kv_heads, capacity, c.head_dim)
+        return torch.empty(c.layers, 2, c.kv_heads, capacity, c.head_dim)
 
 
 @dataclass(eq=False)
@@ -231,20 +226,18 @@ class SmolLM2Torch(StepModel[Prompt, State, Piece]):
         sizes = [n for _, n in spans]
         q = qk[:, : c.heads].view(tokens, c.kv_heads, group, c.head_dim).permute(1, 2, 0, 3)
         queries = q.split(sizes, dim=2)  # [kv_heads, group, n, dim] each
-        keys = qk[:, c.heads :].transpose(0, 1).split(sizes, dim=1)  # [kv_heads, n, dim] each
-        values = v.transpose(0, 1).split(sizes, dim=1)
+        # the new keys and values, [2, kv_heads, n, dim] each: one copy into each cache
+        news = torch.stack([qk[:, c.heads :], v], dim=1).permute(1, 2, 0, 3).split(sizes, dim=2)
         outs = []
-        for (cache, n), mask, query, key, value in zip(
-            spans, masks, queries, keys, values, strict=True
-        ):
+        for (cache, n), mask, query, new in zip(spans, masks, queries, news, strict=True):
             past = cache.length
-            cached_keys, cached_values = cache.layers[layer]  # [1, kv_heads, capacity, dim]
-            cached_keys[0, :, past : past + n] = key
-            cached_values[0, :, past : past + n] = value
+            cached = cache.data[layer]  # [2, kv_heads, capacity, dim]
+            cached[:, :, past : past + n] = new
+            seen = cached[:, None, :, : past + n]  # [2, 1, kv_heads, past + n, dim]
             mixed = functional.scaled_dot_product_attention(
                 query.reshape(1, c.kv_heads, group * n, c.head_dim),
-                cached_keys[:, :, : past + n],
-                cached_values[:, :, : past + n],
+                seen[0],
+                seen[1],
                 attn_mask=mask,
             )
             outs.append(mixed.view(c.kv_heads, group, n, c.head_dim).permute(2, 0, 1, 3))
