@@ -108,11 +108,13 @@ def run(
     pieces: dict[int, list[Piece]] = {id(s): [] for s in states}
     active = list(states)
     while active:
-        outputs = engine.step(active)
-        for state, piece in zip(active, outputs, strict=True):
+        going = []
+        for state, piece in zip(active, engine.step(active), strict=True):
             assert isinstance(piece, Piece)
             pieces[id(state)].append(piece)
-        active = [s for s, p in zip(active, outputs, strict=True) if not engine.finished(s, p)]
+            if not engine.finished(state, piece):
+                going.append(state)
+        active = going
     for state in states:
         engine.free(state)
     return [(s, pieces[id(s)]) for s in states]

@@ -95,7 +95,7 @@ def _bpe(tokens: list[str], types: list[int], merges: list[str]) -> Any:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {token: i for i, token in enumerate(tokens)}
-    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    pairs = [(left, right) for left, right in (m.split(" ", 1) for m in merges)]
     tokenizer = Tokenizer(models.BPE(vocab, pairs))
     # The "smollm" pre-tokenizer (llama.cpp; SmolLM2's tokenizer.json): digits one by one,
     # then GPT-2's byte-level split.

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.nn import functional
 
-from carpool.backends.generation import Piece, Prompt, StopText
+from carpool.backends.generation import FinishReason, Piece, Prompt, StopText
 from carpool.backends.smollm2.files import gguf_path
 from carpool.backends.smollm2.sampling import Sampler, pick
 from carpool.backends.smollm2.text import Detokenizer, TextCodec
@@ -174,7 +174,7 @@ class SmolLM2Torch(StepModel[Prompt, State, Piece]):
         state.done = True
         rest, hit = state.stop.feed(state.text.flush())
         text += rest if hit else rest + state.stop.flush()
-        reason = "stop" if ended or hit else "length"
+        reason: FinishReason = "stop" if ended or hit else "length"
         return Piece(text, finish_reason=reason, prompt_tokens=first)
 
     def _forward(
@@ -183,7 +183,7 @@ class SmolLM2Torch(StepModel[Prompt, State, Piece]):
         """Feed each state its chunk of tokens through the decoder, appending to its cache;
         the logits of each chunk's last token ([states, vocab]) when ``logits``."""
         c, w = self.config, self.weights
-        spans = [(s.cache, len(chunk)) for s, chunk in zip(states, chunks, strict=True) if chunk]
+        spans = [(_cache(s), len(chunk)) for s, chunk in zip(states, chunks, strict=True) if chunk]
         flat = [t for chunk in chunks for t in chunk]
         if not flat:
             return torch.empty(0, c.vocab)
@@ -225,9 +225,9 @@ class SmolLM2Torch(StepModel[Prompt, State, Piece]):
         group, tokens = c.heads // c.kv_heads, qk.shape[0]
         sizes = [n for _, n in spans]
         q = qk[:, : c.heads].view(tokens, c.kv_heads, group, c.head_dim).permute(1, 2, 0, 3)
-        queries = q.split(sizes, dim=2)  # [kv_heads, group, n, dim] each
+        queries = torch.split(q, sizes, dim=2)  # [kv_heads, group, n, dim] each
         # the new keys and values, [2, kv_heads, n, dim] each: one copy into each cache
-        news = torch.stack([qk[:, c.heads :], v], dim=1).permute(1, 2, 0, 3).split(sizes, dim=2)
+        news = torch.split(torch.stack([qk[:, c.heads :], v]).permute(0, 2, 1, 3), sizes, dim=2)
         outs = []
         for (cache, n), mask, query, new in zip(spans, masks, queries, news, strict=True):
             past = cache.length
@@ -242,6 +242,13 @@ class SmolLM2Torch(StepModel[Prompt, State, Piece]):
             )
             outs.append(mixed.view(c.kv_heads, group, n, c.head_dim).permute(2, 0, 1, 3))
         return torch.cat(outs).view(tokens, c.heads * c.head_dim)
+
+
+def _cache(state: State) -> KVCache:
+    """The state's cache; ``ValueError`` once it has been freed."""
+    if state.cache is None:
+        raise ValueError("the sequence was freed: it cannot be fed again")
+    return state.cache
 
 
 def _causal(n: int, past: int, group: int) -> torch.Tensor | None:
