@@ -222,7 +222,16 @@ def test_bad_prompts_fail_alone(engine: SmolLM2Torch) -> None:
         [Prompt("", chat=False), Prompt("x", max_tokens=0), Prompt("x", top_p=0), FRANCE]
     )
     assert [type(r) for r in results] == [ValueError, ValueError, ValueError, State]
-    engine.free(results[3])  # type: ignore[arg-type]
+    [freed, kept] = engine.start([FRANCE, FRANCE])
+    assert isinstance(freed, State)
+    assert isinstance(kept, State)
+    engine.free(freed)
+    outcome = engine.prefill([freed, kept], [4, 4])
+    assert isinstance(outcome[0], ValueError)
+    assert outcome[1] is None
+    assert engine.start_cost(kept) == len(kept.ids) - 5
+    for state in (results[3], kept):
+        engine.free(state)  # type: ignore[arg-type]
 
 
 def test_int8_answers_and_batches_alike(reader: Any) -> None:

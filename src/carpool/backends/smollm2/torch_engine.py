@@ -125,15 +125,16 @@ class SmolLM2Torch(StepModel[Prompt, State, Piece]):
         return len(state.ids) - 1 - state.fed
 
     def prefill(self, states: Sequence[State], tokens: Sequence[int]) -> list[BaseException | None]:
+        live = [s.cache is not None for s in states]
         chunks = []
-        for state, count in zip(states, tokens, strict=True):
-            take = max(0, min(count, self.start_cost(state)))
+        for state, count, alive in zip(states, tokens, live, strict=True):
+            take = max(0, min(count, self.start_cost(state))) if alive else 0
             chunks.append(state.ids[state.fed : state.fed + take])
         with torch.inference_mode():
             self._forward(states, chunks, logits=False)
         for state, chunk in zip(states, chunks, strict=True):
             state.fed += len(chunk)
-        return [None] * len(states)
+        return [None if alive else ValueError("the sequence was freed") for alive in live]
 
     def step(self, states: Sequence[State]) -> list[Piece | BaseException]:
         ready = [s for s in states if self.start_cost(s) == 0 and not s.done]
