@@ -18,7 +18,7 @@ import torch
 from carpool.backends.generation import Message, Piece, Prompt
 from carpool.backends.smollm2.files import gguf_path
 from carpool.backends.smollm2.text import Detokenizer
-from carpool.backends.smollm2.torch_engine import SmolLM2Torch, State
+from carpool.backends.smollm2.torch_engine import SmolLM2Torch, TorchState
 from carpool.backends.smollm2.weights import read_gguf
 
 pytestmark = pytest.mark.slow  # the model loads for seconds
@@ -95,10 +95,10 @@ def reference_model(reader: Any, engine: SmolLM2Torch) -> Any:
 
 def run(
     engine: SmolLM2Torch, prompts: Sequence[Prompt], chunk: int | None = None
-) -> list[tuple[State, list[Piece]]]:
+) -> list[tuple[TorchState, list[Piece]]]:
     """Generate every prompt together to its end: prefill in parts of ``chunk`` tokens (all
     at once when None), then step the ones still going."""
-    states = [s for s in engine.start(prompts) if isinstance(s, State)]
+    states = [s for s in engine.start(prompts) if isinstance(s, TorchState)]
     assert len(states) == len(prompts)
     while any(engine.start_cost(s) for s in states):
         owed = [s for s in states if engine.start_cost(s)]
@@ -187,7 +187,7 @@ def test_max_tokens_gives_length(engine: SmolLM2Torch) -> None:
 def test_chat_template_frames_the_prompt(engine: SmolLM2Torch) -> None:
     codec = engine.codec
     [state] = engine.start([FRANCE])
-    assert isinstance(state, State)
+    assert isinstance(state, TorchState)
     rendered = (
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
         "Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
@@ -199,11 +199,11 @@ def test_chat_template_frames_the_prompt(engine: SmolLM2Torch) -> None:
     engine.free(state)
     messages = (Message("system", "Be brief."), Message("user", "Hi"))
     [framed] = engine.start([Prompt(messages=messages)])
-    assert isinstance(framed, State)
+    assert isinstance(framed, TorchState)
     expected = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
     assert framed.ids == codec.encode(expected + "<|im_start|>assistant\n")
     [raw] = engine.start([Prompt("Hi there", chat=False)])
-    assert isinstance(raw, State)
+    assert isinstance(raw, TorchState)
     assert raw.ids == codec.encode("Hi there")
 
 
@@ -221,10 +221,10 @@ def test_bad_prompts_fail_alone(engine: SmolLM2Torch) -> None:
     results = engine.start(
         [Prompt("", chat=False), Prompt("x", max_tokens=0), Prompt("x", top_p=0), FRANCE]
     )
-    assert [type(r) for r in results] == [ValueError, ValueError, ValueError, State]
+    assert [type(r) for r in results] == [ValueError, ValueError, ValueError, TorchState]
     [freed, kept] = engine.start([FRANCE, FRANCE])
-    assert isinstance(freed, State)
-    assert isinstance(kept, State)
+    assert isinstance(freed, TorchState)
+    assert isinstance(kept, TorchState)
     engine.free(freed)
     outcome = engine.prefill([freed, kept], [4, 4])
     assert isinstance(outcome[0], ValueError)

@@ -19,7 +19,7 @@ from carpool.backends.smollm2.text import Detokenizer, TextCodec
 from carpool.backends.smollm2.weights import LlamaConfig, LlamaWeights, load_weights, read_gguf
 from carpool.steps.model import StepModel
 
-__all__ = ["KVCache", "SmolLM2Torch", "State"]
+__all__ = ["KVCache", "SmolLM2Torch", "TorchState"]
 
 _GROWTH = 128  # cache capacity grows in multiples of this many tokens, by half at least
 
@@ -52,7 +52,7 @@ class KVCache:
 
 
 @dataclass(eq=False)
-class State:
+class TorchState:
     """One sequence: its prompt's tokens, its cache, and what it has generated."""
 
     prompt: Prompt
@@ -67,7 +67,7 @@ class State:
     done: bool = False
 
 
-class SmolLM2Torch(StepModel[Prompt, State, Piece]):
+class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
     """SmolLM2-135M-Instruct from its GGUF, dequantized to fp32, on the CPU.
 
     ``threads``: torch's intra-op threads (process-wide; one by default, one core per replica).
@@ -93,10 +93,10 @@ class SmolLM2Torch(StepModel[Prompt, State, Piece]):
         ]
         self._head = linear(self.weights.head)
 
-    def start(self, inputs: Sequence[Prompt]) -> list[State | BaseException]:
+    def start(self, inputs: Sequence[Prompt]) -> list[TorchState | BaseException]:
         return [self._start(p) for p in inputs]
 
-    def _start(self, prompt: Prompt) -> State | BaseException:
+    def _start(self, prompt: Prompt) -> TorchState | BaseException:
         try:
             if prompt.max_tokens < 1:
                 raise ValueError(f"max_tokens must be >= 1, got {prompt.max_tokens!r}")
@@ -111,7 +111,7 @@ class SmolLM2Torch(StepModel[Prompt, State, Piece]):
                 f"the prompt has {len(ids)} tokens; the model's context is {self.config.context}"
             )
         limit = min(len(ids) + prompt.max_tokens, self.config.context)
-        return State(
+        return TorchState(
             prompt=prompt,
             ids=ids,
             sampler=sampler,
@@ -121,10 +121,12 @@ class SmolLM2Torch(StepModel[Prompt, State, Piece]):
             pending=ids[-1],
         )
 
-    def start_cost(self, state: State) -> int:
+    def start_cost(self, state: TorchState) -> int:
         return len(state.ids) - 1 - state.fed
 
-    def prefill(self, states: Sequence[State], tokens: Sequence[int]) -> list[BaseException | None]:
+    def prefill(
+        self, states: Sequence[TorchState], tokens: Sequence[int]
+    ) -> list[BaseException | None]:
         live = [s.cache is not None for s in states]
         chunks = []
         for state, count, alive in zip(states, tokens, live, strict=True):
@@ -136,7 +138,7 @@ class SmolLM2Torch(StepModel[Prompt, State, Piece]):
             state.fed += len(chunk)
         return [None if alive else ValueError("the sequence was freed") for alive in live]
 
-    def step(self, states: Sequence[State]) -> list[Piece | BaseException]:
+    def step(self, states: Sequence[TorchState]) -> list[Piece | BaseException]:
         ready = [s for s in states if self.start_cost(s) == 0 and not s.done]
         picks: dict[int, int] = {}
         if ready:
@@ -154,14 +156,14 @@ class SmolLM2Torch(StepModel[Prompt, State, Piece]):
                 pieces.append(ValueError(f"{self.start_cost(state)} prompt tokens await prefill"))
         return pieces
 
-    def finished(self, state: State, output: Piece) -> bool:
+    def finished(self, state: TorchState, output: Piece) -> bool:
         return output.finish_reason is not None
 
-    def free(self, state: State) -> None:
+    def free(self, state: TorchState) -> None:
         state.cache = None
         state.done = True
 
-    def _piece(self, state: State, token: int) -> Piece:
+    def _piece(self, state: TorchState, token: int) -> Piece:
         """The sequence's output for the token just chosen."""
         state.tokens.append(token)
         state.pending = token
@@ -179,7 +181,7 @@ class SmolLM2Torch(StepModel[Prompt, State, Piece]):
         return Piece(text, finish_reason=reason, prompt_tokens=first)
 
     def _forward(
-        self, states: Sequence[State], chunks: Sequence[Sequence[int]], *, logits: bool
+        self, states: Sequence[TorchState], chunks: Sequence[Sequence[int]], *, logits: bool
     ) -> torch.Tensor:
         """Feed each state its chunk of tokens through the decoder, appending to its cache;
         the logits of each chunk's last token ([states, vocab]) when ``logits``."""
@@ -245,7 +247,7 @@ class SmolLM2Torch(StepModel[Prompt, State, Piece]):
         return torch.cat(outs).view(tokens, c.heads * c.head_dim)
 
 
-def _cache(state: State) -> KVCache:
+def _cache(state: TorchState) -> KVCache:
     """The state's cache; ``ValueError`` once it has been freed."""
     if state.cache is None:
         raise ValueError("the sequence was freed: it cannot be fed again")
