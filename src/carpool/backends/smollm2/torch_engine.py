@@ -1,0 +1,304 @@
+"""SmolLM2 as a packed torch decoder: every step's new tokens, of every sequence, are one
+[tokens, hidden] matrix for the matrix products (Orca's selective batching), and attention
+runs per sequence against its own KV cache, so caches need no padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.nn import functional
+
+from carpool.backends.generation import FinishReason, Piece, Prompt, StopText
+from carpool.backends.smollm2.files import gguf_path
+from carpool.backends.smollm2.sampling import Sampler, pick
+from carpool.backends.smollm2.text import Detokenizer, TextCodec
+from carpool.backends.smollm2.weights import LlamaConfig, LlamaWeights, load_weights, read_gguf
+from carpool.steps.model import StepModel
+
+__all__ = ["KVCache", "SmolLM2Torch", "TorchState"]
+
+_GROWTH = 128  # cache capacity grows in multiples of this many tokens, by half at least
+
+
+class KVCache:
+    """One sequence's keys and values, [layers, 2, kv_heads, capacity, head_dim] (keys at 0,
+    values at 1), grown ahead of need so appending a token never copies the history."""
+
+    def __init__(self, config: LlamaConfig, limit: int) -> None:
+        self._config = config
+        self.limit = limit  # the most tokens the sequence can hold
+        self.length = 0
+        self.data = self._empty(0)
+
+    def reserve(self, tokens: int) -> None:
+        """Room for ``tokens`` more."""
+        needed = self.length + tokens
+        capacity = self.data.shape[3]
+        if needed <= capacity:
+            return
+        wanted = max(needed, capacity + capacity // 2)
+        grown = min(-(-wanted // _GROWTH) * _GROWTH, max(self.limit, needed))
+        data = self._empty(grown)
+        data[..., : self.length, :] = self.data[..., : self.length, :]
+        self.data = data
+
+    def _empty(self, capacity: int) -> torch.Tensor:
+        c = self._config
+        return torch.empty(c.layers, 2, c.kv_heads, capacity, c.head_dim)
+
+
+@dataclass(eq=False)
+class TorchState:
+    """One sequence: its prompt's tokens, its cache, and what it has generated."""
+
+    prompt: Prompt
+    ids: list[int]
+    sampler: Sampler
+    text: Detokenizer
+    stop: StopText
+    cache: KVCache | None
+    pending: int  # the token the next step feeds
+    fed: int = 0  # prompt tokens in the cache (prefill covers all but the last)
+    tokens: list[int] = field(default_factory=list)  # generated so far
+    done: bool = False
+
+
+class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
+    """SmolLM2-135M-Instruct from its GGUF, dequantized to fp32, on the CPU.
+
+    ``threads``: torch's intra-op threads (process-wide; one by default, one core per replica).
+    ``reader``: the GGUF already open (a ``gguf.GGUFReader``), else the shipped one is read.
+    ``int8``: the matrix products in int8 (weights per output row, activations per token):
+    about twice as fast on one core, not the same tokens as fp32 (the text stays the model's).
+    """
+
+    def __init__(self, *, threads: int = 1, reader: Any = None, int8: bool = False) -> None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads must be an int >= 1, got {threads!r}")
+        torch.set_num_threads(threads)
+        if reader is None:
+            reader = read_gguf(gguf_path())
+        self.codec = TextCodec(reader)
+        self.weights: LlamaWeights = load_weights(reader)
+        self.config = self.weights.config
+        self._cos, self._sin = _rope_tables(self.config)
+        linear = _Int8Linear if int8 else _Linear
+        self._linears = [
+            (linear(x.qkv), linear(x.out), linear(x.gate_up), linear(x.down))
+            for x in self.weights.layers
+        ]
+        self._head = linear(self.weights.head)
+
+    def start(self, inputs: Sequence[Prompt]) -> list[TorchState | BaseException]:
+        return [self._start(p) for p in inputs]
+
+    def _start(self, prompt: Prompt) -> TorchState | BaseException:
+        try:
+            if prompt.max_tokens < 1:
+                raise ValueError(f"max_tokens must be >= 1, got {prompt.max_tokens!r}")
+            sampler = Sampler(prompt.temperature, prompt.top_p, prompt.seed)
+            ids = self.codec.prompt_ids(prompt)
+        except ValueError as exc:
+            return exc
+        if not ids:
+            return ValueError("the prompt has no tokens: give text or messages")
+        if len(ids) >= self.config.context:
+            return ValueError(
+                f"the prompt has {len(ids)} tokens; the model's context is {self.config.context}"
+            )
+        limit = min(len(ids) + prompt.max_tokens, self.config.context)
+        return TorchState(
+            prompt=prompt,
+            ids=ids,
+            sampler=sampler,
+            text=Detokenizer(self.codec.token_bytes),
+            stop=StopText(prompt.stop),
+            cache=KVCache(self.config, limit),
+            pending=ids[-1],
+        )
+
+    def start_cost(self, state: TorchState) -> int:
+        return len(state.ids) - 1 - state.fed
+
+    def prefill(
+        self, states: Sequence[TorchState], tokens: Sequence[int]
+    ) -> list[BaseException | None]:
+        live = [s.cache is not None for s in states]
+        chunks = []
+        for state, count, alive in zip(states, tokens, live, strict=True):
+            take = max(0, min(count, self.start_cost(state))) if alive else 0
+            chunks.append(state.ids[state.fed : state.fed + take])
+        with torch.inference_mode():
+            self._forward(states, chunks, logits=False)
+        for state, chunk in zip(states, chunks, strict=True):
+            state.fed += len(chunk)
+        return [None if alive else ValueError("the sequence was freed") for alive in live]
+
+    def step(self, states: Sequence[TorchState]) -> list[Piece | BaseException]:
+        ready = [s for s in states if self.start_cost(s) == 0 and not s.done]
+        picks: dict[int, int] = {}
+        if ready:
+            with torch.inference_mode():
+                logits = self._forward(ready, [[s.pending] for s in ready], logits=True)
+                chosen = pick(logits, [s.sampler for s in ready])
+            picks = {id(s): token for s, token in zip(ready, chosen, strict=True)}
+        pieces: list[Piece | BaseException] = []
+        for state in states:
+            if id(state) in picks:
+                pieces.append(self._piece(state, picks[id(state)]))
+            elif state.done:
+                pieces.append(ValueError("the sequence has finished; it cannot step again"))
+            else:
+                pieces.append(ValueError(f"{self.start_cost(state)} prompt tokens await prefill"))
+        return pieces
+
+    def finished(self, state: TorchState, output: Piece) -> bool:
+        return output.finish_reason is not None
+
+    def free(self, state: TorchState) -> None:
+        state.cache = None
+        state.done = True
+
+    def _piece(self, state: TorchState, token: int) -> Piece:
+        """The sequence's output for the token just chosen."""
+        state.tokens.append(token)
+        state.pending = token
+        generated = len(state.tokens)
+        first = len(state.ids) if generated == 1 else 0
+        ended = token in self.codec.eos_ids
+        text, hit = state.stop.feed("" if ended else state.text.feed(token))
+        full = state.cache is None or state.cache.length >= self.config.context
+        if hit or (not ended and generated < state.prompt.max_tokens and not full):
+            return Piece(text, finish_reason="stop" if hit else None, prompt_tokens=first)
+        state.done = True
+        rest, hit = state.stop.feed(state.text.flush())
+        text += rest if hit else rest + state.stop.flush()
+        reason: FinishReason = "stop" if ended or hit else "length"
+        return Piece(text, finish_reason=reason, prompt_tokens=first)
+
+    def _forward(
+        self, states: Sequence[TorchState], chunks: Sequence[Sequence[int]], *, logits: bool
+    ) -> torch.Tensor:
+        """Feed each state its chunk of tokens through the decoder, appending to its cache;
+        the logits of each chunk's last token ([states, vocab]) when ``logits``."""
+        c, w = self.config, self.weights
+        spans = [(_cache(s), len(chunk)) for s, chunk in zip(states, chunks, strict=True) if chunk]
+        flat = [t for chunk in chunks for t in chunk]
+        if not flat:
+            return torch.empty(0, c.vocab)
+        for cache, n in spans:
+            cache.reserve(n)
+        positions = torch.cat([torch.arange(k.length, k.length + n) for k, n in spans])
+        cos, sin = self._cos[positions][:, None, :], self._sin[positions][:, None, :]
+        masks = [_causal(n, k.length, c.heads // c.kv_heads) for k, n in spans]
+        x = w.embed[torch.tensor(flat)]
+        tokens, rotated = len(flat), c.heads + c.kv_heads
+        for index, layer in enumerate(w.layers):
+            h = functional.rms_norm(x, (c.hidden,), layer.attn_norm, c.rms_eps)
+            qkv = self._linears[index][0](h).view(tokens, rotated + c.kv_heads, c.head_dim)
+            qk = _rotate(qkv[:, :rotated], cos, sin)
+            mixed = self._attend(index, spans, masks, qk, qkv[:, rotated:])
+            x = x + self._linears[index][1](mixed)
+            h = functional.rms_norm(x, (c.hidden,), layer.ffn_norm, c.rms_eps)
+            gate, up = self._linears[index][2](h).chunk(2, dim=1)
+            x = x + self._linears[index][3](functional.silu(gate) * up)
+        for cache, n in spans:
+            cache.length += n
+        if not logits:
+            return x.new_empty(0, c.vocab)
+        last = torch.tensor([n for _, n in spans]).cumsum(0) - 1
+        return self._head(functional.rms_norm(x[last], (c.hidden,), w.norm, c.rms_eps))
+
+    def _attend(
+        self,
+        layer: int,
+        spans: Sequence[tuple[KVCache, int]],
+        masks: Sequence[torch.Tensor | None],
+        qk: torch.Tensor,
+        v: torch.Tensor,
+    ) -> torch.Tensor:
+        """Each sequence's queries against its cache (its new keys written in first); the
+        outputs packed back as [tokens, hidden]. A kv head's query heads are its rows, so
+        no key is repeated: q as [kv_heads, group, tokens, dim]."""
+        c = self.config
+        group, tokens = c.heads // c.kv_heads, qk.shape[0]
+        sizes = [n for _, n in spans]
+        q = qk[:, : c.heads].view(tokens, c.kv_heads, group, c.head_dim).permute(1, 2, 0, 3)
+        queries = torch.split(q, sizes, dim=2)  # [kv_heads, group, n, dim] each
+        # the new keys and values, [2, kv_heads, n, dim] each: one copy into each cache
+        news = torch.split(torch.stack([qk[:, c.heads :], v]).permute(0, 2, 1, 3), sizes, dim=2)
+        outs = []
+        for (cache, n), mask, query, new in zip(spans, masks, queries, news, strict=True):
+            past = cache.length
+            cached = cache.data[layer]  # [2, kv_heads, capacity, dim]
+            cached[:, :, past : past + n] = new
+            seen = cached[:, None, :, : past + n]  # [2, 1, kv_heads, past + n, dim]
+            mixed = functional.scaled_dot_product_attention(
+                query.reshape(1, c.kv_heads, group * n, c.head_dim),
+                seen[0],
+                seen[1],
+                attn_mask=mask,
+            )
+            outs.append(mixed.view(c.kv_heads, group, n, c.head_dim).permute(2, 0, 1, 3))
+        return torch.cat(outs).view(tokens, c.heads * c.head_dim)
+
+
+def _cache(state: TorchState) -> KVCache:
+    """The state's cache; ``ValueError`` once it has been freed."""
+    if state.cache is None:
+        raise ValueError("the sequence was freed: it cannot be fed again")
+    return state.cache
+
+
+def _causal(n: int, past: int, group: int) -> torch.Tensor | None:
+    """The mask of a chunk of ``n`` tokens after ``past`` cached ones, rows ordered (member of
+    the kv head's group, token): token i sees the past and the chunk's tokens up to i."""
+    if n == 1:
+        return None
+    seen = torch.arange(n).repeat(group) + past
+    return torch.arange(past + n)[None, :] <= seen[:, None]
+
+
+class _Linear:
+    """``x @ weight.T`` in fp32."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self._weight = weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return functional.linear(x, self._weight)
+
+
+class _Int8Linear:
+    """``x @ weight.T`` in int8: the weight with one scale per output row, ``x`` quantized on
+    the fly with one scale per token, so a token's result never depends on its batch
+    neighbours; the product is exact in int32 (``torch._int_mm``, oneDNN's VNNI kernels)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self._scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127
+        # [in, out] as a transposed view: _int_mm runs fastest on it
+        self._weight = (weight / self._scale[:, None]).round().to(torch.int8).t()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        scale = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127
+        quantized = (x / scale).round_().to(torch.int8)
+        return torch._int_mm(quantized, self._weight) * scale * self._scale
+
+
+def _rope_tables(config: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin for every position, [context, head_dim], halves layout (transformers')."""
+    half = torch.arange(0, config.head_dim, 2, dtype=torch.int64).float() / config.head_dim
+    inverse = 1.0 / (config.rope_theta**half)
+    angles = torch.arange(config.context).float()[:, None] * inverse[None, :]
+    angles = torch.cat([angles, angles], dim=1)
+    return angles.cos(), angles.sin()
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rope on [tokens, heads, head_dim] with each token's cos and sin ([tokens, 1, head_dim])."""
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-second, first], dim=-1) * sin
