@@ -39,16 +39,27 @@ class StepReport:
     prefilled: int = 0  # start tokens the step spent
 
 
-def allot(costs: Sequence[int], budget: int | None) -> list[int]:
-    """Start tokens for each starting sequence, oldest first, out of ``budget``: a start too
-    big for what is left takes what is left, and the rest wait for the next step."""
-    if budget is None:
-        return list(costs)
+def allot(costs: Sequence[int], budget: int | None, chunk: int = 0) -> list[int]:
+    """Start tokens for each starting sequence, oldest first, out of ``budget`` (None: no
+    bound). Without ``chunk``, a start too big for what is left takes what is left; with
+    it, each start gets one part of ``chunk`` tokens a step (its last part: what is left)
+    or waits, so its parts are the same however busy the step, and a step too tight for
+    any part still gives the oldest start one."""
     given = []
+    left = budget
     for cost in costs:
-        share = min(cost, max(budget, 0))
+        want = min(cost, chunk) if chunk else cost
+        if left is None:
+            share = want
+        elif chunk:
+            share = want if want <= left else 0
+        else:
+            share = min(want, max(left, 0))
         given.append(share)
-        budget -= share
+        if left is not None:
+            left -= share
+    if chunk and given and not any(given):
+        given[0] = min(costs[0], chunk)
     return given
 
 
@@ -91,7 +102,7 @@ class StepReplica:
 
     def _prefill(self, starting: list[int], budget: int | None, report: StepReport) -> int:
         costs = [self.model.start_cost(self._states[sid]) for sid in starting]
-        shares = allot(costs, budget)
+        shares = allot(costs, budget, self.model.start_chunk)
         chosen = [(sid, share) for sid, share in zip(starting, shares, strict=True) if share > 0]
         if not chosen:
             return 0
