@@ -1,0 +1,107 @@
+"""The systems compared, each serving the same jobs ``(key, length)`` of the same model:
+the model called one sequence at a time, Ray Serve's ``@serve.batch`` over an async
+generator (a batch formed once, held until its longest member ends), and carpool's
+StepBatcher; closed-loop clients that each read a stream to its end, then open the next."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+
+from benchmarks.harness import common
+from benchmarks.streams._models import SPREAD, Synthetic
+
+Job = tuple[int, int]
+Opener = Callable[[Job], AsyncIterator[int]]
+
+
+def jobs(lengths: list[int]) -> Iterator[Job]:
+    """Endless jobs, their lengths in a seeded order, each key new."""
+    keys = itertools.count()
+    return ((next(keys), n) for n in itertools.cycle(lengths))
+
+
+def serial_outputs_per_s(model: Synthetic, source: Iterator[Job], seconds: float) -> float:
+    """One sequence at a time, the model called directly, for ``seconds``."""
+    made = 0
+    t0 = time.perf_counter()
+    end = t0 + seconds
+    while time.perf_counter() < end:
+        (state,) = model.start([next(source)])
+        while time.perf_counter() < end:
+            (output,) = model.step([state])
+            made += 1
+            if model.finished(state, output):
+                break
+    return made / (time.perf_counter() - t0)
+
+
+@dataclass
+class Loop:
+    """What a closed loop saw: outputs/s in its window, and whether every stream that ended
+    gave exactly its outputs."""
+
+    outputs_per_s: float
+    streams: int
+    exact: bool
+
+
+async def closed_loop(
+    open_stream: Opener, clients: int, source: Iterator[Job], warmup: float, window: float
+) -> Loop:
+    """``clients`` tasks, each reading a stream to its end, then opening the next; the
+    outputs that arrived in the ``window`` seconds after ``warmup``."""
+    made = ended = 0
+    wrong: list[Job] = []
+    running = True
+
+    async def client() -> None:
+        nonlocal made, ended
+        while running:
+            key, length = job = next(source)
+            got = 0
+            async for output in open_stream(job):
+                got += 1
+                made += 1
+                if output != key * SPREAD + got:
+                    wrong.append(job)
+            if got != length:
+                wrong.append(job)
+            ended += 1
+
+    tasks = [asyncio.create_task(client()) for _ in range(clients)]
+    await asyncio.sleep(warmup)
+    before, t0 = made, time.perf_counter()
+    await asyncio.sleep(window)
+    after, t1 = made, time.perf_counter()
+    running = False
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return Loop((after - before) / (t1 - t0), ended, not wrong)
+
+
+def ray_static(model: Synthetic, max_batch: int, wait_s: float) -> Opener:
+    """Ray Serve's ``@serve.batch`` over an async generator: up to ``max_batch`` jobs form a
+    batch that steps (in a thread, off the event loop) until its longest member ends; a
+    member that ended gets ``StopIteration`` and is no longer stepped (generous to it)."""
+
+    @common.ray_serve_batch(max_batch, wait_s)
+    async def generate(batch: list[Job]) -> AsyncIterator[list[object]]:
+        states = model.start(batch)
+        live = list(range(len(states)))
+        while live:
+            outputs = await asyncio.to_thread(model.step, [states[i] for i in live])
+            row: list[object] = [StopIteration] * len(states)
+            still = []
+            for i, output in zip(live, outputs, strict=True):
+                row[i] = output
+                if not model.finished(states[i], output):
+                    still.append(i)
+            live = still
+            yield row
+
+    return generate  # type: ignore[no-any-return]
