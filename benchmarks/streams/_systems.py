@@ -50,10 +50,16 @@ class Loop:
 
 
 async def closed_loop(
-    open_stream: Opener, clients: int, source: Iterator[Job], warmup: float, window: float
+    open_stream: Opener,
+    clients: int,
+    source: Iterator[Job],
+    warmup: float,
+    window: float,
+    halt: Callable[[], None] | None = None,
 ) -> Loop:
     """``clients`` tasks, each reading a stream to its end, then opening the next; the
-    outputs that arrived in the ``window`` seconds after ``warmup``."""
+    outputs that arrived in the ``window`` seconds after ``warmup``. Then ``halt()`` ends
+    the streams under way and the clients finish (without ``halt``: they are cancelled)."""
     made = ended = 0
     wrong: list[Job] = []
     running = True
@@ -68,7 +74,7 @@ async def closed_loop(
                 made += 1
                 if output != key * SPREAD + got:
                     wrong.append(job)
-            if got != length:
+            if got != length and running:
                 wrong.append(job)
             ended += 1
 
@@ -78,22 +84,37 @@ async def closed_loop(
     await asyncio.sleep(window)
     after, t1 = made, time.perf_counter()
     running = False
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    if halt is not None:
+        halt()
+    else:
+        for task in tasks:
+            task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=halt is None)
     return Loop((after - before) / (t1 - t0), ended, not wrong)
 
 
-def ray_static(model: Synthetic, max_batch: int, wait_s: float) -> Opener:
+class RayStatic:
     """Ray Serve's ``@serve.batch`` over an async generator: up to ``max_batch`` jobs form a
     batch that steps (in a thread, off the event loop) until its longest member ends; a
-    member that ended gets ``StopIteration`` and is no longer stepped (generous to it)."""
+    member that ended gets ``StopIteration`` and is no longer stepped (generous to it).
+    ``halt()`` ends every batch at its next step (Ray's queue ends cleanly, unlike when
+    its callers are cancelled)."""
+
+    def __init__(self, model: Synthetic, max_batch: int, wait_s: float) -> None:
+        self.halted = False
+        self.open = _ray_generator(model, max_batch, wait_s, self)
+
+    def halt(self) -> None:
+        self.halted = True
+
+
+def _ray_generator(model: Synthetic, max_batch: int, wait_s: float, owner: RayStatic) -> Opener:
 
     @common.ray_serve_batch(max_batch, wait_s)
     async def generate(batch: list[Job]) -> AsyncIterator[list[object]]:
         states = model.start(batch)
         live = list(range(len(states)))
-        while live:
+        while live and not owner.halted:
             outputs = await asyncio.to_thread(model.step, [states[i] for i in live])
             row: list[object] = [StopIteration] * len(states)
             still = []

@@ -13,7 +13,7 @@ import itertools
 from benchmarks.harness import Figures, common, run
 from benchmarks.streams import _cancel, _probes
 from benchmarks.streams._models import Prompted, Synthetic, lengths, step_seconds
-from benchmarks.streams._systems import closed_loop, jobs, ray_static, serial_outputs_per_s
+from benchmarks.streams._systems import RayStatic, closed_loop, jobs, serial_outputs_per_s
 from carpool.steps.batcher import StepBatcher
 
 CLIENTS = (1, 8, 32, 128)
@@ -56,6 +56,7 @@ def measure(args: argparse.Namespace) -> Figures:
     rates: dict[tuple[str, int], list[float]] = {}
     occupancy: list[float] = []
     exact = True
+    statics: list[RayStatic] = []
 
     async def loops() -> None:
         nonlocal exact
@@ -67,8 +68,11 @@ def measure(args: argparse.Namespace) -> Figures:
                 rates.setdefault(("carpool", clients), []).append(loop.outputs_per_s)
                 if clients == CLIENTS[-1]:
                     occupancy.append(_mean_size(before, after) / most)
-                static = ray_static(model, most, 0.005)
-                ray = await closed_loop(static, clients, jobs(sizes), warmup, window)
+                static = RayStatic(model, most, 0.005)
+                statics.append(static)  # its queue's task lives until the loop ends
+                ray = await closed_loop(
+                    static.open, clients, jobs(sizes), warmup, window, static.halt
+                )
                 rates.setdefault(("static", clients), []).append(ray.outputs_per_s)
                 exact = exact and loop.exact and ray.exact
                 print(
