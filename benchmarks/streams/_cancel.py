@@ -9,6 +9,7 @@ import gc
 import random
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from benchmarks.streams._models import Synthetic, expected, lengths
 from carpool.steps.batcher import StepBatcher
@@ -32,7 +33,7 @@ def cancellations(streams: int, concurrent: int, max_sequences: int, seed: int) 
     ways: Counter[str] = Counter()
     wrong: list[int] = []
 
-    async def one(batcher: StepBatcher, key: int) -> None:
+    async def one(batcher: StepBatcher[Any, int], key: int) -> None:
         length = sizes[key]
         want = expected(key, length)
         way = rng.choice(WAYS)
@@ -73,7 +74,7 @@ def cancellations(streams: int, concurrent: int, max_sequences: int, seed: int) 
             wrong.append(key)
 
     async def main() -> Outcome:
-        async with StepBatcher(model, max_sequences=max_sequences) as batcher:
+        async with StepBatcher[Any, int](model, max_sequences=max_sequences) as batcher:
             for first in range(0, streams, concurrent):
                 keys = range(first, min(first + concurrent, streams))
                 await asyncio.gather(*(one(batcher, key) for key in keys))

@@ -9,6 +9,7 @@ import itertools
 import statistics
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from benchmarks.streams._models import Prompted, Synthetic, lengths
 from benchmarks.streams._systems import jobs
@@ -19,7 +20,7 @@ __all__ = ["Burst", "Overhead", "burst", "first_output_ms", "own_cost"]
 
 
 async def first_output_ms(
-    batcher: StepBatcher, model: Synthetic, rounds: int
+    batcher: StepBatcher[Any, int], model: Synthetic, rounds: int
 ) -> tuple[float, float]:
     """Median ms from opening a one-output stream to its output: (carpool, the model called
     directly), alternating, with the batcher idle each time."""
@@ -54,7 +55,7 @@ def own_cost(clients: int, max_sequences: int, sequences: int, seed: int) -> Ove
     total = sum(lengths(sequences, 64, 512, seed))
 
     async def main() -> float:
-        async with StepBatcher(model, max_sequences=max_sequences) as batcher:
+        async with StepBatcher[Any, int](model, max_sequences=max_sequences) as batcher:
             left = sequences
 
             async def client() -> None:
@@ -101,7 +102,9 @@ def burst(
     before, and while the arrivals start (until the last one's first output)."""
 
     async def main() -> Burst:
-        async with StepBatcher(model, max_sequences=max_sequences, step_tokens=step_tokens) as b:
+        async with StepBatcher[Any, int](
+            model, max_sequences=max_sequences, step_tokens=step_tokens
+        ) as b:
             times: list[list[float]] = [[] for _ in range(active)]
 
             async def read(i: int) -> None:

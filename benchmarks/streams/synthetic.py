@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import itertools
+from typing import Any
 
 from benchmarks.harness import Figures, common, run
 from benchmarks.streams import _cancel, _probes
@@ -60,7 +62,7 @@ def measure(args: argparse.Namespace) -> Figures:
 
     async def loops() -> None:
         nonlocal exact
-        async with StepBatcher(model, max_sequences=most) as batcher:
+        async with StepBatcher[Any, int](model, max_sequences=most) as batcher:
             for _, clients in itertools.product(range(repeats), CLIENTS):
                 before = batcher.stats().step_sizes
                 loop = await closed_loop(batcher.stream, clients, jobs(sizes), warmup, window)
@@ -120,14 +122,16 @@ def measure(args: argparse.Namespace) -> Figures:
     figures.at_most("own_us_per_sequence_step", cost.us_per_sequence_step, 5, "us")
 
     prompted = Prompted(fixed, per, per / 6)
-    shape = {
-        "active": 16,
-        "arrivals": 4 if args.quick else 8,
-        "prompt": 256 if args.quick else 1024,
-        "before_s": 0.4 if args.quick else 2.0,
-    }
-    chunked = _probes.burst(prompted, max_sequences=most, step_tokens=4 * most, **shape)
-    whole = _probes.burst(prompted, max_sequences=most, step_tokens=None, **shape)
+    arrive = functools.partial(
+        _probes.burst,
+        prompted,
+        max_sequences=most,
+        active=16,
+        arrivals=4 if args.quick else 8,
+        prompt=256 if args.quick else 1024,
+        before_s=0.4 if args.quick else 2.0,
+    )
+    chunked, whole = arrive(step_tokens=4 * most), arrive(step_tokens=None)
     for name, b in (("chunked", chunked), ("unchunked", whole)):
         print(
             f"  burst, {name}: p99 gap {b.p99_before_ms:.1f} ms before, "
@@ -149,7 +153,7 @@ def measure(args: argparse.Namespace) -> Figures:
 
 
 async def _lone(model: Synthetic, most: int, rounds: int) -> tuple[float, float]:
-    async with StepBatcher(model, max_sequences=most) as batcher:
+    async with StepBatcher[Any, int](model, max_sequences=most) as batcher:
         return await _probes.first_output_ms(batcher, model, rounds)
 
 
