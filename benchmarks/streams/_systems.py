@@ -1,7 +1,8 @@
 """The systems compared, each serving the same jobs ``(key, length)`` of the same model:
-the model called one sequence at a time, Ray Serve's ``@serve.batch`` over an async
-generator (a batch formed once, held until its longest member ends), and carpool's
-StepBatcher; closed-loop clients that each read a stream to its end, then open the next."""
+the model called one sequence at a time, static batching (a batch formed once, held until
+its longest member ends: a loop of our own, and Ray Serve's ``@serve.batch`` over an async
+generator), and carpool's StepBatcher; closed-loop clients that each read a stream to its
+end, then open the next."""
 
 from __future__ import annotations
 
@@ -91,6 +92,58 @@ async def closed_loop(
             task.cancel()
     await asyncio.gather(*tasks, return_exceptions=halt is None)
     return Loop((after - before) / (t1 - t0), ended, not wrong)
+
+
+class StaticLoop:
+    """Static batching at its best: whenever the model is free, the jobs waiting then (up to
+    ``max_batch``) form a batch that steps until its longest member ends; a member that
+    ended is no longer stepped. What Ray's queue does, but forming the next batch only
+    once the model is free (Ray forms it at once, of whoever came, while one runs)."""
+
+    def __init__(self, model: Synthetic, max_batch: int) -> None:
+        self.model, self.max_batch = model, max_batch
+        self.halted = False
+        self._waiting: list[tuple[Job, asyncio.Queue[int | None]]] = []
+        self._arrived = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def open(self, job: Job) -> AsyncIterator[int]:
+        if self._task is None:
+            self._task = asyncio.create_task(self._serve())
+        outbox: asyncio.Queue[int | None] = asyncio.Queue()
+        self._waiting.append((job, outbox))
+        self._arrived.set()
+        while (output := await outbox.get()) is not None:
+            yield output
+
+    def halt(self) -> None:
+        self.halted = True
+        self._arrived.set()
+
+    async def _serve(self) -> None:
+        model = self.model
+        while not self.halted:
+            await self._arrived.wait()
+            self._arrived.clear()
+            while self._waiting and not self.halted:
+                batch = self._waiting[: self.max_batch]
+                del self._waiting[: self.max_batch]
+                states = model.start([job for job, _ in batch])
+                live = list(range(len(batch)))
+                while live and not self.halted:
+                    outputs = await asyncio.to_thread(model.step, [states[i] for i in live])
+                    still = []
+                    for i, output in zip(live, outputs, strict=True):
+                        batch[i][1].put_nowait(output)
+                        if model.finished(states[i], output):
+                            batch[i][1].put_nowait(None)
+                        else:
+                            still.append(i)
+                    live = still
+                for i in live:
+                    batch[i][1].put_nowait(None)
+        for _, outbox in self._waiting:
+            outbox.put_nowait(None)
 
 
 class RayStatic:

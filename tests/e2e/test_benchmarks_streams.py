@@ -30,12 +30,17 @@ def floats(*names: str) -> dict[str, str]:
 
 def test_synthetic_quick_run(figures: dict[str, object]) -> None:
     per_clients = [f"{system}_outputs_per_s_{n}" for n in (1, 8, 32, 128)
-                   for system in ("carpool", "static")]  # fmt: skip
+                   for system in ("carpool", "static", "ray")]  # fmt: skip
     checks = ("outputs_exact", "cancel_slots_freed", "cancel_outputs_exact",
               "cancel_counts_add_up")  # fmt: skip
     assert shape(figures) == {
         **floats("serial_outputs_per_s", *per_clients, "offline_limit_outputs_per_s"),
-        **floats("carpool_over_offline_limit", "carpool_over_static", "mean_active_over_max"),
+        **floats(
+            "carpool_over_offline_limit",
+            "carpool_over_static",
+            "carpool_over_ray",
+            "mean_active_over_max",
+        ),
         "outputs_exact": "bool",
         **floats(
             "lone_first_output_ms",
