@@ -42,6 +42,7 @@ async def first_output_ms(
 @dataclass
 class Overhead:
     us_per_sequence_step: float
+    cpu_us_per_sequence_step: float  # the process's CPU time, not the wall's: no neighbours
     sequence_steps: int
     wall_s: float
     model_s: float
@@ -49,12 +50,13 @@ class Overhead:
 
 def own_cost(clients: int, max_sequences: int, sequences: int, seed: int) -> Overhead:
     """``sequences`` streams of a model that costs nothing, through ``clients`` closed-loop
-    clients: (wall time - model time) / sequence-steps, in microseconds."""
+    clients: (wall time - model time) / sequence-steps, in microseconds; and the same of the
+    process's CPU time (what the box's other processes took is not in it)."""
     model = Synthetic(0.0, 0.0)
     source = jobs(lengths(sequences, 64, 512, seed))
     total = sum(lengths(sequences, 64, 512, seed))
 
-    async def main() -> float:
+    async def main() -> tuple[float, float]:
         async with StepBatcher[Any, int](model, max_sequences=max_sequences) as batcher:
             left = sequences
 
@@ -65,15 +67,16 @@ def own_cost(clients: int, max_sequences: int, sequences: int, seed: int) -> Ove
                     async for _ in batcher.stream(next(source)):
                         pass
 
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), time.process_time()
             await asyncio.gather(*(client() for _ in range(clients)))
-            wall = time.perf_counter() - t
+            wall, cpu = time.perf_counter() - t, time.process_time() - cpu
         stats = batcher.stats()  # closed: the last step is counted
         assert stats.outputs == total, (stats.outputs, total)
-        return wall
+        return wall, cpu
 
-    wall = asyncio.run(main())
-    return Overhead((wall - model.model_seconds) / total * 1e6, total, wall, model.model_seconds)
+    wall, cpu = asyncio.run(main())
+    own = model.model_seconds
+    return Overhead((wall - own) / total * 1e6, (cpu - own) / total * 1e6, total, wall, own)
 
 
 @dataclass

@@ -127,15 +127,18 @@ def measure(args: argparse.Namespace) -> Figures:
     figures.add("serial_first_output_ms", direct_ms, "ms")
     figures.at_most("lone_first_output_minus_serial_ms", ours_ms - direct_ms, 1, "ms")
 
-    costs = []
+    costs, cpu_costs = [], []
     for _ in range(1 if args.quick else 5):  # a shared box is noisy: the median of five
         cost = _probes.own_cost(top, most, 200 if args.quick else 3000, args.seed)
         costs.append(cost.us_per_sequence_step)
+        cpu_costs.append(cost.cpu_us_per_sequence_step)
         print(
             f"  own cost: {cost.sequence_steps} sequence-steps in {cost.wall_s:.2f} s, "
-            f"{cost.model_s:.3f} s of it the model's: {cost.us_per_sequence_step:.2f} us each"
+            f"{cost.model_s:.3f} s of it the model's: {cost.us_per_sequence_step:.2f} us each "
+            f"({cost.cpu_us_per_sequence_step:.2f} us of CPU)"
         )
     figures.at_most("own_us_per_sequence_step", common.median(costs), 5, "us")
+    figures.add("own_cpu_us_per_sequence_step", common.median(cpu_costs), "us")
 
     prompted = Prompted(fixed, per, per / 6)
     arrive = functools.partial(

@@ -47,6 +47,7 @@ def test_synthetic_quick_run(figures: dict[str, object]) -> None:
             "serial_first_output_ms",
             "lone_first_output_minus_serial_ms",
             "own_us_per_sequence_step",
+            "own_cpu_us_per_sequence_step",
             "burst_p99_gap_during_over_before",
             "burst_p99_gap_during_over_before_unchunked",
         ),
