@@ -104,7 +104,12 @@ class StepSequence:
             return self._unwrap(self._items.popleft())
 
     async def next_async(self) -> Any:
+        items = self._items
         while True:
+            try:  # deque operations are atomic: an output already there needs no lock
+                return self._unwrap(items.popleft())
+            except IndexError:
+                pass
             with self._lock:
                 if self._items:
                     return self._unwrap(self._items.popleft())
