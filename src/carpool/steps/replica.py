@@ -69,17 +69,24 @@ class StepReplica:
     def __init__(self, model: StepModel[Any, Any, Any]) -> None:
         self.model = model
         self._states: dict[int, Any] = {}  # in join order: the oldest start goes first
+        # a model without start work never owes any: its states are all ready at once
+        self._prefills = type(model).start_cost is not StepModel.start_cost
 
     def __call__(self, tick: Tick) -> StepReport:
         report = StepReport()
         for sid in tick.leaves:
             self._free(sid)
         self._start(tick.joins, report)
-        starting = [sid for sid, state in self._states.items() if self.model.start_cost(state) > 0]
-        ready = [sid for sid in self._states if sid not in set(starting)]
+        if not self._prefills:
+            self._step(list(self._states), report)
+            return report
+        cost = self.model.start_cost
+        starting = [sid for sid, state in self._states.items() if cost(state) > 0]
+        owing = set(starting)
+        ready = [sid for sid in self._states if sid not in owing]
         budget = None if tick.budget is None else tick.budget - len(ready)
         report.prefilled = self._prefill(starting, budget, report)
-        ready = [sid for sid, state in self._states.items() if self.model.start_cost(state) == 0]
+        ready = [sid for sid, state in self._states.items() if cost(state) == 0]
         self._step(ready, report)
         return report
 
@@ -120,16 +127,18 @@ class StepReplica:
     def _step(self, ready: list[int], report: StepReport) -> None:
         if not ready:
             return
-        states = [self._states[sid] for sid in ready]
+        held = self._states
+        states = [held[sid] for sid in ready]
         outputs = _isolated(self.model.step, states)
         report.stepped = len(ready)
+        delivered, finished = report.outputs, self.model.finished
         for sid, state, output in zip(ready, states, outputs, strict=True):
             if isinstance(output, BaseException):
                 self._fail(sid, output, report)
                 continue
-            report.outputs.append((sid, output))
+            delivered.append((sid, output))
             try:
-                done = self.model.finished(state, output)
+                done = finished(state, output)
             except Exception as exc:
                 self._fail(sid, exc, report)
                 continue
