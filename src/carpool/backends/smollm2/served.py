@@ -46,7 +46,7 @@ def smollm2_model(
         outputs=[Tensor("text_output", "BYTES", (1,))],
         batching=Batching(max_batch_size=max_sequences),
         max_sequences=max_sequences,
-        step_tokens=max(512, max_sequences),
+        step_tokens=max(1024, max_sequences),
     )
 
 
