@@ -123,11 +123,8 @@ def test_compare_of_streams_gives_ratios_to_the_first() -> None:
         "TPO p99 b/a",
     ]
     row = [column[0] for column in cells]
-    assert row == ["1 clients", "100.0", "80.0", "16.0", "150.0", "40.0", "32.0"] + [
-        "1.50\N{MULTIPLICATION SIGN}",
-        "0.50\N{MULTIPLICATION SIGN}",
-        "2.00\N{MULTIPLICATION SIGN}",
-    ]
+    ratios = [f"{r}\N{MULTIPLICATION SIGN}" for r in ("1.50", "0.50", "2.00")]
+    assert row == ["1 clients", "100.0", "80.0", "16.0", "150.0", "40.0", "32.0", *ratios]
 
 
 def _lines(path: Path, figure: object) -> dict[str, list[tuple[list[float], list[float]]]]:
