@@ -124,7 +124,8 @@ def test_a_client_that_closes_its_stream_frees_the_slot(server: Server) -> None:
     long = " ".join(f"w{i}" for i in range(2000))
     body = {"text_input": long, "parameters": {"delay_ms": 5}}
     with server.http.stream("POST", "/v2/models/words/generate_stream", json=body) as response:
-        first = next(response.iter_lines())
+        lines = response.iter_lines()  # kept: a dropped iterator closes the connection
+        first = next(lines)
         assert first == 'data: {"model_name":"words","model_version":"1","text_output":"w0"}'
         assert metric(server, "carpool_active_sequences") == 1.0
     wait_until(
