@@ -1,0 +1,138 @@
+"""A step-wise model on ``carpool serve --frontends 2``: each front end streams its sequences
+from the main process's one StepBatcher (generate_stream one event per step, through either
+front end), answers rows whole (infer, generate), passes parameters to the model and its
+refusals back as 400s, sends a model's error as an event, frees a closed stream's slot, and
+counts in its metrics and statistics as one process does."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import httpx
+import pytest
+
+from e2e.test_frontends import FRONTENDS, connections, front_ends
+from e2e.test_generate import events
+from server.conftest import Launcher, Server, json_tensor, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(serve_module: Launcher) -> Server:
+    return serve_module("step_models:words", *FRONTENDS)
+
+
+def metric(server: Server, name: str) -> float:
+    text = server.http.get("/metrics").text
+    found = re.search(rf'^{name}{{model="words"}} (\S+)$', text, re.M)
+    assert found is not None, text
+    return float(found.group(1))
+
+
+def sse(raw: bytes) -> list[dict[str, Any]]:
+    chunks = [c for c in raw.decode().split("\n\n") if c]
+    assert all(c.startswith("data: ") for c in chunks), raw
+    return [json.loads(c[len("data: ") :]) for c in chunks]
+
+
+def test_each_front_end_streams_one_event_per_step(server: Server) -> None:
+    assert sorted(front_ends(server)) == [1, 2]
+    for index in (1, 2):
+        (conn,) = connections(server, index, 1)
+        body = json.dumps({"text_input": f"front {index} end"})
+        conn.request("POST", "/v2/models/words/generate_stream", body)
+        response = conn.getresponse()
+        assert response.status == 200
+        assert response.getheader("content-type") == "text/event-stream; charset=utf-8"
+        got = sse(response.read())
+        assert [e["text_output"] for e in got] == ["front", str(index), "end"]
+        assert {(e["model_name"], e["model_version"]) for e in got} == {("words", "1")}
+
+
+def test_parameters_reach_the_model_and_a_bad_one_is_a_400(server: Server) -> None:
+    ok = server.http.post(
+        "/v2/models/words/generate", json={"text_input": "a b", "parameters": {"delay_ms": 1}}
+    )
+    assert ok.json()["text_output"] == "a b"
+    for route in ("generate", "generate_stream"):
+        bad = server.http.post(
+            f"/v2/models/words/{route}", json={"text_input": "a", "delay_ms": -1}
+        )
+        assert bad.status_code == 400
+        assert bad.json() == {"error": "delay_ms must be a number >= 0, got -1"}
+    empty = server.http.post("/v2/models/words/generate_stream", json={"text_input": " "})
+    assert empty.status_code == 400
+    assert empty.json() == {"error": "text_input holds no word"}
+
+
+def test_infer_and_generate_answer_whole(server: Server) -> None:
+    body = {"inputs": [json_tensor("text_input", "BYTES", [2, 1], ["x y z", "p q"])]}
+    response = server.http.post("/v2/models/words/infer", json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["outputs"] == [
+        {"name": "text_output", "datatype": "BYTES", "shape": [2, 1], "data": ["x y z", "p q"]}
+    ]
+    whole = server.http.post("/v2/models/words/generate", json={"text_input": "one two", "id": "7"})
+    assert whole.json() == {
+        "model_name": "words",
+        "model_version": "1",
+        "id": "7",
+        "text_output": "one two",
+    }
+
+
+def test_an_error_after_the_first_event_arrives_as_an_event(server: Server) -> None:
+    with server.http.stream(
+        "POST", "/v2/models/words/generate_stream", json={"text_input": "a boom c"}
+    ) as response:
+        assert response.status_code == 200
+        got = events(response)
+    assert got == [
+        {"model_name": "words", "model_version": "1", "text_output": "a"},
+        {"error": "model error: ValueError: the word 'boom' breaks its sequence"},
+    ]
+
+
+def test_a_client_that_closes_its_stream_frees_the_slot(server: Server) -> None:
+    long = " ".join(f"w{i}" for i in range(2000))
+    body = {"text_input": long, "parameters": {"delay_ms": 5}}
+    with httpx.stream("POST", f"{server.url}/v2/models/words/generate_stream", json=body) as r:
+        first = next(r.iter_lines())
+        assert first == 'data: {"model_name":"words","model_version":"1","text_output":"w0"}'
+        assert metric(server, "carpool_active_sequences") == 1.0
+    wait_until(
+        lambda: metric(server, "carpool_active_sequences") == 0.0,
+        "the closed stream's slot freed",
+        within=10.0,
+    )
+    assert (
+        server.http.post("/v2/models/words/generate", json={"text_input": "ok"}).json()[
+            "text_output"
+        ]
+        == "ok"
+    )
+
+
+def test_metrics_and_statistics_count_as_one_process_does(serve: Launcher) -> None:
+    server = serve("step_models:words", *FRONTENDS)
+    for index in (1, 2):
+        (conn,) = connections(server, index, 1)
+        conn.request("POST", "/v2/models/words/generate_stream", json.dumps({"text_input": "a b"}))
+        assert [e["text_output"] for e in sse(conn.getresponse().read())] == ["a", "b"]
+    server.http.post("/v2/models/words/generate", json={"text_input": "c d e"})
+    server.http.post("/v2/models/words/generate", json={"text_input": "f", "delay_ms": -1})
+    for index in (1, 2):  # whichever front end is asked
+        (conn,) = connections(server, index, 1)
+        conn.request("GET", "/v2/models/words/stats")
+        stats = json.loads(conn.getresponse().read())["model_stats"][0]
+        assert stats["inference_count"] == 3
+        assert stats["inference_stats"]["success"]["count"] == 3
+        assert stats["inference_stats"]["fail"]["count"] == 1
+    labels = {"model": "words", "protocol": "http"}
+    assert server.metric("carpool_requests_total", outcome="success", **labels) == 3
+    assert server.metric("carpool_time_to_first_output_seconds_count", model="words") == 3
+    assert server.metric("carpool_time_per_output_seconds_count", model="words") == 4
+    assert server.metric("carpool_active_sequences", model="words") == 0
