@@ -48,7 +48,7 @@ def test_each_front_end_streams_one_event_per_step(server: Server) -> None:
         assert response.status == 200
         assert response.getheader("content-type") == "text/event-stream; charset=utf-8"
         got = sse(response.read())
-        assert [e["text_output"] for e in got] == ["front", str(index), "end"]
+        assert [e.get("text_output", e) for e in got] == ["front", str(index), "end"]
         assert {(e["model_name"], e["model_version"]) for e in got} == {("words", "1")}
 
 
@@ -100,7 +100,8 @@ def test_a_client_that_closes_its_stream_frees_the_slot(server: Server) -> None:
     long = " ".join(f"w{i}" for i in range(2000))
     body = {"text_input": long, "parameters": {"delay_ms": 5}}
     with httpx.stream("POST", f"{server.url}/v2/models/words/generate_stream", json=body) as r:
-        first = next(r.iter_lines())
+        lines = r.iter_lines()  # held: a dropped iterator closes the connection when collected
+        first = next(lines)
         assert first == 'data: {"model_name":"words","model_version":"1","text_output":"w0"}'
         assert metric(server, "carpool_active_sequences") == 1.0
     wait_until(
@@ -108,31 +109,38 @@ def test_a_client_that_closes_its_stream_frees_the_slot(server: Server) -> None:
         "the closed stream's slot freed",
         within=10.0,
     )
-    assert (
-        server.http.post("/v2/models/words/generate", json={"text_input": "ok"}).json()[
-            "text_output"
-        ]
-        == "ok"
-    )
+    after = server.http.post("/v2/models/words/generate", json={"text_input": "ok"})
+    assert after.json()["text_output"] == "ok"
 
 
 def test_metrics_and_statistics_count_as_one_process_does(serve: Launcher) -> None:
     server = serve("step_models:words", *FRONTENDS)
-    for index in (1, 2):
+    for index in (1, 2):  # a stream through each front end
         (conn,) = connections(server, index, 1)
         conn.request("POST", "/v2/models/words/generate_stream", json.dumps({"text_input": "a b"}))
         assert [e["text_output"] for e in sse(conn.getresponse().read())] == ["a", "b"]
-    server.http.post("/v2/models/words/generate", json={"text_input": "c d e"})
-    server.http.post("/v2/models/words/generate", json={"text_input": "f", "delay_ms": -1})
-    for index in (1, 2):  # whichever front end is asked
+    whole = server.http.post("/v2/models/words/generate", json={"text_input": "c d e"})
+    assert whole.status_code == 200
+    refused = server.http.post(
+        "/v2/models/words/generate", json={"text_input": "f", "delay_ms": -1}
+    )
+    assert refused.status_code == 400
+    body = {"inputs": [json_tensor("text_input", "BYTES", [2, 1], ["x y", "p"])]}
+    assert server.http.post("/v2/models/words/infer", json=body).status_code == 200
+    for index in (1, 2):  # whichever front end is asked: 5 sequences, a refusal is no failure
         (conn,) = connections(server, index, 1)
         conn.request("GET", "/v2/models/words/stats")
         stats = json.loads(conn.getresponse().read())["model_stats"][0]
-        assert stats["inference_count"] == 3
-        assert stats["inference_stats"]["success"]["count"] == 3
-        assert stats["inference_stats"]["fail"]["count"] == 1
-    labels = {"model": "words", "protocol": "http"}
-    assert server.metric("carpool_requests_total", outcome="success", **labels) == 3
-    assert server.metric("carpool_time_to_first_output_seconds_count", model="words") == 3
-    assert server.metric("carpool_time_per_output_seconds_count", model="words") == 4
+        assert stats["inference_count"] == 5
+        assert stats["inference_stats"]["success"]["count"] == 5
+        assert stats["inference_stats"]["fail"]["count"] == 0
+    for protocol, outcome, count in (
+        ("generate", "success", 3),
+        ("generate", "invalid", 1),
+        ("http", "success", 1),
+    ):
+        labels = {"model": "words", "outcome": outcome, "protocol": protocol}
+        assert server.metric("carpool_requests_total", **labels) == count
+    assert server.metric("carpool_time_to_first_output_seconds_count", model="words") == 5
+    assert server.metric("carpool_time_per_output_seconds_count", model="words") == 5
     assert server.metric("carpool_active_sequences", model="words") == 0
