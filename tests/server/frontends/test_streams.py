@@ -4,26 +4,53 @@ StepServed, a front end's registry, linked by a real Unix socket pair on one loo
 A stream gets one output per step, then its end; a refused row is a 400's ProtocolError
 naming its field; a model's error ends the stream typed; a cancelled stream, or a lost link,
 frees the sequence's slot in the main process; rows are answered whole with their parameters;
-the step statistics reach the front end."""
+the step statistics reach the front end; an output that cannot be sent ends its stream alone."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Callable
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import numpy as np
 import pytest
 
 from carpool.errors import BatcherClosed
+from carpool.model import Tensor
 from carpool.server.frontends.hub import Hub
 from carpool.server.frontends.remote import FrontEndRegistry, RemoteStepBatcher, Upstream
 from carpool.server.frontends.tallies import Tallies
 from carpool.server.lifecycle.registry import Registry
 from carpool.server.messages import ProtocolError
-from carpool.stepwise import StepServed
+from carpool.steps.model import StepModel
+from carpool.stepwise import StepServed, StepwiseModel
 from server.step_models import words
+
+
+class Unsendable(StepModel[int, int, Any]):
+    """One output per sequence: a lock, which does not pickle."""
+
+    def start(self, inputs: Sequence[int]) -> list[int]:
+        return list(inputs)
+
+    def step(self, states: Sequence[int]) -> list[Any]:
+        return [threading.Lock() for _ in states]
+
+    def finished(self, state: int, output: Any) -> bool:
+        return True
+
+
+unsendable = StepwiseModel(
+    name="unsendable",
+    stepper=Unsendable,
+    request=lambda row, parameters: 1,
+    response=lambda output: {"y": np.zeros(1, np.float32)},
+    whole=lambda outputs: {"y": np.zeros(1, np.float32)},
+    inputs=[Tensor("x", "FP32", (1,))],
+    outputs=[Tensor("y", "FP32", (1,))],
+)
 
 
 class Setup:
@@ -34,13 +61,16 @@ class Setup:
 
     @property
     def remote(self) -> RemoteStepBatcher:
-        batcher = next(iter(self.front)).batcher
+        return self.remote_of("words")
+
+    def remote_of(self, name: str) -> RemoteStepBatcher:
+        batcher = self.front.get(name).batcher
         assert isinstance(batcher, RemoteStepBatcher)
         return batcher
 
     @property
     def served(self) -> StepServed:
-        batcher = next(iter(self.main)).batcher
+        batcher = self.main.get("words").batcher
         assert isinstance(batcher, StepServed)
         return batcher
 
@@ -56,13 +86,13 @@ async def until(condition: Callable[[], bool], within_s: float = 10.0) -> None:
 
 @pytest.fixture
 async def setup() -> AsyncIterator[Setup]:
-    main = Registry([words])
+    main = Registry([words, unsendable])
     started = await main.start()
-    tallies = Tallies(["words"], 1)
+    tallies = Tallies(["words", "unsendable"], 1)
     hub = Hub(main, tallies)
     ours, theirs = socket.socketpair()
     await hub.attach(1, ours, lambda index: None)
-    front = FrontEndRegistry([words], [], Upstream(), theirs, tallies.slot(1))
+    front = FrontEndRegistry([words, unsendable], [], Upstream(), theirs, tallies.slot(1))
     await front.start()
     yield Setup(main, hub, front)
     await front.close(list(front), timeout=0)
@@ -153,3 +183,11 @@ async def test_the_step_statistics_reach_the_front_end(setup: Setup) -> None:
     await until(lambda: setup.served.steps.active == 0)
     await setup.front.refresh()
     assert remote.steps.active == 0
+
+
+async def test_an_output_that_cannot_be_sent_ends_its_stream_alone(setup: Setup) -> None:
+    stream = setup.remote_of("unsendable").stream({"x": np.zeros(1, np.float32)}, {})
+    words_too = setup.remote.stream(row("still here"), {})
+    with pytest.raises(TypeError, match=r"cannot pickle '_thread\.lock' object"):
+        await stream.collect()
+    assert await words_too.collect() == ["still", "here"]

@@ -246,8 +246,9 @@ class Hub:
     # ------------------------------------------------------------- statistics
 
     def snapshot(self) -> tuple[dict[str, tuple[Any, Statuses, float, Any]], Statuses]:
-        """Every model's batcher statistics, and its requests' outcomes and seconds summed
-        over the front ends, live and ended; and the server's own answers, summed too."""
+        """Every model's batcher statistics, its requests' outcomes and seconds summed over
+        the front ends, live and ended, and a step-wise model's step statistics (else None);
+        and the server's own answers, summed too."""
         counted, server = self.tallies.totals()
         models_now = {
             served.name: (
