@@ -1,13 +1,14 @@
 """A step-wise model on ``carpool serve --frontends 2``: each front end streams its sequences
 from the main process's one StepBatcher (generate_stream one event per step, through either
 front end), answers rows whole (infer, generate), passes parameters to the model and its
-refusals back as 400s, sends a model's error as an event, frees a closed stream's slot, and
-counts in its metrics and statistics as one process does."""
+refusals back as 400s, sends a model's error as an event, frees a closed stream's slot,
+counts in its metrics and statistics as one process does, and drains as one process does."""
 
 from __future__ import annotations
 
 import json
 import re
+import threading
 from typing import Any
 
 import httpx
@@ -144,3 +145,33 @@ def test_metrics_and_statistics_count_as_one_process_does(serve: Launcher) -> No
     assert server.metric("carpool_time_to_first_output_seconds_count", model="words") == 5
     assert server.metric("carpool_time_per_output_seconds_count", model="words") == 5
     assert server.metric("carpool_active_sequences", model="words") == 0
+
+
+def test_sigterm_lets_short_streams_finish_and_ends_long_ones_with_an_error_event(
+    serve: Launcher,
+) -> None:
+    server = serve("step_models:words", *FRONTENDS, "--drain-timeout", "1.5")
+    short = {"text_input": "a b c", "parameters": {"delay_ms": 100}}
+    long = {"text_input": " ".join(f"w{i}" for i in range(500)), "parameters": {"delay_ms": 100}}
+    got: dict[str, list[dict[str, Any]]] = {}
+
+    def read(name: str, body: dict[str, Any]) -> None:
+        with httpx.stream("POST", f"{server.url}/v2/models/words/generate_stream", json=body) as r:
+            got[name] = events(r)
+
+    readers = [
+        threading.Thread(target=read, args=item) for item in (("short", short), ("long", long))
+    ]
+    for reader in readers:
+        reader.start()
+    wait_until(
+        lambda: metric(server, "carpool_active_sequences") == 2.0, "both aboard", within=10.0
+    )
+    server.terminate()
+    for reader in readers:
+        reader.join(30)
+    assert [e["text_output"] for e in got["short"]] == ["a", "b", "c"]
+    *words, last = got["long"]
+    assert [e["text_output"] for e in words] == [f"w{i}" for i in range(len(words))]
+    assert "error" in last
+    assert server.wait_exit() == 0

@@ -18,7 +18,7 @@ from typing import Any, cast
 
 from carpool.engine.batcher import Batcher
 from carpool.engine.stats import BatcherStats
-from carpool.errors import CarpoolError
+from carpool.errors import BatcherClosed, CarpoolError
 from carpool.server.frontends.links import (
     CANCEL,
     END,
@@ -53,12 +53,13 @@ _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
 class _FrontEnd:
-    __slots__ = ("heard", "index", "inflight", "link")
+    __slots__ = ("heard", "index", "inflight", "link", "streams")
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.link: Link | None = None
         self.inflight: dict[int, Callable[[], object]] = {}  # request id -> its withdrawal
+        self.streams: dict[int, tuple[asyncio.Task[None], str]] = {}  # id -> (task, model)
         # When it last answered a heartbeat (monotonic); a new one has SILENT_S more, to start.
         self.heard = _clock() + SILENT_S
 
@@ -193,7 +194,18 @@ class Hub:
             return
         task = asyncio.get_running_loop().create_task(_forwarded(stream, sid, link))
         front_end.inflight[sid] = task.cancel
-        task.add_done_callback(lambda _: front_end.inflight.pop(sid, None))
+        front_end.streams[sid] = (task, name)
+        task.add_done_callback(partial(_forgotten, front_end, sid))
+
+    def end_streams(self) -> None:
+        """End every stream with BatcherClosed (the drain's deadline passed): each front end
+        sends its error and completes its answer, rather than being cut off."""
+        for front_end in self._front_ends.values():
+            link = front_end.link
+            assert link is not None
+            for sid, (task, name) in list(front_end.streams.items()):
+                task.cancel()
+                link.post((ERROR, sid, BatcherClosed(name, "is stopping")))
 
     def _unsendable(self, front_end: _FrontEnd, op: Op, exc: Exception) -> None:
         """The outputs of request ``op[1]`` cannot be sent (they do not pickle, or shared
@@ -274,6 +286,11 @@ class Hub:
                 assert front_end.link is not None
                 front_end.link.post((STATE, state))
         self._watch = asyncio.get_running_loop().call_later(_WATCH_S, self._watch_workers)
+
+
+def _forgotten(front_end: _FrontEnd, sid: int, _: object) -> None:
+    front_end.inflight.pop(sid, None)
+    front_end.streams.pop(sid, None)
 
 
 async def _answered(whole: Any, answer: _Answer) -> None:
