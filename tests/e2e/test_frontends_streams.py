@@ -1,8 +1,8 @@
-"""A step-wise model on ``carpool serve --frontends 2``: each front end streams its sequences
-from the main process's one StepBatcher (generate_stream one event per step, through either
-front end), answers rows whole (infer, generate), passes parameters to the model and its
-refusals back as 400s, sends a model's error as an event, frees a closed stream's slot,
-counts in its metrics and statistics as one process does, and drains as one process does."""
+"""A step-wise model on ``carpool serve --frontends 2``, its StepBatcher the main process's:
+generate_stream (an event per step, through either front end) and gRPC's ModelStreamInfer (a
+response per step), infer and generate answered whole, parameters and their 400s, a model's
+error as an event, a closed stream's slot freed, metrics and statistics, and the drain: each
+as one process does."""
 
 from __future__ import annotations
 
@@ -11,11 +11,14 @@ import re
 import threading
 from typing import Any
 
+import grpc
 import httpx
 import pytest
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from e2e.test_frontends import FRONTENDS, connections, front_ends
 from e2e.test_generate import events
+from e2e.test_grpc_streams import flagged, request, streamed
 from server.conftest import Launcher, Server, json_tensor, wait_until
 
 pytestmark = pytest.mark.slow
@@ -23,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def server(serve_module: Launcher) -> Server:
-    return serve_module("step_models:words", *FRONTENDS)
+    return serve_module("step_models:words", *FRONTENDS, grpc=True)
 
 
 def metric(server: Server, name: str) -> float:
@@ -51,6 +54,19 @@ def test_each_front_end_streams_one_event_per_step(server: Server) -> None:
         got = sse(response.read())
         assert [e.get("text_output", e) for e in got] == ["front", str(index), "end"]
         assert {(e["model_name"], e["model_version"]) for e in got} == {("words", "1")}
+
+
+def test_grpc_streams_a_response_per_step_through_the_front_ends(server: Server) -> None:
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        responses = streamed(stub, request("x", "a b c", delay_ms=1))
+        (broken,) = streamed(stub, request("y", "boom"))
+    assert [flagged(r) for r in responses] == [
+        ("x", ["a"], False),
+        ("x", ["b"], False),
+        ("x", ["c"], True),
+    ]
+    assert broken.error_message == "model error: ValueError: the word 'boom' breaks its sequence"
 
 
 def test_parameters_reach_the_model_and_a_bad_one_is_a_400(server: Server) -> None:
