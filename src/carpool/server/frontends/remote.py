@@ -311,6 +311,12 @@ class RemoteStream:
     def __exit__(self, *exc: object) -> None:
         self.cancel()
 
+    async def __aenter__(self) -> RemoteStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.cancel()
+
     def __aiter__(self) -> RemoteStream:
         return self
 
