@@ -11,7 +11,7 @@ import pytest
 
 from carpool.server.frontends.tallies import PROTOCOLS, Tallies
 from carpool.server.grpc import service as grpc_service
-from carpool.server.rest import calls
+from carpool.server.rest import calls, generate
 
 
 async def _front_end(tallies: Tallies) -> None:
@@ -58,7 +58,7 @@ def test_commit_adds_what_was_staged_at_once() -> None:
 
 
 def test_the_protocols_are_the_servers_labels_and_others_are_refused() -> None:
-    assert set(PROTOCOLS) == {calls.HTTP, calls.OPENAI, grpc_service.PROTOCOL}
+    assert set(PROTOCOLS) == {calls.HTTP, calls.OPENAI, generate.GENERATE, grpc_service.PROTOCOL}
     tallies = Tallies(["m"], 2)
     with pytest.raises(ValueError, match=r"protocol 'smtp'.*tallies.PROTOCOLS"):
         tallies.slot(1).record("m", "smtp", 200)

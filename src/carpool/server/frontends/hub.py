@@ -1,13 +1,14 @@
 """The main process's end of the front ends' links (``--frontends N``): each request into its
-model's one batcher and its answer back, with no task per request. Statistics come from the
-front ends' shared tallies, so they never wait on a front end; one silent for :data:`SILENT_S`
-(heartbeats every :data:`HEARTBEAT_S`) is killed and replaced. How the front ends fit
-together: docs/architecture.md."""
+model's one batcher and its answer back, with no task per request (a step-wise model's: one per
+sequence). Statistics come from the front ends' shared tallies, so they never wait on a front
+end; one silent for :data:`SILENT_S` (heartbeats every :data:`HEARTBEAT_S`) is killed and
+replaced. How the front ends fit together: docs/architecture.md."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import pickle
 import socket
 import time
 from collections.abc import Callable
@@ -17,23 +18,28 @@ from typing import Any, cast
 
 from carpool.engine.batcher import Batcher
 from carpool.engine.stats import BatcherStats
-from carpool.errors import CarpoolError
+from carpool.errors import BatcherClosed, CarpoolError
 from carpool.server.frontends.links import (
     CANCEL,
+    END,
     ERROR,
     INFER,
+    OUTPUT,
     PING,
     PONG,
     QUERY,
     RESULT,
     SNAPSHOT,
     STATE,
+    STREAM,
     Link,
     Op,
     pickled_error,
 )
 from carpool.server.frontends.tallies import Statuses, Tallies
 from carpool.server.lifecycle.registry import Registry
+from carpool.server.messages import ProtocolError
+from carpool.stepwise import StepInputError, StepServed
 
 __all__ = ["HEARTBEAT_S", "SILENT_S", "Hub"]
 
@@ -42,15 +48,18 @@ _WATCH_S = 0.1  # how often the workers' liveness is looked at, for the front en
 HEARTBEAT_S = 1.0  # how often each front end is asked whether its loop still turns
 SILENT_S = 5.0  # a front end not heard from for this long is lost: killed and replaced
 _clock = time.monotonic
+_DUMPS = pickle.dumps
+_PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
 class _FrontEnd:
-    __slots__ = ("heard", "index", "inflight", "link")
+    __slots__ = ("heard", "index", "inflight", "link", "streams")
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.link: Link | None = None
-        self.inflight: dict[int, Callable[[], None]] = {}  # request id -> its withdrawal
+        self.inflight: dict[int, Callable[[], object]] = {}  # request id -> its withdrawal
+        self.streams: dict[int, tuple[asyncio.Task[None], str]] = {}  # id -> (task, model)
         # When it last answered a heartbeat (monotonic); a new one has SILENT_S more, to start.
         self.heard = _clock() + SILENT_S
 
@@ -74,7 +83,16 @@ class _Answer:
         front_end = self.front_end
         front_end.inflight.pop(self.rid, None)
         if front_end.link is not None and not front_end.link.lost:
-            front_end.link.post((ERROR, self.rid, pickled_error(exc)))
+            front_end.link.post((ERROR, self.rid, _crossing(exc)))
+
+
+def _crossing(exc: BaseException) -> BaseException:
+    """``exc`` as it crosses the link: a row a step-wise model refuses as the 400 the path
+    makes of it (a StepInputError does not pickle, and a stream meets it past the path's
+    mapping), anything else as itself if it pickles."""
+    if isinstance(exc, StepInputError):
+        return ProtocolError(str(exc), field=exc.field)
+    return pickled_error(exc)
 
 
 class Hub:
@@ -86,7 +104,7 @@ class Hub:
         self.tallies = tallies
         self._front_ends: dict[int, _FrontEnd] = {}
         self._state: dict[str, int] = {}
-        self._batchers: dict[str, Batcher] = {}
+        self._batchers: dict[str, Batcher | StepServed] = {}
         self._watch: asyncio.TimerHandle | None = None
         self._beat: asyncio.TimerHandle | None = None
         self._beat_at = 0.0  # when the last heartbeat went (monotonic)
@@ -130,6 +148,8 @@ class Hub:
             kind = op[0]
             if kind == INFER:
                 self._infer(front_end, op, values[index])
+            elif kind == STREAM:
+                self._stream(front_end, op, values[index])
             elif kind == CANCEL:
                 withdraw = front_end.inflight.pop(op[1], None)
                 if withdraw is not None:
@@ -141,15 +161,51 @@ class Hub:
                 front_end.link.post((SNAPSHOT, op[1], self.snapshot()))
 
     def _infer(self, front_end: _FrontEnd, op: Op, value: Any) -> None:
-        _, rid, name, timeout_ms, priority = op
+        _, rid, name, timeout_ms, priority, parameters = op
         answer = _Answer(front_end, rid)
         try:
             batcher = self._batchers.get(name) or self._batcher(name)
+            if isinstance(batcher, StepServed):
+                whole = batcher.infer_many(
+                    value, timeout_ms=timeout_ms, priority=priority, parameters=parameters
+                )
+                task = asyncio.get_running_loop().create_task(_answered(whole, answer))
+                front_end.inflight[rid] = task.cancel
+                return
             withdraw = batcher.enqueue(value, answer, timeout_ms=timeout_ms, priority=priority)
         except Exception as exc:  # refused at admission: full, closing, overloaded
             answer.set_exception(exc)
             return
         front_end.inflight[rid] = withdraw
+
+    def _stream(self, front_end: _FrontEnd, op: Op, row: Any) -> None:
+        """A step-wise model's sequence for ``row``: each output sent as its step delivers
+        it, then the end or the error; cancelled with the front end's CANCEL."""
+        _, sid, name, timeout_ms, priority, parameters = op
+        link = front_end.link
+        assert link is not None
+        try:
+            batcher = self._batchers.get(name) or self._batcher(name)
+            if not isinstance(batcher, StepServed):
+                raise TypeError(f"model {name!r} is not step-wise: it has no stream")
+            stream = batcher.stream(row, parameters, timeout_ms=timeout_ms, priority=priority)
+        except Exception as exc:  # refused: its row, a full queue, closing
+            link.post((ERROR, sid, _crossing(exc)))
+            return
+        task = asyncio.get_running_loop().create_task(_forwarded(stream, sid, link))
+        front_end.inflight[sid] = task.cancel
+        front_end.streams[sid] = (task, name)
+        task.add_done_callback(partial(_forgotten, front_end, sid))
+
+    def end_streams(self) -> None:
+        """End every stream with BatcherClosed (the drain's deadline passed): each front end
+        sends its error and completes its answer, rather than being cut off."""
+        for front_end in self._front_ends.values():
+            link = front_end.link
+            assert link is not None
+            for sid, (task, name) in list(front_end.streams.items()):
+                task.cancel()
+                link.post((ERROR, sid, BatcherClosed(name, "is stopping")))
 
     def _unsendable(self, front_end: _FrontEnd, op: Op, exc: Exception) -> None:
         """The outputs of request ``op[1]`` cannot be sent (they do not pickle, or shared
@@ -161,10 +217,12 @@ class Hub:
         front_end.inflight.pop(op[1], None)
         front_end.link.post((ERROR, op[1], error))
 
-    def _batcher(self, name: str) -> Batcher:
-        """Model ``name``'s batcher (the main process's are real ones), remembered; raises
-        as the registry does for a model it does not serve."""
-        batcher = self._batchers[name] = cast(Batcher, self.registry.get(name).batcher)
+    def _batcher(self, name: str) -> Batcher | StepServed:
+        """Model ``name``'s batcher (the main process's are real ones, or a step-wise
+        model's StepServed), remembered; raises as the registry does for a model it does
+        not serve."""
+        batcher = cast(Batcher | StepServed, self.registry.get(name).batcher)
+        self._batchers[name] = batcher
         return batcher
 
     def _lost(self, front_end: _FrontEnd, lost: Callable[[int], None]) -> None:
@@ -199,14 +257,16 @@ class Hub:
 
     # ------------------------------------------------------------- statistics
 
-    def snapshot(self) -> tuple[dict[str, tuple[Any, Statuses, float]], Statuses]:
-        """Every model's batcher statistics, and its requests' outcomes and seconds summed
-        over the front ends, live and ended; and the server's own answers, summed too."""
+    def snapshot(self) -> tuple[dict[str, tuple[Any, Statuses, float, Any]], Statuses]:
+        """Every model's batcher statistics, its requests' outcomes and seconds summed over
+        the front ends, live and ended, and a step-wise model's step statistics (else None);
+        and the server's own answers, summed too."""
         counted, server = self.tallies.totals()
         models_now = {
             served.name: (
                 _picklable(served.batcher.stats()),
                 *counted.get(served.name, ({}, 0.0)),
+                _steps(served.batcher),
             )
             for served in self.registry
         }
@@ -226,6 +286,46 @@ class Hub:
                 assert front_end.link is not None
                 front_end.link.post((STATE, state))
         self._watch = asyncio.get_running_loop().call_later(_WATCH_S, self._watch_workers)
+
+
+def _forgotten(front_end: _FrontEnd, sid: int, _: object) -> None:
+    front_end.inflight.pop(sid, None)
+    front_end.streams.pop(sid, None)
+
+
+async def _answered(whole: Any, answer: _Answer) -> None:
+    """A step-wise model's rows answered whole (``whole``), into ``answer``."""
+    try:
+        outputs = await whole
+    except Exception as exc:
+        answer.set_exception(exc)
+    else:
+        answer.set_result(outputs)
+
+
+async def _forwarded(stream: Any, sid: int, link: Link) -> None:
+    """Each output of ``stream`` onto ``link`` as it comes (pickled here, so that one that
+    does not pickle ends its stream alone), then its end or its error."""
+    try:
+        with stream:
+            async for output in stream:
+                link.post((OUTPUT, sid, _DUMPS(output, _PROTOCOL)))
+    except asyncio.CancelledError:
+        return  # the front end cancelled it, or is gone: nobody waits for its end
+    except Exception as exc:
+        if not link.lost:
+            link.post((ERROR, sid, _crossing(exc)))
+        return
+    if not link.lost:
+        link.post((END, sid))
+
+
+def _steps(batcher: Any) -> tuple[Any, Any, int] | None:
+    """A step-wise model's step statistics, as a front end's metrics show them."""
+    if not isinstance(batcher, StepServed):
+        return None
+    first, following = batcher.histograms.first_output, batcher.histograms.next_output
+    return first.snapshot(), following.snapshot(), batcher.steps.active
 
 
 def _picklable(stats: BatcherStats) -> BatcherStats:

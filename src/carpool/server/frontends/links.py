@@ -21,29 +21,36 @@ from carpool.ipc.transport import ALIGN, Arena, Attached, ShrinkPolicy, decode, 
 
 __all__ = [
     "CANCEL",
+    "END",
     "ERROR",
     "INFER",
+    "OUTPUT",
     "PING",
     "PONG",
     "QUERY",
     "RESULT",
     "SNAPSHOT",
     "STATE",
+    "STREAM",
     "TAKEN",
     "Link",
     "pickled_error",
 ]
 
-# The ops. A front end sends (INFER, id, model, timeout_ms, priority) with the request's
-# inputs as its value, (CANCEL, id) and (QUERY, id). The main process sends (RESULT, id)
-# with the outputs as its value, (ERROR, id, exception), (STATE, {model: workers alive})
-# and (SNAPSHOT, id, ({model: (stats, statuses, seconds)}, own)), ``own`` being the
-# server's counts of answers no model counts (every front end's: carpool.server.frontends.tallies).
+# The ops. A front end sends (INFER, id, model, timeout_ms, priority, parameters) with the
+# request's inputs as its value, (STREAM, id, model, timeout_ms, priority, parameters) with
+# a step-wise model's row as its value, (CANCEL, id) and (QUERY, id). The main process sends
+# (RESULT, id) with the outputs as its value, (OUTPUT, id, pickled output) for each step of a
+# stream and (END, id) after its last, (ERROR, id, exception) for either, (STATE, {model:
+# workers alive}) and (SNAPSHOT, id, ({model: (stats, statuses, seconds, steps)}, own)),
+# ``steps`` a step-wise model's (carpool.server.frontends.remote) and ``own`` the server's
+# counts of answers no model counts (every front end's: carpool.server.frontends.tallies).
 # The main process sends (PING,) every second; a front end answers (PONG,) (the hub's
 # liveness probe: carpool.server.frontends.hub).
 _clock = time.monotonic  # the arenas' shrink policy's (a test's own, there)
-INFER, CANCEL, QUERY = "infer", "cancel", "query"
-RESULT, ERROR, STATE, SNAPSHOT = "result", "error", "state", "snapshot"
+INFER, STREAM, CANCEL, QUERY = "infer", "stream", "cancel", "query"
+RESULT, OUTPUT, END, ERROR = "result", "output", "end", "error"
+STATE, SNAPSHOT = "state", "snapshot"
 PING, PONG = "ping", "pong"
 # The link's own: (TAKEN, n): the reader copied the next n frames of values out, their
 # arenas are free again; (WANT,): the writer waits for its TAKEN, send it now.

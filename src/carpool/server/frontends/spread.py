@@ -31,6 +31,7 @@ log = logging.getLogger("carpool.server")
 _YOUNG_S = 5.0  # a front end that dies sooner died young: the next one waits longer
 _PAUSE_S = (0.0, 0.5, 1.0, 2.0, 5.0)  # the wait before a replacement, by deaths in a row
 _BACKLOG = 2048  # uvicorn's
+_STREAMS_END_S = 0.5  # past the drain's deadline: for front ends to send their streams' ends
 
 # The front end's own main: (config, where the front ends count their answers, its number,
 # its link, the models that failed).
@@ -190,6 +191,17 @@ class _Primary:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
 
+    async def _end_streams(self) -> None:
+        """The drain's deadline passed: end the streams still running with an error, which
+        their front ends send, for up to :data:`_STREAMS_END_S`; kill what is left."""
+        self.hub.end_streams()
+        try:
+            async with asyncio.timeout(_STREAMS_END_S):
+                await self._all_gone.wait()
+        except TimeoutError:
+            log.warning("front ends still draining at the deadline: killed")
+            self._kill_front_ends(signal.SIGKILL)
+
     async def _drain(self, started: list[ServedModel]) -> None:
         assert self._deadline is not None
         left = max(0.0, self._deadline - time.monotonic())
@@ -197,8 +209,7 @@ class _Primary:
             async with asyncio.timeout(left):
                 await self._all_gone.wait()
         except TimeoutError:
-            log.warning("front ends still draining at the deadline: killed")
-            self._kill_front_ends(signal.SIGKILL)
+            await self._end_streams()
         left = max(0.0, self._deadline - time.monotonic())
         await self.registry.close(started, timeout=left)
         self.hub.close()

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 __all__ = ["PROTOCOLS", "Tallies", "Tally"]
 
-PROTOCOLS = ("http", "openai", "grpc")  # the labels of /metrics, the servers' own
+PROTOCOLS = ("http", "openai", "generate", "grpc")  # the labels of /metrics, the servers' own
 _STATUSES = 600  # a count per HTTP status, indexed by the status itself
 _WORD = 8  # bytes of a count (a signed 64-bit int) and of a sum of seconds (a double)
 

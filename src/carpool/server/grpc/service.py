@@ -31,7 +31,7 @@ from carpool.server.lifecycle.control import ModelControl, act
 from carpool.server.lifecycle.registry import ServedModel, server_metadata
 from carpool.server.messages import MAX_ELEMENTS, InferRequest
 from carpool.server.statuses import HTTPError, Status, grpc_code, is_server_error
-from carpool.stepwise import StepServed
+from carpool.stepwise import StepwiseModel
 
 __all__ = ["GrpcServer"]
 
@@ -193,7 +193,7 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         served = self._registry.find(request.model_name)
         whole = None  # the one answer of a model that is not step-wise
         try:
-            if served is not None and isinstance(served.batcher, StepServed):
+            if served is not None and isinstance(served.model, StepwiseModel):
                 call = self._call(request, context.time_remaining())
                 await self._inference.stream(call, out.step)
             else:

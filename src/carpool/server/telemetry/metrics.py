@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -20,7 +20,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from carpool.engine.stats import BatcherStats
 from carpool.server.statuses import outcome
 from carpool.server.telemetry.buckets import batch_size_buckets, histogram_buckets
-from carpool.stepwise import StepServed
+from carpool.stepwise import StepServed, StepwiseModel
 
 if TYPE_CHECKING:
     from carpool.server.lifecycle.registry import Registry, ServedModel
@@ -120,8 +120,8 @@ class _Families:
                 self.requests.add_metric([name, outcome(status), protocol], count)
         s = served.batcher.stats()
         self._add_batcher(name, s, served.model.batching.max_batch_size)
-        if isinstance(served.batcher, StepServed):
-            self._add_steps(name, served.batcher, s)
+        if isinstance(served.model, StepwiseModel):  # a front end's batcher shows the same
+            self._add_steps(name, cast(StepServed, served.batcher), s)
         if served.model.batching.latency_slo_ms is not None:
             self.overloaded.add_metric([name], s.overloaded)
         if served.model.padding is not None or served.model.count_tokens is not None:
