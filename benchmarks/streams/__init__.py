@@ -1,0 +1,1 @@
+"""Step-wise models streamed: iteration-level batching against static batching and peers."""
