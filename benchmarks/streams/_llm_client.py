@@ -88,7 +88,7 @@ async def _load(base: str, request: Request, clients: int, seconds: float) -> li
     import aiohttp
 
     timeout = aiohttp.ClientTimeout(total=600, sock_read=300)
-    connector = aiohttp.TCPConnector(limit=0)
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)  # llama-server drops idle ones
     async with aiohttp.ClientSession(base, timeout=timeout, connector=connector) as session:
         deadline = time.perf_counter() + seconds
         runs = [_client(session, request, deadline) for _ in range(clients)]

@@ -110,7 +110,7 @@ def start(
         argv = [str(llama_server), "--model", str(gguf), "--host", "127.0.0.1",
                 "--port", str(port), "--threads", "1", "--threads-batch", "1",
                 "--parallel", str(SLOTS), "--cont-batching", "--ctx-size", str(CONTEXT * SLOTS),
-                "--jinja", "--no-webui"]  # fmt: skip
+                "--flash-attn", "on", "--jinja", "--no-webui"]  # fmt: skip
         return _process.Server("llama-server", argv, port, cores.server, ready_path="/health")
     raise ValueError(f"unknown server {name!r}: one of {SERVERS}")
 
