@@ -49,8 +49,12 @@ def parser() -> argparse.ArgumentParser:
         help="llama.cpp's llama-server binary (default: the one "
         "benchmarks/streams/setup_llama_server.sh builds)",
     )
-    p.add_argument("--warmup", type=float, default=None, help="seconds per cell (3; quick 0.5)")
-    p.add_argument("--duration", type=float, default=None, help="seconds per cell (20; quick 3)")
+    p.add_argument(
+        "--warmup", type=float, default=None, help="warm-up seconds per cell (5; quick 0.5)"
+    )
+    p.add_argument(
+        "--duration", type=float, default=None, help="window seconds per cell (30; quick 3)"
+    )
     return p
 
 
@@ -65,8 +69,8 @@ def _chosen(spec: str, known: tuple[str, ...], what: str) -> list[str]:
 def measure(args: argparse.Namespace) -> Figures:
     from carpool.backends.smollm2.files import gguf_path
 
-    warmup = args.warmup if args.warmup is not None else (0.5 if args.quick else 3.0)
-    duration = args.duration if args.duration is not None else (3.0 if args.quick else 20.0)
+    warmup = args.warmup if args.warmup is not None else (0.5 if args.quick else 5.0)
+    duration = args.duration if args.duration is not None else (3.0 if args.quick else 30.0)
     chosen = [f"carpool_{e}" for e in _chosen(args.engines, ENGINES, "engine")]
     chosen += _chosen(args.peers, PEERS, "peer")
     cores = _process.split_cpus(args.cpus)
