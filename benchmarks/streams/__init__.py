@@ -1,1 +1,1 @@
-"""Step-wise models streamed: iteration-level batching against static batching and peers."""
+"""Streams: step-wise models (iteration-level batching) against static batching and their limits."""

@@ -53,6 +53,14 @@ class CarpoolError(Exception):
         ├── ModelExit (RuntimeError)          the model raised SystemExit, KeyboardInterrupt or
         │                                     another BaseException that is not an Exception
         │
+        │   raised by step-wise models and engines, defined with their code:
+        ├── StepInputError (ValueError)       stepwise: a request row or parameter a
+        │                                     step-wise model refuses: a 400 naming it
+        ├── SequencesFull (RuntimeError)      backends.smollm2.llama_engine: every
+        │                                     sequence slot of the llama context is taken
+        ├── LlamaDecodeError (RuntimeError)   backends.smollm2.llama_engine: llama_decode
+        │                                     failed for the whole step
+        │
         │   raised by the server and bench, defined with their code:
         ├── ProtocolError (ValueError)        server.messages: a request the v2 protocol
         │   │                                 cannot accept, or a response it cannot carry

@@ -27,6 +27,8 @@ FLAGS = {
     "--unique": "CARPOOL_BENCH_UNIQUE",
     "--encoding": "CARPOOL_BENCH_ENCODING",
     "--model": "CARPOOL_BENCH_MODEL",
+    "--lengths": "CARPOOL_BENCH_LENGTHS",
+    "--length-parameter": "CARPOOL_BENCH_LENGTH_PARAMETER",
     "--client-processes": "CARPOOL_BENCH_CLIENT_PROCESSES",
     "--connections": "CARPOOL_BENCH_CONNECTIONS",
     "--timeout": "CARPOOL_BENCH_TIMEOUT",
@@ -41,7 +43,7 @@ FLAGS = {
     "--plot": "CARPOOL_BENCH_PLOT",
     "--label": "CARPOOL_BENCH_LABEL",
 }
-SWITCHES = ("--shape", "--sweep-batching", "--compare")  # no environment variable
+SWITCHES = ("--shape", "--stream", "--sweep-batching", "--compare")  # no environment variable
 
 
 def parser() -> argparse.ArgumentParser:

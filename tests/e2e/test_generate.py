@@ -179,3 +179,47 @@ def test_config_metadata_and_metrics_of_a_step_wise_model(server: Server) -> Non
 def test_generate_on_an_unknown_model_is_a_404(server: Server) -> None:
     response = server.http.post("/v2/models/nope/generate_stream", json={"text_input": "a"})
     assert response.status_code == 404
+
+
+def test_sigterm_lets_short_streams_finish_and_ends_long_ones_with_an_error_event(
+    serve: Launcher,
+) -> None:
+    server = serve("step_models:words", "--drain-timeout", "1.5")
+    short = {"text_input": "a b c", "parameters": {"delay_ms": 100}}
+    long = {"text_input": " ".join(f"w{i}" for i in range(500)), "parameters": {"delay_ms": 100}}
+    got: dict[str, list[dict[str, Any]]] = {}
+
+    def read(name: str, body: dict[str, Any]) -> None:
+        with httpx.stream("POST", f"{server.url}/v2/models/words/generate_stream", json=body) as r:
+            got[name] = events(r)
+
+    readers = [
+        threading.Thread(target=read, args=item) for item in (("short", short), ("long", long))
+    ]
+    for reader in readers:
+        reader.start()
+    wait_until(
+        lambda: metric(server, "carpool_active_sequences") == 2.0, "both aboard", within=10.0
+    )
+    server.terminate()
+    for reader in readers:
+        reader.join(30)
+    assert [e["text_output"] for e in got["short"]] == ["a", "b", "c"]
+    *words, last = got["long"]
+    assert [e["text_output"] for e in words] == [f"w{i}" for i in range(len(words))]
+    assert "error" in last
+    assert server.wait_exit() == 0
+
+
+def test_keys_guard_the_generate_routes(serve: Launcher) -> None:
+    server = serve("step_models:words", "--api-key", "sesame")
+    body = {"text_input": "a b"}
+    refused = server.http.post("/v2/models/words/generate_stream", json=body)
+    assert refused.status_code == 401
+    with server.http.stream(
+        "POST",
+        "/v2/models/words/generate_stream",
+        json=body,
+        headers={"authorization": "Bearer sesame"},
+    ) as response:
+        assert [e["text_output"] for e in events(response)] == ["a", "b"]

@@ -403,3 +403,15 @@ def test_the_ray_serve_example_batches_inside_each_replica(cluster: Any) -> None
         assert any(s["batches"] < s["requests"] for s in seen)  # requests shared model calls
     finally:
         serve.shutdown()
+
+
+def test_step_wise_sequences_keep_their_state_on_their_actor(cluster: Any) -> None:
+    from steps.models import Counter
+
+    with carpool.StepBatcher(
+        Counter, runner="ray", workers=2, max_sequences=2, runner_options={"num_cpus": 0.5}
+    ) as batcher:
+        streams = [batcher.stream(n) for n in (5, 3, 4, 1, 2)]
+        assert [list(s) for s in streams] == [list(range(1, n + 1)) for n in (5, 3, 4, 1, 2)]
+    stats = batcher.stats()
+    assert (stats.completed, stats.failed, stats.outputs) == (5, 0, 15)

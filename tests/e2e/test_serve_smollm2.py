@@ -21,7 +21,7 @@ PROMPT = "What is the capital of France?"
 GREEDY = {"max_tokens": 12, "temperature": 0, "seed": 3}
 
 
-@pytest.fixture(scope="module", params=["llama"])
+@pytest.fixture(scope="module", params=["torch", "llama"])
 def server(request: pytest.FixtureRequest, serve_module: Launcher, tmp_path_factory: Any) -> Server:
     config = tmp_path_factory.mktemp(request.param) / "carpool.toml"
     config.write_text(f'[models.smollm2]\nengine = "{request.param}"\nmax_sequences = 4\n')
@@ -39,7 +39,7 @@ def streamed(server: Server, body: dict[str, Any]) -> list[str]:
 def test_greedy_text_is_the_same_every_way(server: Server) -> None:
     body = {"text_input": PROMPT, "parameters": GREEDY}
     pieces = streamed(server, body)
-    assert len(pieces) == 12
+    assert 1 <= len(pieces) <= 12  # max_tokens, or the end of its answer
     whole = server.http.post("/v2/models/smollm2/generate", json=body).json()["text_output"]
     assert "".join(pieces) == whole
     assert whole.strip()
@@ -107,4 +107,4 @@ def test_bad_parameters_are_400s_naming_them(server: Server) -> None:
 def test_config_is_decoupled(server: Server) -> None:
     config = server.http.get("/v2/models/smollm2/config").json()
     assert config["model_transaction_policy"] == {"decoupled": True}
-    assert config["platform"] == "smollm2_llama"
+    assert config["platform"] in ("smollm2_torch", "smollm2_llama")

@@ -74,7 +74,7 @@ def test_target_without_module_and_attr(target: str) -> None:
     assert str(info.value) == (
         f"target {target!r} must look like 'module:attr' (as with uvicorn), "
         "e.g. 'mypkg.models:predict', a model file (.onnx, .pt), a model repository "
-        "folder, or one of ['demo', 'minilm']"
+        "folder, or one of ['demo', 'minilm', 'smollm2']"
     )
     assert isinstance(info.value, ValueError)
 

@@ -16,6 +16,15 @@ def test_allot_gives_oldest_first_and_splits_the_last() -> None:
     assert allot([5, 5], None) == [5, 5]
 
 
+def test_allot_in_chunks_gives_one_part_a_step_however_busy() -> None:
+    assert allot([10, 10], 12, chunk=4) == [4, 4]
+    assert allot([10, 10], 5, chunk=4) == [4, 0]
+    assert allot([25], None, chunk=4) == [4]  # the same parts with no budget at all
+    assert allot([2, 10], 12, chunk=4) == [2, 4]  # a last part: what is left
+    assert allot([25], 2, chunk=4) == [4]  # under a part of budget: the oldest gets one
+    assert allot([3], 2, chunk=4) == [3]
+
+
 def test_joiners_step_in_the_tick_they_join_and_leave_when_finished() -> None:
     model = Counter()
     replica = StepReplica(model)

@@ -29,9 +29,10 @@ from carpool.bench.report.data import Report, ReportError, Step
 from carpool.bench.report.display import Display, stdout_console
 from carpool.bench.targets.base import BenchError, Client, is_url
 from carpool.bench.targets.local_target import LocalTarget
-from carpool.bench.targets.remote import client_for, connect, requests_for
+from carpool.bench.targets.remote import client_for, connect, requests_for, stream_client_for
 from carpool.loading import load_target, with_batching
 from carpool.model import Model
+from carpool.stepwise import StepwiseModel
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -157,7 +158,7 @@ async def _run_remote(options: Options, display: Display) -> Report:
     """A model behind a server: v2 over HTTP or gRPC, or an embeddings endpoint."""
     _plans(options)  # a bad trace file is a usage error before the server is asked anything
     async with connect(options) as target:
-        client = client_for(target, options)
+        client = (stream_client_for if options.stream else client_for)(target, options)
         report = _report(options, str(target), target.kind, target.name)
         with _generator(client, options.processes) as generator:
             return await _steps(report, generator, target, display, options)
@@ -165,10 +166,24 @@ async def _run_remote(options: Options, display: Display) -> Report:
 
 async def _run_local(options: Options, model: Model, display: Display) -> Report:
     _plans(options)
+    if isinstance(model, StepwiseModel) and options.stream:
+        return await _run_stepwise(options, model, display)
     async with LocalTarget.serving(model, options.target) as target:
         _, requests = requests_for(target.metadata, options, batched=model.batching.batched)
         report = _report(options, str(target), target.kind, target.name, batching=_batching(model))
         return await _steps(report, InProcess(target.client(requests)), target, display, options)
+
+
+async def _run_stepwise(options: Options, model: StepwiseModel, display: Display) -> Report:
+    """``--stream`` in this process: each request a stream of the model's step batcher."""
+    from carpool.bench.targets.step_target import StepTarget
+    from carpool.bench.targets.stream_requests import stream_requests
+
+    async with StepTarget.serving(model, options.target) as target:
+        _, requests = requests_for(target.metadata, options, batched=model.batching.batched)
+        client = target.client(stream_requests(requests, options))
+        report = _report(options, str(target), target.kind, target.name, batching=_batching(model))
+        return await _steps(report, InProcess(client), target, display, options)
 
 
 async def _run_sweep(options: Options, model: Model, display: Display) -> Report:
@@ -251,9 +266,12 @@ def _load(options: Options) -> Model:
     """What ``carpool serve TARGET`` would serve, with the batching flags applied: loaded by
     :mod:`carpool.loading`, a target or setting it refuses a :class:`BenchError`."""
     try:
-        return with_batching(load_target(options.target), options.batching)
+        model = with_batching(load_target(options.target), options.batching)
     except (TypeError, ValueError) as exc:  # ConfigError is a ValueError
         raise BenchError(str(exc)) from None
+    if options.stream and not isinstance(model, StepwiseModel):
+        raise BenchError(f"--stream needs a step-wise model; {options.target!r} answers whole")
+    return model
 
 
 def main(args: argparse.Namespace) -> int:

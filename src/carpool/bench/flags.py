@@ -79,7 +79,11 @@ Load modes, each a list of steps run one after another:
   --trace FILE         open loop: replay the send times (seconds, first CSV column)
 Each step warms up (--warmup, not recorded), then runs --duration seconds or --requests N.
 Requests are generated from the model's v2 metadata (random, --seed), or read from
---input-data (JSONL) or, for BYTES inputs, --strings."""
+--input-data (JSONL) or, for BYTES inputs, --strings.
+
+With --stream each request is a stream of a step-wise model (generate_stream over HTTP,
+ModelStreamInfer over gRPC, or its step batcher in this process): the report adds outputs/s,
+time to first output (TTFO) and time per output (TPO, between one output and the next)."""
 
 _EPILOG = """\
 examples:
@@ -92,6 +96,8 @@ examples:
       --policy fixed --concurrency 64 --p99-budget-ms 20
   carpool bench URL --trace arrivals.csv --client-processes 2 --plot run.png
   carpool bench --compare a.json b.json --plot compare.png
+  carpool bench http://127.0.0.1:8000/v2/models/smollm2 --stream --concurrency 1,8 \
+      --lengths geometric:64,cap=512 --strings prompts.txt
 
 Errors never stop a run: they are counted by kind (HTTP status, gRPC status code, or the
 exception's type).
@@ -150,6 +156,16 @@ _GROUPS: dict[str, list[tuple[str, Callable[[str], Any], str, str]]] = {
             "model [the only one /v1/models lists]",
         ),
     ],
+    "streams": [
+        (
+            "--lengths",
+            str,
+            "DIST",
+            "outputs each stream asks for: fixed:N, uniform:LOW,HIGH or geometric:MEAN[,cap=N], "
+            "sent as --length-parameter",
+        ),
+        ("--length-parameter", str, "NAME", "the request parameter --lengths sets [max_tokens]"),
+    ],
     "client": [
         ("--client-processes", int, "N", "load generator processes sharing the load [1]"),
         ("--connections", int, "N", "open loop: keep-alive connections in all [256]"),
@@ -202,6 +218,12 @@ def _add_switches(groups: dict[str, argparse._ArgumentGroup]) -> None:
         metavar="NAME:DIMS",
         help="dims of one row of an input with -1 in its metadata, e.g. INPUT0:256 or "
         "ids:1,128 (repeat for several)",
+    )
+    groups["streams"].add_argument(
+        "--stream",
+        action="store_true",
+        help="each request a stream of a step-wise model: generate_stream for an HTTP model "
+        "URL, ModelStreamInfer for grpc://, the step batcher for an in-process model",
     )
     groups[_BATCHING].add_argument(
         "--sweep-batching",

@@ -15,8 +15,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from carpool.bench.plan import Plan, Share, Timing, clock, split
-from carpool.bench.report.data import ServerSide, Step, summarize
-from carpool.bench.targets.base import Client, Send
+from carpool.bench.report.data import ServerSide, Step, summarize, summarize_streams
+from carpool.bench.targets.base import Client, Send, Streamed
 
 __all__ = [
     "InProcess",
@@ -47,9 +47,21 @@ class ShareTally:
     # closed loop, timed window: successful answers that arrived inside it, whenever sent
     answered: int = 0
     lag_max_s: float = 0.0
+    # streams (--stream): how many ended well, their outputs, first-output and gap times (s)
+    streams: int = 0
+    outputs: int = 0
+    first_s: list[float] = field(default_factory=list)
+    gaps_s: list[float] = field(default_factory=list)
 
-    def record(self, kind: str | None, latency_s: float, now: float) -> None:
-        if kind is None:
+    def record(self, kind: str | Streamed | None, latency_s: float, now: float) -> None:
+        if isinstance(kind, Streamed):
+            self.latencies.append(latency_s)
+            self.streams += 1
+            self.outputs += kind.outputs
+            if kind.first_s is not None:
+                self.first_s.append(kind.first_s)
+            self.gaps_s.extend(kind.gaps_s)
+        elif kind is None:
             self.latencies.append(latency_s)
         else:
             self.errors[kind] += 1
@@ -89,7 +101,7 @@ async def _closed_loop(send: Send, share: Share, timing: Timing, tally: ShareTal
             kind = await send(i)
             now = clock()
             in_window = now >= window and (end is None or now <= end)
-            if in_window and kind is None:
+            if in_window and not isinstance(kind, str):
                 tally.answered += 1
             if measured and in_window:
                 tally.record(kind, now - sent, now)
@@ -231,6 +243,15 @@ def step_of(
     goodput = None
     if slo_ms is not None:
         goodput = float(np.count_nonzero(latencies <= slo_ms / 1000.0)) / window
+    streams = None
+    if any(t.streams for t in tallies):
+        streams = summarize_streams(
+            sum(t.streams for t in tallies),
+            sum(t.outputs for t in tallies),
+            [s for t in tallies for s in t.first_s],
+            [s for t in tallies for s in t.gaps_s],
+            window,
+        )
     return Step(
         load=plan.load,
         duration_s=window,
@@ -240,6 +261,7 @@ def step_of(
         throughput_rps=answered / window,
         latency=summarize(latencies),
         goodput_rps=goodput,
+        streams=streams,
     )
 
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from carpool.bench.lengths import Lengths, parse_lengths
 from carpool.bench.targets.base import BenchError, is_url, target_kind
 
 __all__ = ["Options", "options_from"]
@@ -23,13 +24,14 @@ DISTINCT = 64  # requests cycled through: no cache sees one body; encoding takes
 UNIQUE = 4096
 CONNECTIONS = 256  # open loop: in flight at once before requests wait for a connection
 TIMEOUT_S = 30.0  # a request this late is a failure (TimeoutError), not a latency
+LENGTH_PARAMETER = "max_tokens"  # what LLM servers (and carpool's smollm2) call it
 
 
 # Where a run was written, how the client ran (Report.client) and the sweep grid (its own
-# setting): recorded elsewhere or not at all.
+# setting): recorded elsewhere or not at all; the stream settings only when streaming.
 _NOT_SETTINGS = frozenset(
     {"target", "kind", "json", "plot", "label", "processes", "connections", "batching", "sweep",
-     "sizes", "waits", "p99_budget_ms"}
+     "sizes", "waits", "p99_budget_ms", "stream", "lengths", "length_parameter"}
 )  # fmt: skip
 
 
@@ -67,12 +69,19 @@ class Options:
     json: str | None = None
     plot: str | None = None
     label: str = ""
+    stream: bool = False  # each request a stream of a step-wise model
+    lengths: Lengths | None = None  # --stream: requested lengths, sent as length_parameter
+    length_parameter: str = LENGTH_PARAMETER
 
     def settings(self) -> dict[str, Any]:
         """The options a report records (what was run, not where it was written)."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_SETTINGS}
         out["values"] = list(self.values)
         out["shapes"] = {k: list(v) for k, v in self.shapes.items()}
+        if self.stream:  # a one-shot run's settings name no stream
+            out["stream"] = True
+            out["lengths"] = str(self.lengths) if self.lengths is not None else None
+            out["length_parameter"] = self.length_parameter
         return out
 
 
@@ -97,6 +106,7 @@ def options_from(
     batching, sizes, waits = _batching_flags(args, mode)
     kind = target_kind(args.target)
     encoding = _target_flags(args, kind)
+    lengths = _stream_flags(args, kind)
     return Options(
         target=args.target,
         mode=mode,
@@ -128,7 +138,35 @@ def options_from(
         json=args.json,
         plot=args.plot,
         label=args.label or "",
+        stream=args.stream,
+        lengths=lengths,
+        length_parameter=args.length_parameter or LENGTH_PARAMETER,
     )
+
+
+def _stream_flags(args: argparse.Namespace, kind: str) -> Lengths | None:
+    """``--stream`` and its flags, for targets and settings a stream can have; the lengths."""
+    if not args.stream:
+        named = {"--lengths": args.lengths, "--length-parameter": args.length_parameter}
+        for flag, given in named.items():
+            if given is not None:
+                raise BenchError(f"{flag} applies to streams; add --stream")
+        return None
+    if kind == "openai":
+        raise BenchError("--stream needs a step-wise model; /v1/embeddings answers whole")
+    for flag, given in (
+        ("--sweep-batching", args.sweep_batching),
+        ("--repeat-fraction", args.repeat_fraction is not None),
+        ("--encoding", args.encoding is not None),
+    ):
+        if given:
+            raise BenchError(f"{flag} applies to one-shot requests, not to --stream")
+    if args.length_parameter is not None and not args.length_parameter.strip():
+        raise BenchError("--length-parameter must name a request parameter")
+    try:
+        return parse_lengths(args.lengths) if args.lengths is not None else None
+    except ValueError as exc:
+        raise BenchError(str(exc)) from None
 
 
 # --encoding per kind of target: the values it takes, the first the default.

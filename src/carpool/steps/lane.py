@@ -120,12 +120,13 @@ class Lane:
     def _deliver(self, report: StepReport, now: float, wakeups: Wakeups) -> int:
         """Each output to its caller, each ending to its stream; how many sequences left."""
         active, stats = self.active, self._stats
+        heard = stats.observer is not None  # the gaps between outputs go to it alone
         for sid, output in report.outputs:
             seq = active[sid]
             if seq.first_output is None:
                 seq.first_output = now
                 stats.first_output(now - seq.arrival)
-            else:
+            elif heard:
                 stats.next_output(now - (seq.last_output or now))
             seq.last_output = now
             seq.outputs += 1

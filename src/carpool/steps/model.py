@@ -21,7 +21,12 @@ class StepModel(ABC, Generic[In, State, Out]):
     ``start`` and ``step`` are batched: element i of the result belongs to element i of the
     argument. Returning an exception in place of a result fails that sequence alone;
     raising fails every sequence of the call. States never leave the replica they started on.
+    ``start_chunk``: starts are paid in parts of this many tokens (the last part: what is
+    left), so an engine whose floats depend on how a start was split gives the same answer
+    however busy the steps were; 0 allows any split.
     """
+
+    start_chunk: int = 0
 
     @abstractmethod
     def start(self, inputs: Sequence[In]) -> Sequence[State | BaseException]:

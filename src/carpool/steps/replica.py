@@ -39,16 +39,27 @@ class StepReport:
     prefilled: int = 0  # start tokens the step spent
 
 
-def allot(costs: Sequence[int], budget: int | None) -> list[int]:
-    """Start tokens for each starting sequence, oldest first, out of ``budget``: a start too
-    big for what is left takes what is left, and the rest wait for the next step."""
-    if budget is None:
-        return list(costs)
+def allot(costs: Sequence[int], budget: int | None, chunk: int = 0) -> list[int]:
+    """Start tokens for each starting sequence, oldest first, out of ``budget`` (None: no
+    bound). Without ``chunk``, a start too big for what is left takes what is left; with
+    it, each start gets one part of ``chunk`` tokens a step (its last part: what is left)
+    or waits, so its parts are the same however busy the step, and a step too tight for
+    any part still gives the oldest start one."""
     given = []
+    left = budget
     for cost in costs:
-        share = min(cost, max(budget, 0))
+        want = min(cost, chunk) if chunk else cost
+        if left is None:
+            share = want
+        elif chunk:
+            share = want if want <= left else 0
+        else:
+            share = min(want, max(left, 0))
         given.append(share)
-        budget -= share
+        if left is not None:
+            left -= share
+    if chunk and given and not any(given):
+        given[0] = min(costs[0], chunk)
     return given
 
 
@@ -58,17 +69,24 @@ class StepReplica:
     def __init__(self, model: StepModel[Any, Any, Any]) -> None:
         self.model = model
         self._states: dict[int, Any] = {}  # in join order: the oldest start goes first
+        # a model without start work never owes any: its states are all ready at once
+        self._prefills = type(model).start_cost is not StepModel.start_cost
 
     def __call__(self, tick: Tick) -> StepReport:
         report = StepReport()
         for sid in tick.leaves:
             self._free(sid)
         self._start(tick.joins, report)
-        starting = [sid for sid, state in self._states.items() if self.model.start_cost(state) > 0]
-        ready = [sid for sid in self._states if sid not in set(starting)]
+        if not self._prefills:
+            self._step(list(self._states), report)
+            return report
+        cost = self.model.start_cost
+        starting = [sid for sid, state in self._states.items() if cost(state) > 0]
+        owing = set(starting)
+        ready = [sid for sid in self._states if sid not in owing]
         budget = None if tick.budget is None else tick.budget - len(ready)
         report.prefilled = self._prefill(starting, budget, report)
-        ready = [sid for sid, state in self._states.items() if self.model.start_cost(state) == 0]
+        ready = [sid for sid, state in self._states.items() if cost(state) == 0]
         self._step(ready, report)
         return report
 
@@ -91,7 +109,7 @@ class StepReplica:
 
     def _prefill(self, starting: list[int], budget: int | None, report: StepReport) -> int:
         costs = [self.model.start_cost(self._states[sid]) for sid in starting]
-        shares = allot(costs, budget)
+        shares = allot(costs, budget, self.model.start_chunk)
         chosen = [(sid, share) for sid, share in zip(starting, shares, strict=True) if share > 0]
         if not chosen:
             return 0
@@ -109,16 +127,18 @@ class StepReplica:
     def _step(self, ready: list[int], report: StepReport) -> None:
         if not ready:
             return
-        states = [self._states[sid] for sid in ready]
+        held = self._states
+        states = [held[sid] for sid in ready]
         outputs = _isolated(self.model.step, states)
         report.stepped = len(ready)
+        delivered, finished = report.outputs, self.model.finished
         for sid, state, output in zip(ready, states, outputs, strict=True):
             if isinstance(output, BaseException):
                 self._fail(sid, output, report)
                 continue
-            report.outputs.append((sid, output))
+            delivered.append((sid, output))
             try:
-                done = self.model.finished(state, output)
+                done = finished(state, output)
             except Exception as exc:
                 self._fail(sid, exc, report)
                 continue

@@ -1,7 +1,8 @@
 """A sequence's outputs on their way to its caller: ``async for`` or ``for``, either works.
 
-Lanes put outputs from their threads; each event loop is woken once per step, however many
-of its streams got an output. Dropping or cancelling a ``Stream`` frees its slot.
+Lanes put outputs from their threads; an event loop is woken at most once per step (once in
+all while a wake is still pending), however many of its streams got an output. Dropping or
+cancelling a ``Stream`` frees its slot.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class StepSequence:
         "_cond",
         "_ended",
         "_items",
+        "_lock",
         "_waiter",
         "arrival",
         "cancelled",
@@ -65,16 +67,18 @@ class StepSequence:
         self.last_output: float | None = None
         self.on_cancel: Callable[[StepSequence], None] | None = None
         self._items: deque[Any] = deque()
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._cond: threading.Condition | None = None  # made when a thread first waits
         self._waiter: asyncio.Future[None] | None = None
 
     def put(self, item: Any, wakeups: Wakeups) -> None:
         """From a lane: one output, or the end (``None``: finished, else the error)."""
-        with self._cond:
+        with self._lock:
             if self._ended:
                 return
             self._items.append(item)
-            self._cond.notify()
+            if self._cond is not None:
+                self._cond.notify()
             waiter, self._waiter = self._waiter, None
         if waiter is not None:
             wakeups.add(waiter)
@@ -91,15 +95,22 @@ class StepSequence:
                 self.on_cancel(self)
 
     def next_sync(self, timeout: float | None = None) -> Any:
-        with self._cond:
+        with self._lock:
             while not self._items:
+                if self._cond is None:
+                    self._cond = threading.Condition(self._lock)
                 if not self._cond.wait(timeout):
                     raise TimeoutError(f"no output within {timeout} s")
             return self._unwrap(self._items.popleft())
 
     async def next_async(self) -> Any:
+        items = self._items
         while True:
-            with self._cond:
+            try:  # deque operations are atomic: an output already there needs no lock
+                return self._unwrap(items.popleft())
+            except IndexError:
+                pass
+            with self._lock:
                 if self._items:
                     return self._unwrap(self._items.popleft())
                 loop = asyncio.get_running_loop()
@@ -123,7 +134,8 @@ class _Ending:
 
 
 class Wakeups:
-    """Futures to resolve once a step is delivered: one ``call_soon_threadsafe`` per loop."""
+    """Futures to resolve once a step is delivered: one ``call_soon_threadsafe`` per loop,
+    none for a loop whose last wake has not run yet (its futures join that one's)."""
 
     def __init__(self) -> None:
         self._by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
@@ -133,14 +145,30 @@ class Wakeups:
 
     def send(self) -> None:
         for loop, waiters in self._by_loop.items():
+            with _pending_lock:
+                pending = _pending.get(loop)
+                if pending is not None:
+                    pending.extend(waiters)
+                    continue
+                _pending[loop] = waiters
             try:
-                loop.call_soon_threadsafe(_wake, waiters)
+                loop.call_soon_threadsafe(_wake, loop)
             except RuntimeError:  # that loop is closed: no one waits there any more
-                pass
+                with _pending_lock:
+                    _pending.pop(loop, None)
         self._by_loop.clear()
 
 
-def _wake(waiters: list[asyncio.Future[None]]) -> None:
+# Each loop's futures whose wake is scheduled and has not run yet.
+_pending: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = (
+    weakref.WeakKeyDictionary()
+)
+_pending_lock = threading.Lock()
+
+
+def _wake(loop: asyncio.AbstractEventLoop) -> None:
+    with _pending_lock:
+        waiters = _pending.pop(loop, [])
     for waiter in waiters:
         if not waiter.done():
             waiter.set_result(None)

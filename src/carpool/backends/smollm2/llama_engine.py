@@ -23,13 +23,13 @@ from llama_cpp.llama_types import ChatCompletionRequestMessage
 
 from carpool.backends.generation import FinishReason, Message, Piece, Prompt, StopText
 from carpool.backends.smollm2.files import gguf_path
-from carpool.errors import ConfigError
+from carpool.errors import CarpoolError, ConfigError
 from carpool.steps.model import StepModel
 
 __all__ = ["LlamaDecodeError", "LlamaState", "SequencesFull", "SmolLM2Llama"]
 
 
-class LlamaDecodeError(RuntimeError):
+class LlamaDecodeError(CarpoolError, RuntimeError):
     """``llama_decode`` refused a batch; ``code`` is its return value."""
 
     def __init__(self, code: int, tokens: int) -> None:
@@ -37,7 +37,7 @@ class LlamaDecodeError(RuntimeError):
         self.code = code
 
 
-class SequencesFull(RuntimeError):
+class SequencesFull(CarpoolError, RuntimeError):
     """Every seq_id slot of the context is taken: free a sequence or raise max_sequences."""
 
     def __init__(self, max_sequences: int) -> None:

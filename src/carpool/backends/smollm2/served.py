@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
@@ -21,7 +21,7 @@ from carpool.stepwise import StepwiseModel
 
 __all__ = ["ENGINES", "ENGINE_ENV", "prompt_of", "smollm2_model"]
 
-ENGINES = ("torch", "llama")
+ENGINES = ("torch", "torch-fp32", "llama")  # torch: int8 matrix products, the fastest here
 ENGINE_ENV = "CARPOOL_SMOLLM2_ENGINE"
 DEFAULT_ENGINE = "torch"
 MAX_TOKENS = 4096  # the most one request may ask for (the model's context is 8192)
@@ -37,7 +37,7 @@ def smollm2_model(
         raise ConfigError(f"smollm2 engine must be one of {list(ENGINES)}, got {chosen!r}")
     return StepwiseModel(
         name="smollm2",
-        platform=f"smollm2_{chosen}",
+        platform=f"smollm2_{chosen.replace('-', '_')}",
         stepper=partial(_engine, chosen, threads, max_sequences),
         request=prompt_of,
         response=_piece_row,
@@ -46,21 +46,19 @@ def smollm2_model(
         outputs=[Tensor("text_output", "BYTES", (1,))],
         batching=Batching(max_batch_size=max_sequences),
         max_sequences=max_sequences,
-        step_tokens=max(512, max_sequences),
+        step_tokens=max(1024, max_sequences),
     )
 
 
 def _engine(name: str, threads: int, max_sequences: int) -> StepModel[Prompt, Any, Piece]:
     """The engine itself, built where its replica lives."""
-    build: Callable[..., StepModel[Prompt, Any, Piece]]
     if name == "llama":
         from carpool.backends.smollm2.llama_engine import SmolLM2Llama
 
         return SmolLM2Llama(max_sequences=max_sequences, n_threads=threads)
     from carpool.backends.smollm2.torch_engine import SmolLM2Torch
 
-    build = SmolLM2Torch
-    return build(threads=threads)
+    return SmolLM2Torch(threads=threads, int8=name == "torch")
 
 
 def prompt_of(row: Mapping[str, np.ndarray[Any, Any]], parameters: Mapping[str, Any]) -> Prompt:

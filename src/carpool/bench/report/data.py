@@ -23,8 +23,10 @@ __all__ = [
     "ReportError",
     "ServerSide",
     "Step",
+    "Streams",
     "percentile",
     "summarize",
+    "summarize_streams",
 ]
 
 FORMAT = "carpool-bench/1"  # the "format" field: bumped when a field changes meaning
@@ -138,6 +140,39 @@ class ServerSide:
 
 
 @dataclass(frozen=True, slots=True)
+class Streams:
+    """Of a step's streams that ended well (``--stream``): their ``outputs`` in all, per
+    second of the window and per stream; ``ttfo``, the time from a stream's send to its
+    first output, and ``tpo``, the time between one output and the next, in milliseconds."""
+
+    streams: int
+    outputs: int
+    outputs_per_s: float
+    outputs_mean: float
+    ttfo: Latency | None
+    tpo: Latency | None
+
+
+def summarize_streams(
+    streams: int,
+    outputs: int,
+    first_s: Sequence[float],
+    gaps_s: Sequence[float],
+    window_s: float,
+) -> Streams:
+    """:class:`Streams` of ``streams`` streams with ``outputs`` outputs in all, times to
+    first output ``first_s`` and gaps ``gaps_s`` in seconds, measured over ``window_s``."""
+    return Streams(
+        streams=streams,
+        outputs=outputs,
+        outputs_per_s=outputs / window_s,
+        outputs_mean=outputs / streams if streams else math.nan,
+        ttfo=summarize(first_s),
+        tpo=summarize(gaps_s),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class Step:
     """One load level's outcome. ``requests``: sent and finished within the measured
     window (after warmup); ``ok`` of them answered successfully; ``errors`` counts the
@@ -153,6 +188,7 @@ class Step:
     latency: Latency | None
     server: ServerSide | None = None
     goodput_rps: float | None = None  # responses within the latency objective per second
+    streams: Streams | None = None  # --stream: outputs and their times
 
 
 @dataclass
@@ -219,4 +255,19 @@ def _step(data: Mapping[str, Any]) -> Step:
         latency=Latency(**latency) if latency is not None else None,
         server=ServerSide(**server) if server is not None else None,
         goodput_rps=data.get("goodput_rps"),
+        streams=_streams(data.get("streams")),
+    )
+
+
+def _streams(data: Mapping[str, Any] | None) -> Streams | None:
+    if data is None:
+        return None
+    ttfo, tpo = data.get("ttfo"), data.get("tpo")
+    return Streams(
+        streams=data["streams"],
+        outputs=data["outputs"],
+        outputs_per_s=data["outputs_per_s"],
+        outputs_mean=data["outputs_mean"],
+        ttfo=Latency(**ttfo) if ttfo is not None else None,
+        tpo=Latency(**tpo) if tpo is not None else None,
     )

@@ -119,6 +119,12 @@ class Display:
         )
         if step.latency is not None:
             text += f", p50 {step.latency.p50:.2f} ms, p99 {step.latency.p99:.2f} ms"
+        streams = step.streams
+        if streams is not None:
+            text += f", {streams.outputs} outputs, {streams.outputs_per_s:,.1f} outputs/s"
+            for name, times in (("TTFO", streams.ttfo), ("TPO", streams.tpo)):
+                if times is not None:
+                    text += f", {name} p50 {times.p50:.2f} ms p99 {times.p99:.2f} ms"
         if step.errors:
             text += ", errors " + ", ".join(f"{k}: {v}" for k, v in step.errors.items())
         if step.server is not None:

@@ -31,11 +31,16 @@ def plot_report(report: Report, path: str | Path) -> Figure:
 
     Left: p50, p90 and p99 latency (ms) against achieved throughput (req/s), one point per
     step, annotated with its load. Right: each step's model calls by batch size (share of
-    the step's batches), or a note when the target gave no server-side data.
+    the step's batches), or a note when the target gave no server-side data. A report of
+    streams is drawn by :func:`~carpool.bench.report.plot_streams.plot_stream_report`.
     """
+    figure_cls = _figure_class()
+    if any(s.streams is not None for s in report.steps):
+        from carpool.bench.report.plot_streams import plot_stream_report
+
+        return plot_stream_report(report, path, figure_cls)
     measured = [s for s in report.steps if s.latency is not None]
     with_server = [s for s in report.steps if s.server is not None and s.server.batch_sizes]
-    figure_cls = _figure_class()
     fig = figure_cls(figsize=_SIZE if with_server else _ONE_PANEL, dpi=_DPI, layout="constrained")
     if with_server:
         latency_ax, batch_ax = fig.subplots(1, 2)
@@ -76,10 +81,15 @@ def plot_report(report: Report, path: str | Path) -> Figure:
 
 def plot_compare(reports: Sequence[Report], path: str | Path) -> Figure:
     """Save one panel comparing reports: p99 (solid) and p50 (dashed) latency against
-    throughput, a colour per report, lines labelled ``"LABEL p99"`` and ``"LABEL p50"``."""
+    throughput, a colour per report, lines labelled ``"LABEL p99"`` and ``"LABEL p50"``.
+    Reports of streams: :func:`~carpool.bench.report.plot_streams.plot_stream_compare`."""
     if not reports:
         raise ValueError("plot_compare needs at least one report")
     figure_cls = _figure_class()
+    if any(s.streams is not None for r in reports for s in r.steps):
+        from carpool.bench.report.plot_streams import plot_stream_compare
+
+        return plot_stream_compare(reports, path, figure_cls)
     fig = figure_cls(figsize=_ONE_PANEL, dpi=_DPI, layout="constrained")
     ax = fig.subplots(1, 1)
     values: list[float] = []

@@ -22,6 +22,7 @@ __all__ = [
     "render",
     "step_row",
     "steps_table",
+    "stream_row",
     "sweep_table",
 ]
 
@@ -68,14 +69,48 @@ def step_row(step: Step, *, server: bool | None = None, goodput: bool | None = N
     return cells
 
 
+def stream_row(step: Step, *, server: bool | None = None, goodput: bool | None = None) -> list[str]:
+    """The cells of one step of streams: load, streams/s, outputs/s, TTFO p50 and p99, TPO
+    p50 and p99, a whole stream's p99 (ms), ok, errors; then the server and goodput cells
+    as :func:`step_row` has them."""
+    streams = step.streams
+    ttfo, tpo = (streams.ttfo, streams.tpo) if streams is not None else (None, None)
+    cells = [
+        str(step.load),
+        _rate(step.throughput_rps),
+        _rate(streams.outputs_per_s if streams is not None else None),
+        _ms(ttfo.p50 if ttfo is not None else None),
+        _ms(ttfo.p99 if ttfo is not None else None),
+        _ms(tpo.p50 if tpo is not None else None),
+        _ms(tpo.p99 if tpo is not None else None),
+        _ms(_p99(step)),
+    ]
+    return cells + step_row(step, server=server, goodput=goodput)[6:]
+
+
+_STEP_HEADERS = ("req/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "ok")
+_STREAM_HEADERS = (
+    "streams/s",
+    "outputs/s",
+    "TTFO p50 ms",
+    "TTFO p99 ms",
+    "TPO p50 ms",
+    "TPO p99 ms",
+    "stream p99 ms",
+    "ok",
+)
+
+
 def steps_table(report: Report) -> Table:
     """Every step of a report, one row each; server and goodput columns when any step has
-    them."""
+    them. A report of streams has the stream columns of :func:`stream_row`."""
     server = any(step.server is not None for step in report.steps)
     goodput = any(step.goodput_rps is not None for step in report.steps)
+    streams = _streaming(report)
+    row = stream_row if streams else step_row
     table = Table(title=_title(report), title_justify="left")
     table.add_column("load")
-    for header in ("req/s", "p50 ms", "p90 ms", "p99 ms", "max ms", "ok"):
+    for header in _STREAM_HEADERS if streams else _STEP_HEADERS:
         table.add_column(header, justify="right")
     table.add_column("errors", overflow="fold")  # wrapped, never cut
     if server:
@@ -84,7 +119,7 @@ def steps_table(report: Report) -> Table:
     if goodput:
         table.add_column("goodput req/s", justify="right")
     for step in report.steps:
-        table.add_row(*step_row(step, server=server, goodput=goodput))
+        table.add_row(*row(step, server=server, goodput=goodput))
     return table
 
 
@@ -112,6 +147,8 @@ def compare_table(reports: Sequence[Report]) -> Table:
     if not reports:
         raise ValueError("compare_table needs at least one report")
     labels = [report.label or f"report {i + 1}" for i, report in enumerate(reports)]
+    if any(_streaming(report) for report in reports):
+        return _compare_streams(reports, labels)
     by_load = [_steps_by_load(report) for report in reports]
     loads = sorted({load for steps in by_load for load in steps}, key=lambda x: (x.mode, x.value))
     table = Table(title=f"{reports[0].model}: " + " vs ".join(labels), title_justify="left")
@@ -132,6 +169,32 @@ def compare_table(reports: Sequence[Report]) -> Table:
         for step in steps[1:]:
             cells.append(_ratio(_rps(step), _rps(first)))
             cells.append(_ratio(_p99(step), _p99(first)))
+        table.add_row(*cells)
+    return table
+
+
+def _compare_streams(reports: Sequence[Report], labels: list[str]) -> Table:
+    """:func:`compare_table` of reports of streams: each report's outputs/s, TTFO p99 and TPO
+    p99, then every other report's ratios of those to the first's."""
+    by_load = [_steps_by_load(report) for report in reports]
+    loads = sorted({load for steps in by_load for load in steps}, key=lambda x: (x.mode, x.value))
+    table = Table(title=f"{reports[0].model}: " + " vs ".join(labels), title_justify="left")
+    table.add_column("load")
+    figures = (("outputs/s", _outputs_rate), ("TTFO p99", _ttfo_p99), ("TPO p99", _tpo_p99))
+    for label in labels:
+        for name, _ in figures:
+            table.add_column(f"{label} {name}", justify="right")
+    for label in labels[1:]:
+        for name, _ in figures:
+            table.add_column(f"{name} {label}/{labels[0]}", justify="right")
+    for load in loads:
+        steps = [steps.get(load) for steps in by_load]
+        cells = [str(load)]
+        for step in steps:
+            outputs, ttfo, tpo = (read(step) for _, read in figures)
+            cells += [_rate(outputs), _ms(ttfo), _ms(tpo)]
+        for step in steps[1:]:
+            cells += [_ratio(read(step), read(steps[0])) for _, read in figures]
         table.add_row(*cells)
     return table
 
@@ -196,6 +259,24 @@ def _steps_by_load(report: Report) -> dict[Load, Step]:
     for step in report.steps:
         steps.setdefault(step.load, step)  # a repeated level: its first measurement
     return steps
+
+
+def _streaming(report: Report) -> bool:
+    return any(step.streams is not None for step in report.steps)
+
+
+def _outputs_rate(step: Step | None) -> float | None:
+    return step.streams.outputs_per_s if step is not None and step.streams is not None else None
+
+
+def _ttfo_p99(step: Step | None) -> float | None:
+    streams = step.streams if step is not None else None
+    return streams.ttfo.p99 if streams is not None and streams.ttfo is not None else None
+
+
+def _tpo_p99(step: Step | None) -> float | None:
+    streams = step.streams if step is not None else None
+    return streams.tpo.p99 if streams is not None and streams.tpo is not None else None
 
 
 def _rps(step: Step | None) -> float | None:

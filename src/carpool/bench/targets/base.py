@@ -5,19 +5,41 @@ process. Stdlib and :mod:`carpool.errors` only."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import itertools
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from carpool.errors import CarpoolError
 
-__all__ = ["KINDS", "BenchError", "Client", "Send", "is_url", "target_kind"]
+__all__ = ["KINDS", "BenchError", "Client", "Send", "Streamed", "is_url", "target_kind"]
 
 #: What a TARGET can be, as :func:`target_kind` names it (and a report's ``kind`` records).
 KINDS = ("http", "grpc", "openai", "in-process")
 EMBEDDINGS_PATH = "/v1/embeddings"  # OpenAI's embeddings endpoint, under the server's base URL
 
-Send = Callable[[int], Awaitable[str | None]]  # request index -> None, or the error's kind
+
+@dataclass(frozen=True, slots=True)
+class Streamed:
+    """A stream that ended well: its outputs, the seconds from its send to the first, and
+    between each output and the next."""
+
+    outputs: int
+    first_s: float | None
+    gaps_s: tuple[float, ...]
+
+    @classmethod
+    def of(cls, sent: float, arrivals: Sequence[float]) -> Streamed:
+        """The stream sent at ``sent`` whose outputs arrived at ``arrivals`` (same clock)."""
+        if not arrivals:
+            return cls(0, None, ())
+        gaps = tuple(b - a for a, b in itertools.pairwise(arrivals))
+        return cls(len(arrivals), arrivals[0] - sent, gaps)
+
+
+# request index -> None (answered), a Streamed (a stream ended well), or the error's kind
+Send = Callable[[int], Awaitable[str | Streamed | None]]
 
 
 class BenchError(CarpoolError, ValueError):

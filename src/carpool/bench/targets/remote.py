@@ -13,7 +13,14 @@ import numpy as np
 from carpool.bench.options import Options
 from carpool.bench.targets.base import BenchError, Client
 
-__all__ = ["client_for", "connect", "others_for", "requests_for", "texts_for"]
+__all__ = [
+    "client_for",
+    "connect",
+    "others_for",
+    "requests_for",
+    "stream_client_for",
+    "texts_for",
+]
 
 _OTHERS_SEED = 1 << 32  # added to --seed: the others share no draw with any run's --distinct
 
@@ -91,6 +98,26 @@ def client_for(target: Any, options: Options) -> Client:
         encoded = [payload.encode(r, spec, binary=binary) for r in requests]
         also = [payload.encode(r, spec, binary=binary) for r in others]
         return cast(Client, target.client(encoded, options.timeout_s, also, fraction))
+    except ValueError as exc:
+        raise BenchError(f"cannot encode requests: {exc}") from None
+
+
+def stream_client_for(target: Any, options: Options) -> Client:
+    """``--stream``: the client of a v2 target's streams (generate_stream over HTTP,
+    ModelStreamInfer over gRPC), every request encoded once."""
+    from carpool.bench.targets import stream_clients
+    from carpool.bench.targets.stream_requests import generate_body, stream_requests
+
+    spec, requests = requests_for(target.metadata, options, batched=None)
+    streams = stream_requests(requests, options)
+    try:
+        if options.kind == "grpc":
+            u = target.url
+            bodies = stream_clients.stream_bodies(streams, spec, u.model, u.version)
+            return stream_clients.GrpcStreamClient(u.address, bodies, options.timeout_s)
+        url = target.url.metadata + "/generate_stream"
+        encoded = tuple(generate_body(r) for r in streams)
+        return stream_clients.SseClient(url, encoded, options.timeout_s)
     except ValueError as exc:
         raise BenchError(f"cannot encode requests: {exc}") from None
 
