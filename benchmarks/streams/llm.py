@@ -1,0 +1,165 @@
+"""SmolLM2-135M streamed side by side: ``carpool serve smollm2`` (iteration-level batching,
+llama and torch engines) against llama-cpp-python's server (one request at a time) and
+llama.cpp's llama-server (continuous batching), same GGUF, one core and one thread each, at
+1, 4 and 16 closed-loop streams of 32 tokens: tokens/s, TTFT and time per output token
+(docs/benchmarks/llm.md). Peers not installed or built are NaN, with a note.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+from pathlib import Path
+
+from benchmarks.harness import Figures, common, run
+from benchmarks.harness import processes as _process
+from benchmarks.streams import _llm_client, _llm_servers
+from benchmarks.streams._llm_servers import SERVERS
+
+CLIENTS = (1, 4, 16)
+MAX_TOKENS = 32
+# A chat prompt of 18 tokens whose greedy answer runs past 32 tokens on every server.
+PROMPT = "Write a short story about a small robot who learns to paint the night sky."
+PEERS = ("llama_cpp_python", "llama_server")
+ENGINES = ("llama", "torch")
+STATS = ("tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
+         "tokens_per_stream")  # fmt: skip
+UNITS = {"tokens_per_s": "tok/s", "tokens_per_stream": "tokens"}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = common.base_parser(__doc__, default_cpus="0,1", default_repeats=1)
+    p.add_argument(
+        "--engines",
+        default=",".join(ENGINES),
+        help="carpool's engines, comma-separated (default llama,torch; one carpool lacks "
+        "is left out with a note)",
+    )
+    p.add_argument(
+        "--peers",
+        default=",".join(PEERS),
+        help="peers to run, comma-separated, or 'none' (default llama_cpp_python,llama_server)",
+    )
+    p.add_argument(
+        "--llama-server",
+        type=Path,
+        default=_llm_servers.LLAMA_SERVER,
+        metavar="PATH",
+        help="llama.cpp's llama-server binary (default: the one "
+        "benchmarks/streams/setup_llama_server.sh builds)",
+    )
+    p.add_argument(
+        "--warmup", type=float, default=None, help="warm-up seconds per cell (5; quick 0.5)"
+    )
+    p.add_argument(
+        "--duration", type=float, default=None, help="window seconds per cell (30; quick 3)"
+    )
+    return p
+
+
+def _chosen(spec: str, known: tuple[str, ...], what: str) -> list[str]:
+    names = [] if spec == "none" else [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown {what} {unknown[0]!r}: one of {list(known)} or 'none'")
+    return names
+
+
+def measure(args: argparse.Namespace) -> Figures:
+    from carpool.backends.smollm2.files import gguf_path
+
+    warmup = args.warmup if args.warmup is not None else (0.5 if args.quick else 5.0)
+    duration = args.duration if args.duration is not None else (3.0 if args.quick else 30.0)
+    chosen = [f"carpool_{e}" for e in _chosen(args.engines, ENGINES, "engine")]
+    chosen += _chosen(args.peers, PEERS, "peer")
+    cores = _process.split_cpus(args.cpus)
+    _process.pin_self(cores.client)
+    gguf = gguf_path()
+    common.header(
+        "SmolLM2-135M streams: carpool against llama-cpp-python and llama-server",
+        {"gguf": gguf.name, "cores": str(cores), "prompt": PROMPT, "max_tokens": MAX_TOKENS,
+         "clients": CLIENTS, "warmup_s": warmup, "window_s": duration},
+    )  # fmt: skip
+    cells: dict[str, dict[int, _llm_client.Cell]] = {}
+    with tempfile.TemporaryDirectory(prefix="carpool-llm-") as tmp:
+        for name in SERVERS:
+            if name not in chosen:
+                continue
+            try:
+                server = _llm_servers.start(name, gguf, cores, args.llama_server, Path(tmp))
+            except _llm_servers.Missing as missing:
+                print(f"note: {name} left out (NaN figures): {missing}", flush=True)
+                continue
+            try:
+                server.wait_ready(180)
+                cells[name] = _run(name, server.base, warmup, duration)
+            finally:
+                server.stop()
+    return _figures(cells)
+
+
+def _run(name: str, base: str, warmup: float, duration: float) -> dict[int, _llm_client.Cell]:
+    request = _llm_servers.request(name, PROMPT, MAX_TOKENS)
+    first = _llm_client.one(base, request)
+    if not first.ok:
+        raise RuntimeError(f"{name}: the warm-up stream failed: {first.error or 'no tokens'}")
+    print(f"\n{name}: {len(first.arrivals)} tokens: {''.join(first.text)!r}", flush=True)
+    found = {}
+    rows = []
+    for clients in CLIENTS:
+        cell = _llm_client.measure(base, request, clients, warmup, duration)
+        found[clients] = cell
+        rows.append([clients, common.fmt_num(cell.tokens_per_s, 1),
+                     *(common.fmt_num(getattr(cell, s), 1) for s in STATS[1:]),
+                     len(cell.streams), len(cell.failed)])  # fmt: skip
+        print(f"  {name} x{clients}: {cell.tokens_per_s:.1f} tok/s", flush=True)
+    headers = ["streams", "tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms",
+               "tokens/stream", "sent", "failed"]  # fmt: skip
+    print(common.table(headers, rows), flush=True)
+    return found
+
+
+def _figures(cells: dict[str, dict[int, _llm_client.Cell]]) -> Figures:
+    figures = Figures()
+    nan = math.nan
+    for name in SERVERS:
+        for clients in CLIENTS:
+            cell = cells.get(name, {}).get(clients)
+            for stat in STATS:
+                value = float(getattr(cell, stat)) if cell else nan
+                figures.add(f"{name}_{stat}_{clients}", value, UNITS.get(stat, "ms"))
+
+    def stat(name: str, what: str, clients: int) -> float:
+        return float(figures[f"{name}_{what}_{clients}"])
+
+    figures.at_least(
+        "carpool_over_llama_server_tokens_per_s_16",
+        stat("carpool_llama", "tokens_per_s", 16) / stat("llama_server", "tokens_per_s", 16),
+        1.5,
+    )
+    figures.at_least(
+        "carpool_over_llama_cpp_python_tokens_per_s_16",
+        stat("carpool_llama", "tokens_per_s", 16) / stat("llama_cpp_python", "tokens_per_s", 16),
+        3,
+    )
+    figures.at_most(
+        "ttft_1_carpool_over_llama_server",
+        stat("carpool_llama", "ttft_p50_ms", 1) / stat("llama_server", "ttft_p50_ms", 1),
+        1.2,
+    )
+    streams = [s for by in cells.values() for cell in by.values() for s in cell.streams]
+    failed = [s for s in streams if not s.ok]
+    for s in failed[:3]:
+        print(f"failed stream: {s.error or 'no tokens'}", flush=True)
+    figures.add("servers_run", len(cells), "servers")
+    figures.add("streams_failed", len(failed), "streams")
+    figures.check("every_stream_delivered_tokens", bool(streams) and not failed)
+    texts = {"".join(s.text) for cell in cells.get("carpool_llama", {}).values()
+             for s in cell.streams}  # fmt: skip
+    figures.check("carpool_llama_greedy_texts_equal", len(texts) <= 1)
+    return figures
+
+
+if __name__ == "__main__":
+    raise SystemExit(run(measure, parser()))
