@@ -59,6 +59,7 @@ __all__ = [
 
 R = TypeVar("R")
 T = TypeVar("T")
+A = TypeVar("A")
 
 
 class ClientGone(HTTPError):
@@ -89,6 +90,26 @@ class Inference:
         :class:`~carpool.server.failures.ModelNotFound`,
         :class:`~carpool.server.failures.ModelUnavailable`, a body that cannot be read or
         names no model), the server's. Whatever it returns or raises is counted, once."""
+        return await self._through(call, partial(self._encoded, call=call))
+
+    async def stream(self, call: Call[R, T], emit: Callable[[T], Awaitable[None]]) -> None:
+        """``call``'s answer step by step: each step's outputs encoded and handed to
+        ``emit`` as they come, for a step-wise model (a whole answer, for any other). Raises
+        and counts as :meth:`infer` does; an error after the first ``emit`` is the front
+        end's to send as its protocol does (an SSE error event, a final gRPC response)."""
+
+        async def answer(served: ServedModel, read: R) -> None:
+            if isinstance(served.model, StepwiseModel):
+                await self._steps(served, call, read, emit)
+            else:
+                await emit(await self._encoded(served, call=call, read=read))
+
+        await self._through(call, answer)
+
+    async def _through(
+        self, call: Call[R, T], answer: Callable[[ServedModel, R], Awaitable[A]]
+    ) -> A:
+        """``answer(served, read)`` for ``call``, its outcome counted once (see :meth:`infer`)."""
         served: ServedModel | None = None
         try:
             if call.model is not None:
@@ -101,7 +122,7 @@ class Inference:
                 assert call.named is not None, "a call names its model, or says how to read it"
                 served = self._enter(call.named(read), None)
                 started = time.perf_counter()
-            encoded = await self._encoded(served, call, read)
+            answered = await answer(served, read)
         except asyncio.CancelledError:
             if call.withdrawal.cancel_counts_as is not None:
                 self.recorder.record(call.protocol, call.withdrawal.cancel_counts_as, served)
@@ -113,37 +134,7 @@ class Inference:
             if served is not None:
                 served.leave()
         self.recorder.record(call.protocol, Status.OK, served, time.perf_counter() - started)
-        return encoded
-
-    async def stream(self, call: Call[R, T], emit: Callable[[T], Awaitable[None]]) -> None:
-        """``call``'s answer step by step: each step's outputs encoded and handed to
-        ``emit`` as they come, for a step-wise model (a whole answer, for any other). Raises
-        and counts as :meth:`infer` does; an error after the first ``emit`` is the front
-        end's to send as its protocol does (an SSE error event, a final gRPC response)."""
-        served = self._enter(call.model, call.version) if call.model is not None else None
-        try:
-            if not self.registry.ready:
-                raise BatcherClosed(call.model or call.protocol, "is stopping")
-            started = time.perf_counter()
-            read = await call.read()
-            if served is None:
-                assert call.named is not None, "a call names its model, or says how to read it"
-                served = self._enter(call.named(read), None)
-            if isinstance(served.model, StepwiseModel):
-                await self._steps(served, call, read, emit)
-            else:
-                await emit(await self._encoded(served, call, read))
-        except asyncio.CancelledError:
-            if call.withdrawal.cancel_counts_as is not None:
-                self.recorder.record(call.protocol, call.withdrawal.cancel_counts_as, served)
-            raise
-        except Exception as exc:
-            self.recorder.record(call.protocol, error_status(exc).status, served)
-            raise
-        finally:
-            if served is not None:
-                served.leave()
-        self.recorder.record(call.protocol, Status.OK, served, time.perf_counter() - started)
+        return answered
 
     async def _steps(
         self, served: ServedModel, call: Call[R, T], read: R, emit: Callable[[T], Awaitable[None]]
@@ -186,7 +177,7 @@ class Inference:
         """``read`` decoded for ``served``'s model: inline, or in a thread if it is large."""
         return await self.admissions.decode(call.size(read), call.decode, served.model, read)
 
-    async def _encoded(self, served: ServedModel, call: Call[R, T], read: R) -> T:
+    async def _encoded(self, served: ServedModel, read: R, *, call: Call[R, T]) -> T:
         cache = self.registry.cache
         if cache is not None and served.model.response_cache:
             return await self._from_cache(cache, served, call, read)
