@@ -7,8 +7,9 @@ response cache (docs/architecture.md), encodes, and records the outcome once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from functools import partial
 from typing import Any, TypeVar
 
@@ -365,25 +366,8 @@ async def _unless_gone(work: Awaitable[T], client_gone: GoneSignal) -> T:
     """``work``'s result, awaited in the caller's own task; if the client goes first, that
     task is cancelled (so is ``work``, which withdraws the request) and :class:`ClientGone`
     raised instead. Another cancellation of the caller passes through as it came."""
-    task = asyncio.current_task()
-    assert task is not None
-    went = False
-
-    def gone() -> None:
-        nonlocal went
-        if not went:
-            went = True
-            task.cancel()
-
-    stop = client_gone(gone)
-    try:
+    with _watched(client_gone):
         return await work
-    except asyncio.CancelledError:
-        if went and task.uncancel() == 0:
-            raise ClientGone from None
-        raise
-    finally:
-        stop()
 
 
 async def _unless(stream: Any, withdrawal: Withdrawal) -> AsyncIterator[Any]:
@@ -393,6 +377,15 @@ async def _unless(stream: Any, withdrawal: Withdrawal) -> AsyncIterator[Any]:
         async for output in stream:
             yield output
         return
+    with _watched(withdrawal.client_gone, stream.cancel):
+        async for output in stream:
+            yield output
+
+
+@contextlib.contextmanager
+def _watched(client_gone: GoneSignal, first: Callable[[], None] = lambda: None) -> Iterator[None]:
+    """While inside: if the client goes, ``first()``, then the caller's task cancelled, and
+    that cancellation raised as :class:`ClientGone`; any other passes through as it came."""
     task = asyncio.current_task()
     assert task is not None
     went = False
@@ -401,13 +394,12 @@ async def _unless(stream: Any, withdrawal: Withdrawal) -> AsyncIterator[Any]:
         nonlocal went
         if not went:
             went = True
-            stream.cancel()
+            first()
             task.cancel()
 
-    stop = withdrawal.client_gone(gone)
+    stop = client_gone(gone)
     try:
-        async for output in stream:
-            yield output
+        yield
     except asyncio.CancelledError:
         if went and task.uncancel() == 0:
             raise ClientGone from None
