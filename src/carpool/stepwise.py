@@ -39,8 +39,12 @@ class StepInputError(CarpoolError, ValueError):
     400 naming ``field``), never the model's."""
 
     def __init__(self, message: str, field: str) -> None:
+        self.message = message
         self.field = field
         super().__init__(message)
+
+    def _fields(self) -> dict[str, Any]:
+        return {"message": self.message, "field": self.field}
 
 
 def _served_in_steps(batch: Any) -> Any:

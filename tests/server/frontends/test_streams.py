@@ -1,8 +1,8 @@
 """A step-wise model through carpool.server.frontends: the main process's hub over a real
 StepServed, a front end's registry, linked by a real Unix socket pair on one loop.
 
-A stream gets one output per step, then its end; a refused row is a 400's ProtocolError
-naming its field; a model's error ends the stream typed; a cancelled stream, or a lost link,
+A stream gets one output per step, then its end; a refused row crosses as its StepInputError
+(a 400) naming its field; a model's error ends the stream typed; a cancelled stream, or a lost link,
 frees the sequence's slot in the main process; rows are answered whole with their parameters;
 the step statistics reach the front end; an output that cannot be sent ends its stream alone."""
 
@@ -23,9 +23,8 @@ from carpool.server.frontends.hub import Hub
 from carpool.server.frontends.remote import FrontEndRegistry, RemoteStepBatcher, Upstream
 from carpool.server.frontends.tallies import Tallies
 from carpool.server.lifecycle.registry import Registry
-from carpool.server.messages import ProtocolError
 from carpool.steps.model import StepModel
-from carpool.stepwise import StepServed, StepwiseModel
+from carpool.stepwise import StepInputError, StepServed, StepwiseModel
 from server.step_models import words
 
 
@@ -116,12 +115,12 @@ async def test_a_stream_gets_one_output_per_step_then_its_end(setup: Setup) -> N
     await until(lambda: setup.hub.snapshot()[0]["words"][3][2] == 0)  # none aboard
 
 
-async def test_a_refused_row_is_a_protocol_error_naming_its_field(setup: Setup) -> None:
+async def test_a_refused_row_crosses_as_itself_naming_its_field(setup: Setup) -> None:
     stream = setup.remote.stream(row("a"), {"delay_ms": -1})
-    with pytest.raises(ProtocolError, match=r"delay_ms must be a number >= 0, got -1") as caught:
+    with pytest.raises(StepInputError, match=r"delay_ms must be a number >= 0, got -1") as caught:
         await stream.collect()
     assert caught.value.field == "parameters.delay_ms"
-    with pytest.raises(ProtocolError, match="text_input holds no word") as whole:
+    with pytest.raises(StepInputError, match="text_input holds no word") as whole:
         await setup.remote.infer_many({"text_input": np.array([[b" "]], dtype=object)})
     assert whole.value.field == "text_input"
     assert setup.served.stats().submitted == 0  # refused before it was a sequence

@@ -38,8 +38,7 @@ from carpool.server.frontends.links import (
 )
 from carpool.server.frontends.tallies import Statuses, Tallies
 from carpool.server.lifecycle.registry import Registry
-from carpool.server.messages import ProtocolError
-from carpool.stepwise import StepInputError, StepServed
+from carpool.stepwise import StepServed
 
 __all__ = ["HEARTBEAT_S", "SILENT_S", "Hub"]
 
@@ -83,16 +82,7 @@ class _Answer:
         front_end = self.front_end
         front_end.inflight.pop(self.rid, None)
         if front_end.link is not None and not front_end.link.lost:
-            front_end.link.post((ERROR, self.rid, _crossing(exc)))
-
-
-def _crossing(exc: BaseException) -> BaseException:
-    """``exc`` as it crosses the link: a row a step-wise model refuses as the 400 the path
-    makes of it (a StepInputError does not pickle, and a stream meets it past the path's
-    mapping), anything else as itself if it pickles."""
-    if isinstance(exc, StepInputError):
-        return ProtocolError(str(exc), field=exc.field)
-    return pickled_error(exc)
+            front_end.link.post((ERROR, self.rid, pickled_error(exc)))
 
 
 class Hub:
@@ -190,7 +180,7 @@ class Hub:
                 raise TypeError(f"model {name!r} is not step-wise: it has no stream")
             stream = batcher.stream(row, parameters, timeout_ms=timeout_ms, priority=priority)
         except Exception as exc:  # refused: its row, a full queue, closing
-            link.post((ERROR, sid, _crossing(exc)))
+            link.post((ERROR, sid, pickled_error(exc)))
             return
         task = asyncio.get_running_loop().create_task(_forwarded(stream, sid, link))
         front_end.inflight[sid] = task.cancel
@@ -314,7 +304,7 @@ async def _forwarded(stream: Any, sid: int, link: Link) -> None:
         return  # the front end cancelled it, or is gone: nobody waits for its end
     except Exception as exc:
         if not link.lost:
-            link.post((ERROR, sid, _crossing(exc)))
+            link.post((ERROR, sid, pickled_error(exc)))
         return
     if not link.lost:
         link.post((END, sid))

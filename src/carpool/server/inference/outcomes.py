@@ -28,6 +28,7 @@ from carpool.server.failures import (
 )
 from carpool.server.messages import ProtocolError
 from carpool.server.statuses import RETRY, STOPPING, HTTPError, Status
+from carpool.stepwise import StepInputError
 
 if TYPE_CHECKING:
     from carpool.server.lifecycle.registry import Registry, ServedModel
@@ -47,7 +48,8 @@ def error_status(exc: BaseException) -> HTTPError:
         return HTTPError(exc.status, str(exc))
     if isinstance(exc, ModelNotFound):
         return HTTPError(Status.NOT_FOUND, str(exc))
-    if isinstance(exc, ModelUnavailable | LoadFailed):
+    # a step-wise model refusing the request's row or parameter; a model that failed to load
+    if isinstance(exc, StepInputError | ModelUnavailable | LoadFailed):
         return HTTPError(Status.BAD_REQUEST, str(exc))
     if isinstance(exc, ControlUnavailable):
         return HTTPError(Status.UNAVAILABLE, str(exc))

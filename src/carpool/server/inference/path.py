@@ -45,7 +45,7 @@ from carpool.server.inference.sharing import Flights
 from carpool.server.lifecycle.registry import Registry, ServedModel
 from carpool.server.messages import InferRequest, Parameters, ProtocolError
 from carpool.server.statuses import HTTPError, Status
-from carpool.stepwise import StepInputError, StepwiseModel
+from carpool.stepwise import StepwiseModel
 
 __all__ = [
     "NOT_WITHDRAWN",
@@ -155,12 +155,9 @@ class Inference:
         assert isinstance(model, StepwiseModel)
         assert model.response is not None
         steps: Any = served.batcher
-        try:
-            stream = steps.stream(
-                row, request.parameters, timeout_ms=admitted.timeout_ms, priority=admitted.priority
-            )
-        except StepInputError as exc:
-            raise ProtocolError(str(exc), field=exc.field) from None
+        stream = steps.stream(
+            row, request.parameters, timeout_ms=admitted.timeout_ms, priority=admitted.priority
+        )
         with stream:
             async for output in _unless(stream, call.withdrawal):
                 result = {k: np.expand_dims(v, 0) for k, v in model.response(output).items()}
@@ -307,7 +304,10 @@ async def _batched(
         if timeout_ms is None or deadline_ms < timeout_ms:
             timeout_ms = deadline_ms  # the caller's deadline shortens the queue timeout
     if isinstance(served.model, StepwiseModel):  # each row's steps, answered whole
-        work = _whole(served.batcher, admitted, timeout_ms, parameters)
+        steps: Any = served.batcher
+        work = steps.infer_many(
+            admitted.value, timeout_ms=timeout_ms, priority=admitted.priority, parameters=parameters
+        )
     else:
         work = served.batcher.infer_many(
             admitted.value, timeout_ms=timeout_ms, priority=admitted.priority
@@ -320,17 +320,6 @@ async def _batched(
         if deadline_ms is None or timeout_ms is not deadline_ms:
             raise  # the queue timeout's 503
         raise HTTPError(Status.GATEWAY_TIMEOUT, f"the call's deadline passed: {exc}") from None
-
-
-async def _whole(
-    steps: Any, admitted: AdmittedRequest, timeout_ms: float | None, parameters: Parameters
-) -> Any:
-    try:
-        return await steps.infer_many(
-            admitted.value, timeout_ms=timeout_ms, priority=admitted.priority, parameters=parameters
-        )
-    except StepInputError as exc:
-        raise ProtocolError(str(exc), field=exc.field) from None
 
 
 async def _waited(work: Awaitable[T], withdrawal: Withdrawal, timeout_ms: float | None) -> T:
