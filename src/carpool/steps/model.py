@@ -8,11 +8,23 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 In = TypeVar("In")
 State = TypeVar("State")
 Out = TypeVar("Out")
+
+
+@dataclass(frozen=True)
+class PrefixCounts:
+    """A replica's prompt-state reuse so far (cumulative): ``hits``, the sequences that reused
+    state computed for an earlier one; ``reused`` and ``computed``, their prompt tokens whose
+    state was reused, and computed."""
+
+    hits: int = 0
+    reused: int = 0
+    computed: int = 0
 
 
 class StepModel(ABC, Generic[In, State, Out]):
@@ -55,3 +67,13 @@ class StepModel(ABC, Generic[In, State, Out]):
     ) -> Sequence[BaseException | None]:
         """Do ``tokens[i]`` more of ``states[i]``'s start work (only when ``start_cost`` > 0)."""
         raise NotImplementedError(f"{type(self).__name__} has start work but no prefill")
+
+    def reuse_prefixes(self, budget_bytes: int) -> bool:
+        """Keep prompts' computed state, within ``budget_bytes``, for later sequences whose
+        prompts share a prefix (least recently used out first); False: this model cannot,
+        and works without."""
+        return False
+
+    def prefix_counts(self) -> PrefixCounts | None:
+        """What reuse has done so far on this replica; None when the model does not reuse."""
+        return None
