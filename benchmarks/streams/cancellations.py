@@ -30,7 +30,7 @@ def parser() -> argparse.ArgumentParser:
     p = common.base_parser(__doc__, default_cpus="0,1", default_repeats=1)
     p.add_argument("--streams", type=int, default=None, help="per protocol (10000; quick 300)")
     p.add_argument("--concurrent", type=int, default=64, help="streams in flight (64)")
-    p.add_argument("--step-ms", type=float, default=2.0, help="a step's cost, slept (2)")
+    p.add_argument("--step-ms", type=float, default=10.0, help="a step's cost, slept (10)")
     p.add_argument("--seed", type=int, default=11)
     return p
 
@@ -172,7 +172,7 @@ def _counts(server: _process.Server, label: str) -> dict[str, float]:
         if labels.get("model") != MODEL:
             continue
         if name == "carpool_requests_total" and labels.get("protocol") == label:
-            key = {"ok": "ok", "client_closed": "closed"}.get(labels["outcome"], "failed")
+            key = {"success": "ok", "client_closed": "closed"}.get(labels["outcome"], "failed")
             counts[key] += value
         elif name == "carpool_batcher_received_total":
             counts["received"] += value

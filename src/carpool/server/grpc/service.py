@@ -26,7 +26,7 @@ from carpool.server.grpc.bursts import MAX_HOLD_S, Bursts
 from carpool.server.grpc.wire import read_infer_request
 from carpool.server.inference.call import Answer, Call, Withdrawal
 from carpool.server.inference.outcomes import error_status
-from carpool.server.inference.path import Inference
+from carpool.server.inference.path import ClientGone, Inference
 from carpool.server.lifecycle.control import ModelControl, act
 from carpool.server.lifecycle.registry import ServedModel, server_metadata
 from carpool.server.messages import MAX_ELEMENTS, InferRequest
@@ -182,6 +182,8 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     ) -> None:
         try:
             await self._stream_answer(request, _Responses(request, context, writing))
+        except ClientGone:
+            pass  # the call was cancelled under its last response: nobody left to answer
         finally:
             room.release()
 
@@ -199,6 +201,8 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
             else:
                 async with self._slot(request, context):
                     whole = await self._infer(request, context.time_remaining())
+        except ClientGone:
+            return  # counted as the client's (499); nobody is left to answer
         except Exception as exc:
             _, message = _status(exc, "ModelStreamInfer")
             await out.fail(message)
@@ -296,8 +300,14 @@ class _Responses:
         await self._send(pb.ModelStreamInferResponse(infer_response=response))
 
     async def _send(self, answer: Any) -> None:
+        """``answer`` written; :class:`ClientGone` if the call refused it: only the client
+        ends a call this handler is still writing to (it cancelled, or its deadline passed)
+        while a step's response was on its way, before the cancellation reached the handler."""
         async with self._writing:
-            await self.context.write(answer)
+            try:
+                await self.context.write(answer)
+            except grpc.aio.InternalError:  # grpc's "execute_batch" failed: the call is over
+                raise ClientGone from None
 
 
 _KINDS = {
