@@ -34,6 +34,7 @@ class Outcome:
     """What the streams of one protocol got: wrong ones, the given-up ones' times."""
 
     streams: int = 0
+    early: int = 0  # given up before their first output (the server may never see them)
     completed: int = 0  # read to their end
     exact: int = 0  # read to their end, every output exactly as expected
     wrong: list[int] = field(default_factory=list)  # keys with an output not theirs
@@ -58,7 +59,7 @@ One = Callable[["Planned", "Outcome"], Awaitable[list[int]]]
 
 async def run(planned: list[Planned], concurrent: int, one: One) -> Outcome:
     """Every planned stream through ``one``, ``concurrent`` at a time (closed loop)."""
-    outcome = Outcome(streams=len(planned))
+    outcome = Outcome(streams=len(planned), early=sum(p.after == 0 for p in planned))
     queue: Iterator[Planned] = iter(planned)
 
     async def client() -> None:

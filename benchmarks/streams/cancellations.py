@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -208,7 +209,8 @@ def _report(
         f"  {protocol}: {outcome.streams} streams in {outcome.wall_s:.1f} s, {cancelled} given "
         f"up, {outcome.exact}/{outcome.completed} read to the end exact; server ok "
         f"{books['ok']:g}, closed {books['closed']:g}; active 0 after {books['zero_ms']:.1f} ms; "
-        f"steps after a cancel: max {max(steps, default=0)}, {late} over 1"
+        f"steps after a cancel: max {max(steps, default=0)}, {late} over 1 "
+        f"({_spread(steps)})"
     )
     for error in outcome.errors[:5]:
         print(f"    error: {error}")
@@ -222,10 +224,20 @@ def _report(
     figures.add(f"{p}_freed_late", late, "streams")
     figures.add(f"{p}_active_zero_ms", books["zero_ms"], "ms")
     exact = not outcome.wrong and not outcome.errors and outcome.exact == outcome.completed
+    unseen = outcome.streams - int(books["ok"] + books["closed"])
+    figures.add(f"{p}_never_reached_server", unseen, "streams")
     figures.check(f"{p}_outputs_exact", exact)
     figures.check(f"{p}_active_back_to_zero", books["active"] == 0)
-    counted = books["ok"] + books["closed"] == outcome.streams and books["ok"] >= outcome.exact
+    # Every stream counted once, as answered or given up, but those given up before their
+    # first output that the server never saw (cancelled before their request was read).
+    counted = 0 <= unseen <= outcome.early and books["ok"] >= outcome.exact
     figures.check(f"{p}_nothing_lost", counted and books["balanced"])
+
+
+def _spread(steps: list[int]) -> str:
+    """How many cancels took 0, 1, 2, ... steps to free."""
+    counts = Counter(steps)
+    return ", ".join(f"{n}: {counts[n]}" for n in sorted(counts))
 
 
 if __name__ == "__main__":
