@@ -40,6 +40,7 @@ class Outcome:
     wrong: list[int] = field(default_factory=list)  # keys with an output not theirs
     errors: list[str] = field(default_factory=list)
     cancelled_at: dict[int, float] = field(default_factory=dict)  # key -> when given up
+    finished_at: dict[int, float] = field(default_factory=dict)  # key -> its last output's arrival
     wall_s: float = 0.0
 
 
@@ -102,6 +103,8 @@ async def _read(p: Planned, outcome: Outcome, outputs: AsyncIterator[int]) -> li
         if p.after is not None and len(got) >= p.after:
             outcome.cancelled_at[p.key] = time.monotonic()
             break
+        if len(got) == p.length:
+            outcome.finished_at[p.key] = time.monotonic()
     return got
 
 

@@ -1,6 +1,6 @@
 """``benchmarks.streams.cancellations``' model: ``(key, length)`` in, ``length`` outputs out
 (``_models.expected``), a step slept ``BENCH_CANCEL_STEP_MS``; it keeps a ledger of when
-each step began and the last step each key took part in, which a request for key -1 writes to
+each step began and ended and the last step each key took part in, which key -1 writes to
 ``BENCH_CANCEL_LEDGER`` (JSON), so a client in another process can count steps after a cancel.
 """
 
@@ -29,10 +29,11 @@ MAX_SEQUENCES = 32
 
 @dataclass
 class Ledger:
-    """When each step began (``time.monotonic``, one clock for every process of the box)
-    and, per key, the index of the last step that advanced it."""
+    """When each step began and ended (``time.monotonic``, one clock for every process of
+    the box) and, per key, the index of the last step that advanced it."""
 
     starts: list[float] = field(default_factory=list)
+    ends: list[float] = field(default_factory=list)
     last: dict[int, int] = field(default_factory=dict)
 
     def steps_after(self, key: int, cancelled_at: float) -> int:
@@ -43,13 +44,19 @@ class Ledger:
             return 0
         return max(0, last + 1 - bisect.bisect_right(self.starts, cancelled_at))
 
+    def delivered_after(self, key: int, arrived: float) -> float | None:
+        """Seconds from the end of the step that made ``key``'s last output to its arrival
+        (None if no step made one)."""
+        last = self.last.get(key)
+        return None if last is None or last >= len(self.ends) else arrived - self.ends[last]
+
     def as_json(self) -> str:
-        return json.dumps({"starts": self.starts, "last": self.last})
+        return json.dumps({"starts": self.starts, "ends": self.ends, "last": self.last})
 
     @classmethod
     def read(cls, path: Path) -> Ledger:
         doc = json.loads(path.read_text())
-        return cls(doc["starts"], {int(k): v for k, v in doc["last"].items()})
+        return cls(doc["starts"], doc["ends"], {int(k): v for k, v in doc["last"].items()})
 
 
 class Counting(StepModel[tuple[int, int], list[int], int]):
@@ -76,6 +83,7 @@ class Counting(StepModel[tuple[int, int], list[int], int]):
             self.ledger.last[s[0]] = index
             s[2] += 1
             outputs.append(s[0] * SPREAD + s[2])
+        self.ledger.ends.append(time.monotonic())
         return outputs
 
     def finished(self, state: list[int], output: int) -> bool:

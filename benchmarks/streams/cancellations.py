@@ -203,6 +203,8 @@ def _report(
     ledger: Ledger,
 ) -> None:
     steps = [ledger.steps_after(key, t) for key, t in outcome.cancelled_at.items()]
+    lags = [ledger.delivered_after(key, t) for key, t in outcome.finished_at.items()]
+    delivery = sorted(1e3 * lag for lag in lags if lag is not None)
     cancelled = len(outcome.cancelled_at)
     late = sum(1 for n in steps if n > 1)
     print(
@@ -210,7 +212,8 @@ def _report(
         f"up, {outcome.exact}/{outcome.completed} read to the end exact; server ok "
         f"{books['ok']:g}, closed {books['closed']:g}; active 0 after {books['zero_ms']:.1f} ms; "
         f"steps after a cancel: max {max(steps, default=0)}, {late} over 1 "
-        f"({_spread(steps)})"
+        f"({_spread(steps)}); a last output arrived {_quantile(delivery, 0.5):.1f} ms after "
+        f"its step (p50), {_quantile(delivery, 0.99):.1f} ms (p99)"
     )
     for error in outcome.errors[:5]:
         print(f"    error: {error}")
@@ -223,6 +226,8 @@ def _report(
     figures.at_most(f"{p}_max_steps_to_free", max(steps, default=0), 1, "steps")
     figures.add(f"{p}_freed_late", late, "streams")
     figures.add(f"{p}_active_zero_ms", books["zero_ms"], "ms")
+    figures.add(f"{p}_delivery_p50_ms", _quantile(delivery, 0.5), "ms")
+    figures.add(f"{p}_delivery_p99_ms", _quantile(delivery, 0.99), "ms")
     exact = not outcome.wrong and not outcome.errors and outcome.exact == outcome.completed
     unseen = outcome.streams - int(books["ok"] + books["closed"])
     figures.add(f"{p}_never_reached_server", unseen, "streams")
@@ -232,6 +237,11 @@ def _report(
     # first output that the server never saw (cancelled before their request was read).
     counted = 0 <= unseen <= outcome.early and books["ok"] >= outcome.exact
     figures.check(f"{p}_nothing_lost", counted and books["balanced"])
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """The ``q`` quantile of sorted ``values`` (nan for none)."""
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
 def _spread(steps: list[int]) -> str:

@@ -36,6 +36,8 @@ def test_cancellations_quick_run(figures: dict[str, object]) -> None:
         "max_steps_to_free": "int",
         "freed_late": "int",
         "active_zero_ms": "float",
+        "delivery_p50_ms": "float",
+        "delivery_p99_ms": "float",
         "never_reached_server": "int",
         "outputs_exact": "bool",
         "active_back_to_zero": "bool",
