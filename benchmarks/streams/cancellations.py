@@ -57,11 +57,12 @@ def measure(args: argparse.Namespace) -> Figures:
     _report(figures, "library", *_library(plans["library"], args.concurrent, step_s))
     with tempfile.TemporaryDirectory() as tmp:
         ledger_path = Path(tmp) / "ledger.json"
-        server = _serve(cores, step_s, ledger_path)
+        server, grpc_address = _serve(cores, step_s, ledger_path)
         try:
             server.wait_ready()
             for protocol in PROTOCOLS[1:]:
-                result = _over_the_wire(server, protocol, plans[protocol], args.concurrent)
+                where = grpc_address if protocol == "grpc" else server.base
+                result = _over_the_wire(server, protocol, where, plans[protocol], args.concurrent)
                 _post(server, {"key": DUMP, "length": 1})  # after the counts were read
                 _report(figures, protocol, *result, Ledger.read(ledger_path))
         finally:
@@ -98,7 +99,8 @@ def _library(
     return outcome, books, model.ledger
 
 
-def _serve(cores: _process.Cores, step_s: float, ledger: Path) -> _process.Server:
+def _serve(cores: _process.Cores, step_s: float, ledger: Path) -> tuple[_process.Server, str]:
+    """``carpool serve`` of the model, REST and gRPC, pinned (not waited on); its gRPC address."""
     port, grpc_port = _process.free_port(), _process.free_port()
     argv = [sys.executable, "-m", "carpool", "serve", "benchmarks.streams._cancel_model:cancel",
             "--port", str(port), "--grpc-port", str(grpc_port), "--access-log", "false",
@@ -107,17 +109,21 @@ def _serve(cores: _process.Cores, step_s: float, ledger: Path) -> _process.Serve
         BENCH_CANCEL_LEDGER=str(ledger), BENCH_CANCEL_STEP_MS=str(step_s * 1000)
     )
     server = _process.Server("carpool serve (cancel)", argv, port, cores.server, env)
-    server.grpc_address = f"127.0.0.1:{grpc_port}"  # type: ignore[attr-defined]
-    return server
+    return server, f"127.0.0.1:{grpc_port}"
 
 
 def _over_the_wire(
-    server: _process.Server, protocol: str, planned: list[clients.Planned], concurrent: int
+    server: _process.Server,
+    protocol: str,
+    where: str,
+    planned: list[clients.Planned],
+    concurrent: int,
 ) -> tuple[clients.Outcome, dict[str, Any]]:
-    """The streams over ``protocol``; the server's counts of them (``/metrics``, before and
-    after) and how long its active count took to reach 0 once the last client left."""
+    """The streams over ``protocol`` to ``where``; the server's counts of them (``/metrics``,
+    before and after) and how long its active count took to reach 0 once the last client
+    left."""
     before = _counts(server, LABELS[protocol])
-    outcome = asyncio.run(_streams(server, protocol, planned, concurrent))
+    outcome = asyncio.run(_streams(protocol, where, planned, concurrent))
     left = time.perf_counter()
     active = _counts(server, LABELS[protocol])["active"]
     while active and time.perf_counter() - left < ZERO_WITHIN_S:
@@ -137,21 +143,21 @@ def _over_the_wire(
 
 
 async def _streams(
-    server: _process.Server, protocol: str, planned: list[clients.Planned], concurrent: int
+    protocol: str, where: str, planned: list[clients.Planned], concurrent: int
 ) -> clients.Outcome:
+    """The streams over gRPC (``where``: host:port) or SSE (``where``: the base URL)."""
     if protocol == "grpc":
         import grpc
         from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-        address = server.grpc_address  # type: ignore[attr-defined]
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with grpc.aio.insecure_channel(where) as channel:
             stub = pb_grpc.GRPCInferenceServiceStub(channel)
             return await clients.run(planned, concurrent, clients.grpc_streams(stub, MODEL))
     import aiohttp
 
     timeout = aiohttp.ClientTimeout(total=300, sock_read=60)
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(server.base, timeout=timeout, connector=connector) as s:
+    async with aiohttp.ClientSession(where, timeout=timeout, connector=connector) as s:
         return await clients.run(planned, concurrent, clients.sse_streams(s, MODEL))
 
 
