@@ -109,7 +109,7 @@ def test_no_budget_asks_nothing_and_logs_nothing(
     with caplog.at_level(logging.INFO, logger="carpool"):
         with StepBatcher(build, workers=2, prefix_cache_bytes=budget) as batcher:
             assert batcher.stream((1, 2)).collect_sync() == [(0, 0, 2)]
-        with StepBatcher(Counter, prefix_cache_bytes=budget):
+        with StepBatcher(Counter, workers=2, prefix_cache_bytes=budget):
             pass
     assert [m.budget for m in made] == [0, 0]
     assert batcher.stats().prefixes is None

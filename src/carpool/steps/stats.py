@@ -1,9 +1,7 @@
 """What the step loop counts: sequences by how they ended, steps, sequences per step, the
-time to a first output and between outputs, prompt-state reuse summed over the replicas; and
-the learnt step cost the adaptive policy reads.
-
-Lanes write under one lock; ``snapshot()`` is a consistent copy; ``observer`` (the server's
-metrics) hears each step and each output as it happens.
+time to a first output and between outputs, the replicas' prompt-state reuse; and the learnt
+step cost the adaptive policy reads. Lanes write under one lock; ``snapshot()`` is a
+consistent copy; ``observer`` (the server's metrics) hears each step and output as it happens.
 """
 
 from __future__ import annotations
