@@ -41,8 +41,8 @@ def check_exact_counts(server: Server, budget: int) -> None:
     ]
     assert server.metric("carpool_prefix_cache_hits_total", model="prompts") == 1
     tokens = "carpool_prefix_cache_tokens_total"
-    assert server.metric(tokens, model="prompts", kind="reused") == 3
-    assert server.metric(tokens, model="prompts", kind="computed") == 5
+    assert server.metric(tokens, kind="reused", model="prompts") == 3
+    assert server.metric(tokens, kind="computed", model="prompts") == 5
     assert prefix_samples(server, "words") == []  # it cannot reuse
 
 
@@ -74,8 +74,8 @@ def test_each_process_replica_gets_its_share_from_the_config_file(
     hits = sum(1 for a in answers if "reused=0" not in a)
     assert server.metric("carpool_prefix_cache_hits_total", model="prompts") == hits
     tokens = "carpool_prefix_cache_tokens_total"
-    assert server.metric(tokens, model="prompts", kind="reused") == reused
-    assert server.metric(tokens, model="prompts", kind="computed") == 16 - reused
+    assert server.metric(tokens, kind="reused", model="prompts") == reused
+    assert server.metric(tokens, kind="computed", model="prompts") == 16 - reused
 
 
 def test_zero_from_the_variable_turns_it_off(serve: Launcher) -> None:

@@ -38,7 +38,8 @@ def samples(registry: Registry) -> dict[tuple[str, ...], float]:
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name.startswith("carpool_prefix_cache_"):
-                found[(s.name, *s.labels.values())] = s.value
+                kind = [s.labels["kind"]] if "kind" in s.labels else []
+                found[(s.name, s.labels["model"], *kind)] = s.value
     return found
 
 
