@@ -40,10 +40,13 @@ def test_without_a_budget_a_model_is_never_asked_and_reports_nothing() -> None:
 def test_counts_of_one_replica_are_exact() -> None:
     with StepBatcher(Reusing, prefix_cache_bytes=64) as batcher:
         assert batcher.stats().prefixes == PrefixCounts()  # it reuses: counted from 0
-        outputs = [batcher.stream(p).collect_sync() for p in ((1, 2, 3), (1, 2, 3, 4), (5,))]
-    assert outputs == [[(64, 0, 3)], [(64, 3, 1)], [(64, 0, 1)]]
+        assert batcher.stream((1, 2, 3)).collect_sync() == [(64, 0, 3)]
+        # counted before the answer is delivered: a caller never sees counts behind it
+        assert batcher.prefixes == PrefixCounts(hits=0, reused=0, computed=3)
+        assert batcher.stream((1, 2, 3, 4)).collect_sync() == [(64, 3, 1)]
+        assert batcher.prefixes == PrefixCounts(hits=1, reused=3, computed=4)
+        assert batcher.stream((5,)).collect_sync() == [(64, 0, 1)]
     assert batcher.stats().prefixes == PrefixCounts(hits=1, reused=3, computed=5)
-    assert batcher.prefixes == PrefixCounts(hits=1, reused=3, computed=5)
 
 
 def test_each_thread_replica_gets_its_share() -> None:
@@ -75,11 +78,11 @@ def test_each_process_replica_gets_its_share_and_their_counts_sum() -> None:
 def test_sums_over_replicas_never_go_down_when_one_restarts() -> None:
     stats = StepStats()
     assert stats.snapshot().prefixes is None
-    stats.observe_step(StepReport(prefixes=PrefixCounts(2, 10, 30)), 0.0, 0, replica=0)
-    stats.observe_step(StepReport(prefixes=PrefixCounts(1, 5, 7)), 0.0, 0, replica=1)
-    stats.observe_step(StepReport(), 0.0, 0, replica=1)  # a report without: the last stands
+    stats.observe_prefixes(0, PrefixCounts(2, 10, 30))
+    stats.observe_prefixes(1, PrefixCounts(1, 5, 7))
+    stats.observe_step(StepReport(), 0.0, 0)  # a step's other counts leave them be
     assert stats.snapshot().prefixes == PrefixCounts(3, 15, 37)
-    stats.observe_step(StepReport(prefixes=PrefixCounts(3, 12, 31)), 0.0, 0, replica=0)
+    stats.observe_prefixes(0, PrefixCounts(3, 12, 31))
     assert stats.prefixes() == PrefixCounts(4, 17, 38)
     stats.observe_prefixes(1, PrefixCounts(0, 0, 4))  # replica 1 restarted: a new model
     assert stats.snapshot().prefixes == PrefixCounts(4, 17, 42)

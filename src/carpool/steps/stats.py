@@ -67,10 +67,8 @@ class StepStats:
         self._prefixes_before = PrefixCounts()  # what replicas counted before they restarted
         self._lock = threading.Lock()
 
-    def observe_step(self, report: StepReport, seconds: float, left: int, replica: int = 0) -> None:
+    def observe_step(self, report: StepReport, seconds: float, left: int) -> None:
         with self._lock:
-            if report.prefixes is not None:
-                self._observe_prefixes(replica, report.prefixes)
             if report.stepped:
                 self.steps += 1
                 self._sizes[report.stepped] += 1
@@ -82,18 +80,15 @@ class StepStats:
             self.observer.on_step(report.stepped, seconds)
 
     def observe_prefixes(self, replica: int, counts: PrefixCounts) -> None:
-        with self._lock:
-            self._observe_prefixes(replica, counts)
-
-    def _observe_prefixes(self, replica: int, counts: PrefixCounts) -> None:
         """``replica``'s counts now; lower than before, it restarted (a new model counting
         from 0), so what it had counted is kept: the sums never go down."""
-        last = self._prefixes.get(replica)
-        if last is not None and any(
-            now < before for now, before in zip(_fields(counts), _fields(last), strict=True)
-        ):
-            self._prefixes_before = _plus(self._prefixes_before, last)
-        self._prefixes[replica] = counts
+        with self._lock:
+            last = self._prefixes.get(replica)
+            if last is not None and any(
+                now < before for now, before in zip(_fields(counts), _fields(last), strict=True)
+            ):
+                self._prefixes_before = _plus(self._prefixes_before, last)
+            self._prefixes[replica] = counts
 
     def prefixes(self) -> PrefixCounts | None:
         """Prompt-state reuse summed over the replicas; None when none reuses."""

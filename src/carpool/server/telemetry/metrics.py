@@ -101,18 +101,8 @@ class _Families:
             "and real (the rows' own); computed - real is padding",
             "kind",
         )
-
         self.first_output, self.next_output, self.active, self.step_sequences = _step_families()
-        self.prefix_hits = _counter(
-            "carpool_prefix_cache_hits",
-            "Sequences that reused prompt state computed for an earlier one (step-wise models "
-            "that reuse it)",
-        )
-        self.prefix_tokens = _counter(
-            "carpool_prefix_cache_tokens",
-            "Prompt tokens whose state was reused, and computed (step-wise models that reuse it)",
-            "kind",
-        )
+        self.prefix_hits, self.prefix_tokens = _prefix_families()
 
     def __iter__(self) -> Iterator[Metric]:
         yield from (self.first_output, self.next_output, self.active, self.step_sequences)
@@ -203,6 +193,22 @@ def _step_families() -> tuple[
         _gauge("carpool_active_sequences", "Sequences aboard a replica now (step-wise models)"),
         _histogram(
             "carpool_step_sequences", "Active sequences each step advanced (step-wise models)"
+        ),
+    )
+
+
+def _prefix_families() -> tuple[CounterMetricFamily, CounterMetricFamily]:
+    """A step-wise model's prompt-state reuse, summed over its replicas (those that reuse)."""
+    return (
+        _counter(
+            "carpool_prefix_cache_hits",
+            "Sequences that reused prompt state computed for an earlier one (step-wise models "
+            "that reuse it)",
+        ),
+        _counter(
+            "carpool_prefix_cache_tokens",
+            "Prompt tokens whose state was reused, and computed (step-wise models that reuse it)",
+            "kind",
         ),
     )
 
