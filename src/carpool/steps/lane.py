@@ -92,6 +92,8 @@ class Lane:
             self.active.clear()
             wakeups.send()
             return
+        if report.prefixes is not None:  # counted before a caller can see its answer
+            self._stats.observe_prefixes(self.index, report.prefixes)
         ended = self._deliver(report, self._clock(), wakeups)
         wakeups.send()
         self._stats.observe_step(report, self._clock() - started, ended)
