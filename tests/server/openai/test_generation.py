@@ -12,6 +12,7 @@ import pytest
 
 from carpool.backends.smollm2.served import smollm2_model
 from carpool.server.openai.answers import DONE, Completion
+from carpool.server.openai.codec import OpenAIError
 from carpool.server.openai.generation import (
     Kind,
     Posted,
@@ -21,7 +22,6 @@ from carpool.server.openai.generation import (
     posted,
     row_parameters,
 )
-from carpool.server.openai.codec import OpenAIError
 from carpool.server.statuses import Status
 from server.step_models import words
 
@@ -41,11 +41,22 @@ def refused(kind: Kind, limit: int | None = None, **doc: Any) -> OpenAIError:
 
 
 def test_a_chat_is_one_empty_row_per_choice_with_its_turns_as_a_parameter() -> None:
-    p = post(messages=[{"role": "system", "content": [{"type": "text", "text": "be"}, {"type": "text", "text": " brief"}]}, *CHAT], n=2)  # fmt: skip
-    assert p.id.startswith("chatcmpl-") and p.created > 0
+    p = post(
+        messages=[
+            {
+                "role": "system",
+                "content": [{"type": "text", "text": "be"}, {"type": "text", "text": " brief"}],
+            },
+            *CHAT,
+        ],
+        n=2,
+    )
+    assert p.id.startswith("chatcmpl-")
+    assert p.created > 0
     request = decode_generation(MODEL, p)
     (tensor,) = request.inputs
-    assert tensor.name == "text_input" and tensor.shape == (2, 1)
+    assert tensor.name == "text_input"
+    assert tensor.shape == (2, 1)
     assert tensor.data.reshape(-1).tolist() == [b"", b""]
     assert request.parameters == {
         "chat": True,
@@ -94,7 +105,7 @@ def test_stream_options_ask_for_usage_only_on_a_stream() -> None:
             {"response_format": {"type": "json_object"}},
             "response_format",
             "unsupported_parameter",
-        ),  # fmt: skip
+        ),
         ("chat", {"logit_bias": {"1": 2}}, "logit_bias", "unsupported_parameter"),
         ("chat", {"prompt": "x"}, "prompt", "unknown_parameter"),
         ("text", {"prompt": "x", "echo": True}, "echo", "unsupported_parameter"),
@@ -111,19 +122,19 @@ def test_stream_options_ask_for_usage_only_on_a_stream() -> None:
             {"messages": [{"role": "tool", "content": "x"}]},
             "messages[0].role",
             "invalid_value",
-        ),  # fmt: skip
+        ),
         (
             "chat",
             {"messages": [{"role": "user", "content": "x", "name": "a"}]},
             "messages[0].name",
             "unsupported_parameter",
-        ),  # fmt: skip
+        ),
         (
             "chat",
             {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
             "messages[0].content",
             "invalid_type",
-        ),  # fmt: skip
+        ),
         ("chat", {"max_tokens": "5"}, "max_tokens", "invalid_type"),
         ("chat", {"max_tokens": 0}, "max_tokens", "invalid_value"),
         (
@@ -131,7 +142,7 @@ def test_stream_options_ask_for_usage_only_on_a_stream() -> None:
             {"max_tokens": 2, "max_completion_tokens": 3},
             "max_completion_tokens",
             "invalid_value",
-        ),  # fmt: skip
+        ),
         ("chat", {"temperature": 3}, "temperature", "invalid_value"),
         ("chat", {"temperature": True}, "temperature", "invalid_type"),
         ("chat", {"top_p": "1"}, "top_p", "invalid_type"),
@@ -174,23 +185,29 @@ def steps(*rows: tuple[int, str, str | None, int, int]) -> list[Step]:
 
 def test_a_whole_chat_answer_counts_each_prompt_once() -> None:
     completion = Completion(post(n=2))
-    for step in steps((0, "Hel", None, 7, 1), (1, "Hi", None, 7, 1), (0, "lo", "stop", 0, 2), (1, "", "length", 0, 1)):  # fmt: skip
+    for step in steps(
+        (0, "Hel", None, 7, 1),
+        (1, "Hi", None, 7, 1),
+        (0, "lo", "stop", 0, 2),
+        (1, "", "length", 0, 1),
+    ):
         completion.add(step)
     body = orjson.loads(completion.body())
-    assert body["object"] == "chat.completion" and body["model"] == "smollm2"
+    assert body["object"] == "chat.completion"
+    assert body["model"] == "smollm2"
     assert body["choices"] == [
         {
             "index": 0,
             "message": {"role": "assistant", "content": "Hello", "refusal": None},
             "logprobs": None,
             "finish_reason": "stop",
-        },  # fmt: skip
+        },
         {
             "index": 1,
             "message": {"role": "assistant", "content": "Hi", "refusal": None},
             "logprobs": None,
             "finish_reason": "length",
-        },  # fmt: skip
+        },
     ]
     assert body["usage"] == {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12}
 
@@ -204,19 +221,26 @@ def test_a_chat_stream_opens_each_choice_then_sends_text_and_the_usage_chunk() -
     assert all(c["id"] == p.id and c["created"] == p.created and c["usage"] is None for c in sent)
     (last,) = [orjson.loads(c) for c in completion.chunks(Step(0, "x", "stop", 4, 1))]
     assert last["object"] == "chat.completion.chunk"
-    assert last["choices"] == [{"index": 0, "delta": {"content": "x"}, "logprobs": None, "finish_reason": "stop"}]  # fmt: skip
+    assert last["choices"] == [
+        {"index": 0, "delta": {"content": "x"}, "logprobs": None, "finish_reason": "stop"}
+    ]
     assert completion.chunks(Step(1, "", "length", 0, 1))[0].count(b'"delta":{}') == 1
     usage, done = completion.closing()
     assert done == DONE
     assert orjson.loads(usage)["choices"] == []
-    assert orjson.loads(usage)["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}  # fmt: skip
+    assert orjson.loads(usage)["usage"] == {
+        "prompt_tokens": 4,
+        "completion_tokens": 3,
+        "total_tokens": 7,
+    }
 
 
 def test_a_text_stream_sends_text_chunks_and_done() -> None:
     completion = Completion(post("text", prompt=["a", "b"], stream=True))
     assert completion.chunks(Step(0, "", None, 1, 1)) == []  # held back: no chunk
     (chunk,) = [orjson.loads(c) for c in completion.chunks(Step(1, "z", None, 1, 1))]
-    assert chunk["object"] == "text_completion" and "usage" not in chunk
+    assert chunk["object"] == "text_completion"
+    assert "usage" not in chunk
     assert chunk["choices"] == [{"index": 1, "text": "z", "logprobs": None, "finish_reason": None}]
     assert completion.closing() == [DONE]
     assert np.array_equal(completion.usage()["prompt_tokens"], 2)
