@@ -19,7 +19,8 @@ import pytest
 from carpool.backends.generation import Message, Prompt
 from server.conftest import Launcher, Server, wait_until
 
-pytestmark = pytest.mark.slow
+# Slow: a server's start, and reading smollm2's tokenizer from its GGUF to count prompts.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 USER = "What is the capital of France?"
 CHAT = [{"role": "user", "content": USER}]
