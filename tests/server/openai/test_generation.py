@@ -14,9 +14,9 @@ from carpool.backends.smollm2.served import smollm2_model
 from carpool.server.openai.answers import DONE, Completion
 from carpool.server.openai.codec import OpenAIError
 from carpool.server.openai.generation import (
+    ChoiceStep,
     Kind,
     Posted,
-    Step,
     decode_generation,
     parse,
     posted,
@@ -179,8 +179,8 @@ def test_only_a_text_generating_model_that_opted_in_is_served() -> None:
     assert (caught.value.param, caught.value.status) == ("model", Status.NOT_FOUND)
 
 
-def steps(*rows: tuple[int, str, str | None, int, int]) -> list[Step]:
-    return [Step(*row) for row in rows]
+def steps(*rows: tuple[int, str, str | None, int, int]) -> list[ChoiceStep]:
+    return [ChoiceStep(*row) for row in rows]
 
 
 def test_a_whole_chat_answer_counts_each_prompt_once() -> None:
@@ -215,16 +215,16 @@ def test_a_whole_chat_answer_counts_each_prompt_once() -> None:
 def test_a_chat_stream_opens_each_choice_then_sends_text_and_the_usage_chunk() -> None:
     p = post(n=2, stream=True, stream_options={"include_usage": True})
     completion = Completion(p)
-    sent = [orjson.loads(c) for c in completion.chunks(Step(1, "", None, 4, 1))]
+    sent = [orjson.loads(c) for c in completion.chunks(ChoiceStep(1, "", None, 4, 1))]
     assert [c["choices"][0]["delta"] for c in sent] == [{"role": "assistant", "content": ""}] * 2
     assert [c["choices"][0]["index"] for c in sent] == [0, 1]
     assert all(c["id"] == p.id and c["created"] == p.created and c["usage"] is None for c in sent)
-    (last,) = [orjson.loads(c) for c in completion.chunks(Step(0, "x", "stop", 4, 1))]
+    (last,) = [orjson.loads(c) for c in completion.chunks(ChoiceStep(0, "x", "stop", 4, 1))]
     assert last["object"] == "chat.completion.chunk"
     assert last["choices"] == [
         {"index": 0, "delta": {"content": "x"}, "logprobs": None, "finish_reason": "stop"}
     ]
-    assert completion.chunks(Step(1, "", "length", 0, 1))[0].count(b'"delta":{}') == 1
+    assert completion.chunks(ChoiceStep(1, "", "length", 0, 1))[0].count(b'"delta":{}') == 1
     usage, done = completion.closing()
     assert done == DONE
     assert orjson.loads(usage)["choices"] == []
@@ -237,8 +237,8 @@ def test_a_chat_stream_opens_each_choice_then_sends_text_and_the_usage_chunk() -
 
 def test_a_text_stream_sends_text_chunks_and_done() -> None:
     completion = Completion(post("text", prompt=["a", "b"], stream=True))
-    assert completion.chunks(Step(0, "", None, 1, 1)) == []  # held back: no chunk
-    (chunk,) = [orjson.loads(c) for c in completion.chunks(Step(1, "z", None, 1, 1))]
+    assert completion.chunks(ChoiceStep(0, "", None, 1, 1)) == []  # held back: no chunk
+    (chunk,) = [orjson.loads(c) for c in completion.chunks(ChoiceStep(1, "z", None, 1, 1))]
     assert chunk["object"] == "text_completion"
     assert "usage" not in chunk
     assert chunk["choices"] == [{"index": 1, "text": "z", "logprobs": None, "finish_reason": None}]

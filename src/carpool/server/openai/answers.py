@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from carpool.server.openai.generation import Posted, Step
+from carpool.server.openai.generation import ChoiceStep, Posted
 
 __all__ = ["DONE", "Completion"]
 
@@ -38,7 +38,7 @@ class Completion:
         self._reasons: list[str | None] = [None] * self.choices
         self._opened = False
 
-    def add(self, step: Step) -> None:
+    def add(self, step: ChoiceStep) -> None:
         """``step`` counted and its text kept, for :meth:`body` and :meth:`closing`."""
         if step.index % self.n == 0:
             self.prompt_tokens += step.prompt_tokens
@@ -47,7 +47,7 @@ class Completion:
         if step.finish_reason is not None:
             self._reasons[step.index] = step.finish_reason
 
-    def chunks(self, step: Step) -> list[bytes]:
+    def chunks(self, step: ChoiceStep) -> list[bytes]:
         """``step`` added, and the chunks it makes (none for a step whose text is held
         back, as it may begin a stop string). A chat's first step opens every choice first
         with its role, as OpenAI's streams do."""

@@ -25,7 +25,7 @@ __all__ = [
     "MAX_N",
     "Generated",
     "Posted",
-    "Step",
+    "ChoiceStep",
     "decode_generation",
     "parse",
     "posted",
@@ -386,7 +386,7 @@ def row_parameters(post: Posted, parameters: Mapping[str, Any], row: int) -> dic
 
 
 @dataclass(frozen=True, slots=True)
-class Step:
+class ChoiceStep:
     """One step of one sequence, as OpenAI's answer needs it."""
 
     index: int
@@ -396,7 +396,7 @@ class Step:
     tokens: int
 
 
-def step_of(answer: Answer, post: Posted) -> Step:
+def step_of(answer: Answer, post: Posted) -> ChoiceStep:
     """The step ``answer`` carries (the row it answers: its choice's index)."""
     out = {tensor.name: np.asarray(tensor.data).reshape(-1) for tensor, _ in answer.outputs}
 
@@ -406,7 +406,7 @@ def step_of(answer: Answer, post: Posted) -> Step:
     text = out["text_output"][0]
     reason = out["finish_reason"][0] if "finish_reason" in out else b""
     reason = reason.decode() if isinstance(reason, bytes) else str(reason)
-    return Step(
+    return ChoiceStep(
         index=answer.index,
         text=text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text),
         finish_reason=reason or None,

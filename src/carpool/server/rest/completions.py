@@ -14,9 +14,9 @@ from carpool.server.inference.path import ClientGone, Inference
 from carpool.server.openai.answers import Completion
 from carpool.server.openai.codec import encode_error, model_name
 from carpool.server.openai.generation import (
+    ChoiceStep,
     Kind,
     Posted,
-    Step,
     decode_generation,
     posted,
     row_parameters,
@@ -30,7 +30,7 @@ from carpool.server.statuses import STOPPING, HTTPError, Status
 __all__ = ["ROUTES", "answer_completion", "completion_call"]
 
 ROUTES: dict[tuple[str, ...], Kind] = {("chat", "completions"): "chat", ("completions",): "text"}
-Stepped = tuple[Posted, Step]  # one step, with the request it answers
+Stepped = tuple[Posted, ChoiceStep]  # one step, with the request it answers
 
 
 def completion_call(
