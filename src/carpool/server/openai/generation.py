@@ -111,7 +111,8 @@ def parse(post: Posted, max_client_batch_size: int | None = None) -> Generated:
     limit = max_client_batch_size
     _check_count(len(prompts), "prompt", limit)
     n = _int(doc, "n", 1, 1)
-    _check_count(n, "n", MAX_N if limit is None else limit)
+    if limit is None:
+        _check_count(n, "n", MAX_N, "OpenAI's bound on n")
     _check_count(len(prompts) * n, "n", limit)
     parameters.update(_sampling(doc, kind))
     stream = _bool(doc, "stream", False)
@@ -309,12 +310,14 @@ def _prompts(value: Any) -> tuple[str, ...]:
     return tuple(prompts)
 
 
-def _check_count(count: int, param: str, limit: int | None) -> None:
+def _check_count(
+    count: int, param: str, limit: int | None, why: str = "--max-client-batch-size"
+) -> None:
     if limit is not None and count > limit:
-        what = "prompts x n" if param == "n" and count > 1 else param
+        what = "prompts x n" if param == "n" else param
         raise OpenAIError(
             f"the request asks for {count} sequences ({what}); at most {limit} are taken in one "
-            "request (--max-client-batch-size): send several requests, or raise the limit",
+            f"request ({why}): send several requests",
             param=param,
             code="too_many_inputs",
             status=Status.CONTENT_TOO_LARGE,
