@@ -79,7 +79,7 @@ def encode(answer: Answer, body: bytes) -> bytes:
     for tensor, _ in answer.outputs:
         data = array_to_json(tensor.data, datatype=tensor.datatype, name=tensor.name)
         doc[tensor.name] = data[0] if np.prod(tensor.shape) == 1 else data
-    return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)  # a lone number: a numpy one
+    return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)  # numbers come as numpy
 
 
 def event(data: bytes) -> bytes:
