@@ -13,11 +13,12 @@ import torch
 from torch.nn import functional
 
 from carpool.backends.generation import FinishReason, Piece, Prompt, StopText
+from carpool.backends.prefixes import PrefixStore, part_keys
 from carpool.backends.smollm2.files import gguf_path
 from carpool.backends.smollm2.sampling import Sampler, pick
 from carpool.backends.smollm2.text import Detokenizer, TextCodec
 from carpool.backends.smollm2.weights import LlamaConfig, LlamaWeights, load_weights, read_gguf
-from carpool.steps.model import StepModel
+from carpool.steps.model import PrefixCounts, StepModel
 
 __all__ = ["KVCache", "SmolLM2Torch", "TorchState"]
 
@@ -46,6 +47,17 @@ class KVCache:
         data[..., : self.length, :] = self.data[..., : self.length, :]
         self.data = data
 
+    def part(self, start: int, end: int) -> torch.Tensor:
+        """A copy of the keys and values of tokens ``start`` to ``end``."""
+        return self.data[..., start:end, :].clone()
+
+    def extend(self, part: torch.Tensor) -> None:
+        """Append ``part``'s tokens (as ``part`` returns them) as if computed here."""
+        count = part.shape[3]
+        self.reserve(count)
+        self.data[..., self.length : self.length + count, :] = part
+        self.length += count
+
     def _empty(self, capacity: int) -> torch.Tensor:
         c = self._config
         return torch.empty(c.layers, 2, c.kv_heads, capacity, c.head_dim)
@@ -65,6 +77,8 @@ class TorchState:
     fed: int = 0  # prompt tokens in the cache (prefill covers all but the last)
     tokens: list[int] = field(default_factory=list)  # generated so far
     done: bool = False
+    keys: list[bytes] = field(default_factory=list)  # its prefill parts' (when reusing)
+    reused: int = 0  # prompt tokens whose state it reused
 
 
 class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
@@ -96,6 +110,7 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
             for x in self.weights.layers
         ]
         self._head = linear(self.weights.head)
+        self._store: PrefixStore[torch.Tensor] | None = None
 
     def start(self, inputs: Sequence[Prompt]) -> list[TorchState | BaseException]:
         return [self._start(p) for p in inputs]
@@ -115,7 +130,7 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
                 f"the prompt has {len(ids)} tokens; the model's context is {self.config.context}"
             )
         limit = min(len(ids) + prompt.max_tokens, self.config.context)
-        return TorchState(
+        state = TorchState(
             prompt=prompt,
             ids=ids,
             sampler=sampler,
@@ -124,6 +139,24 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
             cache=KVCache(self.config, limit),
             pending=ids[-1],
         )
+        if self._store is not None:
+            state.keys = part_keys(ids[:-1], self.start_chunk)
+            self._reuse(state, self._store)
+        return state
+
+    def reuse_prefixes(self, budget_bytes: int) -> bool:
+        """Keep prefill parts' keys and values (fp32: ``layers * 2 * kv_heads * head_dim * 4``
+        bytes a token) within ``budget_bytes``; 0 turns reuse off. Only what a fresh prefill
+        reproduces bit for bit is reused: whole parts, as the prompt's own ``start_chunk``
+        split cuts them, each after the same tokens. Sequences that start the same part in
+        one prefill compute it once."""
+        self._store = None if budget_bytes == 0 else PrefixStore(budget_bytes)
+        return self._store is not None
+
+    def prefix_counts(self) -> PrefixCounts | None:
+        """``computed`` counts prefill tokens (each prompt's all but its last, which the
+        first step feeds); None while reuse is off."""
+        return None if self._store is None else self._store.counts()
 
     def start_cost(self, state: TorchState) -> int:
         return len(state.ids) - 1 - state.fed
@@ -132,15 +165,81 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
         self, states: Sequence[TorchState], tokens: Sequence[int]
     ) -> list[BaseException | None]:
         live = [s.cache is not None for s in states]
+        store = self._store
         chunks = []
         for state, count, alive in zip(states, tokens, live, strict=True):
+            if alive and store is not None:
+                self._reuse(state, store)  # parts stored since it started
             take = max(0, min(count, self.start_cost(state))) if alive else 0
             chunks.append(state.ids[state.fed : state.fed + take])
+        parts: list[int | None] = [None] * len(states)
+        if store is not None:
+            parts = [self._part(s, len(c)) for s, c in zip(states, chunks, strict=True)]
+        leaders: dict[bytes, TorchState] = {}  # who computes each part that several start
+        fed = list(chunks)
+        for index, (state, part) in enumerate(zip(states, parts, strict=True)):
+            if part is not None and leaders.setdefault(state.keys[part], state) is not state:
+                fed[index] = []
         with torch.inference_mode():
-            self._forward(states, chunks, logits=False)
+            self._forward(states, fed, logits=False)
+        if store is not None:
+            self._share(states, chunks, parts, fed, leaders, store)
         for state, chunk in zip(states, chunks, strict=True):
             state.fed += len(chunk)
         return [None if alive else ValueError("the sequence was freed") for alive in live]
+
+    def _share(
+        self,
+        states: Sequence[TorchState],
+        chunks: Sequence[Sequence[int]],
+        parts: Sequence[int | None],
+        fed: Sequence[Sequence[int]],
+        leaders: dict[bytes, TorchState],
+        store: PrefixStore[torch.Tensor],
+    ) -> None:
+        """After a prefill (before ``fed`` moves): store the whole parts just computed, copy
+        each to the sequences that started the same part, and count."""
+        for state, chunk, part, computed in zip(states, chunks, parts, fed, strict=True):
+            if computed:
+                store.record(computed=len(computed))
+            if part is None or not chunk:
+                continue
+            cache, end = _cache(state), state.fed + len(chunk)
+            leader = leaders[state.keys[part]]
+            if leader is state:
+                block = cache.part(state.fed, end)
+                store.put(state.keys[: part + 1], block, block.numel() * block.element_size())
+            else:
+                cache.extend(_cache(leader).part(state.fed, end))
+                store.record(reused=len(chunk), hit=not state.reused)
+                state.reused += len(chunk)
+
+    def _part(self, state: TorchState, count: int) -> int | None:
+        """The index of the part of the prompt's split that feeding ``count`` more tokens
+        computes, None when it is not one whole part (a caller's own split)."""
+        size = self.start_chunk
+        if not count or state.fed % size or not state.keys:
+            return None
+        end = min(state.fed + size, len(state.ids) - 1)
+        return state.fed // size if state.fed + count == end else None
+
+    def _reuse(self, state: TorchState, store: PrefixStore[torch.Tensor]) -> None:
+        """Append the stored parts that continue the state's prefill, as far as they go."""
+        cache, size = _cache(state), self.start_chunk
+        if state.fed % size:
+            return
+        index, first = state.fed // size, state.fed
+        while index < len(state.keys):
+            part = store.get(state.keys[index])
+            if part is None:
+                break
+            cache.extend(part)
+            state.fed += part.shape[3]
+            index += 1
+        if state.fed > first:
+            store.touch(state.keys[:index])
+            store.record(reused=state.fed - first, hit=not state.reused)
+            state.reused += state.fed - first
 
     def step(self, states: Sequence[TorchState]) -> list[Piece | BaseException]:
         ready = [s for s in states if self.start_cost(s) == 0 and not s.done]
