@@ -1,5 +1,6 @@
 """The torch engine's prefix reuse: a sequence that reuses a prefix's state holds the very
-floats a fresh prefill computes and generates the same tokens; counts exact, within budget.
+floats a fresh prefill computes and generates the same tokens; counts exact, within budget;
+and a decode step computes each sequence alone.
 
 Prefill goes in the scheduler's parts (``start_chunk`` tokens, the last: the rest).
 """
@@ -200,3 +201,12 @@ def test_fp32_reuses_too(reader: Any) -> None:
     assert state.reused == shared_parts(fp32, WHEN, PRICE) * fp32.start_chunk
     assert torch.equal(prompt_kv(state), kv)
     assert generated(fp32, [state]) == [tokens]
+
+
+def test_a_decode_step_is_alone_whoever_shares_it(engine: SmolLM2Torch) -> None:
+    """Sixteen sequences of other lengths step together (one attention call each, the views
+    made once a step): the first one's tokens are the ones it gets alone."""
+    first = ask("Is the tower open in storms?", max_tokens=12)
+    others = [Prompt(f"Count to {i}.", temperature=0, max_tokens=4 + i) for i in range(15)]
+    [alone] = generated(engine, prefilled(engine, [first]))
+    assert generated(engine, prefilled(engine, [first, *others]))[0] == alone

@@ -295,16 +295,23 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
             return torch.empty(0, c.vocab)
         for cache, n in spans:
             cache.reserve(n)
-        positions = torch.cat([torch.arange(k.length, k.length + n) for k, n in spans])
+        tokens, rotated = len(flat), c.heads + c.kv_heads
+        decode = _Decode(self.config, [k for k, _ in spans]) if tokens == len(spans) else None
+        if decode is not None:
+            positions = torch.tensor([k.length for k, _ in spans])
+        else:
+            positions = torch.cat([torch.arange(k.length, k.length + n) for k, n in spans])
         cos, sin = self._cos[positions][:, None, :], self._sin[positions][:, None, :]
         masks = [_causal(n, k.length, c.heads // c.kv_heads) for k, n in spans]
         x = w.embed[torch.tensor(flat)]
-        tokens, rotated = len(flat), c.heads + c.kv_heads
         for index, layer in enumerate(w.layers):
             h = functional.rms_norm(x, (c.hidden,), layer.attn_norm, c.rms_eps)
             qkv = self._linears[index][0](h).view(tokens, rotated + c.kv_heads, c.head_dim)
             qk = _rotate(qkv[:, :rotated], cos, sin)
-            mixed = self._attend(index, spans, masks, qk, qkv[:, rotated:])
+            if decode is not None:
+                mixed = decode.attend(index, qk, qkv[:, rotated:])
+            else:
+                mixed = self._attend(index, spans, masks, qk, qkv[:, rotated:])
             x = x + self._linears[index][1](mixed)
             h = functional.rms_norm(x, (c.hidden,), layer.ffn_norm, c.rms_eps)
             gate, up = self._linears[index][2](h).chunk(2, dim=1)
@@ -347,6 +354,43 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
                 attn_mask=mask,
             )
             outs.append(mixed.view(c.kv_heads, group, n, c.head_dim).permute(2, 0, 1, 3))
+        return torch.cat(outs).view(tokens, c.heads * c.head_dim)
+
+
+class _Decode:
+    """A step's attention when every sequence feeds one token: each cache's views for every
+    layer made once a step, the new keys and values written with one call a layer, so a
+    layer costs each sequence one attention call. Each sequence's attention is the very
+    call ``_attend`` makes (the same floats), alone whoever shares the step."""
+
+    def __init__(self, config: LlamaConfig, caches: Sequence[KVCache]) -> None:
+        self._config = config
+        slots, keys, values = [], [], []
+        for cache in caches:
+            data, past = cache.data, cache.length
+            slots.append(data[:, :, :, past].unbind(0))  # [2, kv_heads, dim] each layer
+            seen = data[:, :, None, :, : past + 1]  # [layers, 2, 1, kv_heads, past + 1, dim]
+            keys.append(seen[:, 0].unbind(0))
+            values.append(seen[:, 1].unbind(0))
+        # by layer, then sequence
+        self._slots, self._keys, self._values = (
+            list(zip(*x, strict=True)) for x in (slots, keys, values)
+        )
+
+    def attend(self, layer: int, qk: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """[tokens, hidden] of the sequences' queries (``qk``'s heads, then its new keys)."""
+        c = self._config
+        tokens, group = qk.shape[0], c.heads // c.kv_heads
+        new = torch.stack([qk[:, c.heads :], v], dim=1)  # [tokens, 2, kv_heads, dim]
+        torch._foreach_copy_(self._slots[layer], new.unbind(0))
+        queries = qk[:, : c.heads].view(tokens, 1, c.kv_heads, group, c.head_dim).unbind(0)
+        attention = functional.scaled_dot_product_attention
+        outs = [
+            attention(query, keys, values)
+            for query, keys, values in zip(
+                queries, self._keys[layer], self._values[layer], strict=True
+            )
+        ]
         return torch.cat(outs).view(tokens, c.heads * c.head_dim)
 
 
