@@ -13,11 +13,12 @@ import torch
 from torch.nn import functional
 
 from carpool.backends.generation import FinishReason, Piece, Prompt, StopText
+from carpool.backends.prefixes import PrefixStore, part_keys
 from carpool.backends.smollm2.files import gguf_path
 from carpool.backends.smollm2.sampling import Sampler, pick
 from carpool.backends.smollm2.text import Detokenizer, TextCodec
 from carpool.backends.smollm2.weights import LlamaConfig, LlamaWeights, load_weights, read_gguf
-from carpool.steps.model import StepModel
+from carpool.steps.model import PrefixCounts, StepModel
 
 __all__ = ["KVCache", "SmolLM2Torch", "TorchState"]
 
@@ -46,6 +47,17 @@ class KVCache:
         data[..., : self.length, :] = self.data[..., : self.length, :]
         self.data = data
 
+    def part(self, start: int, end: int) -> torch.Tensor:
+        """A copy of the keys and values of tokens ``start`` to ``end``."""
+        return self.data[..., start:end, :].clone()
+
+    def extend(self, part: torch.Tensor) -> None:
+        """Append ``part``'s tokens (as ``part`` returns them) as if computed here."""
+        count = part.shape[3]
+        self.reserve(count)
+        self.data[..., self.length : self.length + count, :] = part
+        self.length += count
+
     def _empty(self, capacity: int) -> torch.Tensor:
         c = self._config
         return torch.empty(c.layers, 2, c.kv_heads, capacity, c.head_dim)
@@ -65,6 +77,8 @@ class TorchState:
     fed: int = 0  # prompt tokens in the cache (prefill covers all but the last)
     tokens: list[int] = field(default_factory=list)  # generated so far
     done: bool = False
+    keys: list[bytes] = field(default_factory=list)  # its prefill parts' (when reusing)
+    reused: int = 0  # prompt tokens whose state it reused
 
 
 class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
@@ -96,6 +110,7 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
             for x in self.weights.layers
         ]
         self._head = linear(self.weights.head)
+        self._store: PrefixStore[torch.Tensor] | None = None
 
     def start(self, inputs: Sequence[Prompt]) -> list[TorchState | BaseException]:
         return [self._start(p) for p in inputs]
@@ -115,7 +130,7 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
                 f"the prompt has {len(ids)} tokens; the model's context is {self.config.context}"
             )
         limit = min(len(ids) + prompt.max_tokens, self.config.context)
-        return TorchState(
+        state = TorchState(
             prompt=prompt,
             ids=ids,
             sampler=sampler,
@@ -124,6 +139,24 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
             cache=KVCache(self.config, limit),
             pending=ids[-1],
         )
+        if self._store is not None:
+            state.keys = part_keys(ids[:-1], self.start_chunk)
+            self._reuse(state, self._store)
+        return state
+
+    def reuse_prefixes(self, budget_bytes: int) -> bool:
+        """Keep prefill parts' keys and values (fp32: ``layers * 2 * kv_heads * head_dim * 4``
+        bytes a token) within ``budget_bytes``; 0 turns reuse off. Only what a fresh prefill
+        reproduces bit for bit is reused: whole parts, as the prompt's own ``start_chunk``
+        split cuts them, each after the same tokens. Sequences that start the same part in
+        one prefill compute it once."""
+        self._store = None if budget_bytes == 0 else PrefixStore(budget_bytes)
+        return self._store is not None
+
+    def prefix_counts(self) -> PrefixCounts | None:
+        """``computed`` counts prefill tokens (each prompt's all but its last, which the
+        first step feeds); None while reuse is off."""
+        return None if self._store is None else self._store.counts()
 
     def start_cost(self, state: TorchState) -> int:
         return len(state.ids) - 1 - state.fed
@@ -132,15 +165,81 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
         self, states: Sequence[TorchState], tokens: Sequence[int]
     ) -> list[BaseException | None]:
         live = [s.cache is not None for s in states]
+        store = self._store
         chunks = []
         for state, count, alive in zip(states, tokens, live, strict=True):
+            if alive and store is not None:
+                self._reuse(state, store)  # parts stored since it started
             take = max(0, min(count, self.start_cost(state))) if alive else 0
             chunks.append(state.ids[state.fed : state.fed + take])
+        parts: list[int | None] = [None] * len(states)
+        if store is not None:
+            parts = [self._part(s, len(c)) for s, c in zip(states, chunks, strict=True)]
+        leaders: dict[bytes, TorchState] = {}  # who computes each part that several start
+        fed = list(chunks)
+        for index, (state, part) in enumerate(zip(states, parts, strict=True)):
+            if part is not None and leaders.setdefault(state.keys[part], state) is not state:
+                fed[index] = []
         with torch.inference_mode():
-            self._forward(states, chunks, logits=False)
+            self._forward(states, fed, logits=False)
+        if store is not None:
+            self._share(states, chunks, parts, fed, leaders, store)
         for state, chunk in zip(states, chunks, strict=True):
             state.fed += len(chunk)
         return [None if alive else ValueError("the sequence was freed") for alive in live]
+
+    def _share(
+        self,
+        states: Sequence[TorchState],
+        chunks: Sequence[Sequence[int]],
+        parts: Sequence[int | None],
+        fed: Sequence[Sequence[int]],
+        leaders: dict[bytes, TorchState],
+        store: PrefixStore[torch.Tensor],
+    ) -> None:
+        """After a prefill (before ``fed`` moves): store the whole parts just computed, copy
+        each to the sequences that started the same part, and count."""
+        for state, chunk, part, computed in zip(states, chunks, parts, fed, strict=True):
+            if computed:
+                store.record(computed=len(computed))
+            if part is None or not chunk:
+                continue
+            cache, end = _cache(state), state.fed + len(chunk)
+            leader = leaders[state.keys[part]]
+            if leader is state:
+                block = cache.part(state.fed, end)
+                store.put(state.keys[: part + 1], block, block.numel() * block.element_size())
+            else:
+                cache.extend(_cache(leader).part(state.fed, end))
+                store.record(reused=len(chunk), hit=not state.reused)
+                state.reused += len(chunk)
+
+    def _part(self, state: TorchState, count: int) -> int | None:
+        """The index of the part of the prompt's split that feeding ``count`` more tokens
+        computes, None when it is not one whole part (a caller's own split)."""
+        size = self.start_chunk
+        if not count or state.fed % size or not state.keys:
+            return None
+        end = min(state.fed + size, len(state.ids) - 1)
+        return state.fed // size if state.fed + count == end else None
+
+    def _reuse(self, state: TorchState, store: PrefixStore[torch.Tensor]) -> None:
+        """Append the stored parts that continue the state's prefill, as far as they go."""
+        cache, size = _cache(state), self.start_chunk
+        if state.fed % size:
+            return
+        index, first = state.fed // size, state.fed
+        while index < len(state.keys):
+            part = store.get(state.keys[index])
+            if part is None:
+                break
+            cache.extend(part)
+            state.fed += part.shape[3]
+            index += 1
+        if state.fed > first:
+            store.touch(state.keys[:index])
+            store.record(reused=state.fed - first, hit=not state.reused)
+            state.reused += state.fed - first
 
     def step(self, states: Sequence[TorchState]) -> list[Piece | BaseException]:
         ready = [s for s in states if self.start_cost(s) == 0 and not s.done]
@@ -196,16 +295,23 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
             return torch.empty(0, c.vocab)
         for cache, n in spans:
             cache.reserve(n)
-        positions = torch.cat([torch.arange(k.length, k.length + n) for k, n in spans])
+        tokens, rotated = len(flat), c.heads + c.kv_heads
+        decode = _Decode(self.config, [k for k, _ in spans]) if tokens == len(spans) else None
+        if decode is not None:
+            positions = torch.tensor([k.length for k, _ in spans])
+        else:
+            positions = torch.cat([torch.arange(k.length, k.length + n) for k, n in spans])
         cos, sin = self._cos[positions][:, None, :], self._sin[positions][:, None, :]
         masks = [_causal(n, k.length, c.heads // c.kv_heads) for k, n in spans]
         x = w.embed[torch.tensor(flat)]
-        tokens, rotated = len(flat), c.heads + c.kv_heads
         for index, layer in enumerate(w.layers):
             h = functional.rms_norm(x, (c.hidden,), layer.attn_norm, c.rms_eps)
             qkv = self._linears[index][0](h).view(tokens, rotated + c.kv_heads, c.head_dim)
             qk = _rotate(qkv[:, :rotated], cos, sin)
-            mixed = self._attend(index, spans, masks, qk, qkv[:, rotated:])
+            if decode is not None:
+                mixed = decode.attend(index, qk, qkv[:, rotated:])
+            else:
+                mixed = self._attend(index, spans, masks, qk, qkv[:, rotated:])
             x = x + self._linears[index][1](mixed)
             h = functional.rms_norm(x, (c.hidden,), layer.ffn_norm, c.rms_eps)
             gate, up = self._linears[index][2](h).chunk(2, dim=1)
@@ -248,6 +354,43 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
                 attn_mask=mask,
             )
             outs.append(mixed.view(c.kv_heads, group, n, c.head_dim).permute(2, 0, 1, 3))
+        return torch.cat(outs).view(tokens, c.heads * c.head_dim)
+
+
+class _Decode:
+    """A step's attention when every sequence feeds one token: each cache's views for every
+    layer made once a step, the new keys and values written with one call a layer, so a
+    layer costs each sequence one attention call. Each sequence's attention is the very
+    call ``_attend`` makes (the same floats), alone whoever shares the step."""
+
+    def __init__(self, config: LlamaConfig, caches: Sequence[KVCache]) -> None:
+        self._config = config
+        slots, keys, values = [], [], []
+        for cache in caches:
+            data, past = cache.data, cache.length
+            slots.append(data[:, :, :, past].unbind(0))  # [2, kv_heads, dim] each layer
+            seen = data[:, :, None, :, : past + 1]  # [layers, 2, 1, kv_heads, past + 1, dim]
+            keys.append(seen[:, 0].unbind(0))
+            values.append(seen[:, 1].unbind(0))
+        # by layer, then sequence
+        self._slots, self._keys, self._values = (
+            list(zip(*x, strict=True)) for x in (slots, keys, values)
+        )
+
+    def attend(self, layer: int, qk: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """[tokens, hidden] of the sequences' queries (``qk``'s heads, then its new keys)."""
+        c = self._config
+        tokens, group = qk.shape[0], c.heads // c.kv_heads
+        new = torch.stack([qk[:, c.heads :], v], dim=1)  # [tokens, 2, kv_heads, dim]
+        torch._foreach_copy_(self._slots[layer], new.unbind(0))
+        queries = qk[:, : c.heads].view(tokens, 1, c.kv_heads, group, c.head_dim).unbind(0)
+        attention = functional.scaled_dot_product_attention
+        outs = [
+            attention(query, keys, values)
+            for query, keys, values in zip(
+                queries, self._keys[layer], self._values[layer], strict=True
+            )
+        ]
         return torch.cat(outs).view(tokens, c.heads * c.head_dim)
 
 

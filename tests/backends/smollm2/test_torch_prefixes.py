@@ -1,0 +1,212 @@
+"""The torch engine's prefix reuse: a sequence that reuses a prefix's state holds the very
+floats a fresh prefill computes and generates the same tokens; counts exact, within budget;
+and a decode step computes each sequence alone.
+
+Prefill goes in the scheduler's parts (``start_chunk`` tokens, the last: the rest).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from carpool.backends.generation import Message, Piece, Prompt
+from carpool.backends.smollm2.files import gguf_path
+from carpool.backends.smollm2.torch_engine import SmolLM2Torch, TorchState
+from carpool.backends.smollm2.weights import read_gguf
+from carpool.steps.model import PrefixCounts
+from carpool.steps.replica import StepReplica, Tick
+
+pytestmark = pytest.mark.slow  # the model loads for seconds
+
+SYSTEM = (
+    "You are a careful assistant for a lighthouse museum. Answer in one or two sentences, "
+    "plainly, without lists. The museum opens at nine and closes at five, every day but "
+    "Monday. Tickets cost eight euros, children under twelve enter free, and the tower's "
+    "two hundred and seventeen steps are closed in storms. The keeper's cottage shows the "
+    "lamps, the logbooks and the fog horn of 1911. Guided tours leave from the gift shop at "
+    "ten, at noon and at three; they last fifty minutes and end on the gallery, weather "
+    "permitting. Dogs on a lead are welcome in the garden but not in the tower. The cafe "
+    "serves soup, sandwiches and cakes from eleven to four, and the car park is free for "
+    "visitors. Groups of more than fifteen people should book a week ahead by email."
+)
+
+
+def ask(question: str, max_tokens: int = 8) -> Prompt:
+    messages = (Message("system", SYSTEM), Message("user", question))
+    return Prompt(messages=messages, temperature=0, max_tokens=max_tokens)
+
+
+WHEN = ask("When does the museum open?")
+PRICE = ask("How much is a ticket?")
+
+
+@pytest.fixture(scope="module")
+def reader() -> Any:
+    return read_gguf(gguf_path())
+
+
+@pytest.fixture(scope="module")
+def int8(reader: Any) -> SmolLM2Torch:
+    return SmolLM2Torch(reader=reader, int8=True)
+
+
+@pytest.fixture
+def engine(int8: SmolLM2Torch) -> Any:
+    yield int8
+    int8.reuse_prefixes(0)
+
+
+def prefilled(engine: SmolLM2Torch, prompts: Sequence[Prompt]) -> list[TorchState]:
+    """Started together and prefilled in the scheduler's parts, every start each step."""
+    states = [s for s in engine.start(prompts) if isinstance(s, TorchState)]
+    assert len(states) == len(prompts)
+    while owed := [s for s in states if engine.start_cost(s)]:
+        parts = [min(engine.start_cost(s), engine.start_chunk) for s in owed]
+        assert engine.prefill(owed, parts) == [None] * len(owed)
+    return states
+
+
+def generated(engine: SmolLM2Torch, states: Sequence[TorchState]) -> list[list[int]]:
+    active = list(states)
+    while active:
+        going = []
+        for state, piece in zip(active, engine.step(active), strict=True):
+            assert isinstance(piece, Piece)
+            if not engine.finished(state, piece):
+                going.append(state)
+        active = going
+    for state in states:
+        engine.free(state)
+    return [s.tokens for s in states]
+
+
+def prompt_kv(state: TorchState) -> torch.Tensor:
+    assert state.cache is not None
+    return state.cache.data[..., : len(state.ids) - 1, :].clone()
+
+
+def fresh(engine: SmolLM2Torch, prompt: Prompt) -> tuple[torch.Tensor, list[int]]:
+    """The prompt's prefill state and tokens with reuse off."""
+    engine.reuse_prefixes(0)
+    [state] = prefilled(engine, [prompt])
+    kv = prompt_kv(state)
+    return kv, generated(engine, [state])[0]
+
+
+def shared_parts(engine: SmolLM2Torch, *prompts: Prompt) -> int:
+    """Whole parts the prompts' prefills share, from the first."""
+    owed = [engine.codec.prompt_ids(p)[:-1] for p in prompts]
+    size, parts = engine.start_chunk, 0
+    while all(len(o) >= (parts + 1) * size for o in owed) and all(
+        o[: (parts + 1) * size] == owed[0][: (parts + 1) * size] for o in owed
+    ):
+        parts += 1
+    return parts
+
+
+def test_a_shared_prefix_is_reused_bit_for_bit(engine: SmolLM2Torch) -> None:
+    parts = shared_parts(engine, WHEN, PRICE)
+    assert parts >= 2
+    kv, tokens = fresh(engine, PRICE)
+    assert engine.prefix_counts() is None
+    assert engine.reuse_prefixes(64 << 20)
+    generated(engine, prefilled(engine, [WHEN]))
+    [state] = engine.start([PRICE])
+    assert isinstance(state, TorchState)
+    assert state.fed == state.reused == parts * engine.start_chunk  # whole parts only
+    while engine.start_cost(state):
+        engine.prefill([state], [min(engine.start_cost(state), engine.start_chunk)])
+    assert torch.equal(prompt_kv(state), kv)
+    assert generated(engine, [state]) == [tokens]
+    owed = len(engine.codec.prompt_ids(WHEN)) + len(state.ids) - 2
+    assert engine.prefix_counts() == PrefixCounts(1, state.reused, owed - state.reused)
+
+
+def test_a_repeated_prompt_skips_its_prefill(engine: SmolLM2Torch) -> None:
+    kv, tokens = fresh(engine, WHEN)
+    engine.reuse_prefixes(64 << 20)
+    assert generated(engine, prefilled(engine, [WHEN])) == [tokens]
+    [again] = engine.start([dataclasses.replace(WHEN, seed=5)])
+    assert isinstance(again, TorchState)
+    assert engine.start_cost(again) == 0
+    assert torch.equal(prompt_kv(again), kv)
+    assert generated(engine, [again]) == [tokens]
+    owed = len(again.ids) - 1
+    assert engine.prefix_counts() == PrefixCounts(hits=1, reused=owed, computed=owed)
+
+
+def test_n_identical_prompts_compute_it_once(engine: SmolLM2Torch) -> None:
+    _, tokens = fresh(engine, PRICE)
+    engine.reuse_prefixes(64 << 20)
+    states = prefilled(engine, [PRICE] * 3)
+    assert generated(engine, states) == [tokens] * 3
+    owed = len(states[0].ids) - 1
+    assert engine.prefix_counts() == PrefixCounts(hits=2, reused=2 * owed, computed=owed)
+
+
+def test_later_starts_pick_up_parts_stored_since(engine: SmolLM2Torch) -> None:
+    """The scheduler gives one part a step (the oldest start first): the second and third
+    sequences find the first one's parts stored by the time their turn comes."""
+    _, tokens = fresh(engine, PRICE)
+    engine.reuse_prefixes(64 << 20)
+    replica = StepReplica(engine)
+    report = replica(Tick(joins=[(i, PRICE) for i in range(3)], budget=engine.start_chunk))
+    outputs: dict[int, list[Piece]] = {i: [] for i in range(3)}
+    while True:
+        for sid, piece in report.outputs:
+            outputs[sid].append(piece)
+        if not len(replica):
+            break
+        report = replica(Tick(budget=engine.start_chunk + 3))
+    texts = {"".join(p.text for p in pieces) for pieces in outputs.values()}
+    assert texts == {engine.codec.decode(tokens)}
+    owed = len(engine.codec.prompt_ids(PRICE)) - 1
+    assert engine.prefix_counts() == PrefixCounts(hits=2, reused=2 * owed, computed=owed)
+
+
+def test_eviction_keeps_the_budget_and_the_first_parts(engine: SmolLM2Torch) -> None:
+    c = engine.config
+    part = engine.start_chunk * c.layers * 2 * c.kv_heads * c.head_dim * 4
+    _, tokens = fresh(engine, PRICE)
+    engine.reuse_prefixes(part + part // 2)  # one whole part, never two
+    generated(engine, prefilled(engine, [WHEN]))
+    store = engine._store
+    assert store is not None
+    assert (len(store), store.used) == (1, part)  # the first part: later ones need it
+    [state] = prefilled(engine, [PRICE])
+    assert state.reused == engine.start_chunk
+    assert generated(engine, [state]) == [tokens]
+    assert store.used <= store.budget
+
+
+def test_budget_zero_is_off(engine: SmolLM2Torch) -> None:
+    assert not engine.reuse_prefixes(0)
+    states = prefilled(engine, [WHEN, WHEN])
+    assert [s.reused for s in states] == [0, 0]
+    assert engine.prefix_counts() is None
+    assert engine._store is None
+
+
+def test_fp32_reuses_too(reader: Any) -> None:
+    fp32 = SmolLM2Torch(reader=reader)
+    kv, tokens = fresh(fp32, PRICE)
+    fp32.reuse_prefixes(64 << 20)
+    generated(fp32, prefilled(fp32, [WHEN]))
+    [state] = prefilled(fp32, [PRICE])
+    assert state.reused == shared_parts(fp32, WHEN, PRICE) * fp32.start_chunk
+    assert torch.equal(prompt_kv(state), kv)
+    assert generated(fp32, [state]) == [tokens]
+
+
+def test_a_decode_step_is_alone_whoever_shares_it(engine: SmolLM2Torch) -> None:
+    """Sixteen sequences of other lengths step together (one attention call each, the views
+    made once a step): the first one's tokens are the ones it gets alone."""
+    first = ask("Is the tower open in storms?", max_tokens=12)
+    others = [Prompt(f"Count to {i}.", temperature=0, max_tokens=4 + i) for i in range(15)]
+    [alone] = generated(engine, prefilled(engine, [first]))
+    assert generated(engine, prefilled(engine, [first, *others]))[0] == alone
