@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import common
 from benchmarks.harness import processes as _process
-from benchmarks.streams import _chat_prompts
+from benchmarks.streams import _chat_prompts, _chat_servers
 from benchmarks.streams._chat_cells import MAX_TOKENS, Cell
 
 VENV = common.REPO / "benchmarks" / ".venv-aiperf"
@@ -29,12 +28,6 @@ def missing() -> str:
         return f"no aiperf at {AIPERF} or tokenizer at {TOKENIZER}: bash " \
             "benchmarks/streams/setup_aiperf.sh"  # fmt: skip
     return ""
-
-
-def model_of(base: str) -> str:
-    """The one model ``GET /v1/models`` lists: what aiperf names in its requests."""
-    with urllib.request.urlopen(base + "/v1/models", timeout=10) as answer:
-        return str(json.load(answer)["data"][0]["id"])
 
 
 def argv(base: str, model: str, clients: int, warmup: float, duration: float,
@@ -71,15 +64,30 @@ def cell(
     seconds, measured by aiperf; ``RuntimeError`` with its output if it fails."""
     inputs, system = _chat_prompts.write_aiperf(folder, prompt_set, index)
     out = folder / "aiperf"
-    line = argv(server.base, model_of(server.base), clients, warmup, duration, inputs, system,
-                out)  # fmt: skip
+    model = _chat_servers.model_of(server.base)
+    line = argv(server.base, model, clients, warmup, duration, inputs, system, out)
     # Not HF_HUB_OFFLINE: aiperf then looks the tokenizer up in the hub's cache, not the path.
     env = _process.child_env(HF_HUB_DISABLE_TELEMETRY="1")
-    done = subprocess.run(line, cwd=folder, env=env, capture_output=True, text=True,
-                          timeout=300 + 3 * (warmup + duration), preexec_fn=_process.pin_child(cpus))  # fmt: skip
+    done = subprocess.run(
+        line,
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300 + 3 * (warmup + duration),
+        preexec_fn=_process.pin_child(cpus),
+    )
     if done.returncode != 0 or not (out / EXPORT).is_file():
-        raise RuntimeError(f"aiperf exited {done.returncode}: {(done.stdout + done.stderr)[-3000:]}")
-    return cell_of(json.loads((out / EXPORT).read_text()))
+        raise RuntimeError(
+            f"aiperf exited {done.returncode}: {(done.stdout + done.stderr)[-3000:]}"
+        )
+    return cell_of(read_export(out))
+
+
+def read_export(out: Path) -> dict[str, Any]:
+    """The JSON export aiperf wrote in its ``--artifact-dir`` (the profiling phase's)."""
+    document = json.loads((out / EXPORT).read_text())
+    return document if isinstance(document, dict) else {}
 
 
 def cell_of(export: dict[str, Any]) -> Cell:

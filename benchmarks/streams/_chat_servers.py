@@ -4,7 +4,9 @@ cache (and once without), llama.cpp's llama-server, llama-cpp-python's server.""
 
 from __future__ import annotations
 
+import json
 import sys
+import urllib.request
 from pathlib import Path
 
 from benchmarks.harness import common
@@ -22,6 +24,8 @@ def start(
     """Server ``name`` started pinned to the servers' core (not waited on); ``Missing``
     when it cannot run here."""
     if name.startswith("carpool"):
+        if name == "carpool_no_reuse" and not _has_prefix_cache():
+            raise Missing("this carpool has no --prefix-cache-size (no prefix cache to turn off)")
         config = tmp / "carpool.toml"
         config.write_text(
             f'[models.smollm2]\nengine = "torch"\nthreads = 1\nmax_sequences = {SLOTS}\n'
@@ -57,3 +61,18 @@ def start(
                 "--flash-attn", "on", "--jinja", "--no-webui"]  # fmt: skip
         return _process.Server("llama-server", argv, port, cores.server, ready_path="/health")
     raise ValueError(f"unknown server {name!r}: one of {SERVERS}")
+
+
+def _has_prefix_cache() -> bool:
+    """Whether ``carpool serve`` takes ``--prefix-cache-size`` (issue 34's prompt reuse)."""
+    from dataclasses import fields
+
+    from carpool.server.config import ServerConfig
+
+    return any(f.name == "prefix_cache_size" for f in fields(ServerConfig))
+
+
+def model_of(base: str) -> str:
+    """The first model ``GET /v1/models`` lists: the one a request names."""
+    with urllib.request.urlopen(base + "/v1/models", timeout=10) as answer:
+        return str(json.load(answer)["data"][0]["id"])

@@ -52,7 +52,7 @@ def test_a_body_is_a_greedy_stream_of_one_conversation() -> None:
         {"model": "m", "messages": USER, "stream": True, "temperature": 0, "seed": 0,
          "max_tokens": 5},
     ]  # fmt: skip
-    with pytest.raises(ValueError, match="^no conversations to send; give at least one$"):
+    with pytest.raises(ValueError, match=r"^no conversations to send; give at least one$"):
         chat_bodies([], model="m", lengths=[None])
 
 
@@ -75,7 +75,7 @@ def test_only_chunks_with_text_are_outputs(line: bytes, text: str | None) -> Non
 
 
 def test_an_error_event_is_an_error() -> None:
-    with pytest.raises(RuntimeError, match="^{'message': 'boom'}$"):
+    with pytest.raises(RuntimeError, match=re.escape("{'message': 'boom'}")):
         chunk_text(b'data: {"error": {"message": "boom"}}\n')
 
 
@@ -163,7 +163,8 @@ async def test_carpool_bench_streams_a_chat_endpoint(
     assert (step.requests, step.ok, step.errors) == (6, 6, {})
     assert step.streams is not None
     assert (step.streams.streams, step.streams.outputs) == (6, 18)
-    assert step.streams.tpo is not None and step.streams.tpo.count == 12
+    assert step.streams.tpo is not None
+    assert step.streams.tpo.count == 12
     assert received[0] == {"model": "tiny", "stream": True, "temperature": 0, "seed": 0,
                            "max_tokens": 3,
                            "messages": [{"role": "system", "content": "S"}, *USER]}  # fmt: skip

@@ -13,7 +13,16 @@ from typing import Any, Protocol
 
 from carpool.errors import CarpoolError
 
-__all__ = ["CHAT_PATH", "KINDS", "BenchError", "Client", "Send", "Streamed", "is_url", "target_kind"]
+__all__ = [
+    "CHAT_PATH",
+    "KINDS",
+    "BenchError",
+    "Client",
+    "Send",
+    "Streamed",
+    "is_url",
+    "target_kind",
+]
 
 #: What a TARGET can be, as :func:`target_kind` names it (and a report's ``kind`` records).
 KINDS = ("http", "grpc", "openai", "chat", "in-process")

@@ -1,6 +1,7 @@
 """A model behind a server, however ``carpool bench`` reaches it (v2 over HTTP or gRPC, OpenAI
-embeddings or chat): the target connected by its kind, and its client with every request encoded once,
-before any step. Each protocol's module is imported only when its kind is asked for."""
+embeddings or chat): the target connected by its kind, and its client with every request
+encoded once, before any step. Each protocol's module is imported only when its kind is asked
+for."""
 
 from __future__ import annotations
 

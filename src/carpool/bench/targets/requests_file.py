@@ -70,8 +70,8 @@ def read_conversations(path: str | Path) -> list[list[dict[str, Any]]]:
                 isinstance(m, dict) and {"role", "content"} <= m.keys() for m in messages
             ):
                 raise ValueError(
-                    f"{str(path)!r}, line {number}: expected {{\"messages\": [{{\"role\", "
-                    f"\"content\"}}, ...]}}"
+                    f'{str(path)!r}, line {number}: expected {{"messages": [{{"role", '
+                    f'"content"}}, ...]}}'
                 )
             conversations.append(messages)
     if not conversations:
