@@ -10,6 +10,7 @@ from pathlib import Path
 
 SETS = ("unrelated", "shared")
 PER_CELL = 400  # distinct questions a cell cycles through: more than any cell sends
+WARMUP = "Write a short story about a small robot who learns to paint the night sky."
 
 # ~300 SmolLM2 tokens (counted with the GGUF's tokenizer: docs/benchmarks/chat.md).
 SYSTEM = (

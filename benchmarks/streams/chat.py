@@ -111,9 +111,8 @@ def measure(args: argparse.Namespace) -> Figures:
 
 def _first(name: str, base: str) -> None:
     """One stream read to its end: a warm-up, and the answer shown."""
-    request = openai_request(
-        _chat_prompts.questions()[0], MAX_TOKENS, model=_chat_servers.model_of(base)
-    )
+    model = _chat_servers.model_of(base)
+    request = openai_request(_chat_prompts.WARMUP, MAX_TOKENS, model=model)
     first = _llm_client.one(base, request)
     if not first.ok:
         raise RuntimeError(f"{name}: the warm-up stream failed: {first.error or 'no tokens'}")

