@@ -77,6 +77,7 @@ _SERVER_SETTINGS = (
     "repository_poll_secs",
     "repository_poll_settle_secs",
     "cache_size",
+    "prefix_cache_size",
     "log_level",
     "log_format",
     "access_log",

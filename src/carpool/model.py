@@ -211,11 +211,12 @@ class Model:
 
     ``openai``: also serve the model over OpenAI's ``/v1/embeddings`` (the server's
     ``carpool.server.openai.codec``); it needs one declared BYTES input (a string per row), one
-    declared FP32 output (a vector per row) and batching on. ``count_tokens``: the tokens one
-    request holds as the model sees them, from the inputs ``fn`` gets (after ``preprocess``),
-    which OpenAI's ``usage`` reports; None counts 0. ``response_cache``: ``carpool serve``
-    answers a request identical to one already answered from its response cache (for models
-    whose answer depends on their inputs alone).
+    declared FP32 output (a vector per row) and batching on. A step-wise model with a BYTES
+    ``text_input`` and ``text_output`` is served over OpenAI's text generation instead.
+    ``count_tokens``: the tokens one request holds as the model sees them, from the inputs
+    ``fn`` gets (after ``preprocess``), which OpenAI's ``usage`` reports; None counts 0.
+    ``response_cache``: ``carpool serve`` answers a request identical to one already answered
+    from its response cache (for models whose answer depends on their inputs alone).
     """
 
     fn: Callable[[Any], Any]
@@ -231,8 +232,9 @@ class Model:
     openai: bool = option(
         False,
         help="also serve the models over OpenAI's /v1/embeddings and /v1/models (true/false); "
-        "each must take text (one BYTES input) to one FP32 vector",
-        shown="true for minilm, else false",
+        "each must take text (one BYTES input) to one FP32 vector, or be a step-wise model "
+        "that generates text (/v1/chat/completions, /v1/completions)",
+        shown="true for minilm and smollm2, else false",
     )
     count_tokens: TokenCount | None = None
     response_cache: bool = False  # off: every request is computed
@@ -261,8 +263,17 @@ class Model:
         for flag in ("openai", "response_cache"):
             if not isinstance(getattr(self, flag), bool):
                 raise TypeError(f"Model {flag} must be True or False, got {getattr(self, flag)!r}")
-        if self.openai:
+        if self.openai and not self.generates_text:
             _check_text_to_vector(self)
+
+    @property
+    def generates_text(self) -> bool:
+        """Whether OpenAI's text generation routes can serve it: a step-wise model (one with
+        a ``stepper``) taking a BYTES ``text_input`` and giving a BYTES ``text_output``."""
+        ins = {t.name: t.datatype for t in self.inputs or ()}
+        outs = {t.name: t.datatype for t in self.outputs or ()}
+        stepwise = getattr(self, "stepper", None) is not None
+        return stepwise and ins.get("text_input") == "BYTES" and outs.get("text_output") == "BYTES"
 
     @property
     def declared(self) -> bool:

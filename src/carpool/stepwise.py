@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from carpool.engine.options import check_int
 from carpool.engine.stats import (
     LATENCY_BOUNDS,
     BatcherStats,
@@ -60,7 +61,9 @@ class StepwiseModel(Model):
     it refuses; ``response(output)`` is one step's row of outputs (name -> array);
     ``whole(outputs)`` the row of a whole answer (``/infer``, ``/generate``).
     ``max_sequences`` bounds the sequences aboard each replica, ``step_tokens`` a step's
-    tokens; workers, runner, queue size, policy and timeouts come from ``batching``.
+    tokens; ``prefix_cache_bytes`` is what its replicas may keep of prompts' state for reuse
+    (0: off; ``carpool serve`` sets its ``--prefix-cache-size``); workers, runner, queue size,
+    policy and timeouts come from ``batching``.
     """
 
     fn: Callable[[Any], Any] = _served_in_steps
@@ -70,6 +73,7 @@ class StepwiseModel(Model):
     whole: Callable[[list[Any]], Row] | None = None
     max_sequences: int = 16
     step_tokens: int | None = None
+    prefix_cache_bytes: int = 0
     observer: StepObserver | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -77,6 +81,7 @@ class StepwiseModel(Model):
         for hook in ("stepper", "request", "response", "whole"):
             if not callable(getattr(self, hook)):
                 raise ConfigError(f"a StepwiseModel needs {hook}=, a callable")
+        check_int("prefix_cache_bytes", self.prefix_cache_bytes, 0, note="0: off")
 
     def batcher(self, **options: Any) -> StepServed:  # type: ignore[override]
         b = self.batching
@@ -95,6 +100,7 @@ class StepwiseModel(Model):
             step_timeout_ms=b.batch_timeout_ms,
             name=self.name or "steps",
             observer=options.get("observer", self.observer) or histograms,
+            prefix_cache_bytes=self.prefix_cache_bytes,
         )
         return StepServed(self, steps, histograms)
 

@@ -57,6 +57,7 @@ FLAGS = {
     "--repository-poll-settle-secs": "CARPOOL_REPOSITORY_POLL_SETTLE_SECS",
     "--response-cache": "CARPOOL_RESPONSE_CACHE",
     "--cache-size": "CARPOOL_CACHE_SIZE",
+    "--prefix-cache-size": "CARPOOL_PREFIX_CACHE_SIZE",
 }
 
 

@@ -1,4 +1,5 @@
-"""Step-wise models the server tests serve: words of a text, one per step."""
+"""Step-wise models the server tests serve: words of a text, one per step; prompts of
+numbers, whose state is reused by later prompts that start with them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from carpool.model import Batching, Tensor
-from carpool.steps.model import StepModel
+from carpool.steps.model import PrefixCounts, StepModel
 from carpool.stepwise import StepwiseModel
 
 
@@ -55,6 +56,56 @@ words = StepwiseModel(
     name="words",
     stepper=Words,
     request=_request,
+    response=_response,
+    whole=_whole,
+    inputs=[Tensor("text_input", "BYTES", (1,))],
+    outputs=[Tensor("text_output", "BYTES", (1,))],
+    batching=Batching(max_batch_size=8),
+    max_sequences=4,
+)
+
+
+class Prompts(StepModel[tuple[str, ...], str, str]):
+    """Input: a prompt of words, each a token of one byte. It reuses the longest prompt seen
+    before that starts the new one; its one output says the budget this replica was given,
+    and the tokens it reused and computed (``budget=B reused=R computed=C``)."""
+
+    def __init__(self) -> None:
+        self.budget = 0
+        self.seen: set[tuple[str, ...]] = set()  # the test stays far within the budget
+        self.counts = PrefixCounts()
+
+    def reuse_prefixes(self, budget_bytes: int) -> bool:
+        self.budget = budget_bytes
+        return True
+
+    def prefix_counts(self) -> PrefixCounts:
+        return self.counts
+
+    def start(self, inputs: Sequence[tuple[str, ...]]) -> list[str]:
+        states = []
+        for prompt in inputs:
+            reused = max((len(p) for p in self.seen if prompt[: len(p)] == p), default=0)
+            computed = len(prompt) - reused
+            c = self.counts
+            self.counts = PrefixCounts(
+                c.hits + bool(reused), c.reused + reused, c.computed + computed
+            )
+            self.seen.add(prompt)
+            states.append(f"budget={self.budget} reused={reused} computed={computed}")
+        return states
+
+    def step(self, states: Sequence[str]) -> list[str]:
+        return list(states)
+
+    def finished(self, state: str, output: str) -> bool:
+        return True
+
+
+prompts = StepwiseModel(
+    name="prompts",
+    stepper=Prompts,
+    request=lambda row, parameters: tuple(_request(row, parameters)[0]),
     response=_response,
     whole=_whole,
     inputs=[Tensor("text_input", "BYTES", (1,))],

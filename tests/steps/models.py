@@ -1,13 +1,15 @@
-"""Step-wise models for the tests: counters that say who stepped together, and one that
-steps only when the test lets it, so joins and leaves can be checked step by step."""
+"""Step-wise models for the tests: counters that say who stepped together, one that steps
+only when the test lets it, so joins and leaves can be checked step by step, and one that
+reuses prompts' state."""
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from carpool.steps.model import StepModel
+from carpool.steps.model import PrefixCounts, StepModel
 
 
 class Counter(StepModel[int, list[int], int]):
@@ -94,3 +96,44 @@ class Prompted(StepModel[tuple[int, int], dict[str, Any], int]):
 
     def finished(self, state: dict[str, Any], output: int) -> bool:
         return output >= state["left"]
+
+
+class Reusing(StepModel[tuple[int, ...], dict[str, Any], tuple[int, int, int]]):
+    """Prompts of ints, each state's tokens a byte: a prompt that starts with a stored one
+    reuses its tokens. One output per sequence: (the budget this replica was given, the
+    prompt tokens it reused, those it computed), so a test sees each replica's share."""
+
+    def __init__(self) -> None:
+        self.budget = 0
+        self.store: OrderedDict[tuple[int, ...], None] = OrderedDict()  # least recent first
+        self.counts = PrefixCounts()
+
+    def reuse_prefixes(self, budget_bytes: int) -> bool:
+        self.budget = budget_bytes
+        return True
+
+    def prefix_counts(self) -> PrefixCounts | None:
+        return self.counts if self.budget else None
+
+    def start(self, inputs: Sequence[tuple[int, ...]]) -> list[dict[str, Any]]:
+        return [self._start(tuple(prompt)) for prompt in inputs]
+
+    def _start(self, prompt: tuple[int, ...]) -> dict[str, Any]:
+        reused = max((len(p) for p in self.store if prompt[: len(p)] == p), default=0)
+        if reused:
+            self.store.move_to_end(prompt[:reused])
+        c = self.counts
+        self.counts = PrefixCounts(
+            c.hits + bool(reused), c.reused + reused, c.computed + len(prompt) - reused
+        )
+        if self.budget:
+            self.store[prompt] = None
+            while sum(map(len, self.store)) > self.budget:
+                self.store.popitem(last=False)
+        return {"reused": reused, "computed": len(prompt) - reused}
+
+    def step(self, states: Sequence[dict[str, Any]]) -> list[tuple[int, int, int]]:
+        return [(self.budget, s["reused"], s["computed"]) for s in states]
+
+    def finished(self, state: dict[str, Any], output: tuple[int, int, int]) -> bool:
+        return True

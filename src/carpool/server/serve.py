@@ -35,7 +35,7 @@ from carpool.server.frontends.tallies import Tallies
 from carpool.server.inference.cache import ResponseCache
 from carpool.server.inference.path import Inference
 from carpool.server.lifecycle.control import ModelControl
-from carpool.server.lifecycle.registry import Registry
+from carpool.server.lifecycle.registry import Registry, ServedModel
 from carpool.server.rest.app import App
 from carpool.server.rest.connections import protocol_class
 from carpool.server.rest.uvicorn_internals import UvicornServer, concurrency_limit, over_tls
@@ -91,7 +91,8 @@ def build_app(config: ServerConfig, registry: Registry | None = None) -> App:
 
 
 def _control(config: ServerConfig, registry: Registry) -> ModelControl | None:
-    """Model control over ``registry``, unless the models are fixed at start (mode none)."""
+    """Model control over ``registry``, unless the models are fixed at start (mode none);
+    the models it loads are served as those loaded at start (``config.served``)."""
     if config.model_control_mode == "none" or config.catalog is None:
         return None
     return ModelControl(
@@ -101,6 +102,7 @@ def _control(config: ServerConfig, registry: Registry) -> ModelControl | None:
         poll_s=config.repository_poll_secs,
         settle_s=config.repository_poll_settle_secs,
         drain_timeout_s=config.drain_timeout_s,
+        serve=lambda model: ServedModel(config.served(model)),
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, Self, TypeVar
@@ -15,13 +16,15 @@ from carpool.engine.options import check_int, check_ms
 from carpool.errors import BatcherClosed, ConfigError, Overloaded
 from carpool.runners import RUNNER_OPTIONS, RUNNERS, make_replicas
 from carpool.steps.lane import Lane
-from carpool.steps.model import StepModel
+from carpool.steps.model import PrefixCounts, StepModel
 from carpool.steps.replica import StepReplica, StepReport, Tick
 from carpool.steps.slots import Slots
 from carpool.steps.stats import StepObserver, StepSnapshot, StepStats
 from carpool.steps.stream import StepSequence, Stream, Wakeups
 
 __all__ = ["StepBatcher"]
+
+log = logging.getLogger("carpool")
 
 In = TypeVar("In")
 Out = TypeVar("Out")
@@ -39,7 +42,9 @@ class StepBatcher(Generic[In, Out]):
     step's tokens (one per stepping sequence, the rest on starts, so a long prompt is
     started over several steps); ``max_queue_size`` bounds those waiting for a slot.
     ``policy="adaptive"`` refuses at once (:class:`~carpool.errors.Overloaded`) a sequence
-    whose first output it predicts past its ``timeout_ms``.
+    whose first output it predicts past its ``timeout_ms``. ``prefix_cache_bytes`` (0: off)
+    is split evenly over the replicas, each model offered its share once as it is built
+    (``StepModel.reuse_prefixes``).
     """
 
     def __init__(
@@ -56,7 +61,9 @@ class StepBatcher(Generic[In, Out]):
         step_timeout_ms: float | None = None,
         name: str = "steps",
         observer: StepObserver | None = None,
+        prefix_cache_bytes: int = 0,
     ) -> None:
+        check_int("prefix_cache_bytes", prefix_cache_bytes, 0, note="0: off")
         _check_options(
             model,
             max_sequences,
@@ -73,6 +80,7 @@ class StepBatcher(Generic[In, Out]):
         self.workers = workers
         self.name = name
         self.policy = policy
+        self.prefix_cache_bytes = prefix_cache_bytes
         self._build: Callable[[], StepModel[Any, Any, Any]] = (
             functools.partial(_same, model) if isinstance(model, StepModel) else model
         )
@@ -93,19 +101,21 @@ class StepBatcher(Generic[In, Out]):
         if self._lanes:
             return self
         try:
-            for index in range(self.workers):
-                lane = Lane(
-                    index,
-                    self._slots,
-                    self._replica(index),
-                    step_tokens=self.step_tokens,
-                    stats=self._stats,
-                    name=self.name,
-                )
-                self._lanes.append(lane)
+            calls = [self._replica(index) for index in range(self.workers)]
+            self._ask_reuse(calls)
         except BaseException:
             self._close_replicas()
             raise
+        for index, call in enumerate(calls):
+            lane = Lane(
+                index,
+                self._slots,
+                call,
+                step_tokens=self.step_tokens,
+                stats=self._stats,
+                name=self.name,
+            )
+            self._lanes.append(lane)
         self._slots.closed = None
         for lane in self._lanes:
             lane.start()
@@ -172,6 +182,11 @@ class StepBatcher(Generic[In, Out]):
     def stats(self) -> StepSnapshot:
         return self._stats.snapshot()
 
+    @property
+    def prefixes(self) -> PrefixCounts | None:
+        """Prompt-state reuse summed over the replicas; None when none reuses."""
+        return self._stats.prefixes()
+
     def cost_line(self) -> tuple[float, float]:
         """What a step costs, as learnt: (fixed seconds, seconds per sequence)."""
         return self._stats.cost.line()
@@ -209,19 +224,36 @@ class StepBatcher(Generic[In, Out]):
             seq.end(None, wakeups)
             wakeups.send()
 
+    def _ask_reuse(self, calls: list[Callable[[Tick], StepReport]]) -> None:
+        """With a prefix budget, an empty tick on each replica: its report says whether its
+        model reuses prompt state (its counts, from 0), else the log says it works without."""
+        if self.prefix_cache_bytes // self.workers == 0:
+            return
+        counts = [call(Tick()).prefixes for call in calls]
+        for index, given in enumerate(counts):
+            if given is not None:
+                self._stats.observe_prefixes(index, given)
+        if any(given is None for given in counts):
+            log.info(
+                "model %s cannot reuse prompt state (StepModel.reuse_prefixes): it works "
+                "without it",
+                self.name,
+            )
+
     def _replica(self, index: int) -> Callable[[Tick], StepReport]:
         """Lane ``index``'s way to run a tick: its own model in this process, or one replica
         (a child process or a Ray actor) that keeps the states."""
+        share = self.prefix_cache_bytes // self.workers
         if self._runner == "thread":
             model = self._build()
             if not isinstance(model, StepModel):
                 raise ConfigError(f"the model factory gave {type(model).__name__}, not a StepModel")
-            replica = StepReplica(model)
+            replica = StepReplica(model, share)
             self._closers.append(replica.close)
             return replica
         replicas = make_replicas(
             self._runner,
-            functools.partial(_remote_replica, self._build),
+            functools.partial(_remote_replica, self._build, share),
             workers=1,
             name=f"{self.name}_{index}",
             batch_timeout_ms=self._step_timeout_ms,
@@ -285,9 +317,12 @@ def _check_options(
         )
 
 
-def _remote_replica(spec: Callable[[], StepModel[Any, Any, Any]]) -> StepReplica:
-    """What a child process or actor builds once: its own model, holding its own states."""
-    return StepReplica(spec())
+def _remote_replica(
+    spec: Callable[[], StepModel[Any, Any, Any]], prefix_budget: int
+) -> StepReplica:
+    """What a child process or actor builds once: its own model, holding its own states
+    (and its share of the prefix budget)."""
+    return StepReplica(spec(), prefix_budget)
 
 
 def _same(model: StepModel[Any, Any, Any]) -> StepModel[Any, Any, Any]:

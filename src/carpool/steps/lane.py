@@ -94,7 +94,7 @@ class Lane:
             return
         ended = self._deliver(report, self._clock(), wakeups)
         wakeups.send()
-        self._stats.observe_step(report, self._clock() - started, ended)
+        self._stats.observe_step(report, self._clock() - started, ended, self.index)
         self._slots.release(self.index, ended)
 
     def _leaving(self, now: float, wakeups: Wakeups) -> list[int]:

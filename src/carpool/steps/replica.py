@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from carpool.steps.model import StepModel
+from carpool.steps.model import PrefixCounts, StepModel
 
 __all__ = ["StepReport", "StepReplica", "Tick", "allot"]
 
@@ -30,13 +30,15 @@ class Tick:
 @dataclass
 class StepReport:
     """What one step gave: outputs by id, the ids that ended (their last output is among
-    the outputs) and the ids that failed, with their errors."""
+    the outputs) and the ids that failed, with their errors; ``prefixes``, the replica's
+    prompt-state reuse so far (None: its model does not reuse)."""
 
     outputs: list[tuple[int, Any]] = field(default_factory=list)
     ended: list[int] = field(default_factory=list)
     failed: list[tuple[int, BaseException]] = field(default_factory=list)
     stepped: int = 0  # sequences the step advanced
     prefilled: int = 0  # start tokens the step spent
+    prefixes: PrefixCounts | None = None
 
 
 def allot(costs: Sequence[int], budget: int | None, chunk: int = 0) -> list[int]:
@@ -64,31 +66,39 @@ def allot(costs: Sequence[int], budget: int | None, chunk: int = 0) -> list[int]
 
 
 class StepReplica:
-    """A StepModel's live sequences by id, advanced one tick at a time."""
+    """A StepModel's live sequences by id, advanced one tick at a time. With
+    ``prefix_budget`` bytes (> 0) the model is asked once to reuse prompts' state within
+    them; each report then carries its counts, if it does."""
 
-    def __init__(self, model: StepModel[Any, Any, Any]) -> None:
+    def __init__(self, model: StepModel[Any, Any, Any], prefix_budget: int = 0) -> None:
         self.model = model
         self._states: dict[int, Any] = {}  # in join order: the oldest start goes first
         # a model without start work never owes any: its states are all ready at once
         self._prefills = type(model).start_cost is not StepModel.start_cost
+        self.reuses = prefix_budget > 0 and bool(model.reuse_prefixes(prefix_budget))
 
     def __call__(self, tick: Tick) -> StepReport:
         report = StepReport()
         for sid in tick.leaves:
             self._free(sid)
         self._start(tick.joins, report)
-        if not self._prefills:
+        if self._prefills:
+            self._prefill_and_step(tick.budget, report)
+        else:
             self._step(list(self._states), report)
-            return report
+        if self.reuses:
+            report.prefixes = self.model.prefix_counts()
+        return report
+
+    def _prefill_and_step(self, budget: int | None, report: StepReport) -> None:
         cost = self.model.start_cost
         starting = [sid for sid, state in self._states.items() if cost(state) > 0]
         owing = set(starting)
         ready = [sid for sid in self._states if sid not in owing]
-        budget = None if tick.budget is None else tick.budget - len(ready)
-        report.prefilled = self._prefill(starting, budget, report)
+        left = None if budget is None else budget - len(ready)
+        report.prefilled = self._prefill(starting, left, report)
         ready = [sid for sid, state in self._states.items() if cost(state) == 0]
         self._step(ready, report)
-        return report
 
     def __len__(self) -> int:
         return len(self._states)

@@ -1,8 +1,7 @@
 """What the step loop counts: sequences by how they ended, steps, sequences per step, the
-time to a first output and between outputs; and the learnt step cost the adaptive policy reads.
-
-Lanes write under one lock; ``snapshot()`` is a consistent copy; ``observer`` (the server's
-metrics) hears each step and each output as it happens.
+time to a first output and between outputs, the replicas' prompt-state reuse; and the learnt
+step cost the adaptive policy reads. Lanes write under one lock; ``snapshot()`` is a
+consistent copy; ``observer`` (the server's metrics) hears each step and output as it happens.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from carpool.steps.cost import StepCost
+from carpool.steps.model import PrefixCounts
 from carpool.steps.replica import StepReport
 
 __all__ = ["StepObserver", "StepSnapshot", "StepStats"]
@@ -30,7 +30,8 @@ class StepObserver(Protocol):
 
 @dataclass(frozen=True)
 class StepSnapshot:
-    """Counts since the start. ``step_sizes``: steps by how many sequences they advanced."""
+    """Counts since the start. ``step_sizes``: steps by how many sequences they advanced;
+    ``prefixes``: prompt-state reuse summed over the replicas (None: none reuses)."""
 
     submitted: int
     completed: int
@@ -45,6 +46,7 @@ class StepSnapshot:
     step_sizes: dict[int, int] = field(default_factory=dict)
     first_output_seconds: float = 0.0  # summed over sequences that had one
     first_outputs: int = 0
+    prefixes: PrefixCounts | None = None
 
     @property
     def mean_sequences_per_step(self) -> float:
@@ -61,10 +63,14 @@ class StepStats:
         self.step_seconds = self.first_output_seconds = 0.0
         self.first_outputs = 0
         self._sizes: Counter[int] = Counter()
+        self._prefixes: dict[int, PrefixCounts] = {}  # each replica's latest
+        self._prefixes_before = PrefixCounts()  # what replicas counted before they restarted
         self._lock = threading.Lock()
 
-    def observe_step(self, report: StepReport, seconds: float, left: int) -> None:
+    def observe_step(self, report: StepReport, seconds: float, left: int, replica: int = 0) -> None:
         with self._lock:
+            if report.prefixes is not None:
+                self._observe_prefixes(replica, report.prefixes)
             if report.stepped:
                 self.steps += 1
                 self._sizes[report.stepped] += 1
@@ -74,6 +80,33 @@ class StepStats:
             self.cost.observe(report.stepped, seconds, left)
         if self.observer is not None and report.stepped:
             self.observer.on_step(report.stepped, seconds)
+
+    def observe_prefixes(self, replica: int, counts: PrefixCounts) -> None:
+        with self._lock:
+            self._observe_prefixes(replica, counts)
+
+    def _observe_prefixes(self, replica: int, counts: PrefixCounts) -> None:
+        """``replica``'s counts now; lower than before, it restarted (a new model counting
+        from 0), so what it had counted is kept: the sums never go down."""
+        last = self._prefixes.get(replica)
+        if last is not None and any(
+            now < before for now, before in zip(_fields(counts), _fields(last), strict=True)
+        ):
+            self._prefixes_before = _plus(self._prefixes_before, last)
+        self._prefixes[replica] = counts
+
+    def prefixes(self) -> PrefixCounts | None:
+        """Prompt-state reuse summed over the replicas; None when none reuses."""
+        with self._lock:
+            return self._prefix_sums()
+
+    def _prefix_sums(self) -> PrefixCounts | None:
+        if not self._prefixes:
+            return None
+        total = self._prefixes_before
+        for counts in self._prefixes.values():
+            total = _plus(total, counts)
+        return total
 
     def first_output(self, seconds: float) -> None:
         self.first_output_seconds += seconds
@@ -101,4 +134,13 @@ class StepStats:
                 step_sizes=dict(self._sizes),
                 first_output_seconds=self.first_output_seconds,
                 first_outputs=self.first_outputs,
+                prefixes=self._prefix_sums(),
             )
+
+
+def _fields(counts: PrefixCounts) -> tuple[int, int, int]:
+    return counts.hits, counts.reused, counts.computed
+
+
+def _plus(a: PrefixCounts, b: PrefixCounts) -> PrefixCounts:
+    return PrefixCounts(a.hits + b.hits, a.reused + b.reused, a.computed + b.computed)

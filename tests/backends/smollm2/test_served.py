@@ -3,12 +3,13 @@ its field (the server answers 400 with it)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
 import pytest
 
-from carpool.backends.generation import Piece, Prompt
+from carpool.backends.generation import Message, Piece, Prompt
 from carpool.backends.smollm2.served import prompt_of, smollm2_model
 from carpool.errors import ConfigError
 
@@ -40,12 +41,25 @@ def test_defaults_and_every_parameter() -> None:
         ({"stop": '["a","b","c","d","e"]'}, "parameters.stop", "a list of 1 to 4"),
         ({"chat": "yes"}, "parameters.chat", "chat must be true or false"),
         ({"n": 2}, "parameters.n", "smollm2 takes the parameters"),
+        ({"messages": []}, "parameters.messages", "messages must be a non-empty list"),
+        ({"messages": '[{"role": "tool", "content": "x"}]'}, "parameters.messages[0]", "role one"),
+        ({"messages": [{"role": "user"}]}, "parameters.messages[0]", "content a string"),
     ],
 )
 def test_refusals_name_the_field(parameters: dict[str, Any], field: str, message: str) -> None:
     with pytest.raises(ValueError, match=message) as refused:
         prompt_of(row("hi"), parameters)
     assert refused.value.args[1] == field
+
+
+def test_messages_are_a_chat_given_as_a_list_or_as_json_text() -> None:
+    turns = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    expected = (Message("system", "Be brief."), Message("user", "Hi"))
+    assert prompt_of(row(""), {"messages": turns}).messages == expected
+    assert prompt_of(row(""), {"messages": json.dumps(turns)}).messages == expected
+    with pytest.raises(ValueError, match="not both") as refused:
+        prompt_of(row("hi"), {"messages": turns})
+    assert refused.value.args[1] == "text_input"
 
 
 def test_scheduling_parameters_pass() -> None:
@@ -57,9 +71,25 @@ def test_rows_become_text_and_answers() -> None:
     assert model.max_sequences == 16
     assert model.response is not None
     assert model.whole is not None
-    assert model.response(Piece("lo"))["text_output"].tolist() == [b"lo"]
-    whole = model.whole([Piece("Hel"), Piece("lo", finish_reason="stop")])
-    assert whole["text_output"].tolist() == [b"Hello"]
+    assert model.openai
+    first = model.response(Piece("Hel", prompt_tokens=9))
+    assert {name: value.tolist() for name, value in first.items()} == {
+        "text_output": [b"Hel"],
+        "finish_reason": [b""],
+        "num_input_tokens": [9],
+        "num_output_tokens": [1],
+    }
+    assert model.response(Piece("", tokens=1, finish_reason="length"))[
+        "finish_reason"
+    ].tolist() == [b"length"]
+    whole = model.whole([Piece("Hel", prompt_tokens=9), Piece("lo", finish_reason="stop")])
+    assert {name: value.tolist() for name, value in whole.items()} == {
+        "text_output": [b"Hello"],
+        "finish_reason": [b"stop"],
+        "num_input_tokens": [9],
+        "num_output_tokens": [2],
+    }
+    assert [t.name for t in model.output_specs] == list(whole)
 
 
 def test_an_unknown_engine_is_refused() -> None:

@@ -1,6 +1,7 @@
-"""``carpool serve smollm2``: SmolLM2-135M-Instruct as a step-wise model, text in
-(``text_input``), one piece of text out per step (``text_output``), sampling settings as
-request parameters, on the engine chosen (``[models.smollm2] engine``, ``CARPOOL_SMOLLM2_ENGINE``).
+"""``carpool serve smollm2``: SmolLM2-135M-Instruct as a step-wise model, text (or chat
+``messages``) in, one piece of text out per step with its finish reason and token counts (as
+Triton's vLLM backend names them), sampling settings as request parameters, on the engine chosen
+(``[models.smollm2] engine``, ``CARPOOL_SMOLLM2_ENGINE``); served over OpenAI's API too.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from carpool.backends.generation import Piece, Prompt
+from carpool.backends.generation import Message, Piece, Prompt
 from carpool.errors import ConfigError
 from carpool.model import Batching, Tensor
 from carpool.steps.model import StepModel
@@ -25,7 +26,8 @@ ENGINES = ("torch", "torch-fp32", "llama")  # torch: int8 matrix products, the f
 ENGINE_ENV = "CARPOOL_SMOLLM2_ENGINE"
 DEFAULT_ENGINE = "torch"
 MAX_TOKENS = 4096  # the most one request may ask for (the model's context is 8192)
-_PARAMETERS = ("max_tokens", "temperature", "top_p", "seed", "stop", "chat")
+_PARAMETERS = ("max_tokens", "temperature", "top_p", "seed", "stop", "chat", "messages")
+_ROLES = ("system", "user", "assistant")
 
 
 def smollm2_model(
@@ -43,7 +45,13 @@ def smollm2_model(
         response=_piece_row,
         whole=_whole_row,
         inputs=[Tensor("text_input", "BYTES", (1,))],
-        outputs=[Tensor("text_output", "BYTES", (1,))],
+        outputs=[
+            Tensor("text_output", "BYTES", (1,)),
+            Tensor("finish_reason", "BYTES", (1,)),
+            Tensor("num_input_tokens", "INT32", (1,)),
+            Tensor("num_output_tokens", "INT32", (1,)),
+        ],
+        openai=True,  # text generation over /v1/chat/completions and /v1/completions
         batching=Batching(max_batch_size=max_sequences),
         max_sequences=max_sequences,
         step_tokens=max(1024, max_sequences),
@@ -73,6 +81,9 @@ def prompt_of(row: Mapping[str, np.ndarray[Any, Any]], parameters: Mapping[str, 
     if raw.size != 1:
         raise ValueError(f"text_input holds one text, got {raw.size}", "text_input")
     text = raw[0].decode("utf-8", "replace") if isinstance(raw[0], bytes) else str(raw[0])
+    messages = _messages(parameters.get("messages"))
+    if messages and text:
+        raise ValueError("give text_input or messages, not both", "text_input")
     max_tokens = _number(parameters, "max_tokens", 128, int, 1, MAX_TOKENS)
     temperature = _number(parameters, "temperature", 1.0, float, 0.0, 2.0)
     top_p = _number(parameters, "top_p", 1.0, float, 0.0, 1.0)
@@ -86,6 +97,7 @@ def prompt_of(row: Mapping[str, np.ndarray[Any, Any]], parameters: Mapping[str, 
         raise ValueError(f"chat must be true or false, got {chat!r}", "parameters.chat")
     return Prompt(
         text=text,
+        messages=messages,
         chat=chat,
         max_tokens=int(max_tokens),
         temperature=float(temperature),
@@ -108,6 +120,35 @@ def _number(
             f"{name} must be {what} from {low:g} to {high:g}, got {value!r}", f"parameters.{name}"
         )
     return float(value)
+
+
+def _messages(value: Any) -> tuple[Message, ...]:
+    """``messages``: a chat's turns, a list of ``{"role", "content"}`` (a string parameter
+    carries the list as JSON), each role system, user or assistant, each content a string."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        import json
+
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            pass
+    if not isinstance(value, list) or not value:
+        raise ValueError(
+            "messages must be a non-empty list of {role, content}", "parameters.messages"
+        )
+    turns = []
+    for index, turn in enumerate(value):
+        ok = isinstance(turn, dict) and set(turn) == {"role", "content"}
+        if not ok or turn["role"] not in _ROLES or not isinstance(turn["content"], str):
+            raise ValueError(
+                f"messages[{index}] must be {{role, content}} with role one of {list(_ROLES)} "
+                f"and content a string, got {turn!r}",
+                f"parameters.messages[{index}]",
+            )
+        turns.append(Message(turn["role"], turn["content"]))
+    return tuple(turns)
 
 
 def _stops(value: Any) -> tuple[str, ...]:
@@ -134,8 +175,27 @@ def _stops(value: Any) -> tuple[str, ...]:
 
 
 def _piece_row(piece: Piece) -> dict[str, np.ndarray[Any, Any]]:
-    return {"text_output": np.array([piece.text.encode()], dtype=object)}
+    """One step: its text, its finish reason ("" until the last), the prompt's tokens (on
+    the first step, else 0) and the tokens it adds."""
+    return _row(piece.text, piece.finish_reason, piece.prompt_tokens, piece.tokens)
 
 
 def _whole_row(pieces: list[Piece]) -> dict[str, np.ndarray[Any, Any]]:
-    return {"text_output": np.array(["".join(p.text for p in pieces).encode()], dtype=object)}
+    """A whole answer: its text, why it ended, the prompt's tokens and the tokens generated."""
+    return _row(
+        "".join(p.text for p in pieces),
+        pieces[-1].finish_reason if pieces else None,
+        sum(p.prompt_tokens for p in pieces),
+        sum(p.tokens for p in pieces),
+    )
+
+
+def _row(
+    text: str, reason: str | None, prompt: int, tokens: int
+) -> dict[str, np.ndarray[Any, Any]]:
+    return {
+        "text_output": np.array([text.encode()], dtype=object),
+        "finish_reason": np.array([(reason or "").encode()], dtype=object),
+        "num_input_tokens": np.array([prompt], dtype=np.int32),
+        "num_output_tokens": np.array([tokens], dtype=np.int32),
+    }

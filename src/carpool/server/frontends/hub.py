@@ -310,12 +310,12 @@ async def _forwarded(stream: Any, sid: int, link: Link) -> None:
         link.post((END, sid))
 
 
-def _steps(batcher: Any) -> tuple[Any, Any, int] | None:
+def _steps(batcher: Any) -> tuple[Any, Any, int, Any] | None:
     """A step-wise model's step statistics, as a front end's metrics show them."""
     if not isinstance(batcher, StepServed):
         return None
     first, following = batcher.histograms.first_output, batcher.histograms.next_output
-    return first.snapshot(), following.snapshot(), batcher.steps.active
+    return first.snapshot(), following.snapshot(), batcher.steps.active, batcher.steps.prefixes
 
 
 def _picklable(stats: BatcherStats) -> BatcherStats:

@@ -43,6 +43,7 @@ from carpool.server.frontends.links import (
 from carpool.server.frontends.tallies import Tally
 from carpool.server.lifecycle.registry import Registry, ServedModel, ServerCounts
 from carpool.server.statuses import HTTPError, Status
+from carpool.steps.model import PrefixCounts
 from carpool.stepwise import StepwiseModel
 
 __all__ = ["FrontEndRegistry", "RemoteBatcher", "RemoteStepBatcher", "RemoteStream", "Upstream"]
@@ -261,6 +262,7 @@ class _ShownSteps:
     def __init__(self, max_sequences: int) -> None:
         self.max_sequences = max_sequences
         self.active = 0
+        self.prefixes: PrefixCounts | None = None
 
 
 class RemoteStream:
@@ -420,7 +422,7 @@ class FrontEndRegistry(Registry):
             assert isinstance(batcher, RemoteBatcher)
             batcher.snapshot = stats
             if steps is not None and isinstance(batcher, RemoteStepBatcher):
-                first, following, batcher.steps.active = steps
+                first, following, batcher.steps.active, batcher.steps.prefixes = steps
                 batcher.histograms.first_output.shown = first
                 batcher.histograms.next_output.shown = following
             served.statuses = defaultdict(Counter, {p: Counter(c) for p, c in statuses.items()})

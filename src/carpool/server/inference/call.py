@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from carpool.model import Model
     from carpool.server.inference.admission import AdmittedRequest
     from carpool.server.lifecycle.registry import ServedModel
-    from carpool.server.messages import InferRequest, OutputTensor
+    from carpool.server.messages import InferRequest, OutputTensor, Parameters
 
 __all__ = ["NOT_WITHDRAWN", "Answer", "Call", "GoneSignal", "Replay", "Withdrawal"]
 
@@ -70,12 +70,15 @@ class Answer:
 
     From the response cache, ``admitted`` is the identical request's that computed it, its
     ``value`` (the admitted inputs) kept only for a model that counts tokens, else empty.
+    ``index``: the row a streamed step answers (0 but for a call whose request may carry
+    several sequences, :attr:`Call.row_parameters`).
     """
 
     served: ServedModel
     request: InferRequest
     admitted: AdmittedRequest
     outputs: list[tuple[OutputTensor, bool]]
+    index: int = 0
 
 
 def _inline(read: Any) -> int:
@@ -96,7 +99,10 @@ class Call(Generic[R, T]):
     :data:`~carpool.server.inference.admission.DECODE_OFFLOAD_BYTES` the path decodes it in
     a thread. ``decode(model, read)`` and ``encode(answer, read)``: pure, and raise what a
     request can end in. ``withdrawal``: how the caller may leave. ``replay``: whether, and
-    how, a cached model's answers are also kept encoded.
+    how, a cached model's answers are also kept encoded. ``row_parameters(read, parameters,
+    row)``: each row's parameters for a step-wise model's streamed request, which may then
+    carry several rows, their steps interleaved (OpenAI's ``n`` and prompt lists); None:
+    every row gets the request's own, and a stream carries one row.
     """
 
     protocol: str
@@ -109,3 +115,4 @@ class Call(Generic[R, T]):
     encode: Callable[[Answer, R], T]
     withdrawal: Withdrawal = NOT_WITHDRAWN
     replay: Replay[R, T] | None = None
+    row_parameters: Callable[[R, Parameters, int], Parameters] | None = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from functools import partial
 from typing import Any, TypeVar
 
@@ -61,6 +61,7 @@ __all__ = [
 R = TypeVar("R")
 T = TypeVar("T")
 A = TypeVar("A")
+_ENDED = object()  # a merged stream's end
 
 
 class ClientGone(HTTPError):
@@ -140,29 +141,48 @@ class Inference:
     async def _steps(
         self, served: ServedModel, call: Call[R, T], read: R, emit: Callable[[T], Awaitable[None]]
     ) -> None:
-        """One row's sequence: each output as response tensors, encoded, emitted. The
-        batcher is a :class:`~carpool.stepwise.StepServed` (or a front end's link to one)."""
+        """Each row's sequence (one, unless ``call.row_parameters`` lets a request carry
+        several), run side by side: each output as response tensors, encoded with its row,
+        emitted as it comes. The batcher is a :class:`~carpool.stepwise.StepServed` (or a
+        front end's link to one)."""
         request = await self._decoded(served, call, read)
         admitted = await self.admissions.admit(served.model, request)
-        if admitted.rows != 1:
+        each = call.row_parameters
+        if admitted.rows != 1 and each is None:
             raise ProtocolError(
                 f"a streamed request carries one sequence: got {admitted.rows} rows "
                 "(send one request per sequence)",
                 field="inputs",
             )
-        row = {name: rows[0] for name, rows in admitted.value.items()}
         model = served.model
         assert isinstance(model, StepwiseModel)
         assert model.response is not None
         steps: Any = served.batcher
-        stream = steps.stream(
-            row, request.parameters, timeout_ms=admitted.timeout_ms, priority=admitted.priority
-        )
-        with stream:
-            async for output in _unless(stream, call.withdrawal):
-                result = {k: np.expand_dims(v, 0) for k, v in model.response(output).items()}
-                outputs = respond(served.model, admitted, result)
-                await emit(call.encode(Answer(served, request, admitted, outputs), read))
+        streams: list[Any] = []
+
+        def cancel() -> None:
+            for stream in streams:
+                stream.cancel()
+
+        try:
+            for i in range(admitted.rows):
+                row = {name: rows[i] for name, rows in admitted.value.items()}
+                parameters = (
+                    request.parameters if each is None else each(read, request.parameters, i)
+                )
+                streams.append(
+                    steps.stream(
+                        row, parameters, timeout_ms=admitted.timeout_ms, priority=admitted.priority
+                    )
+                )
+            async with contextlib.aclosing(_merged(streams)) as merged:
+                async for index, output in _unless(merged, call.withdrawal, cancel):
+                    result = {k: np.expand_dims(v, 0) for k, v in model.response(output).items()}
+                    outputs = respond(served.model, admitted, result)
+                    answer = Answer(served, request, admitted, outputs, index)
+                    await emit(call.encode(answer, read))
+        finally:
+            cancel()
 
     def _enter(self, name: str, version: str | None) -> ServedModel:
         """The model that serves ``name`` (``version``), this request now on its way through
@@ -359,16 +379,51 @@ async def _unless_gone(work: Awaitable[T], client_gone: GoneSignal) -> T:
         return await work
 
 
-async def _unless(stream: Any, withdrawal: Withdrawal) -> AsyncIterator[Any]:
-    """``stream``'s outputs until the client goes (:class:`ClientGone`, the sequence
-    cancelled: its slot is free at the next step)."""
+async def _unless(
+    outputs: AsyncIterator[A], withdrawal: Withdrawal, cancel: Callable[[], None]
+) -> AsyncIterator[A]:
+    """``outputs`` until the client goes (:class:`ClientGone`, after ``cancel()``, which
+    cancels its sequences: their slots are free at the next step)."""
     if withdrawal.client_gone is None:
-        async for output in stream:
+        async for output in outputs:
             yield output
         return
-    with _watched(withdrawal.client_gone, stream.cancel):
-        async for output in stream:
+    with _watched(withdrawal.client_gone, cancel):
+        async for output in outputs:
             yield output
+
+
+async def _merged(streams: list[Any]) -> AsyncGenerator[tuple[int, Any], None]:
+    """Each stream's outputs with its index, as they come; the first error raised."""
+    if len(streams) == 1:  # no task to interleave one
+        async for output in streams[0]:
+            yield 0, output
+        return
+    arrived: asyncio.Queue[tuple[int, Any, BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: Any) -> None:
+        try:
+            async for output in stream:
+                arrived.put_nowait((index, output, None))
+        except Exception as exc:
+            arrived.put_nowait((index, None, exc))
+        else:
+            arrived.put_nowait((index, _ENDED, None))
+
+    pumps = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        left = len(streams)
+        while left:
+            index, output, error = await arrived.get()
+            if error is not None:
+                raise error
+            if output is _ENDED:
+                left -= 1
+            else:
+                yield index, output
+    finally:
+        for task in pumps:
+            task.cancel()
 
 
 @contextlib.contextmanager

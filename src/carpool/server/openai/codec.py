@@ -18,6 +18,7 @@ from carpool.model import Model
 from carpool.server.failures import ModelNotFound, ModelUnavailable
 from carpool.server.messages import InferInput, InferRequest, ProtocolError
 from carpool.server.statuses import HTTPError, Status, openai_code, openai_type
+from carpool.stepwise import StepInputError
 
 __all__ = [
     "OpenAIError",
@@ -304,6 +305,13 @@ def decode(
     (:func:`check_opted_in`), a body :func:`parse_embeddings` or :func:`infer_request`
     refuses."""
     check_opted_in(model)
+    if model.generates_text:
+        raise OpenAIError(
+            f"model '{model.name}' generates text: use /v1/chat/completions or /v1/completions",
+            param="model",
+            code="model_not_found",
+            status=Status.NOT_FOUND,
+        )
     return infer_request(model, parse_embeddings(doc, max_client_batch_size))
 
 
@@ -358,6 +366,9 @@ def _blame(exc: BaseException, status: int) -> tuple[str | None, str | None]:
         return "model", "model_not_found"
     if isinstance(exc, ModelUnavailable):
         return "model", "model_not_ready"
+    if isinstance(exc, StepInputError):  # a step-wise model refused a row or parameter
+        field = exc.field.removeprefix("parameters.")
+        return ("prompt" if field == "text_input" else field), "invalid_value"
     if isinstance(exc, ProtocolError) and status == Status.BAD_REQUEST:  # the model refused
         return "input", "invalid_value"
     return None, openai_code(status)

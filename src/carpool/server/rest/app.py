@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,7 @@ from carpool.server.rest.codec import (
     encode_error,
     parse_index_request,
 )
+from carpool.server.rest.completions import ROUTES, answer_completion, completion_call
 from carpool.server.rest.generate import EVENT_STREAM, error_event, event, generate_call
 from carpool.server.statuses import STOPPING, HTTPError, Status, is_server_error
 from carpool.server.telemetry.logs import access_log, log_access
@@ -59,6 +61,7 @@ LOADS = ("load", "unload")  # /v2/repository/models/NAME/...
 _INFERENCE = ("infer", "generate", "generate_stream")  # /v2/models/NAME/..., POSTed
 
 log = logging.getLogger("carpool.server")
+Answering = Callable[[Call[Any, Any], Send], Awaitable[int]]  # sends a call's answer: its status
 
 
 class App:
@@ -187,13 +190,11 @@ class App:
             if self.api_keys is not None and self._refused(self.api_keys, parts, scope):
                 bearer = [(b"www-authenticate", b"Bearer")]
                 raise HTTPError(Status.UNAUTHORIZED, UNAUTHORIZED, bearer)
-            call, streamed = self._call(method, parts, scope, receive)
+            call, answer = self._call(method, parts, scope, receive)
             if call is None:
                 status = await self._route(method, parts, scope, receive, send)
-            elif streamed:
-                status = await self._stream(call, send)
             else:
-                status = await self._infer(call, send)
+                status = await answer(call, send)
         except asyncio.CancelledError:
             # The server gave up on this request (drain timeout): answer it with a 503, not
             # the server's plain-text 500 and an error traceback for an expected end.
@@ -308,24 +309,32 @@ class App:
 
     def _call(
         self, method: str, parts: list[str], scope: Scope, receive: Receive
-    ) -> tuple[Call[Any, Any] | None, bool]:
+    ) -> tuple[Call[Any, Any] | None, Answering]:
         """The call record of an inference request (``POST`` to a model's ``infer``,
-        ``generate`` or ``generate_stream``, or to ``/v1/embeddings``), for the inference
-        path, and whether its answer streams; None for any other request."""
+        ``generate`` or ``generate_stream``, or to OpenAI's ``/v1`` inference routes), for
+        the inference path, and what answers it; None for any other request."""
         if method != "POST":
-            return None, False
+            return None, self._infer
         if parts == ["v1", "embeddings"]:
-            return self._embeddings_call(scope, receive), False
+            return self._embeddings_call(scope, receive), self._infer
+        body = partial(self._body, scope, receive)
+        kind = ROUTES.get(tuple(parts[1:])) if parts[0] == "v1" else None
+        if kind is not None:
+            withdrawn = withdrawal(scope, receive)
+            call = completion_call(kind, body, withdrawn, self.max_client_batch_size)
+            return call, partial(answer_completion, self.inference)
         route = _model_route(parts[2:]) if parts[:2] == ["v2", "models"] else None
         if route is None or route[2] not in _INFERENCE:
-            return None, False
+            return None, self._infer
         name, version, action = route
         withdrawn = withdrawal(scope, receive)
         if action == "infer":
             read = partial(self._received, scope, receive)
-            return v2_call(name, version, read, withdrawn), False
-        body = partial(self._body, scope, receive)
-        return generate_call(name, version, body, withdrawn), action == "generate_stream"
+            return v2_call(name, version, read, withdrawn), self._infer
+        streamed = action == "generate_stream"
+        return generate_call(
+            name, version, body, withdrawn
+        ), self._stream if streamed else self._infer
 
     async def _infer(self, call: Call[Any, Any], send: Send) -> int:
         """``call`` through the inference path, which counts it; its answer sent."""
@@ -383,7 +392,7 @@ class App:
         self, method: str, rest: list[str], scope: Scope, receive: Receive, send: Send
     ) -> int:
         """OpenAI's routes (:mod:`carpool.server.openai.codec`), for the models that opted in."""
-        if rest == ["embeddings"]:
+        if rest == ["embeddings"] or tuple(rest) in ROUTES:
             raise _not_allowed("POST")  # a POST went to the inference path (_call)
         if rest == ["models"]:
             _allow(method, "GET")

@@ -8,6 +8,7 @@ import copy
 from typing import Any
 
 from carpool.datatypes import DATATYPES
+from carpool.server.rest.openapi_generation import generation_routes, generation_schemas
 
 __all__ = ["PATH", "document"]
 
@@ -405,6 +406,7 @@ def _openai_routes() -> dict[str, Any]:
                 "responses": {"200": _json("EmbeddingsResponse", "the embeddings"), **errors},
             }
         },
+        **generation_routes(errors),
         "/v1/models": _get(
             "OpenAIModels",
             "the models that serve OpenAI's routes",
@@ -462,7 +464,7 @@ def _build(version: str) -> dict[str, Any]:
         # without, nothing: hence the empty alternative.
         "security": [{"bearer": []}, {"apiKey": []}, {}],
         "components": {
-            "schemas": {**_schemas(), **_openai_schemas()},
+            "schemas": {**_schemas(), **_openai_schemas(), **generation_schemas()},
             "securitySchemes": {
                 "bearer": {"type": "http", "scheme": "bearer"},
                 "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"},

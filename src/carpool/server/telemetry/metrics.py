@@ -103,9 +103,20 @@ class _Families:
         )
 
         self.first_output, self.next_output, self.active, self.step_sequences = _step_families()
+        self.prefix_hits = _counter(
+            "carpool_prefix_cache_hits",
+            "Sequences that reused prompt state computed for an earlier one (step-wise models "
+            "that reuse it)",
+        )
+        self.prefix_tokens = _counter(
+            "carpool_prefix_cache_tokens",
+            "Prompt tokens whose state was reused, and computed (step-wise models that reuse it)",
+            "kind",
+        )
 
     def __iter__(self) -> Iterator[Metric]:
         yield from (self.first_output, self.next_output, self.active, self.step_sequences)
+        yield from (self.prefix_hits, self.prefix_tokens)
         yield from (
             self.requests, self.batches, self.waits, self.model_time, self.queued,
             self.running, self.pending, self.received, self.outcomes, self.reasons, self.overloaded,
@@ -159,6 +170,11 @@ class _Families:
         outputs = sum(size * n for size, n in s.batch_sizes.items())
         buckets = batch_size_buckets(s.batch_sizes, steps.steps.max_sequences)
         self.step_sequences.add_metric([name], buckets, float(outputs))
+        prefixes = steps.steps.prefixes
+        if prefixes is not None:
+            self.prefix_hits.add_metric([name], prefixes.hits)
+            self.prefix_tokens.add_metric([name, "reused"], prefixes.reused)
+            self.prefix_tokens.add_metric([name, "computed"], prefixes.computed)
 
     def _add_learned(self, name: str, s: BatcherStats) -> None:
         # What an adaptive policy fitted: its cost curve and how well it predicts.
