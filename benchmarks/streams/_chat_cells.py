@@ -1,19 +1,21 @@
 """One cell of ``benchmarks.streams.chat`` (a server, a prompt set, a count of conversations)
-as ``carpool bench --stream`` measures it on ``/v1/chat/completions``: its report's outputs/s,
-time to first output and between outputs, and its errors, as a :class:`Cell`."""
+as the scenario's own client measures it: closed-loop conversations over aiohttp, each a new
+question, every token's arrival timed; what arrived inside the window, as a :class:`Cell`."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import math
+import time
 from dataclasses import dataclass
-from pathlib import Path
 
-from benchmarks.harness import processes as _process
 from benchmarks.streams import _chat_prompts
+from benchmarks.streams._llm_client import Stream, _quantile, _stream
+from benchmarks.streams._llm_servers import Request, openai_request
 
 STATS = ("tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "errors")
 MAX_TOKENS = 32
-TIMEOUT_S = 300  # a stream queued behind 63 others on llama-cpp-python waits its turn
 
 
 @dataclass(frozen=True)
@@ -29,35 +31,51 @@ class Cell:
     tokens_per_stream: float  # the mean count of tokens a stream delivered
 
 
-def bench_cell(
-    server: _process.Server,
-    prompt_set: str,
-    index: int,
-    clients: int,
-    warmup: float,
+def client_cell(
+    base: str, model: str, prompt_set: str, index: int, clients: int, warmup: float,
     duration: float,
-    *,
-    cpus: frozenset[int] | None,
-    folder: Path,
-) -> Cell:
+) -> Cell:  # fmt: skip
     """``clients`` closed-loop conversations of questions slice ``index`` for ``warmup +
-    duration`` seconds, by ``python -m carpool bench URL --stream``, pinned to ``cpus``."""
-    chats = _chat_prompts.write_bench(folder / "chats.jsonl", prompt_set, index)
-    flags = ["--stream", "--lengths", f"fixed:{MAX_TOKENS}", "--input-data", str(chats),
-             "--timeout", str(TIMEOUT_S)]  # fmt: skip
-    done = _process.carpool_bench(
-        server, "", [clients], warmup=warmup, duration=duration, cpus=cpus, flags=flags,
-        target=server.base + "/v1/chat/completions",
-    )  # fmt: skip
-    (step,) = done.report.steps
-    streams = step.streams
-    nan = math.nan
+    duration`` seconds (a stream started in time is read to its end). In the window: tokens
+    that arrived, per second; the first tokens that arrived (TTFT, from the send); the gaps
+    that ended (ITL). A stream sent in the warm-up counts too: at 64 conversations on one
+    core a stream outlasts the window."""
+    questions = _chat_prompts.cell_questions(index)
+    conversations = [_chat_prompts.conversation(prompt_set, q) for q in questions]
+    requests = [openai_request("", MAX_TOKENS, model=model, messages=c) for c in conversations]
+    streams = asyncio.run(_load(base, requests, clients, warmup + duration))
+    start = min(s.sent for s in streams)
+    low, high = start + warmup, start + warmup + duration
+    ok = [s for s in streams if s.ok]
+    ttft = [1e3 * (s.arrivals[0] - s.sent) for s in ok if low <= s.arrivals[0] <= high]
+    gaps = [
+        1e3 * (b - a) for s in ok for a, b in itertools.pairwise(s.arrivals) if low <= b <= high
+    ]
     return Cell(
-        tokens_per_s=streams.outputs_per_s if streams else 0.0,
-        ttft_p50_ms=streams.ttfo.p50 if streams and streams.ttfo else nan,
-        ttft_p99_ms=streams.ttfo.p99 if streams and streams.ttfo else nan,
-        itl_p50_ms=streams.tpo.p50 if streams and streams.tpo else nan,
-        itl_p99_ms=streams.tpo.p99 if streams and streams.tpo else nan,
-        errors=sum(step.errors.values()),
-        tokens_per_stream=streams.outputs_mean if streams else nan,
+        tokens_per_s=sum(1 for s in ok for t in s.arrivals if low <= t <= high) / duration,
+        ttft_p50_ms=_quantile(ttft, 0.5),
+        ttft_p99_ms=_quantile(ttft, 0.99),
+        itl_p50_ms=_quantile(gaps, 0.5),
+        itl_p99_ms=_quantile(gaps, 0.99),
+        errors=len(streams) - len(ok),
+        tokens_per_stream=sum(len(s.arrivals) for s in ok) / len(ok) if ok else math.nan,
     )
+
+
+async def _load(base: str, requests: list[Request], clients: int, seconds: float) -> list[Stream]:
+    import aiohttp
+
+    timeout = aiohttp.ClientTimeout(total=600, sock_read=300)
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)  # llama-server drops idle ones
+    async with aiohttp.ClientSession(base, timeout=timeout, connector=connector) as session:
+        deadline = time.perf_counter() + seconds
+        turns = itertools.cycle(requests)  # each conversation's next question, in turn
+
+        async def conversation() -> list[Stream]:
+            streams: list[Stream] = []
+            while not streams or time.perf_counter() < deadline:
+                streams.append(await _stream(session, next(turns)))
+            return streams
+
+        runs = [conversation() for _ in range(clients)]
+        return [s for streams in await asyncio.gather(*runs) for s in streams]

@@ -1,8 +1,8 @@
 """Chat side by side: ``carpool serve smollm2`` (torch engine, prefix cache on, and once off)
 against llama.cpp's llama-server and llama-cpp-python's server, same GGUF, one core and one
 thread each, all on ``/v1/chat/completions`` streamed; 1, 4, 16 and 64 conversations,
-unrelated prompts and a shared 300-token system prompt; measured by ``carpool bench`` and by
-aiperf (docs/benchmarks/chat.md). A peer or tool not installed is NaN, with a note.
+unrelated prompts and a shared 300-token system prompt; measured by the scenario's own client
+and by aiperf (docs/benchmarks/chat.md). A peer or tool not installed is NaN, with a note.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from pathlib import Path
 from benchmarks.harness import Figures, common, run
 from benchmarks.harness import processes as _process
 from benchmarks.streams import _chat_aiperf, _chat_prompts, _chat_servers, _llm_client
-from benchmarks.streams._chat_cells import MAX_TOKENS, STATS, Cell, bench_cell
+from benchmarks.streams._chat_cells import MAX_TOKENS, STATS, Cell, client_cell
 from benchmarks.streams._llm_servers import LLAMA_SERVER, Missing, openai_request
 
 CLIENTS = (1, 4, 16, 64)
 QUICK_CLIENTS = (1, 16)
 PEERS = ("llama_server", "llama_cpp_python")
-TOOLS = ("bench", "aiperf")
+TOOLS = ("client", "aiperf")
 UNITS = {"tokens_per_s": "tok/s", "errors": "requests"}
 # (server, prompt set) runs: carpool without reuse only where there is something to reuse.
 RUNS = (
@@ -44,8 +44,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tools",
         default=",".join(TOOLS),
-        help="clients measuring each cell: bench (carpool bench), aiperf (its venv, "
-        "benchmarks/setup_aiperf.sh), comma-separated (default bench,aiperf)",
+        help="clients measuring each cell: client (the scenario's own), aiperf (its venv: "
+        "benchmarks/streams/setup_aiperf.sh), comma-separated (default client,aiperf)",
     )
     p.add_argument(
         "--llama-server",
@@ -54,8 +54,8 @@ def parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="llama.cpp's llama-server binary (default: setup_llama_server.sh's)",
     )
-    p.add_argument("--warmup", type=float, default=None, help="warm-up s per cell (3; quick 0.5)")
-    p.add_argument("--duration", type=float, default=None, help="window s per cell (12; quick 2)")
+    p.add_argument("--warmup", type=float, default=None, help="warm-up s per cell (3; quick 1)")
+    p.add_argument("--duration", type=float, default=None, help="window s per cell (10; quick 3)")
     return p
 
 
@@ -70,8 +70,8 @@ def _chosen(spec: str, known: tuple[str, ...], what: str) -> list[str]:
 def measure(args: argparse.Namespace) -> Figures:
     from carpool.backends.smollm2.files import gguf_path
 
-    warmup = args.warmup if args.warmup is not None else (0.5 if args.quick else 3.0)
-    duration = args.duration if args.duration is not None else (2.0 if args.quick else 12.0)
+    warmup = args.warmup if args.warmup is not None else (1.0 if args.quick else 3.0)
+    duration = args.duration if args.duration is not None else (3.0 if args.quick else 10.0)
     clients = QUICK_CLIENTS if args.quick else CLIENTS
     servers = ["carpool", "carpool_no_reuse", *_chosen(args.peers, PEERS, "peer")]
     tools = _chosen(args.tools, TOOLS, "tool")
@@ -100,23 +100,25 @@ def measure(args: argparse.Namespace) -> Figures:
                 continue
             try:
                 server.wait_ready(240)
-                _first(name, server.base)
+                model = _first(name, server.base)
                 for prompt_set in sets:
-                    spec = _CellSpec(server, name, prompt_set, cores, Path(tmp), warmup, duration)
+                    spec = _CellSpec(server, name, model, prompt_set, cores, Path(tmp), warmup,
+                                     duration)  # fmt: skip
                     cells.update(_cells(spec, clients, tools))
             finally:
                 server.stop()
     return _figures(cells, clients)
 
 
-def _first(name: str, base: str) -> None:
-    """One stream read to its end: a warm-up, and the answer shown."""
+def _first(name: str, base: str) -> str:
+    """One stream read to its end: a warm-up, and the answer shown; the model's name."""
     model = _chat_servers.model_of(base)
     request = openai_request(_chat_prompts.WARMUP, MAX_TOKENS, model=model)
     first = _llm_client.one(base, request)
     if not first.ok:
         raise RuntimeError(f"{name}: the warm-up stream failed: {first.error or 'no tokens'}")
     print(f"\n{name}: {len(first.arrivals)} chunks: {''.join(first.text)!r}", flush=True)
+    return model
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,7 @@ class _CellSpec:
 
     server: _process.Server
     name: str
+    model: str  # what /v1/models lists: the name requests give
     prompt_set: str
     cores: _process.Cores
     tmp: Path
@@ -143,11 +146,14 @@ def _cells(spec: _CellSpec, clients: tuple[int, ...], tools: list[str]) -> Cells
             index = (_chat_prompts.SETS.index(spec.prompt_set) * len(CLIENTS) + i) * 2 + j
             folder = spec.tmp / f"{spec.name}-{spec.prompt_set}-{n}-{tool}"
             folder.mkdir()
-            args = (spec.server, spec.prompt_set, index, n, spec.warmup, spec.duration)
-            if tool == "bench":
-                cell = bench_cell(*args, cpus=spec.cores.client, folder=folder)
+            if tool == "client":
+                cell = client_cell(spec.server.base, spec.model, spec.prompt_set, index, n,
+                                   spec.warmup, spec.duration)  # fmt: skip
             else:
-                cell = _chat_aiperf.cell(*args, cpus=spec.cores.client, folder=folder)
+                cell = _chat_aiperf.cell(
+                    spec.server, spec.prompt_set, index, n, spec.warmup, spec.duration,
+                    cpus=spec.cores.client, folder=folder,
+                )  # fmt: skip
             found[(tool, spec.name, spec.prompt_set, n)] = cell
             rows.append([tool, n, *(common.fmt_num(getattr(cell, s), 1) for s in STATS),
                          common.fmt_num(cell.tokens_per_stream, 1)])  # fmt: skip

@@ -1,6 +1,6 @@
 """The chat benchmark still runs: its --quick run, as a user starts it, with carpool alone (its
 peers left out: a CI machine has neither llama-cpp-python's server extras nor a built
-llama-server) measured by ``carpool bench``; its figures' names and types and its checks are
+llama-server) measured by the scenario's own client; its figures' names and types and its checks are
 asserted, never its numbers. aiperf, where its venv exists (benchmarks/streams/
 setup_aiperf.sh), completes a short run against ``carpool serve smollm2`` with no error."""
 
@@ -17,8 +17,8 @@ from benchmarks.streams import _chat_aiperf, _chat_prompts
 from e2e.conftest import REPO, scenario, shape
 from server.conftest import Launcher, Server
 
-# A quick run's bound: two carpool serve smollm2 loading, then 4 cells of 2.5 s each (and
-# carpool bench starting for each), on a busy 2-core box.
+# A quick run's bound: two carpool serve smollm2 loading, then 6 cells of 4 s whose streams
+# are read to their end, on a busy 2-core box.
 RUN_WITHIN_S = 300
 SERVERS_SETS = (("carpool", "unrelated"), ("carpool", "shared"), ("carpool_no_reuse", "shared"),
                 ("llama_server", "unrelated"), ("llama_server", "shared"),
@@ -39,7 +39,7 @@ def run_of(test: pytest.Function, folder: Path) -> tuple[list[str], float]:
     """The quick run ``test`` checks: its argv and its timeout."""
     runs = {
         "test_chat_quick_run": scenario(
-            "benchmarks.streams.chat", folder, "--peers", "none", "--tools", "bench"
+            "benchmarks.streams.chat", folder, "--peers", "none", "--tools", "client"
         ),
     }
     return runs[test.originalname], RUN_WITHIN_S
@@ -48,24 +48,24 @@ def run_of(test: pytest.Function, folder: Path) -> tuple[list[str], float]:
 def test_chat_quick_run(figures: dict[str, object]) -> None:
     cells = {
         f"{tool}_{server}_{prompt_set}_{stat}_{clients}": "float"
-        for tool in ("bench", "aiperf")
+        for tool in ("client", "aiperf")
         for server, prompt_set in SERVERS_SETS
         for clients in (1, 16)
         for stat in STATS
     }
     assert shape(figures) == {
         **cells,
-        **{f"{tool}_{goal}": "float" for tool in ("bench", "aiperf") for goal in GOALS},
+        **{f"{tool}_{goal}": "float" for tool in ("client", "aiperf") for goal in GOALS},
         "cells_run": "int",
         "carpool_cells_run": "bool",
         "carpool_zero_errors": "bool",
     }
     assert figures["carpool_cells_run"] is True
     assert figures["carpool_zero_errors"] is True
-    assert figures["bench_carpool_unrelated_errors_16"] == 0
-    assert figures["bench_carpool_unrelated_tokens_per_s_16"] > 0  # type: ignore[operator]
+    assert figures["client_carpool_unrelated_errors_16"] == 0
+    assert figures["client_carpool_unrelated_tokens_per_s_16"] > 0  # type: ignore[operator]
     for left_out in ("llama_server", "llama_cpp_python"):
-        assert math.isnan(figures[f"bench_{left_out}_unrelated_tokens_per_s_16"])  # type: ignore[arg-type]
+        assert math.isnan(figures[f"client_{left_out}_unrelated_tokens_per_s_16"])  # type: ignore[arg-type]
     assert math.isnan(figures["aiperf_carpool_unrelated_tokens_per_s_16"])  # type: ignore[arg-type]
 
 
