@@ -54,8 +54,8 @@ def parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="llama.cpp's llama-server binary (default: setup_llama_server.sh's)",
     )
-    p.add_argument("--warmup", type=float, default=None, help="warm-up s per cell (3; quick 1)")
-    p.add_argument("--duration", type=float, default=None, help="window s per cell (10; quick 3)")
+    p.add_argument("--warmup", type=float, default=None, help="warm-up s per cell (3; quick 0.5)")
+    p.add_argument("--duration", type=float, default=None, help="window s per cell (10; quick 5)")
     return p
 
 
@@ -70,8 +70,8 @@ def _chosen(spec: str, known: tuple[str, ...], what: str) -> list[str]:
 def measure(args: argparse.Namespace) -> Figures:
     from carpool.backends.smollm2.files import gguf_path
 
-    warmup = args.warmup if args.warmup is not None else (1.0 if args.quick else 3.0)
-    duration = args.duration if args.duration is not None else (3.0 if args.quick else 10.0)
+    warmup = args.warmup if args.warmup is not None else (0.5 if args.quick else 3.0)
+    duration = args.duration if args.duration is not None else (5.0 if args.quick else 10.0)
     clients = QUICK_CLIENTS if args.quick else CLIENTS
     servers = ["carpool", "carpool_no_reuse", *_chosen(args.peers, PEERS, "peer")]
     tools = _chosen(args.tools, TOOLS, "tool")
