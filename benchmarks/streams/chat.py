@@ -84,7 +84,7 @@ def measure(args: argparse.Namespace) -> Figures:
     common.header(
         "SmolLM2-135M chat: carpool against llama-server and llama-cpp-python",
         {"gguf": gguf.name, "cores": str(cores), "max_tokens": MAX_TOKENS, "clients": clients,
-         "system_prompt": "~300 tokens (shared set)", "tools": tools,
+         "system_prompt": "287 tokens (shared set)", "tools": tools,
          "warmup_s": warmup, "window_s": duration},
     )  # fmt: skip
     cells: Cells = {}
