@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,10 +151,14 @@ def _cells(spec: _CellSpec, clients: tuple[int, ...], tools: list[str]) -> Cells
                 cell = client_cell(spec.server.base, spec.model, spec.prompt_set, index, n,
                                    spec.warmup, spec.duration)  # fmt: skip
             else:
-                cell = _chat_aiperf.cell(
-                    spec.server, spec.prompt_set, index, n, spec.warmup, spec.duration,
-                    cpus=spec.cores.client, folder=folder,
-                )  # fmt: skip
+                try:
+                    cell = _chat_aiperf.cell(
+                        spec.server, spec.prompt_set, index, n, spec.warmup, spec.duration,
+                        cpus=spec.cores.client, folder=folder,
+                    )  # fmt: skip
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:  # the tool, not a server
+                    print(f"note: aiperf failed (NaN figures): {str(exc)[-500:]}", flush=True)
+                    continue
             found[(tool, spec.name, spec.prompt_set, n)] = cell
             rows.append([tool, n, *(common.fmt_num(getattr(cell, s), 1) for s in STATS),
                          common.fmt_num(cell.tokens_per_stream, 1)])  # fmt: skip
