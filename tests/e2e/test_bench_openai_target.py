@@ -149,9 +149,9 @@ async def test_the_model_is_the_only_one_listed_or_the_one_named(
         (["http://h:1/v1/embeddings", "--shape", "TEXT:1"],
          "--shape describes v2 tensors; /v1/embeddings takes texts: give them with --strings FILE"),
         (["http://h:1/v2/models/demo", "--model", "demo"],
-         "--model applies to grpc:// and /v1/embeddings targets; the URL names the model"),
+         "--model applies to grpc:// and OpenAI (/v1/...) targets; the URL names the model"),
         (["demo", "--model", "demo"],
-         "--model applies to grpc:// and /v1/embeddings targets; TARGET is the model"),
+         "--model applies to grpc:// and OpenAI (/v1/...) targets; TARGET is the model"),
     ],
 )  # fmt: skip
 def test_flags_a_target_has_no_use_for_are_refused(

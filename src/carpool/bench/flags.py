@@ -68,7 +68,8 @@ target is carpool, what the batcher did (mean batch size, batch sizes, queue-wai
 TARGET is a model on any KServe v2 server (carpool, Triton, MLServer, KServe):
 http://HOST:PORT/v2/models/NAME, or over gRPC grpc://HOST:PORT with --model NAME; an
 OpenAI-compatible embeddings endpoint, http://HOST:PORT/v1/embeddings (one text per
-request: --strings, or built-in sentences); or a model run in this process through its
+request: --strings, or built-in sentences); an OpenAI-compatible chat endpoint streamed,
+http://HOST:PORT/v1/chat/completions with --stream; or a model run in this process through its
 own batcher, to measure batching without HTTP: anything `carpool serve` takes
 (module:attr, a model file, demo, minilm).
 
@@ -82,8 +83,11 @@ Requests are generated from the model's v2 metadata (random, --seed), or read fr
 --input-data (JSONL) or, for BYTES inputs, --strings.
 
 With --stream each request is a stream of a step-wise model (generate_stream over HTTP,
-ModelStreamInfer over gRPC, or its step batcher in this process): the report adds outputs/s,
-time to first output (TTFO) and time per output (TPO, between one output and the next)."""
+ModelStreamInfer over gRPC, OpenAI's /v1/chat/completions, or its step batcher in this
+process): the report adds outputs/s, time to first output (TTFO) and time per output (TPO,
+between one output and the next). A chat output is a chunk whose delta carries text; the
+conversations are --input-data's (JSONL, {"messages": [...]} a line) or a user message per
+--strings line."""
 
 _EPILOG = """\
 examples:
@@ -98,6 +102,8 @@ examples:
   carpool bench --compare a.json b.json --plot compare.png
   carpool bench http://127.0.0.1:8000/v2/models/smollm2 --stream --concurrency 1,8 \
       --lengths geometric:64,cap=512 --strings prompts.txt
+  carpool bench http://127.0.0.1:8000/v1/chat/completions --stream --concurrency 1,16 \
+      --lengths fixed:32 --input-data chats.jsonl
 
 Errors never stop a run: they are counted by kind (HTTP status, gRPC status code, or the
 exception's type).
@@ -152,8 +158,8 @@ _GROUPS: dict[str, list[tuple[str, Callable[[str], Any], str, str]]] = {
             "--model",
             str,
             "NAME",
-            "grpc://HOST:PORT: the model; /v1/embeddings: the requests' "
-            "model [the only one /v1/models lists]",
+            "grpc://HOST:PORT: the model; /v1/embeddings and /v1/chat/completions: the "
+            "requests' model [the only one /v1/models lists]",
         ),
     ],
     "streams": [

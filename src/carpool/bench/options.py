@@ -147,6 +147,8 @@ def options_from(
 def _stream_flags(args: argparse.Namespace, kind: str) -> Lengths | None:
     """``--stream`` and its flags, for targets and settings a stream can have; the lengths."""
     if not args.stream:
+        if kind == "chat":
+            raise BenchError("a /v1/chat/completions target is streamed: add --stream")
         named = {"--lengths": args.lengths, "--length-parameter": args.length_parameter}
         for flag, given in named.items():
             if given is not None:
@@ -175,15 +177,18 @@ _ENCODINGS = {
     "in-process": ("json", "binary"),  # nothing is encoded: recorded, never used
     "grpc": ("raw",),  # raw_input_contents: there is no other way to send
     "openai": ("float", "base64"),  # the answers' encoding_format (requests are JSON)
+    "chat": ("json",),  # chat bodies are JSON; --stream refuses --encoding anyway
 }
 
 
 def _target_flags(args: argparse.Namespace, kind: str) -> str:
     """The flags that depend on what TARGET is: --encoding (returned, checked), --model,
     and the request flags an embeddings endpoint has no use for."""
-    if args.model is not None and kind not in ("grpc", "openai"):
+    if args.model is not None and kind not in ("grpc", "openai", "chat"):
         where = "the URL names the model" if kind == "http" else "TARGET is the model"
-        raise BenchError(f"--model applies to grpc:// and /v1/embeddings targets; {where}")
+        raise BenchError(f"--model applies to grpc:// and OpenAI (/v1/...) targets; {where}")
+    if kind == "chat" and args.shape:
+        raise BenchError("--shape describes v2 tensors; /v1/chat/completions takes messages")
     if kind == "openai":
         for flag, given in (("--input-data", args.input_data), ("--shape", args.shape)):
             if given:

@@ -1,7 +1,7 @@
 """What ``carpool bench`` measures, and the one seam requests reach it through: a :class:`Client`
 whose ``send(i)`` sends request ``i`` and returns ``None`` or the kind of error. A target is a
-model behind a v2 server (HTTP or gRPC), an OpenAI embeddings endpoint, or a model in this
-process. Stdlib and :mod:`carpool.errors` only."""
+model behind a v2 server (HTTP or gRPC), an OpenAI embeddings or chat endpoint, or a model in
+this process. Stdlib and :mod:`carpool.errors` only."""
 
 from __future__ import annotations
 
@@ -13,11 +13,21 @@ from typing import Any, Protocol
 
 from carpool.errors import CarpoolError
 
-__all__ = ["KINDS", "BenchError", "Client", "Send", "Streamed", "is_url", "target_kind"]
+__all__ = [
+    "CHAT_PATH",
+    "KINDS",
+    "BenchError",
+    "Client",
+    "Send",
+    "Streamed",
+    "is_url",
+    "target_kind",
+]
 
 #: What a TARGET can be, as :func:`target_kind` names it (and a report's ``kind`` records).
-KINDS = ("http", "grpc", "openai", "in-process")
+KINDS = ("http", "grpc", "openai", "chat", "in-process")
 EMBEDDINGS_PATH = "/v1/embeddings"  # OpenAI's embeddings endpoint, under the server's base URL
+CHAT_PATH = "/v1/chat/completions"  # OpenAI's chat endpoint, streamed by --stream
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +76,14 @@ def is_url(text: str) -> bool:
 
 def target_kind(text: str) -> str:
     """Which of :data:`KINDS` a TARGET is: ``grpc://...`` is gRPC, an HTTP URL whose path
-    ends in ``/v1/embeddings`` is OpenAI's embeddings API, any other URL a v2 model URL,
-    anything else a model to load in this process."""
+    ends in ``/v1/embeddings`` is OpenAI's embeddings API, one in ``/v1/chat/completions``
+    its chat API, any other URL a v2 model URL, anything else a model to load in this
+    process."""
     if text.startswith("grpc://"):
         return "grpc"
     if not is_url(text):
         return "in-process"
     path = text.split("?", 1)[0].rstrip("/")
+    if path.endswith(CHAT_PATH):
+        return "chat"
     return "openai" if path.endswith(EMBEDDINGS_PATH) else "http"

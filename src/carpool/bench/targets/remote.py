@@ -1,6 +1,7 @@
 """A model behind a server, however ``carpool bench`` reaches it (v2 over HTTP or gRPC, OpenAI
-embeddings): the target connected by its kind, and its client with every request encoded once,
-before any step. Each protocol's module is imported only when its kind is asked for."""
+embeddings or chat): the target connected by its kind, and its client with every request
+encoded once, before any step. Each protocol's module is imported only when its kind is asked
+for."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from carpool.bench.targets.base import BenchError, Client
 __all__ = [
     "client_for",
     "connect",
+    "conversations_for",
     "others_for",
     "requests_for",
     "stream_client_for",
@@ -102,12 +104,40 @@ def client_for(target: Any, options: Options) -> Client:
         raise BenchError(f"cannot encode requests: {exc}") from None
 
 
+def conversations_for(options: Options) -> list[list[dict[str, Any]]]:
+    """A chat endpoint's conversations: ``--input-data``'s (JSONL, each line an object with
+    ``messages``), or one user message per ``--strings`` line (the built-in sentences)."""
+    from carpool.bench.targets import requests_file
+
+    if not options.input_data:
+        return [[{"role": "user", "content": text}] for text in texts_for(options)]
+    try:
+        return requests_file.read_conversations(options.input_data)
+    except (OSError, ValueError) as exc:
+        raise BenchError(f"--input-data: {exc}") from None
+
+
+def _chat_client(target: Any, options: Options) -> Client:
+    from carpool.bench.targets.chat_target import chat_bodies
+    from carpool.bench.targets.stream_requests import LENGTHS_DRAWN
+
+    lengths = options.lengths
+    drawn: list[int | None] = [None]
+    if lengths is not None:
+        drawn = [int(n) for n in lengths.draw(1 if lengths.kind == "fixed" else LENGTHS_DRAWN,
+                                              seed=options.seed)]  # fmt: skip
+    bodies = chat_bodies(conversations_for(options), model=target.name, lengths=drawn)
+    return cast(Client, target.client(bodies, options.timeout_s))
+
+
 def stream_client_for(target: Any, options: Options) -> Client:
-    """``--stream``: the client of a v2 target's streams (generate_stream over HTTP,
-    ModelStreamInfer over gRPC), every request encoded once."""
+    """``--stream``: the client of a target's streams (generate_stream over HTTP,
+    ModelStreamInfer over gRPC, OpenAI chat's events), every request encoded once."""
     from carpool.bench.targets import stream_clients
     from carpool.bench.targets.stream_requests import generate_body, stream_requests
 
+    if options.kind == "chat":
+        return _chat_client(target, options)
     spec, requests = requests_for(target.metadata, options, batched=None)
     streams = stream_requests(requests, options)
     try:
@@ -132,6 +162,10 @@ def connect(options: Options) -> AbstractAsyncContextManager[Any]:
         from carpool.bench.targets.openai_target import OpenAITarget
 
         return OpenAITarget.connect(options.target, options.model)
+    if options.kind == "chat":
+        from carpool.bench.targets.chat_target import ChatTarget
+
+        return ChatTarget.connect(options.target, options.model)
     from carpool.bench.targets.http_target import HttpTarget
 
     return HttpTarget.connect(options.target)

@@ -1,5 +1,6 @@
-"""Requests read from files: ``--input-data`` (JSON lines, one request each) and ``--strings``
-(one BYTES element per line), checked against the model's metadata. Reads files; sends nothing."""
+"""Requests read from files: ``--input-data`` (JSON lines, one request or chat conversation
+each) and ``--strings`` (one BYTES element per line), checked against the model's metadata or
+OpenAI's message shape. Reads files; sends nothing."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from carpool.server.tensors import (
     serialize_bf16_tensor,
 )
 
-__all__ = ["read_requests", "read_strings"]
+__all__ = ["read_conversations", "read_requests", "read_strings"]
 
 
 def read_requests(
@@ -49,6 +50,33 @@ def read_requests(
     if not requests:
         raise ValueError(f"{str(path)!r} holds no requests")
     return requests
+
+
+def read_conversations(path: str | Path) -> list[list[dict[str, Any]]]:
+    """Chat conversations from a JSON-lines file, one per non-blank line: an object whose
+    ``messages`` is a non-empty list of ``{"role", "content"}`` objects (OpenAI's). Raises
+    ``ValueError`` naming the line; ``OSError`` when the file cannot be read."""
+    conversations = []
+    with open(path, encoding="utf-8") as file:
+        for number, line in enumerate(file, start=1):
+            if not line.strip():
+                continue
+            try:
+                doc = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{str(path)!r}, line {number}: not JSON: {exc}") from None
+            messages = doc.get("messages") if isinstance(doc, dict) else None
+            if not (isinstance(messages, list) and messages) or not all(
+                isinstance(m, dict) and {"role", "content"} <= m.keys() for m in messages
+            ):
+                raise ValueError(
+                    f'{str(path)!r}, line {number}: expected {{"messages": [{{"role", '
+                    f'"content"}}, ...]}}'
+                )
+            conversations.append(messages)
+    if not conversations:
+        raise ValueError(f"{str(path)!r} holds no conversations")
+    return conversations
 
 
 def read_strings(path: str | Path) -> list[str]:

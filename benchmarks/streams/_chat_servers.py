@@ -1,0 +1,78 @@
+"""The servers of ``benchmarks.streams.chat``, each on the same GGUF with one thread and 64
+sequences at once, all asked through ``POST /v1/chat/completions``: carpool with its prefix
+cache (and once without), llama.cpp's llama-server, llama-cpp-python's server."""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+from pathlib import Path
+
+from benchmarks.harness import common
+from benchmarks.harness import processes as _process
+from benchmarks.streams._llm_servers import Missing
+
+SERVERS = ("carpool", "carpool_no_reuse", "llama_server", "llama_cpp_python")
+SLOTS = 64  # carpool's max_sequences and llama-server's --parallel: the 64 cell's streams
+CONTEXT = 1024  # tokens per sequence: a 300-token system prompt, a question, 32 tokens
+
+
+def start(
+    name: str, gguf: Path, cores: _process.Cores, llama_server: Path, tmp: Path
+) -> _process.Server:
+    """Server ``name`` started pinned to the servers' core (not waited on); ``Missing``
+    when it cannot run here."""
+    if name.startswith("carpool"):
+        if name == "carpool_no_reuse" and not _has_prefix_cache():
+            raise Missing("this carpool has no --prefix-cache-size (no prefix cache to turn off)")
+        config = tmp / "carpool.toml"
+        config.write_text(
+            f'[models.smollm2]\nengine = "torch"\nthreads = 1\nmax_sequences = {SLOTS}\n'
+        )
+        flags = ["--prefix-cache-size", "0"] if name == "carpool_no_reuse" else []
+        return _process.carpool_serve(
+            "smollm2", "--config", str(config), *flags, cpus=cores.server, name=name
+        )
+    port = _process.free_port()
+    if name == "llama_cpp_python":
+        absent = common.missing_modules(("sse_starlette", "starlette_context", "fastapi"))
+        if absent:
+            raise Missing(
+                f"llama_cpp.server needs {', '.join(absent)}: "
+                "pip install sse-starlette starlette-context fastapi pydantic-settings"
+            )
+        argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf),
+                "--n_threads", "1", "--n_threads_batch", "1", "--n_ctx", str(CONTEXT),
+                "--flash_attn", "True", "--interrupt_requests", "False",
+                "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+        return _process.Server(
+            "llama_cpp.server", argv, port, cores.server, ready_path="/v1/models"
+        )
+    if name == "llama_server":
+        if not llama_server.is_file():
+            raise Missing(
+                f"no llama-server at {llama_server}: bash benchmarks/streams/setup_llama_server.sh"
+            )
+        # cache_prompt is llama-server's default: a slot keeps its last prompt's KV cache.
+        argv = [str(llama_server), "--model", str(gguf), "--host", "127.0.0.1",
+                "--port", str(port), "--threads", "1", "--threads-batch", "1",
+                "--parallel", str(SLOTS), "--cont-batching", "--ctx-size", str(CONTEXT * SLOTS),
+                "--flash-attn", "on", "--jinja", "--no-webui"]  # fmt: skip
+        return _process.Server("llama-server", argv, port, cores.server, ready_path="/health")
+    raise ValueError(f"unknown server {name!r}: one of {SERVERS}")
+
+
+def _has_prefix_cache() -> bool:
+    """Whether ``carpool serve`` takes ``--prefix-cache-size`` (issue 34's prompt reuse)."""
+    from dataclasses import fields
+
+    from carpool.server.config import ServerConfig
+
+    return any(f.name == "prefix_cache_size" for f in fields(ServerConfig))
+
+
+def model_of(base: str) -> str:
+    """The first model ``GET /v1/models`` lists: the one a request names."""
+    with urllib.request.urlopen(base + "/v1/models", timeout=10) as answer:
+        return str(json.load(answer)["data"][0]["id"])
