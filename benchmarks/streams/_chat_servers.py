@@ -12,6 +12,7 @@ from pathlib import Path
 from benchmarks.harness import common
 from benchmarks.harness import processes as _process
 from benchmarks.streams._llm_servers import Missing
+from carpool.backends.smollm2.served import default_engine
 
 SERVERS = ("carpool", "carpool_no_reuse", "llama_server", "llama_cpp_python")
 SLOTS = 64  # carpool's max_sequences and llama-server's --parallel: the 64 cell's streams
@@ -28,7 +29,8 @@ def start(
             raise Missing("this carpool has no --prefix-cache-size (no prefix cache to turn off)")
         config = tmp / "carpool.toml"
         config.write_text(
-            f'[models.smollm2]\nengine = "torch"\nthreads = 1\nmax_sequences = {SLOTS}\n'
+            f'[models.smollm2]\nengine = "{default_engine()}"\nthreads = 1\n'
+            f"max_sequences = {SLOTS}\n"
         )
         flags = ["--prefix-cache-size", "0"] if name == "carpool_no_reuse" else []
         return _process.carpool_serve(

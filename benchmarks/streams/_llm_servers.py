@@ -15,6 +15,7 @@ from typing import Any
 
 from benchmarks.harness import common
 from benchmarks.harness import processes as _process
+from carpool.backends.smollm2.served import default_engine
 
 SERVERS = ("carpool_llama", "carpool_torch", "llama_cpp_python", "llama_server")
 LLAMA_SERVER = common.REPO / "benchmarks" / ".llama-server" / "llama-server"
@@ -81,8 +82,9 @@ def start(
         if importlib.util.find_spec(f"carpool.backends.smollm2.{engine}_engine") is None:
             raise Missing(f"carpool has no smollm2 {engine} engine")
         config = tmp / f"{engine}.toml"
+        chosen = default_engine() if engine == "torch" else engine  # fp32 where no VNNI
         config.write_text(
-            f'[models.smollm2]\nengine = "{engine}"\nthreads = 1\nmax_sequences = {SLOTS}\n'
+            f'[models.smollm2]\nengine = "{chosen}"\nthreads = 1\nmax_sequences = {SLOTS}\n'
         )
         return _process.carpool_serve(
             "smollm2", "--config", str(config), cpus=cores.server, name=f"carpool ({engine})"

@@ -107,4 +107,4 @@ def test_bad_parameters_are_400s_naming_them(server: Server) -> None:
 def test_config_is_decoupled(server: Server) -> None:
     config = server.http.get("/v2/models/smollm2/config").json()
     assert config["model_transaction_policy"] == {"decoupled": True}
-    assert config["platform"] in ("smollm2_torch", "smollm2_llama")
+    assert config["platform"] in ("smollm2_torch", "smollm2_torch_fp32", "smollm2_llama")

@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from carpool.backends.cpu_features import CpuFeatures
 from carpool.backends.generation import Message, Piece, Prompt
-from carpool.backends.smollm2.served import prompt_of, smollm2_model
+from carpool.backends.smollm2.served import default_engine, prompt_of, smollm2_model
 from carpool.errors import ConfigError
 
 
@@ -95,3 +96,19 @@ def test_rows_become_text_and_answers() -> None:
 def test_an_unknown_engine_is_refused() -> None:
     with pytest.raises(ConfigError, match="smollm2 engine must be one of"):
         smollm2_model("vllm")
+
+
+@pytest.mark.parametrize(
+    ("machine", "flags", "engine"),
+    [
+        ("x86_64", {"avx2", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni"}, "torch"),
+        ("x86_64", {"avx2", "avx_vnni"}, "torch"),
+        ("aarch64", set(), "torch"),
+        ("x86_64", {"avx2"}, "torch-fp32"),  # an EPYC with AVX2 only: _int_mm ~20x fp32's time
+        ("x86_64", {"avx2", "avx512bw", "avx512dq", "avx512vl"}, "torch-fp32"),
+    ],
+)
+def test_the_default_engine_is_int8_only_where_the_cpu_sums_int8_in_hardware(
+    machine: str, flags: set[str], engine: str
+) -> None:
+    assert default_engine(CpuFeatures(machine, frozenset(flags))) == engine
