@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton
 
+from carpool.backends.smollm2.served import default_engine
 from server.conftest import Launcher, Server
 
 pytestmark = pytest.mark.slow
@@ -21,7 +22,8 @@ PROMPT = "What is the capital of France?"
 GREEDY = {"max_tokens": 12, "temperature": 0, "seed": 3}
 
 
-@pytest.fixture(scope="module", params=["torch", "llama"])
+# The torch engine this CPU defaults to (int8 with VNNI, else fp32), and llama.cpp.
+@pytest.fixture(scope="module", params=[default_engine(), "llama"])
 def server(request: pytest.FixtureRequest, serve_module: Launcher, tmp_path_factory: Any) -> Server:
     config = tmp_path_factory.mktemp(request.param) / "carpool.toml"
     config.write_text(f'[models.smollm2]\nengine = "{request.param}"\nmax_sequences = 4\n')
