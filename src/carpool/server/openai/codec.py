@@ -25,6 +25,7 @@ __all__ = [
     "EmbeddingsRequest",
     "json_body",
     "model_name",
+    "required",
     "parse_embeddings",
     "check_opted_in",
     "infer_request",
@@ -99,7 +100,7 @@ def json_body(body: bytes) -> dict[str, Any]:
 def model_name(doc: dict[str, Any]) -> str:
     """The ``model`` a request names, read first: once it is known, the request counts in
     that model's statistics whatever else is wrong with it. Raises :class:`OpenAIError`."""
-    model = _required(doc, "model")
+    model = required(doc, "model")
     if not isinstance(model, str) or not model:
         raise OpenAIError(
             f"model must be a model's name (a string), got {_kind(model)}",
@@ -123,7 +124,7 @@ def parse_embeddings(
             param=unknown[0],
             code="unknown_parameter",
         )
-    value = _required(doc, "input")
+    value = required(doc, "input")
     if max_client_batch_size is not None:
         _check_count(value, max_client_batch_size)
     texts, token_ids = _input(value)
@@ -150,7 +151,8 @@ def _check_count(value: Any, limit: int) -> None:
         )
 
 
-def _required(doc: dict[str, Any], name: str) -> Any:
+def required(doc: dict[str, Any], name: str) -> Any:
+    """``doc[name]``; raises :class:`OpenAIError` (400) when it is missing or null."""
     if doc.get(name) is None:
         raise OpenAIError(
             f"you must provide a {name} parameter", param=name, code="missing_required_parameter"

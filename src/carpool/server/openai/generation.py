@@ -18,7 +18,13 @@ import orjson
 from carpool.model import Model
 from carpool.server.inference.call import Answer
 from carpool.server.messages import InferInput, InferRequest
-from carpool.server.openai.codec import OpenAIError, check_opted_in, json_body, model_name
+from carpool.server.openai.codec import (
+    OpenAIError,
+    check_opted_in,
+    json_body,
+    model_name,
+    required,
+)
 from carpool.server.statuses import Status
 
 __all__ = [
@@ -104,10 +110,10 @@ def parse(post: Posted, max_client_batch_size: int | None = None) -> Generated:
     name = model_name(doc)
     parameters: dict[str, Any] = {"chat": kind == "chat"}
     if kind == "chat":
-        parameters["messages"] = _messages(_required(doc, "messages"))
+        parameters["messages"] = _messages(required(doc, "messages"))
         prompts: tuple[str, ...] = ("",)
     else:
-        prompts = _prompts(_required(doc, "prompt"))
+        prompts = _prompts(required(doc, "prompt"))
     limit = max_client_batch_size
     _check_count(len(prompts), "prompt", limit)
     n = _int(doc, "n", 1, 1)
@@ -322,14 +328,6 @@ def _check_count(
             code="too_many_inputs",
             status=Status.CONTENT_TOO_LARGE,
         )
-
-
-def _required(doc: dict[str, Any], name: str) -> Any:
-    if doc.get(name) is None:
-        raise OpenAIError(
-            f"you must provide a {name} parameter", param=name, code="missing_required_parameter"
-        )
-    return doc[name]
 
 
 def _invalid_type(name: str, wanted: str, value: Any) -> OpenAIError:
