@@ -257,11 +257,11 @@ def test_routes_answer_in_openais_shape(server: Server) -> None:
     wrong_method = server.http.get("/v1/embeddings")
     assert (wrong_method.status_code, wrong_method.headers["allow"]) == (405, "POST")
     assert wrong_method.json()["error"]["code"] == "method_not_allowed"
-    unknown = server.http.post("/v1/chat/completions", json={})
+    unknown = server.http.post("/v1/audio/speech", json={})
     assert unknown.status_code == 404
     assert unknown.json() == {
         "error": {
-            "message": "Not Found: /v1/chat/completions",
+            "message": "Not Found: /v1/audio/speech",
             "type": "invalid_request_error",
             "param": None,
             "code": "not_found",
