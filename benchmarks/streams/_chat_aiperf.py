@@ -31,6 +31,15 @@ def missing() -> str:
     return ""
 
 
+def environment() -> dict[str, str]:
+    """aiperf's environment: never offline (with HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE set,
+    aiperf 0.13 looks the tokenizer up in the hub's cache, not at its path)."""
+    env = _process.child_env(HF_HUB_DISABLE_TELEMETRY="1")
+    for offline in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        env.pop(offline, None)
+    return env
+
+
 def argv(base: str, model: str, clients: int, warmup: float, duration: float,
          inputs: Path, system: Path | None, out: Path) -> list[str]:  # fmt: skip
     """``aiperf profile``'s command line for one cell: closed loop at ``clients``, streamed
@@ -67,12 +76,10 @@ def cell(
     out = folder / "aiperf"
     model = _chat_servers.model_of(server.base)
     line = argv(server.base, model, clients, warmup, duration, inputs, system, out)
-    # Not HF_HUB_OFFLINE: aiperf then looks the tokenizer up in the hub's cache, not the path.
-    env = _process.child_env(HF_HUB_DISABLE_TELEMETRY="1")
     done = subprocess.run(
         line,
         cwd=folder,
-        env=env,
+        env=environment(),
         capture_output=True,
         text=True,
         timeout=STARTUP_S + GRACE_S + warmup + duration,

@@ -42,7 +42,8 @@ def test_aiperf_completes_a_short_run_without_errors(
     # Two conversations for 1 s (each stream read to its end): a 300-token prompt prefills in
     # seconds on a busy box.
     argv = _chat_aiperf.argv(smollm2.url, "smollm2", 2, 0.0, 1.0, inputs, system, tmp_path / "out")
-    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=240)
+    env = _chat_aiperf.environment()  # the suite's HF_HUB_OFFLINE left out
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     cell = _chat_aiperf.cell_of(_chat_aiperf.read_export(tmp_path / "out"))
     assert cell.errors == 0
