@@ -394,13 +394,19 @@ def test_the_ray_serve_example_batches_inside_each_replica(cluster: Any) -> None
     handle = serve.run(example.app, name="carpool-example", route_prefix=None)
     try:
         rows = [[float(i) / 10] * 16 for i in range(96)]
-        responses = [handle.remote(r) for r in rows]  # concurrent: they meet in batches
-        for r, response in zip(rows, responses, strict=True):
-            want = np.asarray(r, dtype=np.float32) @ example.WEIGHTS
-            assert response.result(timeout_s=60) == pytest.approx(want.tolist(), rel=1e-6)
-        seen = [handle.batching.remote().result(timeout_s=60) for _ in range(6)]
-        assert max(s["requests"] for s in seen) > 0
-        assert any(s["batches"] < s["requests"] for s in seen)  # requests shared model calls
+        # A loaded machine may hand a burst's requests over one by one, each alone in its
+        # 5 ms window: bursts go on (at most 8) until a replica shows a shared model call.
+        for _ in range(8):
+            responses = [handle.remote(r) for r in rows]  # concurrent: they meet in batches
+            for r, response in zip(rows, responses, strict=True):
+                want = np.asarray(r, dtype=np.float32) @ example.WEIGHTS
+                assert response.result(timeout_s=60) == pytest.approx(want.tolist(), rel=1e-6)
+            seen = [handle.batching.remote().result(timeout_s=60) for _ in range(6)]
+            assert max(s["requests"] for s in seen) > 0
+            if any(s["batches"] < s["requests"] for s in seen):
+                break  # requests shared model calls
+        else:
+            pytest.fail(f"8 bursts of 96 requests never shared a model call: {seen}")
     finally:
         serve.shutdown()
 
