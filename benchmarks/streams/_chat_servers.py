@@ -1,17 +1,16 @@
 """The servers of ``benchmarks.streams.chat``, each on the same GGUF with one thread and 64
 sequences at once, all asked through ``POST /v1/chat/completions``: carpool with its prefix
-cache (and once without), llama.cpp's llama-server, llama-cpp-python's server."""
+cache (and once without), llama.cpp's llama-server, llama-cpp-python's server (the peers
+started by ``_llm_servers.start_peer``, with this scenario's slots)."""
 
 from __future__ import annotations
 
 import json
-import sys
 import urllib.request
 from pathlib import Path
 
-from benchmarks.harness import common
 from benchmarks.harness import processes as _process
-from benchmarks.streams._llm_servers import Missing
+from benchmarks.streams._llm_servers import PEERS, Missing, start_peer
 from carpool.backends.smollm2.served import default_engine
 
 SERVERS = ("carpool", "carpool_no_reuse", "llama_server", "llama_cpp_python")
@@ -36,32 +35,8 @@ def start(
         return _process.carpool_serve(
             "smollm2", "--config", str(config), *flags, cpus=cores.server, name=name
         )
-    port = _process.free_port()
-    if name == "llama_cpp_python":
-        absent = common.missing_modules(("sse_starlette", "starlette_context", "fastapi"))
-        if absent:
-            raise Missing(
-                f"llama_cpp.server needs {', '.join(absent)}: "
-                "pip install sse-starlette starlette-context fastapi pydantic-settings"
-            )
-        argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf),
-                "--n_threads", "1", "--n_threads_batch", "1", "--n_ctx", str(CONTEXT),
-                "--flash_attn", "True", "--interrupt_requests", "False",
-                "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
-        return _process.Server(
-            "llama_cpp.server", argv, port, cores.server, ready_path="/v1/models"
-        )
-    if name == "llama_server":
-        if not llama_server.is_file():
-            raise Missing(
-                f"no llama-server at {llama_server}: bash benchmarks/streams/setup_llama_server.sh"
-            )
-        # cache_prompt is llama-server's default: a slot keeps its last prompt's KV cache.
-        argv = [str(llama_server), "--model", str(gguf), "--host", "127.0.0.1",
-                "--port", str(port), "--threads", "1", "--threads-batch", "1",
-                "--parallel", str(SLOTS), "--cont-batching", "--ctx-size", str(CONTEXT * SLOTS),
-                "--flash-attn", "on", "--jinja", "--no-webui"]  # fmt: skip
-        return _process.Server("llama-server", argv, port, cores.server, ready_path="/health")
+    if name in PEERS:
+        return start_peer(name, gguf, cores, llama_server, SLOTS, CONTEXT)
     raise ValueError(f"unknown server {name!r}: one of {SERVERS}")
 
 

@@ -18,13 +18,22 @@ from benchmarks.harness import Figures, common, run
 from benchmarks.harness import processes as _process
 from benchmarks.streams import _chat_aiperf, _chat_prompts, _chat_servers, _llm_client
 from benchmarks.streams._chat_cells import MAX_TOKENS, STATS, Cell, client_cell
-from benchmarks.streams._llm_servers import LLAMA_SERVER, Missing, openai_request
+from benchmarks.streams._llm_servers import (
+    Window,
+    add_names,
+    add_options,
+    chosen,
+    measure_each,
+    openai_request,
+    pinned,
+)
 
 CLIENTS = (1, 4, 16, 64)
 QUICK_CLIENTS = (1, 16)
 PEERS = ("llama_server", "llama_cpp_python")
 TOOLS = ("client", "aiperf")
 UNITS = {"tokens_per_s": "tok/s", "errors": "requests"}
+WINDOW = Window(warmup_s=3.0, duration_s=10.0, quick_warmup_s=0.5, quick_duration_s=5.0)
 # (server, prompt set) runs: carpool without reuse only where there is something to reuse.
 RUNS = (
     ("carpool", "unrelated"), ("carpool", "shared"), ("carpool_no_reuse", "shared"),
@@ -37,48 +46,24 @@ Cells = dict[tuple[str, str, str, int], Cell]  # (tool, server, set, clients) ->
 
 def parser() -> argparse.ArgumentParser:
     p = common.base_parser(__doc__, default_cpus="0,1", default_repeats=1)
-    p.add_argument(
-        "--peers",
-        default=",".join(PEERS),
-        help="peers to run, comma-separated, or 'none' (default llama_server,llama_cpp_python)",
-    )
-    p.add_argument(
+    add_names(p, "--peers", PEERS, "peers to run")
+    add_names(
+        p,
         "--tools",
-        default=",".join(TOOLS),
-        help="clients measuring each cell: client (the scenario's own), aiperf (its venv: "
-        "benchmarks/streams/setup_aiperf.sh), comma-separated (default client,aiperf)",
+        TOOLS,
+        "clients measuring each cell: client (the scenario's own), aiperf (its venv: "
+        "benchmarks/streams/setup_aiperf.sh)",
     )
-    p.add_argument(
-        "--llama-server",
-        type=Path,
-        default=LLAMA_SERVER,
-        metavar="PATH",
-        help="llama.cpp's llama-server binary (default: setup_llama_server.sh's)",
-    )
-    p.add_argument("--warmup", type=float, default=None, help="warm-up s per cell (3; quick 0.5)")
-    p.add_argument("--duration", type=float, default=None, help="window s per cell (10; quick 5)")
+    add_options(p, WINDOW)
     return p
 
 
-def _chosen(spec: str, known: tuple[str, ...], what: str) -> list[str]:
-    names = [] if spec == "none" else [n.strip() for n in spec.split(",") if n.strip()]
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise ValueError(f"unknown {what} {unknown[0]!r}: one of {list(known)} or 'none'")
-    return names
-
-
 def measure(args: argparse.Namespace) -> Figures:
-    from carpool.backends.smollm2.files import gguf_path
-
-    warmup = args.warmup if args.warmup is not None else (0.5 if args.quick else 3.0)
-    duration = args.duration if args.duration is not None else (5.0 if args.quick else 10.0)
+    warmup, duration = WINDOW.of(args)
     clients = QUICK_CLIENTS if args.quick else CLIENTS
-    servers = ["carpool", "carpool_no_reuse", *_chosen(args.peers, PEERS, "peer")]
-    tools = _chosen(args.tools, TOOLS, "tool")
-    cores = _process.split_cpus(args.cpus)
-    _process.pin_self(cores.client)
-    gguf = gguf_path()
+    servers = ["carpool", "carpool_no_reuse", *chosen(args.peers, PEERS, "peer")]
+    tools = chosen(args.tools, TOOLS, "tool")
+    cores, gguf = pinned(args)
     if "aiperf" in tools and (why := _chat_aiperf.missing()):
         print(f"note: aiperf left out (NaN figures): {why}", flush=True)
         tools.remove("aiperf")
@@ -90,24 +75,19 @@ def measure(args: argparse.Namespace) -> Figures:
     )  # fmt: skip
     cells: Cells = {}
     with tempfile.TemporaryDirectory(prefix="carpool-chat-") as tmp:
-        for name in _chat_servers.SERVERS:
-            sets = [s for server, s in RUNS if server == name]
-            if name not in servers:
-                continue
-            try:
-                server = _chat_servers.start(name, gguf, cores, args.llama_server, Path(tmp))
-            except Missing as missing:
-                print(f"note: {name} left out (NaN figures): {missing}", flush=True)
-                continue
-            try:
-                server.wait_ready(240)
-                model = _first(name, server.base)
-                for prompt_set in sets:
-                    spec = _CellSpec(server, name, model, prompt_set, cores, Path(tmp), warmup,
-                                     duration)  # fmt: skip
-                    cells.update(_cells(spec, clients, tools))
-            finally:
-                server.stop()
+
+        def start(name: str) -> _process.Server:
+            return _chat_servers.start(name, gguf, cores, args.llama_server, Path(tmp))
+
+        def measured(name: str, server: _process.Server) -> None:
+            model = _first(name, server.base)
+            for prompt_set in [s for server_name, s in RUNS if server_name == name]:
+                spec = _CellSpec(server, name, model, prompt_set, cores, Path(tmp), warmup,
+                                 duration)  # fmt: skip
+                cells.update(_cells(spec, clients, tools))
+
+        names = [name for name in _chat_servers.SERVERS if name in servers]
+        measure_each(names, start, 240, measured)
     return _figures(cells, clients)
 
 

@@ -15,68 +15,43 @@ from pathlib import Path
 from benchmarks.harness import Figures, common, run
 from benchmarks.harness import processes as _process
 from benchmarks.streams import _llm_client, _llm_servers
-from benchmarks.streams._llm_servers import SERVERS
+from benchmarks.streams._llm_servers import (
+    PEERS,
+    SERVERS,
+    Window,
+    add_names,
+    add_options,
+    chosen,
+    measure_each,
+    pinned,
+)
 
 CLIENTS = (1, 4, 16)
 MAX_TOKENS = 32
 # A chat prompt of 18 tokens whose greedy answer runs past 32 tokens on every server.
 PROMPT = "Write a short story about a small robot who learns to paint the night sky."
-PEERS = ("llama_cpp_python", "llama_server")
 ENGINES = ("llama", "torch")
 DEFAULT = "carpool_torch"  # carpool serve smollm2's default engine: the goals are its
 STATS = ("tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
          "tokens_per_stream")  # fmt: skip
 UNITS = {"tokens_per_s": "tok/s", "tokens_per_stream": "tokens"}
+WINDOW = Window(warmup_s=5.0, duration_s=30.0, quick_warmup_s=0.5, quick_duration_s=3.0)
 
 
 def parser() -> argparse.ArgumentParser:
     p = common.base_parser(__doc__, default_cpus="0,1", default_repeats=1)
-    p.add_argument(
-        "--engines",
-        default=",".join(ENGINES),
-        help="carpool's engines, comma-separated (default llama,torch; one carpool lacks "
-        "is left out with a note)",
-    )
-    p.add_argument(
-        "--peers",
-        default=",".join(PEERS),
-        help="peers to run, comma-separated, or 'none' (default llama_cpp_python,llama_server)",
-    )
-    p.add_argument(
-        "--llama-server",
-        type=Path,
-        default=_llm_servers.LLAMA_SERVER,
-        metavar="PATH",
-        help="llama.cpp's llama-server binary (default: the one "
-        "benchmarks/streams/setup_llama_server.sh builds)",
-    )
-    p.add_argument(
-        "--warmup", type=float, default=None, help="warm-up seconds per cell (5; quick 0.5)"
-    )
-    p.add_argument(
-        "--duration", type=float, default=None, help="window seconds per cell (30; quick 3)"
-    )
+    what = "carpool's engines (one carpool lacks is left out with a note)"
+    add_names(p, "--engines", ENGINES, what)
+    add_names(p, "--peers", PEERS, "peers to run")
+    add_options(p, WINDOW)
     return p
 
 
-def _chosen(spec: str, known: tuple[str, ...], what: str) -> list[str]:
-    names = [] if spec == "none" else [n.strip() for n in spec.split(",") if n.strip()]
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise ValueError(f"unknown {what} {unknown[0]!r}: one of {list(known)} or 'none'")
-    return names
-
-
 def measure(args: argparse.Namespace) -> Figures:
-    from carpool.backends.smollm2.files import gguf_path
-
-    warmup = args.warmup if args.warmup is not None else (0.5 if args.quick else 5.0)
-    duration = args.duration if args.duration is not None else (3.0 if args.quick else 30.0)
-    chosen = [f"carpool_{e}" for e in _chosen(args.engines, ENGINES, "engine")]
-    chosen += _chosen(args.peers, PEERS, "peer")
-    cores = _process.split_cpus(args.cpus)
-    _process.pin_self(cores.client)
-    gguf = gguf_path()
+    warmup, duration = WINDOW.of(args)
+    names = [f"carpool_{e}" for e in chosen(args.engines, ENGINES, "engine")]
+    names += chosen(args.peers, PEERS, "peer")
+    cores, gguf = pinned(args)
     common.header(
         "SmolLM2-135M streams: carpool against llama-cpp-python and llama-server",
         {"gguf": gguf.name, "cores": str(cores), "prompt": PROMPT, "max_tokens": MAX_TOKENS,
@@ -84,19 +59,14 @@ def measure(args: argparse.Namespace) -> Figures:
     )  # fmt: skip
     cells: dict[str, dict[int, _llm_client.Cell]] = {}
     with tempfile.TemporaryDirectory(prefix="carpool-llm-") as tmp:
-        for name in SERVERS:
-            if name not in chosen:
-                continue
-            try:
-                server = _llm_servers.start(name, gguf, cores, args.llama_server, Path(tmp))
-            except _llm_servers.Missing as missing:
-                print(f"note: {name} left out (NaN figures): {missing}", flush=True)
-                continue
-            try:
-                server.wait_ready(180)
-                cells[name] = _run(name, server.base, warmup, duration)
-            finally:
-                server.stop()
+
+        def start(name: str) -> _process.Server:
+            return _llm_servers.start(name, gguf, cores, args.llama_server, Path(tmp))
+
+        def measured(name: str, server: _process.Server) -> None:
+            cells[name] = _run(name, server.base, warmup, duration)
+
+        measure_each([name for name in SERVERS if name in names], start, 180, measured)
     return _figures(cells)
 
 
@@ -127,9 +97,9 @@ def _figures(cells: dict[str, dict[int, _llm_client.Cell]]) -> Figures:
     for name in SERVERS:
         for clients in CLIENTS:
             cell = cells.get(name, {}).get(clients)
-            for stat in STATS:
-                value = float(getattr(cell, stat)) if cell else nan
-                figures.add(f"{name}_{stat}_{clients}", value, UNITS.get(stat, "ms"))
+            for what in STATS:
+                value = float(getattr(cell, what)) if cell else nan
+                figures.add(f"{name}_{what}_{clients}", value, UNITS.get(what, "ms"))
 
     def stat(name: str, what: str, clients: int) -> float:
         return float(figures[f"{name}_{what}_{clients}"])

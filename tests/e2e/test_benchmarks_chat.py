@@ -31,13 +31,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(RUN_WITHIN_S + 30)]
 
 
 def run_of(test: pytest.Function, folder: Path) -> tuple[list[str], float]:
-    """The quick run ``test`` checks: its argv and its timeout."""
-    runs = {
-        "test_chat_quick_run": scenario(
-            "benchmarks.streams.chat", folder, "--peers", "none", "--tools", "client"
-        ),
-    }
-    return runs[test.originalname], RUN_WITHIN_S
+    """``python -m benchmarks.streams.chat --quick ...``, carpool alone, its own client."""
+    argv = scenario("benchmarks.streams.chat", folder, "--peers", "none", "--tools", "client")
+    return argv, RUN_WITHIN_S
 
 
 def test_chat_quick_run(figures: dict[str, object]) -> None:

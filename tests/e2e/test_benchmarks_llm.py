@@ -23,14 +23,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(RUN_WITHIN_S + 30)]
 
 
 def run_of(test: pytest.Function, folder: Path) -> tuple[list[str], float]:
-    """The quick run ``test`` checks: its argv and its timeout."""
-    runs = {
-        # The torch engine is left out too: the llama engine runs the peers' GGUF.
-        "test_llm_quick_run": scenario(
-            "benchmarks.streams.llm", folder, "--engines", "llama", "--peers", "none"
-        ),
-    }
-    return runs[test.originalname], RUN_WITHIN_S
+    """``python -m benchmarks.streams.llm --quick ...``, carpool's llama engine alone (the
+    torch engine left out too: the llama engine runs the peers' GGUF)."""
+    argv = scenario("benchmarks.streams.llm", folder, "--engines", "llama", "--peers", "none")
+    return argv, RUN_WITHIN_S
 
 
 def test_llm_quick_run(figures: dict[str, object]) -> None:
