@@ -5,59 +5,34 @@ events read and every chunk whose delta carries text timed as an output."""
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from typing import Any, ClassVar
 
-from carpool.bench.targets.base import CHAT_PATH, BenchError, Send, Streamed
-from carpool.bench.targets.http_target import CONTROL_TIMEOUT_S, KEEPALIVE_S, ScrapedTarget, get
-from carpool.bench.targets.openai_target import _choose, _model_ids
-from carpool.bench.targets.stream_clients import STREAM_ERROR
-
-if TYPE_CHECKING:
-    import aiohttp
+from carpool.bench.targets.base import CHAT_PATH, Send
+from carpool.bench.targets.openai_target import _ListedTarget, _OpenAIURL, _split_url
+from carpool.bench.targets.stream_clients import sse_sends
 
 __all__ = ["ChatStreamClient", "ChatTarget", "ChatURL", "chat_bodies", "parse_chat"]
 
-_JSON = {"Content-Type": "application/json"}
 _EVENT = b"data:"
 
 
 @dataclass(frozen=True, slots=True)
-class ChatURL:
+class ChatURL(_OpenAIURL):
     """``http://HOST:PORT[/PREFIX]/v1/chat/completions``, split into what bench uses."""
 
-    base: str  # scheme://host:port
-    prefix: str = ""  # the path before /v1/chat/completions
+    PATH: ClassVar[str] = CHAT_PATH
 
     @property
     def chat(self) -> str:
-        return f"{self.base}{self.prefix}{CHAT_PATH}"
-
-    @property
-    def models(self) -> str:
-        return f"{self.base}{self.prefix}/v1/models"
-
-    @property
-    def metrics(self) -> str:
-        return self.base + "/metrics"
-
-    def __str__(self) -> str:
-        return self.chat
+        return self.endpoint
 
 
 def parse_chat(text: str) -> ChatURL:
     """A chat URL: an HTTP URL whose path ends in ``/v1/chat/completions``."""
-    parts = urlsplit(text)
-    path = parts.path.rstrip("/")
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise BenchError(f"TARGET {text!r} must be http://HOST:PORT{CHAT_PATH}")
-    if not path.endswith(CHAT_PATH):
-        raise BenchError(f"TARGET {text!r} must end in {CHAT_PATH}")
-    return ChatURL(f"{parts.scheme}://{parts.netloc}", path[: -len(CHAT_PATH)])
+    return ChatURL(*_split_url(text, CHAT_PATH))
 
 
 def chat_bodies(
@@ -109,6 +84,10 @@ def chunk_text(line: bytes) -> str | None:
     return str(text) if text else None
 
 
+def _has_text(line: bytes) -> bool:
+    return chunk_text(line) is not None
+
+
 @dataclass(frozen=True, slots=True)
 class ChatStreamClient:
     """Chat bodies POSTed over a keep-alive pool, each answer streamed: a chunk with text an
@@ -119,64 +98,21 @@ class ChatStreamClient:
     bodies: tuple[bytes, ...]
     timeout_s: float
 
-    @asynccontextmanager
-    async def open(self, connections: int) -> AsyncIterator[Send]:
-        import aiohttp
-
-        connector = aiohttp.TCPConnector(
-            limit=connections, limit_per_host=connections, keepalive_timeout=KEEPALIVE_S
+    def open(self, connections: int) -> AbstractAsyncContextManager[Send]:
+        # chunk_text's RuntimeError is an error event
+        return sse_sends(
+            self.url, self.bodies, self.timeout_s, connections, _has_text, RuntimeError
         )
-        timeout = aiohttp.ClientTimeout(total=None, sock_read=self.timeout_s)
-        async with aiohttp.ClientSession(
-            connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",)
-        ) as session:
-            post, url, bodies, clock = session.post, self.url, self.bodies, time.perf_counter
-
-            async def send(i: int) -> str | Streamed | None:
-                sent = clock()
-                arrivals: list[float] = []
-                try:
-                    async with post(url, data=bodies[i % len(bodies)], headers=_JSON) as answer:
-                        if answer.status != 200:
-                            await answer.read()
-                            return str(answer.status)
-                        async for line in answer.content:
-                            if chunk_text(line) is not None:
-                                arrivals.append(clock())
-                except RuntimeError:
-                    return STREAM_ERROR
-                except Exception as exc:  # any failure is counted by its kind, never raised
-                    return type(exc).__name__
-                return Streamed.of(sent, arrivals)
-
-            yield send
 
 
-class ChatTarget(ScrapedTarget):
+class ChatTarget(_ListedTarget[ChatURL]):
     """A chat endpoint; ``/metrics`` read when the server is carpool."""
 
     kind = "chat"
 
-    def __init__(self, url: ChatURL, model: str, session: aiohttp.ClientSession) -> None:
-        super().__init__(model, url.metrics, session)
-        self.url = url
-        self.metadata: dict[str, Any] = {"name": model}
-
-    def __str__(self) -> str:
-        return str(self.url)
-
     @classmethod
-    @asynccontextmanager
-    async def connect(cls, text: str, model: str | None) -> AsyncIterator[ChatTarget]:
-        """Reach the server and pick the model from ``GET /v1/models``; :class:`BenchError`
-        when the server is unreachable or does not list it."""
-        import aiohttp
-
-        url = parse_chat(text)
-        timeout = aiohttp.ClientTimeout(total=CONTROL_TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            ids = _model_ids(url.models, *await get(session, url.models))
-            yield cls(url, _choose(url.models, ids, model), session)
+    def _parse(cls, text: str) -> ChatURL:
+        return parse_chat(text)
 
     def client(self, bodies: Sequence[bytes], timeout_s: float) -> ChatStreamClient:
         return ChatStreamClient(self.url.chat, tuple(bodies), timeout_s)

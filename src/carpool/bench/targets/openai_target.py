@@ -8,7 +8,7 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Self, TypeVar
 from urllib.parse import urlsplit
 
 from carpool.bench.targets.base import EMBEDDINGS_PATH, BenchError, Client
@@ -30,15 +30,17 @@ _JSON = {"Content-Type": "application/json"}
 
 
 @dataclass(frozen=True, slots=True)
-class EmbeddingsURL:
-    """``http://HOST:PORT[/PREFIX]/v1/embeddings``, split into what bench uses."""
+class _OpenAIURL:
+    """``http://HOST:PORT[/PREFIX]`` and an OpenAI endpoint's ``PATH``: what either of
+    bench's OpenAI targets reaches."""
 
     base: str  # scheme://host:port
-    prefix: str = ""  # the path before /v1/embeddings ("" at the server's root)
+    prefix: str = ""  # the path before the endpoint's ("" at the server's root)
+    PATH: ClassVar[str] = ""
 
     @property
-    def embeddings(self) -> str:
-        return f"{self.base}{self.prefix}{EMBEDDINGS_PATH}"
+    def endpoint(self) -> str:
+        return f"{self.base}{self.prefix}{self.PATH}"
 
     @property
     def models(self) -> str:
@@ -49,18 +51,34 @@ class EmbeddingsURL:
         return self.base + "/metrics"
 
     def __str__(self) -> str:
-        return self.embeddings
+        return self.endpoint
+
+
+def _split_url(text: str, path: str) -> tuple[str, str]:
+    """``(base, prefix)`` of an HTTP URL whose path ends in an endpoint's ``path``."""
+    parts = urlsplit(text)
+    full = parts.path.rstrip("/")
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise BenchError(f"TARGET {text!r} must be http://HOST:PORT{path}")
+    if not full.endswith(path):
+        raise BenchError(f"TARGET {text!r} must end in {path}")
+    return f"{parts.scheme}://{parts.netloc}", full[: -len(path)]
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingsURL(_OpenAIURL):
+    """``http://HOST:PORT[/PREFIX]/v1/embeddings``, split into what bench uses."""
+
+    PATH: ClassVar[str] = EMBEDDINGS_PATH
+
+    @property
+    def embeddings(self) -> str:
+        return self.endpoint
 
 
 def parse_embeddings(text: str) -> EmbeddingsURL:
     """An embeddings URL: an HTTP URL whose path ends in ``/v1/embeddings``."""
-    parts = urlsplit(text)
-    path = parts.path.rstrip("/")
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise BenchError(f"TARGET {text!r} must be http://HOST:PORT/v1/embeddings")
-    if not path.endswith(EMBEDDINGS_PATH):
-        raise BenchError(f"TARGET {text!r} must end in {EMBEDDINGS_PATH}")
-    return EmbeddingsURL(f"{parts.scheme}://{parts.netloc}", path[: -len(EMBEDDINGS_PATH)])
+    return EmbeddingsURL(*_split_url(text, EMBEDDINGS_PATH))
 
 
 def embedding_bodies(
@@ -105,12 +123,14 @@ def _choose(url: str, ids: list[str], model: str | None) -> str:
     return model
 
 
-class OpenAITarget(ScrapedTarget):
-    """An embeddings endpoint; ``/metrics`` read when the server is carpool."""
+_URL = TypeVar("_URL", bound=_OpenAIURL)
 
-    kind = "openai"
 
-    def __init__(self, url: EmbeddingsURL, model: str, session: aiohttp.ClientSession) -> None:
+class _ListedTarget(ScrapedTarget, Generic[_URL]):
+    """An OpenAI endpoint serving a model its ``GET /v1/models`` lists; ``/metrics`` read when
+    the server is carpool. A subclass names its URL's parser."""
+
+    def __init__(self, url: _URL, model: str, session: aiohttp.ClientSession) -> None:
         super().__init__(model, url.metrics, session)
         self.url = url
         self.metadata: dict[str, Any] = {"name": model}
@@ -119,17 +139,31 @@ class OpenAITarget(ScrapedTarget):
         return str(self.url)
 
     @classmethod
+    def _parse(cls, text: str) -> _URL:
+        raise NotImplementedError
+
+    @classmethod
     @asynccontextmanager
-    async def connect(cls, text: str, model: str | None) -> AsyncIterator[OpenAITarget]:
+    async def connect(cls, text: str, model: str | None) -> AsyncIterator[Self]:
         """Reach the server and pick the model from ``GET /v1/models``; :class:`BenchError`
         when the server is unreachable or does not list it."""
         import aiohttp
 
-        url = parse_embeddings(text)
+        url = cls._parse(text)
         timeout = aiohttp.ClientTimeout(total=CONTROL_TIMEOUT_S)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             ids = _model_ids(url.models, *await get(session, url.models))
             yield cls(url, _choose(url.models, ids, model), session)
+
+
+class OpenAITarget(_ListedTarget[EmbeddingsURL]):
+    """An embeddings endpoint; ``/metrics`` read when the server is carpool."""
+
+    kind = "openai"
+
+    @classmethod
+    def _parse(cls, text: str) -> EmbeddingsURL:
+        return parse_embeddings(text)
 
     def client(self, bodies: Sequence[bytes], timeout_s: float) -> Client:
         return HttpClient(self.url.embeddings, tuple((b, dict(_JSON)) for b in bodies), timeout_s)

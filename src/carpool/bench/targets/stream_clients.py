@@ -5,8 +5,8 @@ gRPC; each output's arrival timed, nothing parsed but what marks an output or an
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ __all__ = [
     "GrpcStreamClient",
     "SseClient",
     "encode_stream_request",
+    "sse_sends",
     "stream_bodies",
 ]
 
@@ -29,6 +30,59 @@ STREAM_ERROR = "StreamError"  # the kind of an error that arrives inside a strea
 _EVENT = b"data: "
 _ERROR_EVENT = b'data: {"error"'
 _JSON = {"Content-Type": "application/json"}
+
+
+@asynccontextmanager
+async def sse_sends(
+    url: str,
+    bodies: Sequence[bytes],
+    timeout_s: float,
+    connections: int,
+    output: Callable[[bytes], bool | None],
+    errors: type[Exception] | tuple[type[Exception], ...] = (),
+) -> AsyncIterator[Send]:
+    """The ``send`` of a client process POSTing ``bodies`` over a keep-alive pool and timing
+    each line of an answer that ``output`` calls one; a line it gives None, or any of
+    ``errors`` raised, is a :data:`STREAM_ERROR`. ``timeout_s`` bounds each next line."""
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(
+        limit=connections, limit_per_host=connections, keepalive_timeout=KEEPALIVE_S
+    )
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=timeout_s)
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",)
+    ) as session:
+        post, clock = session.post, time.perf_counter
+
+        async def send(i: int) -> str | Streamed | None:
+            sent = clock()
+            arrivals: list[float] = []
+            try:
+                async with post(url, data=bodies[i % len(bodies)], headers=_JSON) as answer:
+                    if answer.status != 200:
+                        await answer.read()
+                        return str(answer.status)
+                    async for line in answer.content:
+                        is_output = output(line)
+                        if is_output is None:
+                            return STREAM_ERROR
+                        if is_output:
+                            arrivals.append(clock())
+            except errors:
+                return STREAM_ERROR
+            except Exception as exc:  # any failure is counted by its kind, never raised
+                return type(exc).__name__
+            return Streamed.of(sent, arrivals)
+
+        yield send
+
+
+def _generate_event(line: bytes) -> bool | None:
+    """Each ``data:`` event an output; an ``{"error": ...}`` one None (the stream failed)."""
+    if line.startswith(_ERROR_EVENT):
+        return None
+    return line.startswith(_EVENT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,37 +95,8 @@ class SseClient:
     bodies: tuple[bytes, ...]
     timeout_s: float
 
-    @asynccontextmanager
-    async def open(self, connections: int) -> AsyncIterator[Send]:
-        import aiohttp
-
-        connector = aiohttp.TCPConnector(
-            limit=connections, limit_per_host=connections, keepalive_timeout=KEEPALIVE_S
-        )
-        timeout = aiohttp.ClientTimeout(total=None, sock_read=self.timeout_s)
-        async with aiohttp.ClientSession(
-            connector=connector, timeout=timeout, skip_auto_headers=("User-Agent",)
-        ) as session:
-            post, url, bodies, clock = session.post, self.url, self.bodies, time.perf_counter
-
-            async def send(i: int) -> str | Streamed | None:
-                sent = clock()
-                arrivals: list[float] = []
-                try:
-                    async with post(url, data=bodies[i % len(bodies)], headers=_JSON) as answer:
-                        if answer.status != 200:
-                            await answer.read()
-                            return str(answer.status)
-                        async for line in answer.content:
-                            if line.startswith(_ERROR_EVENT):
-                                return STREAM_ERROR
-                            if line.startswith(_EVENT):
-                                arrivals.append(clock())
-                except Exception as exc:  # any failure is counted by its kind, never raised
-                    return type(exc).__name__
-                return Streamed.of(sent, arrivals)
-
-            yield send
+    def open(self, connections: int) -> AbstractAsyncContextManager[Send]:
+        return sse_sends(self.url, self.bodies, self.timeout_s, connections, _generate_event)
 
 
 def encode_stream_request(
