@@ -382,6 +382,7 @@ def free_port() -> int:
 
 # Ray Serve 2.60's own models use pydantic features pydantic 2 deprecates.
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.timeout(300)  # Serve's controller and replicas start slowly on a loaded box
 def test_the_ray_serve_example_batches_inside_each_replica(cluster: Any) -> None:
     from ray import serve
 
