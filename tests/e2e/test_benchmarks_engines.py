@@ -1,0 +1,42 @@
+"""The SmolLM2 engines benchmark still runs: its --quick run, as a user starts it; its
+figures' names and types and its checks (OpenBLAS's greedy tokens equal MKL's) are
+asserted, never its numbers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from carpool.backends.cpu_features import cpu_features
+from e2e.conftest import scenario, shape
+
+# A quick run's bound: three engines load (seconds each) and step 1 and 16 sequences.
+RUN_WITHIN_S = 240
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(RUN_WITHIN_S + 30)]
+
+
+def run_of(test: pytest.Function, folder: Path) -> tuple[list[str], float]:
+    """``python -m benchmarks.streams.engines --quick``."""
+    return scenario("benchmarks.streams.engines", folder), RUN_WITHIN_S
+
+
+def test_engines_quick_run(figures: dict[str, object]) -> None:
+    engines = ["fp32_openblas", "fp32_mkl", "llama"]
+    if cpu_features().exact_int8:
+        engines.append("int8")
+    steps = {
+        f"{engine}_{stat}_{count}": "float"
+        for engine in engines
+        for stat in ("ms_per_step", "tokens_per_s")
+        for count in (1, 16)
+    }
+    assert shape(figures) == {
+        **steps,
+        **{f"fp32_openblas_over_mkl_{count}": "float" for count in (1, 16)},
+        **{f"fp32_openblas_tokens_equal_mkl_{count}": "bool" for count in (1, 16)},
+    }
+    assert figures["fp32_openblas_tokens_equal_mkl_1"] is True
+    assert figures["fp32_openblas_tokens_equal_mkl_16"] is True
+    assert all(figures[name] > 0 for name in steps)  # type: ignore[operator]
