@@ -157,9 +157,13 @@ def start(
         config.write_text(
             f'[models.smollm2]\nengine = "{chosen}"\nthreads = 1\nmax_sequences = {SLOTS}\n'
         )
+        # every prompt prefilled, as llama-server's requests ask (cache_prompt false): the
+        # same prompt each time would otherwise be a prefix cache hit (benchmarks.streams.chat
+        # measures reuse)
         return _process.carpool_serve(
-            "smollm2", "--config", str(config), cpus=cores.server, name=f"carpool ({engine})"
-        )
+            "smollm2", "--config", str(config), "--prefix-cache-size", "0",
+            cpus=cores.server, name=f"carpool ({engine})",
+        )  # fmt: skip
     if name in PEERS:
         return start_peer(name, gguf, cores, llama_server, SLOTS, CONTEXT)
     raise ValueError(f"unknown server {name!r}: one of {SERVERS}")
