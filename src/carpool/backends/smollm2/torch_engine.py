@@ -415,9 +415,9 @@ def _causal(n: int, past: int, group: int) -> torch.Tensor | None:
 
 
 class _Linear:
-    """``x @ weight.T`` in fp32, by numpy's BLAS (OpenBLAS): a decode step's products are
-    memory-bound, and on AMD EPYC (AVX2) OpenBLAS ran a step in 0.72x the time torch's
-    MKL took (1 and 16 sequences alike). The weight is read as [in, out] memory: no copy when
+    """``x @ weight.T`` in fp32, by numpy's BLAS (OpenBLAS): on AMD EPYC (AVX2) it ran a
+    decode step in 0.68-0.76x the time torch's MKL took, 1 to 32 sequences
+    (``benchmarks.streams.engines``). The weight is read as [in, out] memory: no copy when
     it is stored so (``load_weights`` stores them so), one when it is not (a tied head)."""
 
     def __init__(self, weight: torch.Tensor) -> None:
@@ -433,7 +433,7 @@ class _Int8Linear:
     neighbours; the product is exact in int32 (``torch._int_mm``, oneDNN's VNNI kernels)."""
 
     def __init__(self, weight: torch.Tensor) -> None:
-        weight = weight.contiguous()
+        weight = weight.contiguous()  # [out, in] rows (load_weights stores [in, out])
         self._scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127
         # [in, out] as a transposed view: _int_mm runs fastest on it
         self._weight = (weight / self._scale[:, None]).round().to(torch.int8).t()
