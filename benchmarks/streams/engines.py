@@ -1,7 +1,7 @@
 """SmolLM2's engines, a decode step at a time, in process: milliseconds a step and tokens/s at
 1, 16 and 32 sequences for torch-fp32 (numpy's OpenBLAS products), the same with torch's own
-products (MKL: the engine before), int8 where the CPU sums int8 in hardware, and llama.cpp;
-the OpenBLAS/MKL ratio measured side by side, alternating. docs/benchmarks/llm.md."""
+products (MKL), int8 where its kernels run fast (x86 with AVX2, VNNI, arm) and llama.cpp;
+OpenBLAS over MKL alternating, int8 over fp32 in the same run. docs/benchmarks/llm.md."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import torch
 from torch.nn import functional
 
 from benchmarks.harness import Figures, common, run
-from carpool.backends.cpu_features import cpu_features
 from carpool.backends.generation import Prompt
+from carpool.backends.smollm2.served import default_engine
 from carpool.steps.model import StepModel
 
 SEQUENCES = (1, 16, 32)
@@ -76,9 +76,9 @@ def timed_steps(
     return times
 
 
-def fp32_side_by_side(figures: Figures, count: int, repeats: int, steps: int) -> None:
+def fp32_side_by_side(figures: Figures, count: int, repeats: int, steps: int) -> float:
     """OpenBLAS against MKL on the same sequences, alternating each repeat; their greedy
-    tokens over the run compared too."""
+    tokens over the run compared too. OpenBLAS's median step, in seconds."""
     from carpool.backends.smollm2.torch_engine import SmolLM2Torch
 
     engine = SmolLM2Torch(threads=1)
@@ -98,6 +98,7 @@ def fp32_side_by_side(figures: Figures, count: int, repeats: int, steps: int) ->
     theirs = [s.tokens for s in _generate(engine, ready(engine, count), 8)]
     back()
     figures.check(f"fp32_openblas_tokens_equal_mkl_{count}", mine == theirs)
+    return statistics.median(times["openblas"])
 
 
 def _generate(engine: StepModel[Prompt, Any, Any], states: list[Any], steps: int) -> list[Any]:
@@ -106,13 +107,17 @@ def _generate(engine: StepModel[Prompt, Any, Any], states: list[Any], steps: int
     return states
 
 
-def other_engine(figures: Figures, name: str, count: int, repeats: int, steps: int) -> None:
+def other_engine(figures: Figures, name: str, count: int, repeats: int, steps: int) -> float:
+    """The engine's median step, in seconds."""
     engine = make(name)
     states = ready(engine, count)
-    seconds = [t for _ in range(repeats) for t in timed_steps(engine, states, steps)]
-    report(figures, name, count, statistics.median(seconds))
+    seconds = statistics.median(
+        t for _ in range(repeats) for t in timed_steps(engine, states, steps)
+    )
+    report(figures, name, count, seconds)
     for state in states:
         engine.free(state)
+    return seconds
 
 
 def make(name: str) -> StepModel[Prompt, Any, Any]:
@@ -137,16 +142,18 @@ def measure(args: argparse.Namespace) -> Figures:
     repeats = args.repeats or (1 if args.quick else 4)
     steps = args.steps or (2 if args.quick else 3)
     counts = SEQUENCES[:2] if args.quick else SEQUENCES
-    int8 = cpu_features().exact_int8  # without VNNI, int8 runs ~20x slower than fp32: left out
+    int8 = default_engine() == "torch"  # where int8's kernels are slow (no AVX2), left out
     common.header(
         "streams.engines",
         {"cpus": cpus, "sequences": counts, "repeats": repeats, "steps": steps, "int8": int8},
     )
     figures = Figures()
     for count in counts:
-        fp32_side_by_side(figures, count, repeats, steps)
+        fp32 = fp32_side_by_side(figures, count, repeats, steps)
         for name in ("int8", "llama") if int8 else ("llama",):
-            other_engine(figures, name, count, repeats, steps)
+            seconds = other_engine(figures, name, count, repeats, steps)
+            if name == "int8":
+                figures.add(f"int8_over_fp32_{count}", seconds / fp32, "x")
     return figures
 
 

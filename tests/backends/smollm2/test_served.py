@@ -104,11 +104,13 @@ def test_an_unknown_engine_is_refused() -> None:
         ("x86_64", {"avx2", "avx512bw", "avx512dq", "avx512vl", "avx512_vnni"}, "torch"),
         ("x86_64", {"avx2", "avx_vnni"}, "torch"),
         ("aarch64", set(), "torch"),
-        ("x86_64", {"avx2"}, "torch-fp32"),  # an EPYC with AVX2 only: _int_mm ~20x fp32's time
-        ("x86_64", {"avx2", "avx512bw", "avx512dq", "avx512vl"}, "torch-fp32"),
+        ("x86_64", {"avx2"}, "torch"),  # an EPYC with AVX2 only: fbgemm's kernels
+        ("x86_64", {"avx2", "avx512bw", "avx512dq", "avx512vl"}, "torch"),
+        ("x86_64", {"sse4_2", "avx"}, "torch-fp32"),  # no AVX2: fbgemm's reference code
+        ("x86_64", set(), "torch-fp32"),  # flags unknown
     ],
 )
-def test_the_default_engine_is_int8_only_where_the_cpu_sums_int8_in_hardware(
+def test_the_default_engine_is_int8_where_its_kernels_run_fast(
     machine: str, flags: set[str], engine: str
 ) -> None:
     assert default_engine(CpuFeatures(machine, frozenset(flags))) == engine

@@ -244,3 +244,44 @@ def test_int8_answers_and_batches_alike(reader: Any) -> None:
     prompts = [dataclasses.replace(GREEDY, max_tokens=6), Prompt("hi", temperature=0, max_tokens=6)]
     alone = [run(int8, [p])[0][0].tokens for p in prompts]
     assert [s.tokens for s, _ in run(int8, prompts)] == alone
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_the_last_prompt_token_rides_with_the_prefill(
+    reader: Any, engine: SmolLM2Torch, int8: bool
+) -> None:
+    """The prefill that ends a prompt feeds its last token too, as a span of its own in the
+    same products: the logits are the ones a separate first step computes (bit for bit in
+    int8), and that first step runs no weight pass of its own."""
+    model = SmolLM2Torch(reader=reader, int8=True) if int8 else engine
+    [folded, apart] = model.start([GREEDY, GREEDY])
+    assert isinstance(folded, TorchState)
+    assert isinstance(apart, TorchState)
+    assert model.prefill([folded], [model.start_cost(folded)]) == [None]
+    assert folded.cache is not None
+    assert folded.cache.length == len(folded.ids)
+    with torch.inference_mode():
+        model._forward([apart], [apart.ids[:-1]], False)
+        alone = model._forward([apart], [[apart.ids[-1]]], True)
+    assert folded.first is not None
+    if int8:  # integer products: a row's result is the same in any batch
+        assert torch.equal(folded.first, alone[0])
+    else:  # numpy's BLAS sums a lone row (gemv) in another order than a matrix's rows
+        assert torch.allclose(folded.first, alone[0], rtol=1e-4, atol=1e-4)
+    passes: list[Any] = []
+    forward = model._forward
+
+    def counted(*args: Any) -> Any:
+        passes.append(args[1])
+        return forward(*args)
+
+    model._forward = counted  # type: ignore[method-assign]
+    try:
+        [piece] = model.step([folded])
+    finally:
+        del model._forward
+    assert passes == [[]]
+    assert isinstance(piece, Piece)
+    assert folded.tokens == [int(alone[0].argmax())]
+    for state in (folded, apart):
+        model.free(state)

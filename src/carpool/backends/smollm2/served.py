@@ -59,9 +59,11 @@ def smollm2_model(
 
 
 def default_engine(features: CpuFeatures | None = None) -> str:
-    """``torch`` (int8) where the CPU sums int8 products in 32-bit hardware (VNNI, AMX, arm),
-    else ``torch-fp32``: without VNNI torch's int8 products run ~20x slower than fp32."""
-    return "torch" if (features or cpu_features()).exact_int8 else "torch-fp32"
+    """``torch`` (integer products) where they run fast: x86 with AVX2 (fbgemm's kernels) and
+    CPUs that sum int8 products in 32-bit hardware (VNNI, AMX, arm); else ``torch-fp32``."""
+    cpu = features or cpu_features()
+    fast = cpu.exact_int8 or (cpu.machine in ("x86_64", "amd64") and "avx2" in cpu.flags)
+    return "torch" if fast else "torch-fp32"
 
 
 def _engine(name: str, threads: int, max_sequences: int) -> StepModel[Prompt, Any, Piece]:

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 from torch.nn import functional
@@ -17,6 +16,7 @@ from torch.nn import functional
 from carpool.backends.generation import FinishReason, Piece, Prompt, StopText
 from carpool.backends.prefixes import PrefixStore, part_keys
 from carpool.backends.smollm2.files import gguf_path
+from carpool.backends.smollm2.products import Fp32Linear, Int8Linear
 from carpool.backends.smollm2.sampling import Sampler, pick
 from carpool.backends.smollm2.text import Detokenizer, TextCodec
 from carpool.backends.smollm2.weights import LlamaConfig, LlamaWeights, load_weights, read_gguf
@@ -81,6 +81,7 @@ class TorchState:
     done: bool = False
     keys: list[bytes] = field(default_factory=list)  # its prefill parts' (when reusing)
     reused: int = 0  # prompt tokens whose state it reused
+    first: torch.Tensor | None = None  # the last prompt token's logits, when prefill fed it
 
 
 class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
@@ -89,8 +90,9 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
     ``threads``: torch's intra-op threads and numpy's BLAS threads (process-wide; one by
     default, one core per replica).
     ``reader``: the GGUF already open (a ``gguf.GGUFReader``), else the shipped one is read.
-    ``int8``: the matrix products in int8 (weights per output row, activations per token):
-    about twice as fast on one core, not the same tokens as fp32 (the text stays the model's).
+    ``int8``: the matrix products in integers (7-bit weights per output row, 8-bit activations
+    per token, exact on every CPU): 2.4x fp32's decode step at 16 sequences on one AMD EPYC
+    core, not the same tokens as fp32 (the text stays the model's).
     Prompts are prefilled in parts of ``start_chunk`` tokens: int8's answer depends on how a
     prompt was split, so it is always split the same way, however busy the steps.
     """
@@ -108,7 +110,7 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
         self.weights: LlamaWeights = load_weights(reader)
         self.config = self.weights.config
         self._cos, self._sin = _rope_tables(self.config)
-        linear = _Int8Linear if int8 else _Linear
+        linear = Int8Linear if int8 else Fp32Linear
         self._linears = [
             (linear(x.qkv), linear(x.out), linear(x.gate_up), linear(x.down))
             for x in self.weights.layers
@@ -184,13 +186,27 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
         for index, (state, part) in enumerate(zip(states, parts, strict=True)):
             if part is not None and leaders.setdefault(state.keys[part], state) is not state:
                 fed[index] = []
-        with torch.inference_mode():
-            self._forward(states, fed, logits=False)
+        self._prefill_forward(states, fed)
         if store is not None:
             self._share(states, chunks, parts, fed, leaders, store)
         for state, chunk in zip(states, chunks, strict=True):
             state.fed += len(chunk)
         return [None if alive else ValueError("the sequence was freed") for alive in live]
+
+    def _prefill_forward(self, states: Sequence[TorchState], fed: Sequence[Sequence[int]]) -> None:
+        """Feed the chunks; a chunk that ends a prompt's prefill takes the prompt's last token
+        along, in the same products, as its own span: its logits are the very ones a first
+        step would compute, and that step then only samples, a weight pass sooner."""
+        ends = [
+            s
+            for s, chunk in zip(states, fed, strict=True)
+            if chunk and s.fed + len(chunk) == len(s.ids) - 1
+        ]
+        wanted = [False] * len(states) + [True] * len(ends)
+        with torch.inference_mode():
+            logits = self._forward([*states, *ends], [*fed, *([s.ids[-1]] for s in ends)], wanted)
+        for state, row in zip(ends, logits, strict=True):
+            state.first = row
 
     def _share(
         self,
@@ -249,9 +265,14 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
         ready = [s for s in states if self.start_cost(s) == 0 and not s.done]
         picks: dict[int, int] = {}
         if ready:
+            fresh = [s for s in ready if s.first is None]
             with torch.inference_mode():
-                logits = self._forward(ready, [[s.pending] for s in ready], logits=True)
+                computed = iter(self._forward(fresh, [[s.pending] for s in fresh], True))
+                rows = [next(computed) if s.first is None else s.first for s in ready]
+                logits = torch.stack(rows)
                 chosen = pick(logits, [s.sampler for s in ready])
+            for state in ready:
+                state.first = None
             picks = {id(s): token for s, token in zip(ready, chosen, strict=True)}
         pieces: list[Piece | BaseException] = []
         for state in states:
@@ -267,7 +288,7 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
         return output.finish_reason is not None
 
     def free(self, state: TorchState) -> None:
-        state.cache = None
+        state.cache = state.first = None
         state.done = True
 
     def _piece(self, state: TorchState, token: int) -> Piece:
@@ -288,25 +309,25 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
         return Piece(text, finish_reason=reason, prompt_tokens=first)
 
     def _forward(
-        self, states: Sequence[TorchState], chunks: Sequence[Sequence[int]], *, logits: bool
+        self,
+        states: Sequence[TorchState],
+        chunks: Sequence[Sequence[int]],
+        logits: bool | Sequence[bool],
     ) -> torch.Tensor:
-        """Feed each state its chunk of tokens through the decoder, appending to its cache;
-        the logits of each chunk's last token ([states, vocab]) when ``logits``."""
+        """Feed each state its chunk of tokens through the decoder, appending to its cache (a
+        state listed twice feeds its chunks in turn); the logits of each chunk's last token
+        ([chunks, vocab]) for the chunks ``logits`` asks for (True: all, False: none)."""
         c, w = self.config, self.weights
-        spans = [(_cache(s), len(chunk)) for s, chunk in zip(states, chunks, strict=True) if chunk]
+        spans = _spans(states, chunks)
         flat = [t for chunk in chunks for t in chunk]
         if not flat:
             return torch.empty(0, c.vocab)
-        for cache, n in spans:
-            cache.reserve(n)
         tokens, rotated = len(flat), c.heads + c.kv_heads
-        decode = _Decode(self.config, [k for k, _ in spans]) if tokens == len(spans) else None
-        if decode is not None:
-            positions = torch.tensor([k.length for k, _ in spans])
-        else:
-            positions = torch.cat([torch.arange(k.length, k.length + n) for k, n in spans])
+        alone = tokens == len(spans) == len({id(k) for k, _, _ in spans})
+        decode = _Decode(self.config, [k for k, _, _ in spans]) if alone else None
+        positions = torch.cat([torch.arange(past, past + n) for _, n, past in spans])
         cos, sin = self._cos[positions][:, None, :], self._sin[positions][:, None, :]
-        masks = [_causal(n, k.length, c.heads // c.kv_heads) for k, n in spans]
+        masks = [_causal(n, past, c.heads // c.kv_heads) for _, n, past in spans]
         x = w.embed[torch.tensor(flat)]
         for index, layer in enumerate(w.layers):
             h = functional.rms_norm(x, (c.hidden,), layer.attn_norm, c.rms_eps)
@@ -320,17 +341,20 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
             h = functional.rms_norm(x, (c.hidden,), layer.ffn_norm, c.rms_eps)
             gate, up = self._linears[index][2](h).chunk(2, dim=1)
             x = x + self._linears[index][3](functional.silu(gate) * up)
-        for cache, n in spans:
+        for cache, n, _ in spans:
             cache.length += n
-        if not logits:
+        asks = [logits] * len(chunks) if isinstance(logits, bool) else logits
+        picked = [bool(ask) for ask, chunk in zip(asks, chunks, strict=True) if chunk]
+        ends = torch.tensor([n for _, n, _ in spans]).cumsum(0) - 1  # each span's last row
+        last = ends[torch.tensor(picked, dtype=torch.bool)]
+        if not len(last):
             return x.new_empty(0, c.vocab)
-        last = torch.tensor([n for _, n in spans]).cumsum(0) - 1
         return self._head(functional.rms_norm(x[last], (c.hidden,), w.norm, c.rms_eps))
 
     def _attend(
         self,
         layer: int,
-        spans: Sequence[tuple[KVCache, int]],
+        spans: Sequence[tuple[KVCache, int, int]],
         masks: Sequence[torch.Tensor | None],
         qk: torch.Tensor,
         v: torch.Tensor,
@@ -340,14 +364,13 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
         no key is repeated: q as [kv_heads, group, tokens, dim]."""
         c = self.config
         group, tokens = c.heads // c.kv_heads, qk.shape[0]
-        sizes = [n for _, n in spans]
+        sizes = [n for _, n, _ in spans]
         q = qk[:, : c.heads].view(tokens, c.kv_heads, group, c.head_dim).permute(1, 2, 0, 3)
         queries = torch.split(q, sizes, dim=2)  # [kv_heads, group, n, dim] each
         # the new keys and values, [2, kv_heads, n, dim] each: one copy into each cache
         news = torch.split(torch.stack([qk[:, c.heads :], v]).permute(0, 2, 1, 3), sizes, dim=2)
         outs = []
-        for (cache, n), mask, query, new in zip(spans, masks, queries, news, strict=True):
-            past = cache.length
+        for (cache, n, past), mask, query, new in zip(spans, masks, queries, news, strict=True):
             cached = cache.data[layer]  # [2, kv_heads, capacity, dim]
             cached[:, :, past : past + n] = new
             seen = cached[:, None, :, : past + n]  # [2, 1, kv_heads, past + n, dim]
@@ -405,6 +428,24 @@ def _cache(state: TorchState) -> KVCache:
     return state.cache
 
 
+def _spans(
+    states: Sequence[TorchState], chunks: Sequence[Sequence[int]]
+) -> list[tuple[KVCache, int, int]]:
+    """(cache, tokens, tokens before) of each non-empty chunk, in order, each cache reserved
+    for all its chunks: a state's second chunk follows its first."""
+    spans: list[tuple[KVCache, int, int]] = []
+    ends: dict[int, int] = {}
+    for state, chunk in zip(states, chunks, strict=True):
+        if chunk:
+            cache = _cache(state)
+            past = ends.get(id(cache), cache.length)
+            ends[id(cache)] = past + len(chunk)
+            spans.append((cache, len(chunk), past))
+    for cache, _, _ in spans:
+        cache.reserve(ends[id(cache)] - cache.length)
+    return spans
+
+
 def _causal(n: int, past: int, group: int) -> torch.Tensor | None:
     """The mask of a chunk of ``n`` tokens after ``past`` cached ones, rows ordered (member of
     the kv head's group, token): token i sees the past and the chunk's tokens up to i."""
@@ -412,36 +453,6 @@ def _causal(n: int, past: int, group: int) -> torch.Tensor | None:
         return None
     seen = torch.arange(n).repeat(group) + past
     return torch.arange(past + n)[None, :] <= seen[:, None]
-
-
-class _Linear:
-    """``x @ weight.T`` in fp32, by numpy's BLAS (OpenBLAS): on AMD EPYC (AVX2) it ran a
-    decode step in 0.68-0.76x the time torch's MKL took, 1 to 32 sequences
-    (``benchmarks.streams.engines``). The weight is read as [in, out] memory: no copy when
-    it is stored so (``load_weights`` stores them so), one when it is not (a tied head)."""
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        self._weight = np.ascontiguousarray(weight.t().numpy())
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(np.matmul(x.numpy(), self._weight))
-
-
-class _Int8Linear:
-    """``x @ weight.T`` in int8: the weight with one scale per output row, ``x`` quantized on
-    the fly with one scale per token, so a token's result never depends on its batch
-    neighbours; the product is exact in int32 (``torch._int_mm``, oneDNN's VNNI kernels)."""
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        weight = weight.contiguous()  # [out, in] rows (load_weights stores [in, out])
-        self._scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127
-        # [in, out] as a transposed view: _int_mm runs fastest on it
-        self._weight = (weight / self._scale[:, None]).round().to(torch.int8).t()
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        scale = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127
-        quantized = (x / scale).round_().to(torch.int8)
-        return torch._int_mm(quantized, self._weight) * scale * self._scale
 
 
 def _rope_tables(config: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
