@@ -22,7 +22,7 @@ PROMPT = "What is the capital of France?"
 GREEDY = {"max_tokens": 12, "temperature": 0, "seed": 3}
 
 
-# The torch engine this CPU defaults to (int8 with VNNI, else fp32), and llama.cpp.
+# The torch engine this CPU defaults to (int8 on x86 with AVX2 and arm, else fp32), and llama.cpp.
 @pytest.fixture(scope="module", params=[default_engine(), "llama"])
 def server(request: pytest.FixtureRequest, serve_module: Launcher, tmp_path_factory: Any) -> Server:
     config = tmp_path_factory.mktemp(request.param) / "carpool.toml"

@@ -51,8 +51,8 @@ def reader() -> Any:
     return read_gguf(gguf_path())
 
 
-# The flavour this CPU serves by default (int8 where it has VNNI, else fp32: int8 without
-# VNNI runs ~20x slower); the other flavour is checked once, below.
+# The flavour this CPU serves by default (int8 on x86 with AVX2 and on arm, else fp32); the
+# other flavour is checked once, below.
 INT8 = default_engine() == "torch"
 
 
