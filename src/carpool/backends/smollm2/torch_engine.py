@@ -76,7 +76,7 @@ class TorchState:
     stop: StopText
     cache: KVCache | None
     pending: int  # the token the next step feeds
-    fed: int = 0  # prompt tokens in the cache (prefill covers all but the last)
+    fed: int = 0  # prompt tokens prefilled (all but the last, which rides along or steps)
     tokens: list[int] = field(default_factory=list)  # generated so far
     done: bool = False
     keys: list[bytes] = field(default_factory=list)  # its prefill parts' (when reusing)
@@ -160,8 +160,8 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
         return self._store is not None
 
     def prefix_counts(self) -> PrefixCounts | None:
-        """``computed`` counts prefill tokens (each prompt's all but its last, which the
-        first step feeds); None while reuse is off."""
+        """``computed`` counts prefill tokens (each prompt's all but its last, which rides
+        with the last part or the first step feeds); None while reuse is off."""
         return None if self._store is None else self._store.counts()
 
     def start_cost(self, state: TorchState) -> int:
