@@ -104,9 +104,10 @@ def active(server: Server) -> float:
     return server.metric("carpool_active_sequences", model="words")
 
 
-def closed(server: Server) -> float:
-    """The words requests counted as cancelled by their client (499) over gRPC."""
-    labels = '{model="words",outcome="client_closed",protocol="grpc"} '
+def closed(server: Server, outcome: str = "client_closed") -> float:
+    """The words requests counted as cancelled by their client (499) over gRPC, or with
+    another ``outcome``."""
+    labels = f'{{model="words",outcome="{outcome}",protocol="grpc"}} '
     for line in server.metrics().splitlines():
         if line.startswith(f"carpool_requests_total{labels}"):
             return float(line.split()[-1])
@@ -285,6 +286,22 @@ def test_cancelling_a_raw_call_frees_the_sequences_slot(stub: Any, server: Serve
     wait_until(lambda: active(server) == 0, "the cancelled sequence to leave", within=10.0)
     wait_until(lambda: closed(server) == cancelled + 1, "the cancel counted once", within=10.0)
     assert [flagged(r) for r in streamed(stub, request("n", "next"))] == [("n", ["next"], True)]
+
+
+def test_a_stream_past_its_deadline_counts_as_a_timeout_not_a_cancel(
+    stub: Any, server: Server
+) -> None:
+    """grpc cancels the handler when the call's deadline passes: that is a 504's kind
+    (``DEADLINE_EXCEEDED``), not the client's going, and the slot is freed all the same."""
+    cancelled, timed_out = closed(server), closed(server, "timeout")
+    long = " ".join(f"w{i}" for i in range(200))
+    call = stub.ModelStreamInfer(iter([request("d", long, delay_ms=50)]), timeout=1.0)
+    with pytest.raises(grpc.RpcError) as info:
+        list(call)
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    wait_until(lambda: active(server) == 0, "the expired sequence to leave", within=10.0)
+    wait_until(lambda: closed(server, "timeout") == timed_out + 1, "counted once", within=10.0)
+    assert closed(server) == cancelled
 
 
 # ---------------------------------------------------------------- unary calls, other models

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,7 +17,7 @@ from carpool import Batching, Model
 from carpool.errors import BatcherClosed, DeadlineExceeded
 from carpool.server.failures import ModelNotFound
 from carpool.server.inference.call import Answer, Call, Withdrawal
-from carpool.server.inference.path import ClientGone, Inference, _unless_gone
+from carpool.server.inference.path import ClientGone, Inference, _outcome, _unless_gone
 from carpool.server.lifecycle.registry import Registry, ServedModel
 from carpool.server.messages import InferInput, InferRequest, ProtocolError
 from carpool.server.statuses import HTTPError, Status
@@ -266,3 +267,13 @@ async def test_a_cancel_beside_the_client_going_stays_a_cancel() -> None:
     await asyncio.gather(waiting, return_exceptions=True)
     assert waiting.cancelled()  # not ClientGone: the drain answers it
     assert work.cancelled()
+
+
+def test_a_client_gone_at_its_calls_deadline_is_the_deadlines() -> None:
+    """grpc cancels a call, and refuses its writes, once its deadline passes: that going is
+    a 504's kind; before the deadline, or with none, it is the client's (499)."""
+    now = time.monotonic()
+    assert _outcome(Status.CLIENT_CLOSED, now - 0.001) == Status.GATEWAY_TIMEOUT
+    assert _outcome(Status.CLIENT_CLOSED, now + 10) == Status.CLIENT_CLOSED
+    assert _outcome(Status.CLIENT_CLOSED, None) == Status.CLIENT_CLOSED
+    assert _outcome(Status.UNAVAILABLE, now - 1) == Status.UNAVAILABLE  # a drain's cut-off

@@ -230,7 +230,7 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     def _call(self, request: Any, left_s: float | None) -> Call[Any, Any]:
         """One ``ModelInferRequest`` as the inference path's call, counted under ``grpc``:
         the call's deadline (``left_s``) shortens its queue timeout, and a cancelled call
-        (the client's cancel, its deadline) withdraws it and counts 499."""
+        withdraws it: the client's cancel counts 499, its deadline's 504."""
         return Call(
             protocol=PROTOCOL, model=request.model_name,
             version=request.model_version or None, read=functools.partial(_received, request),

@@ -37,7 +37,7 @@ class Withdrawal:
     ``DEADLINE_EXCEEDED``), while the model's own queue timeout stays a 503.
     ``cancel_counts_as``: the status a cancellation of the caller's task is counted as
     (gRPC: a call the client cancelled, 499; REST: the server's cut-off at the drain
-    deadline, 503); None counts nothing.
+    deadline, 503); None counts nothing. One at ``deadline_s`` or past it counts 504.
     """
 
     client_gone: GoneSignal | None = None
