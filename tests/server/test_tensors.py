@@ -201,6 +201,7 @@ def test_array_from_json_empty() -> None:
         ("INT8", [1, 300], r"INT8 needs integers in \[-128, 127\]; got 300"),
         ("INT8", [-129, 0], r"INT8 needs integers in \[-128, 127\]; got -129"),
         ("UINT8", [-1, 0], r"UINT8 needs integers in \[0, 255\]; got -1"),
+        ("INT8", [-129, -300], r"INT8 needs integers in .*; got -129"),  # the first, not the least
         ("INT64", [-1, 2**64 - 1], r"INT64 needs integers in .*; got 18446744073709551615"),
         ("INT32", [1, 2.5], "INT32 needs integers .*; element 1 is 2.5"),
         ("INT32", [True, False], "INT32 needs integers .*; element 0 is a boolean"),
