@@ -153,7 +153,7 @@ def start(
         if importlib.util.find_spec(f"carpool.backends.smollm2.{engine}_engine") is None:
             raise Missing(f"carpool has no smollm2 {engine} engine")
         config = tmp / f"{engine}.toml"
-        chosen = default_engine() if engine == "torch" else engine  # int8 where its kernels run fast
+        chosen = default_engine() if engine == "torch" else engine  # int8 where it runs fast
         config.write_text(
             f'[models.smollm2]\nengine = "{chosen}"\nthreads = 1\nmax_sequences = {SLOTS}\n'
         )
