@@ -202,6 +202,7 @@ def test_array_from_json_empty() -> None:
         ("INT8", [-129, 0], r"INT8 needs integers in \[-128, 127\]; got -129"),
         ("UINT8", [-1, 0], r"UINT8 needs integers in \[0, 255\]; got -1"),
         ("INT8", [-129, -300], r"INT8 needs integers in .*; got -129"),  # the first, not the least
+        ("UINT32", [-1, 0.0], r"UINT32 needs integers in .*; got -1"),  # before the float
         ("INT64", [-1, 2**64 - 1], r"INT64 needs integers in .*; got 18446744073709551615"),
         ("INT32", [1, 2.5], "INT32 needs integers .*; element 1 is 2.5"),
         ("INT32", [True, False], "INT32 needs integers .*; element 0 is a boolean"),

@@ -288,7 +288,7 @@ def _integers_from_json(
     info = np.iinfo(dtype)
     wanted = f"{where}: {datatype} needs integers in [{info.min}, {info.max}]"
     if not types <= {int}:
-        raise ValueError(f"{wanted}; {_first_not(flat, (int,), first)}")
+        raise ValueError(f"{wanted}; {_first_no_integer(flat, info, first)}")
     raw = np.array(flat)  # int64 or uint64; float64 only for a mix of both ranges
     exact = raw.dtype.kind in "iu"
     low, high = (
@@ -411,6 +411,17 @@ def _flatten(data: list[Any]) -> list[Any]:
         else:
             stack.pop()
     return out
+
+
+def _first_no_integer(flat: list[Any], info: Any, first: int) -> str:
+    # Error path only: the first element that is no integer, or one out of range, in order:
+    # what a reader that takes the array in pieces meets first too.
+    for index, item in enumerate(flat, first):
+        if type(item) is not int:
+            return _first_not([item], (int,), index)
+        if not info.min <= item <= info.max:
+            return f"got {item}"
+    return "no element is of the wrong type"
 
 
 def _first_not(flat: list[Any], wanted: tuple[type, ...], first: int) -> str:
