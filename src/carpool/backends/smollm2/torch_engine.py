@@ -267,9 +267,11 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
         if ready:
             fresh = [s for s in ready if s.first is None]
             with torch.inference_mode():
-                computed = iter(self._forward(fresh, [[s.pending] for s in fresh], True))
-                rows = [next(computed) if s.first is None else s.first for s in ready]
-                logits = torch.stack(rows)
+                logits = self._forward(fresh, [[s.pending] for s in fresh], True)
+                if len(fresh) < len(ready):  # some have their logits from their prefill
+                    computed = iter(logits)
+                    rows = [next(computed) if s.first is None else s.first for s in ready]
+                    logits = torch.stack(rows)
                 chosen = pick(logits, [s.sampler for s in ready])
             for state in ready:
                 state.first = None
