@@ -295,17 +295,8 @@ def _integers_from_json(
         (int(raw.min()), int(raw.max())) if exact else (min(flat, default=0), max(flat, default=0))
     )
     if low < info.min or high > info.max:
-        raise ValueError(f"{wanted}; got {_first_outside(raw if exact else flat, info)}")
+        raise ValueError(f"{wanted}; {_first_no_integer(flat, info, first)}")
     return raw.astype(dtype) if exact else np.array(flat, dtype=dtype)
-
-
-def _first_outside(values: Array | list[Any], info: Any) -> int:
-    """The first value outside ``info``'s range, in order: what a reader that takes the array
-    in pieces meets first too (the least or greatest would depend on where it was cut)."""
-    if isinstance(values, np.ndarray):
-        outside = (values < info.min) | (values > info.max)
-        return int(values[int(np.argmax(outside))])
-    return int(next(v for v in values if not info.min <= v <= info.max))
 
 
 def _floats_from_json(
