@@ -172,10 +172,19 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         # not read until one is answered (HTTP/2's flow control then holds the client back),
         # so unread messages do not each become a task.
         room = asyncio.Semaphore(STREAM_IN_FLIGHT)
-        async with asyncio.TaskGroup() as tasks:
+        running: set[asyncio.Task[None]] = set()
+        try:
             async for request in requests:
                 await room.acquire()
-                tasks.create_task(self._stream_one(request, context, writing, room))
+                task = asyncio.create_task(self._stream_one(request, context, writing, room))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            while running:
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_EXCEPTION)
+                for task in done:
+                    task.result()
+        finally:
+            await _ended(running)
 
     async def _stream_one(
         self, request: Any, context: Any, writing: asyncio.Lock, room: asyncio.Semaphore
@@ -314,6 +323,14 @@ _KINDS = {
     (False, False): grpc.unary_unary_rpc_method_handler,
     (True, True): grpc.stream_stream_rpc_method_handler,
 }
+
+
+async def _ended(tasks: set[asyncio.Task[None]]) -> None:
+    """``tasks`` cancelled and awaited: a stream's requests end with their call."""
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks)
 
 
 def _service(servicer: _Servicer) -> grpc.GenericRpcHandler:
