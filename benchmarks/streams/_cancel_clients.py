@@ -6,6 +6,7 @@ closed); what each stream got, and when its client gave it up (``time.monotonic`
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -79,6 +80,7 @@ async def run(planned: list[Planned], concurrent: int, one: One) -> Outcome:
                 if got != want:
                     outcome.wrong.append(p.key)
 
+    gc.freeze()  # the plan and the run's books: no full collection walks them mid-run
     start = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(concurrent)))
     outcome.wall_s = time.perf_counter() - start
@@ -89,8 +91,8 @@ async def _give_up_early(p: Planned, outcome: Outcome, read: Awaitable[Any]) -> 
     """``read`` started, and cancelled ``p.wait_s`` later: before it read an output."""
     task = asyncio.ensure_future(read)
     await asyncio.sleep(p.wait_s)
-    outcome.cancelled_at[p.key] = time.monotonic()
     task.cancel()
+    outcome.cancelled_at[p.key] = time.monotonic()
     await asyncio.gather(task, return_exceptions=True)
     return []
 
@@ -154,6 +156,7 @@ def grpc_streams(stub: Any, model: str) -> One:
             raise
         if p.key in outcome.cancelled_at:
             call.cancel()
+            outcome.cancelled_at[p.key] = time.monotonic()  # the cancel issued
         return got
 
     return one
@@ -181,6 +184,7 @@ def sse_streams(session: Any, model: str) -> One:
             got = await _read(p, outcome, events(response))
             if p.key in outcome.cancelled_at:
                 response.close()  # given up: the connection closed, the server told
+                outcome.cancelled_at[p.key] = time.monotonic()  # the close issued
             return got
 
     async def one(p: Planned, outcome: Outcome) -> list[int]:
