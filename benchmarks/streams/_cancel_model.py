@@ -10,17 +10,12 @@ import bisect
 import json
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-
-from benchmarks.streams._models import SPREAD
-from carpool.model import Batching, Tensor
+from benchmarks.streams._models import SPREAD, served
 from carpool.steps.model import StepModel
-from carpool.stepwise import StepwiseModel
 
 DUMP = -1  # the key of the request that writes the ledger
 MODEL = "cancel"
@@ -96,26 +91,4 @@ def _served() -> Counting:
     return Counting(step_ms / 1000, Path(ledger) if ledger else None)
 
 
-def _request(row: Mapping[str, np.ndarray[Any, Any]], parameters: Mapping[str, Any]) -> Any:
-    return int(row["key"].reshape(-1)[0]), int(row["length"].reshape(-1)[0])
-
-
-def _response(output: int) -> dict[str, np.ndarray[Any, Any]]:
-    return {"value": np.array([output], dtype=np.int64)}
-
-
-def _whole(outputs: list[int]) -> dict[str, np.ndarray[Any, Any]]:
-    return {"value": np.array(outputs, dtype=np.int64)}
-
-
-cancel = StepwiseModel(
-    name=MODEL,
-    stepper=_served,
-    request=_request,
-    response=_response,
-    whole=_whole,
-    inputs=[Tensor("key", "INT64", (1,)), Tensor("length", "INT64", (1,))],
-    outputs=[Tensor("value", "INT64", (-1,))],
-    batching=Batching(max_batch_size=8),
-    max_sequences=MAX_SEQUENCES,
-)
+cancel = served(MODEL, _served, MAX_SEQUENCES)

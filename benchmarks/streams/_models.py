@@ -7,9 +7,14 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
+import numpy as np
+
+from carpool.model import Batching, Tensor
 from carpool.steps.model import StepModel
+from carpool.stepwise import StepwiseModel
 
 SPREAD = 1024  # output k of sequence ``key``: key * SPREAD + k (lengths stay below it)
 
@@ -80,3 +85,31 @@ class Prompted(Synthetic):
         for state, n in zip(states, tokens, strict=True):
             state[3] -= n
         return [None] * len(states)
+
+
+def served(name: str, stepper: Callable[[], StepModel[Any, Any, int]], most: int) -> StepwiseModel:
+    """A ``(key, length)`` step model as ``carpool serve`` serves it: inputs ``key`` and
+    ``length`` (INT64), one ``value`` (INT64) a step, ``most`` sequences at a time."""
+    return StepwiseModel(
+        name=name,
+        stepper=stepper,
+        request=_request,
+        response=_response,
+        whole=_whole,
+        inputs=[Tensor("key", "INT64", (1,)), Tensor("length", "INT64", (1,))],
+        outputs=[Tensor("value", "INT64", (-1,))],
+        batching=Batching(max_batch_size=8),
+        max_sequences=most,
+    )
+
+
+def _request(row: Mapping[str, np.ndarray[Any, Any]], parameters: Mapping[str, Any]) -> Any:
+    return int(row["key"].reshape(-1)[0]), int(row["length"].reshape(-1)[0])
+
+
+def _response(output: int) -> dict[str, np.ndarray[Any, Any]]:
+    return {"value": np.array([output], dtype=np.int64)}
+
+
+def _whole(outputs: list[int]) -> dict[str, np.ndarray[Any, Any]]:
+    return {"value": np.array(outputs, dtype=np.int64)}

@@ -1,8 +1,9 @@
 """Step-wise batching of a synthetic model with a GPU-like step cost (fixed + per sequence),
 long-tailed lengths, 1-128 closed-loop streams: carpool's StepBatcher against one sequence
 at a time, static batching (a loop of ours; Ray Serve's ``@serve.batch`` over an async
-generator) and the offline limit; a lone stream's first output, carpool's own cost per
-sequence-step, a burst of long prompts, 10,000 cancellations. docs/benchmarks/streams.md."""
+generator; LitServe's batched streaming, over HTTP beside ``carpool serve``) and the offline
+limit; a lone stream's first output, carpool's own cost per sequence-step, a burst of long
+prompts, 10,000 cancellations. docs/benchmarks/streams.md."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ import functools
 import itertools
 from typing import Any
 
+import aiohttp
+
 from benchmarks.harness import Figures, common, run
-from benchmarks.streams import _cancel, _probes
+from benchmarks.harness import processes as _process
+from benchmarks.streams import _cancel, _http_systems, _probes
 from benchmarks.streams._models import Prompted, Synthetic, lengths, step_seconds
 from benchmarks.streams._systems import (
     RayStatic,
@@ -35,6 +39,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-sequences", type=int, default=32, help="carpool's and Ray's (32)")
     p.add_argument("--window", type=float, default=None, help="seconds measured per run (8)")
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument(
+        "--server-cpus", default="1", help="the HTTP systems' servers' CPUs (1; '' unpinned)"
+    )
     p.add_argument("--cancel-streams", type=int, default=None, help="(10000; quick 1000)")
     return p
 
@@ -92,6 +99,7 @@ def measure(args: argparse.Namespace) -> Figures:
                 )
 
     asyncio.run(loops())
+    http = _over_http(args, sizes, warmup, window)
     rows = []
     figures.add("serial_outputs_per_s", serial, "outputs/s")
     for clients in CLIENTS:
@@ -121,6 +129,7 @@ def measure(args: argparse.Namespace) -> Figures:
     figures.add("carpool_over_ray", saturated / common.median(rates[("ray", top)]), "x")
     figures.at_least("mean_active_over_max", common.median(occupancy), 0.9)
     figures.check("outputs_exact", exact)
+    _report_http(figures, http)
 
     ours_ms, direct_ms = asyncio.run(_lone(model, most, 10 if args.quick else 100))
     figures.add("lone_first_output_ms", ours_ms, "ms")
@@ -169,6 +178,63 @@ def measure(args: argparse.Namespace) -> Figures:
     figures.check("cancel_outputs_exact", outcome.exact)
     figures.check("cancel_counts_add_up", outcome.counts_add_up)
     return figures
+
+
+HttpRates = dict[tuple[str, int], tuple[float, bool]]  # (system, streams) -> outputs/s, exact
+
+
+def _over_http(
+    args: argparse.Namespace, sizes: list[int], warmup: float, window: float
+) -> HttpRates:
+    """carpool serve's ``generate_stream`` and LitServe (when its venv is there), each a
+    server pinned to ``--server-cpus``, the same closed loops over aiohttp from here."""
+    cpus = common.parse_cpus(args.server_cpus) if args.server_cpus else None
+    costs = args.fixed_ms, args.per_ms, args.max_sequences
+    servers = {"carpool_http": _http_systems.carpool_server(cpus, *costs)}
+    litserve = _http_systems.litserve_server(cpus, *costs, 5.0)  # Ray's wait, 5 ms
+    if litserve is None:
+        print(f"  litserve: not run, no venv ({_http_systems.SETUP_LITSERVE} makes it)")
+    else:
+        servers["litserve"] = litserve
+    openers = {"carpool_http": _http_systems.carpool_opener,
+               "litserve": _http_systems.litserve_opener}  # fmt: skip
+    rates: HttpRates = {}
+
+    async def loops() -> None:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            for clients in CLIENTS:
+                for name, server in servers.items():
+                    opener = openers[name](session, server.base)
+                    loop = await closed_loop(opener, clients, jobs(sizes), warmup, window)
+                    rates[name, clients] = loop.outputs_per_s, loop.exact
+                    async for _ in opener((-1, 1)):  # LitServe ends a batch its clients left
+                        pass  # only when its longest member ends: the next cell waits for it
+                print(
+                    f"  {clients:4d} streams over HTTP: "
+                    + "  ".join(f"{n} {rates[n, clients][0]:8.1f}" for n in servers)
+                    + " outputs/s"
+                )
+
+    try:
+        _process.wait_all(servers.values())
+        asyncio.run(loops())
+    finally:
+        for server in servers.values():
+            server.stop()
+    return rates
+
+
+def _report_http(figures: Figures, rates: HttpRates) -> None:
+    """Each HTTP system's outputs/s a streams count; carpool over LitServe at saturation."""
+    systems = sorted({name for name, _ in rates})
+    for name in systems:
+        for clients in CLIENTS:
+            figures.add(f"{name}_outputs_per_s_{clients}", rates[name, clients][0], "outputs/s")
+    top = CLIENTS[-1]
+    if "litserve" in systems:
+        ratio = rates["carpool_http", top][0] / rates["litserve", top][0]
+        figures.at_least("carpool_http_over_litserve", ratio, 2)
+    figures.check("http_outputs_exact", all(exact for _, exact in rates.values()))
 
 
 async def _lone(model: Synthetic, most: int, rounds: int) -> tuple[float, float]:
