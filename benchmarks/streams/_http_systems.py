@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -56,30 +56,34 @@ def litserve_server(
 
 def carpool_opener(session: Any, base: str) -> Opener:
     """A job's outputs from ``generate_stream``'s events."""
-    url = f"{base}/v2/models/{MODEL}/generate_stream"
-
-    async def open_stream(job: Job) -> AsyncIterator[int]:
-        async with session.post(url, json={"key": job[0], "length": job[1]}) as response:
-            response.raise_for_status()
-            async for line in response.content:
-                if line.startswith(b"data:"):
-                    yield _value(line[5:])
-
-    return open_stream
+    return _opener(session, f"{base}/v2/models/{MODEL}/generate_stream", _event_data)
 
 
 def litserve_opener(session: Any, base: str) -> Opener:
     """A job's outputs from LitServe's stream: a JSON object a line."""
-    url = f"{base}/predict"
+    return _opener(session, f"{base}/predict", _json_line)
+
+
+def _opener(session: Any, url: str, data_of: Callable[[bytes], bytes | None]) -> Opener:
+    """A job POSTed to ``url``, its outputs the JSON of each line ``data_of`` keeps."""
 
     async def open_stream(job: Job) -> AsyncIterator[int]:
         async with session.post(url, json={"key": job[0], "length": job[1]}) as response:
             response.raise_for_status()
             async for line in response.content:
-                if line.strip():
-                    yield _value(line)
+                data = data_of(line)
+                if data is not None:
+                    yield _value(data)
 
     return open_stream
+
+
+def _event_data(line: bytes) -> bytes | None:
+    return line[5:] if line.startswith(b"data:") else None
+
+
+def _json_line(line: bytes) -> bytes | None:
+    return line if line.strip() else None
 
 
 def _value(data: bytes) -> int:
