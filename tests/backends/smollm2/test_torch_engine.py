@@ -285,3 +285,42 @@ def test_the_last_prompt_token_rides_with_the_prefill(
     assert folded.tokens == [int(alone[0].argmax())]
     for state in (folded, apart):
         model.free(state)
+
+
+def test_sequences_ready_to_decode_ride_a_prefill(reader: Any) -> None:
+    """A prefill feeds every other live sequence's next token in the same pass: the step
+    after it runs no weight pass, and each sequence's tokens are the ones it makes alone
+    (bit for bit in int8, where a row's products never depend on its batch)."""
+    model = SmolLM2Torch(reader=reader, int8=True)
+    first, second = (dataclasses.replace(p, max_tokens=8) for p in (GREEDY, FRANCE))
+    alone = [run(model, [p])[0][0].tokens for p in (first, second)]
+    [early] = model.start([first])
+    assert isinstance(early, TorchState)
+    assert model.prefill([early], [model.start_cost(early)]) == [None]
+    for _ in range(2):
+        model.step([early])
+    [late] = model.start([second])
+    assert isinstance(late, TorchState)
+    assert model.prefill([late], [model.start_cost(late)]) == [None]
+    assert early.first is not None  # its next logits came with the other's prefill
+    passes: list[Any] = []
+    forward = model._forward
+
+    def counted(*args: Any) -> Any:
+        passes.append(args[1])
+        return forward(*args)
+
+    model._forward = counted  # type: ignore[method-assign]
+    try:
+        model.step([early, late])
+    finally:
+        del model._forward
+    assert passes == [[]]
+    going = [early, late]
+    while going:
+        pieces = model.step(going)
+        going = [s for s, p in zip(going, pieces, strict=True) if not model.finished(s, p)]  # type: ignore[arg-type]
+    assert [early.tokens, late.tokens] == alone
+    for state in (early, late):
+        model.free(state)
+    assert not model._live
