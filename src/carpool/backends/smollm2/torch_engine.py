@@ -5,7 +5,6 @@ runs per sequence against its own KV cache, so caches need no padding.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,8 +117,6 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
         ]
         self._head = linear(self.weights.head)
         self._store: PrefixStore[torch.Tensor] | None = None
-        # the sequences started and not freed, in order: those ready to decode ride a prefill
-        self._live: weakref.WeakValueDictionary[int, TorchState] = weakref.WeakValueDictionary()
 
     def start(self, inputs: Sequence[Prompt]) -> list[TorchState | BaseException]:
         return [self._start(p) for p in inputs]
@@ -151,7 +148,6 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
         if self._store is not None:
             state.keys = part_keys(ids[:-1], self.start_chunk)
             self._reuse(state, self._store)
-        self._live[id(state)] = state
         return state
 
     def reuse_prefixes(self, budget_bytes: int) -> bool:
@@ -199,33 +195,18 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
 
     def _prefill_forward(self, states: Sequence[TorchState], fed: Sequence[Sequence[int]]) -> None:
         """Feed the chunks; a chunk that ends a prompt's prefill takes the prompt's last token
-        along, in the same products, as its own span, and so does every other sequence ready
-        to decode its next token: their logits are the very ones a step would compute, and
-        the step that follows only samples. A tick then makes one weight pass, not two."""
+        along, in the same products, as its own span: its logits are the very ones a first
+        step would compute, and that step then only samples, a weight pass sooner."""
         ends = [
             s
             for s, chunk in zip(states, fed, strict=True)
             if chunk and s.fed + len(chunk) == len(s.ids) - 1
         ]
-        feeding = {id(s) for s in states}
-        riders = [s for s in self._live.values() if id(s) not in feeding and self._ready(s)]
-        last = [*ends, *riders]
-        chunks = [*fed, *([s.ids[-1]] for s in ends), *([s.pending] for s in riders)]
+        wanted = [False] * len(states) + [True] * len(ends)
         with torch.inference_mode():
-            logits = self._forward(
-                [*states, *last], chunks, [False] * len(states) + [True] * len(last)
-            )
-        for state, row in zip(last, logits, strict=True):
+            logits = self._forward([*states, *ends], [*fed, *([s.ids[-1]] for s in ends)], wanted)
+        for state, row in zip(ends, logits, strict=True):
             state.first = row
-
-    def _ready(self, state: TorchState) -> bool:
-        """Whether the state's next step feeds a token whose logits are not yet computed."""
-        return (
-            state.cache is not None
-            and not state.done
-            and state.first is None
-            and self.start_cost(state) == 0
-        )
 
     def _share(
         self,
@@ -311,7 +292,6 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
     def free(self, state: TorchState) -> None:
         state.cache = state.first = None
         state.done = True
-        self._live.pop(id(state), None)
 
     def _piece(self, state: TorchState, token: int) -> Piece:
         """The sequence's output for the token just chosen."""
