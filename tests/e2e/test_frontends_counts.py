@@ -1,5 +1,6 @@
 """``carpool serve --frontends 2`` under load while a front end is killed: every answer a
-client received is counted once in ``/metrics``, whenever the front end that sent it died
+client received is counted once in ``/metrics`` (but the one whose last bytes the kill may
+catch before its count is committed), whenever the front end that sent it died
 (issue 31: a front end's counts reached the main process only when statistics were
 queried, so a ``kill -9`` took everything since the last scrape with it); what the dead
 front end left in ``/dev/shm`` is unlinked at once, and the server ends with no warning
@@ -80,8 +81,11 @@ def test_a_killed_front_end_loses_none_of_the_answers_it_sent(serve: Launcher) -
         sent = load.received
         wait_until(lambda: load.received >= sent + 500, "500 answers after the kill")
         load.stop.set()
-    # No scrape during the load: the dead front end's counts were never asked for.
-    assert _successes(server, "add_one") - before == load.received
+    # No scrape during the load: the dead front end's counts were never asked for. An answer
+    # is committed as its last bytes are written (Tally), so a kill that lands between the
+    # two loses that one answer's count: one at most, never one the client did not get.
+    counted = _successes(server, "add_one") - before
+    assert load.received - 1 <= counted <= load.received
     stats = server.stats("add_one")["inference_stats"]
     # Triton's count of inferences completed; also those whose front end died unsent.
     assert stats["success"]["count"] >= load.received
