@@ -29,7 +29,9 @@ def _served() -> Synthetic:
 synthetic = served(MODEL, _served, int(os.environ.get("BENCH_SYNTHETIC_MOST", "32")))
 
 
-def carpool_server(cpus: frozenset[int] | None, fixed_ms: float, per_ms: float, most: int) -> Any:
+def carpool_server(
+    cpus: frozenset[int] | None, fixed_ms: float, per_ms: float, most: int
+) -> _process.Server:
     """``carpool serve`` of the synthetic model (REST only), pinned to ``cpus``, not waited on."""
     port = _process.free_port()
     argv = [sys.executable, "-m", "carpool", "serve", "benchmarks.streams._http_systems:synthetic",
@@ -43,7 +45,7 @@ def carpool_server(cpus: frozenset[int] | None, fixed_ms: float, per_ms: float, 
 
 def litserve_server(
     cpus: frozenset[int] | None, fixed_ms: float, per_ms: float, most: int, wait_ms: float
-) -> Any:
+) -> _process.Server | None:
     """LitServe serving the synthetic model in batches of ``most``, formed within
     ``wait_ms``; None when its venv is not there (``SETUP_LITSERVE`` makes it)."""
     if not LITSERVE_PYTHON.is_file():

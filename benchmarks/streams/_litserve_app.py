@@ -13,7 +13,7 @@ from typing import Any
 
 import litserve as ls
 
-from benchmarks.streams._models import Synthetic
+from benchmarks.streams._models import Synthetic, held_batch
 
 Row = list[int | None]  # a step's outputs, one per member of the batch (None: it ended)
 
@@ -35,18 +35,7 @@ class SyntheticAPI(ls.LitAPI):  # type: ignore[misc]
 
     def predict(self, jobs: list[tuple[int, int]]) -> Iterator[Row]:
         """Step the members that have not ended, until none is left: static batching."""
-        model = self.model
-        states = model.start(jobs)
-        going = list(range(len(states)))
-        while going:
-            row: Row = [None] * len(states)
-            left = []
-            for index, output in zip(going, model.step([states[i] for i in going]), strict=True):
-                row[index] = output
-                if not model.finished(states[index], output):
-                    left.append(index)
-            going = left
-            yield row
+        yield from held_batch(self.model, jobs)
 
     def unbatch(self, rows: Iterator[Row]) -> Iterator[Row]:
         yield from rows

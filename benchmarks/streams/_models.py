@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -64,6 +64,22 @@ class Synthetic(StepModel[tuple[int, int], list[int], int]):
 
     def finished(self, state: list[int], output: int) -> bool:
         return state[2] >= state[1]
+
+
+def held_batch(model: Synthetic, jobs: Sequence[tuple[int, int]]) -> Iterator[list[int | None]]:
+    """Static batching's steps of ``jobs``: each step's outputs, one per member (None once
+    it ended: it is no longer stepped), until the longest member ends."""
+    states = model.start(jobs)
+    live = list(range(len(states)))
+    while live:
+        row: list[int | None] = [None] * len(states)
+        still = []
+        for i, output in zip(live, model.step([states[i] for i in live]), strict=True):
+            row[i] = output
+            if not model.finished(states[i], output):
+                still.append(i)
+        live = still
+        yield row
 
 
 class Prompted(Synthetic):

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 from benchmarks.harness import common
-from benchmarks.streams._models import SPREAD, Synthetic
+from benchmarks.streams._models import SPREAD, Synthetic, held_batch
 
 Job = tuple[int, int]
 Opener = Callable[[Job], AsyncIterator[int]]
@@ -165,17 +165,8 @@ def _ray_generator(model: Synthetic, max_batch: int, wait_s: float, owner: RaySt
 
     @common.ray_serve_batch(max_batch, wait_s)
     async def generate(batch: list[Job]) -> AsyncIterator[list[object]]:
-        states = model.start(batch)
-        live = list(range(len(states)))
-        while live and not owner.halted:
-            outputs = await asyncio.to_thread(model.step, [states[i] for i in live])
-            row: list[object] = [StopIteration] * len(states)
-            still = []
-            for i, output in zip(live, outputs, strict=True):
-                row[i] = output
-                if not model.finished(states[i], output):
-                    still.append(i)
-            live = still
-            yield row
+        rows = held_batch(model, batch)  # each step in a thread, off the event loop
+        while not owner.halted and (row := await asyncio.to_thread(next, rows, None)):
+            yield [StopIteration if output is None else output for output in row]
 
     return generate  # type: ignore[no-any-return]

@@ -179,10 +179,7 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
                 task = asyncio.create_task(self._stream_one(request, context, writing, room))
                 running.add(task)
                 task.add_done_callback(running.discard)
-            while running:
-                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_EXCEPTION)
-                for task in done:
-                    task.result()
+            await asyncio.gather(*running)  # a request's error ends the call
         finally:
             await _ended(running)
 
