@@ -110,3 +110,22 @@ async def test_shutdown_lets_the_threads_go() -> None:
     for thread in threads:
         await asyncio.to_thread(thread.join, WAIT_S)
         assert not thread.is_alive()
+
+
+async def test_join_waits_for_idle_threads_and_is_bounded_by_a_running_job() -> None:
+    workers = ModelThreads(1, name="joined", loop=asyncio.get_running_loop())
+    started, release = threading.Event(), threading.Event()
+
+    def hangs(handoff: Handoff) -> str:
+        started.set()
+        assert release.wait(WAIT_S)
+        return "done"
+
+    result = workers.submit(hangs)
+    await asyncio.to_thread(wait, started)
+    workers.shutdown()
+    assert await asyncio.to_thread(workers.join, 0.05) is False  # its job still runs
+    release.set()
+    assert await asyncio.to_thread(workers.join, WAIT_S) is True
+    assert await result == "done"
+    assert not [t for t in threading.enumerate() if t.name.startswith("joined_")]

@@ -45,6 +45,7 @@ class Settable(Protocol):
 
 _Future = asyncio.Future  # what loop.create_future() makes, without its Python frame
 _ANY_PRIORITY = -(2**63)  # priorities are any int; the check is for the type
+_THREADS_EXIT_S = 10.0  # idle threads exit at once; this bounds a model call that hangs
 
 
 def _build_replicas(
@@ -297,13 +298,18 @@ class Batcher:
         self.close()
 
     def close(self) -> None:
-        """The blocking ``aclose()``: for batchers entered with ``with``."""
+        """The blocking ``aclose()``: for batchers entered with ``with``. Once drained, it
+        also waits for the model threads to exit, so none outlives it."""
         if self._state is _State.NEW:
             self._state = _State.CLOSED
-        elif not self._portal.stop():
+            return
+        if not self._portal.stop():
             raise RuntimeError(
                 f"Batcher {self.name!r} runs on an event loop; use 'await batcher.aclose()'"
             )
+        pool = self._scheduler.pool
+        if pool is not None and self._scheduler.drained and not pool.join(_THREADS_EXIT_S):
+            log.warning("batcher %r: its model threads still run after closing", self.name)
 
     def _close_admission(self) -> None:
         self._state = _State.CLOSING

@@ -80,6 +80,7 @@ class Scheduler:
             )
         self.in_flight: InFlight[Request] = InFlight()
         self.pool: ModelThreads | None = None  # a plain model's threads, once the loop runs
+        self.drained = False  # ended with every batch finished: its threads idle, exiting
         self.closing = False  # no new requests: drain, then stop
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tg: asyncio.TaskGroup | None = None
@@ -204,6 +205,7 @@ class Scheduler:
             raise
         finally:
             self.closing = True
+            self.drained = error is None
             reason = (
                 "was cancelled"
                 if isinstance(error, asyncio.CancelledError)

@@ -9,6 +9,7 @@ import asyncio
 import inspect
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -48,7 +49,8 @@ class ModelThreads:
             for i in range(count)
         ]
         courier = threading.Thread(target=self._carry, name=f"{name}_courier", daemon=True)
-        for thread in [*self._threads, courier]:
+        self._all = [*self._threads, courier]
+        for thread in self._all:
             thread.start()
 
     def submit(self, job: Callable[[Handoff], T]) -> asyncio.Future[T]:
@@ -62,6 +64,14 @@ class ModelThreads:
         for _ in self._threads:
             self._jobs.put(None)
         self._outbox.put(None)
+
+    def join(self, timeout: float) -> bool:
+        """After :meth:`shutdown`, from a thread other than the loop's: wait (at most
+        ``timeout`` seconds in all) for every thread to exit; whether they all did."""
+        deadline = time.monotonic() + timeout
+        for thread in self._all:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in self._all)
 
     def _work(self) -> None:
         jobs = self._jobs
