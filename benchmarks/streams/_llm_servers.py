@@ -144,10 +144,16 @@ def _openai_token(event: dict[str, Any]) -> str | None:
 
 
 def start(
-    name: str, gguf: Path, cores: _process.Cores, llama_server: Path, tmp: Path
+    name: str,
+    gguf: Path,
+    cores: _process.Cores,
+    llama_server: Path,
+    tmp: Path,
+    *,
+    reuse: bool = False,
 ) -> _process.Server:
     """Server ``name`` started pinned to the servers' core (not waited on); ``Missing``
-    when it cannot run here."""
+    when it cannot run here. ``reuse``: carpool's prefix cache at its default (on)."""
     if name.startswith("carpool_"):
         engine = name.removeprefix("carpool_")
         if importlib.util.find_spec(f"carpool.backends.smollm2.{engine}_engine") is None:
@@ -157,11 +163,11 @@ def start(
         config.write_text(
             f'[models.smollm2]\nengine = "{chosen}"\nthreads = 1\nmax_sequences = {SLOTS}\n'
         )
-        # every prompt prefilled, as llama-server's requests ask (cache_prompt false): the
-        # same prompt each time would otherwise be a prefix cache hit (benchmarks.streams.chat
-        # measures reuse)
+        # without reuse every prompt is prefilled, as llama-server's requests then ask
+        # (cache_prompt false): the same prompt each time would otherwise be a cache hit
+        cache = [] if reuse else ["--prefix-cache-size", "0"]
         return _process.carpool_serve(
-            "smollm2", "--config", str(config), "--prefix-cache-size", "0",
+            "smollm2", "--config", str(config), *cache,
             cpus=cores.server, name=f"carpool ({engine})",
         )  # fmt: skip
     if name in PEERS:
@@ -225,13 +231,13 @@ def measure_each(
             server.stop()
 
 
-def request(name: str, prompt: str, max_tokens: int) -> Request:
-    """The streaming request server ``name`` answers. llama-server ignores EOS (it can) and
-    recomputes the prompt (no prompt cache, like the others' one-sequence-per-slot work)."""
+def request(name: str, prompt: str, max_tokens: int, *, reuse: bool = False) -> Request:
+    """The streaming request server ``name`` answers. llama-server ignores EOS (it can) and,
+    without ``reuse``, recomputes the prompt (``cache_prompt`` false; its default is true)."""
     if name.startswith("carpool_"):
         return carpool_request(prompt, max_tokens)
     if name == "llama_server":
-        return openai_request(prompt, max_tokens, ignore_eos=True, cache_prompt=False)
+        return openai_request(prompt, max_tokens, ignore_eos=True, cache_prompt=reuse)
     return openai_request(prompt, max_tokens)
 
 

@@ -44,6 +44,13 @@ def parser() -> argparse.ArgumentParser:
     add_names(p, "--engines", ENGINES, what)
     add_names(p, "--peers", PEERS, "peers to run")
     add_options(p, WINDOW)
+    p.add_argument(
+        "--reuse",
+        action="store_true",
+        help="every server reuses the prompt's state, as llama-cpp-python always does: "
+        "carpool's prefix cache and llama-server's cache_prompt at their defaults (on); "
+        "without it, only llama-cpp-python does (it cannot be turned off)",
+    )
     return p
 
 
@@ -55,23 +62,28 @@ def measure(args: argparse.Namespace) -> Figures:
     common.header(
         "SmolLM2-135M streams: carpool against llama-cpp-python and llama-server",
         {"gguf": gguf.name, "cores": str(cores), "prompt": PROMPT, "max_tokens": MAX_TOKENS,
-         "clients": CLIENTS, "warmup_s": warmup, "window_s": duration},
+         "clients": CLIENTS, "warmup_s": warmup, "window_s": duration,
+         "prompt_reuse": "every server" if args.reuse else "llama-cpp-python only"},
     )  # fmt: skip
     cells: dict[str, dict[int, _llm_client.Cell]] = {}
     with tempfile.TemporaryDirectory(prefix="carpool-llm-") as tmp:
 
         def start(name: str) -> _process.Server:
-            return _llm_servers.start(name, gguf, cores, args.llama_server, Path(tmp))
+            return _llm_servers.start(
+                name, gguf, cores, args.llama_server, Path(tmp), reuse=args.reuse
+            )
 
         def measured(name: str, server: _process.Server) -> None:
-            cells[name] = _run(name, server.base, warmup, duration)
+            cells[name] = _run(name, server.base, warmup, duration, args.reuse)
 
         measure_each([name for name in SERVERS if name in names], start, 180, measured)
     return _figures(cells)
 
 
-def _run(name: str, base: str, warmup: float, duration: float) -> dict[int, _llm_client.Cell]:
-    request = _llm_servers.request(name, PROMPT, MAX_TOKENS)
+def _run(
+    name: str, base: str, warmup: float, duration: float, reuse: bool
+) -> dict[int, _llm_client.Cell]:
+    request = _llm_servers.request(name, PROMPT, MAX_TOKENS, reuse=reuse)
     first = _llm_client.one(base, request)
     if not first.ok:
         raise RuntimeError(f"{name}: the warm-up stream failed: {first.error or 'no tokens'}")
