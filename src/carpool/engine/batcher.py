@@ -45,7 +45,7 @@ class Settable(Protocol):
 
 _Future = asyncio.Future  # what loop.create_future() makes, without its Python frame
 _ANY_PRIORITY = -(2**63)  # priorities are any int; the check is for the type
-_THREADS_EXIT_S = 10.0  # idle threads exit at once; this bounds a model call that hangs
+_THREADS_EXIT_S = 10.0  # a drained batcher's threads are idle, exit at once: a bound all the same
 
 
 def _build_replicas(

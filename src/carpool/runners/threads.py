@@ -48,9 +48,8 @@ class ModelThreads:
             threading.Thread(target=self._work, name=f"{name}_{i}", daemon=True)
             for i in range(count)
         ]
-        courier = threading.Thread(target=self._carry, name=f"{name}_courier", daemon=True)
-        self._all = [*self._threads, courier]
-        for thread in self._all:
+        self._courier = threading.Thread(target=self._carry, name=f"{name}_courier", daemon=True)
+        for thread in [*self._threads, self._courier]:
             thread.start()
 
     def submit(self, job: Callable[[Handoff], T]) -> asyncio.Future[T]:
@@ -69,9 +68,10 @@ class ModelThreads:
         """After :meth:`shutdown`, from a thread other than the loop's: wait (at most
         ``timeout`` seconds in all) for every thread to exit; whether they all did."""
         deadline = time.monotonic() + timeout
-        for thread in self._all:
+        threads = [*self._threads, self._courier]
+        for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        return not any(thread.is_alive() for thread in self._all)
+        return not any(thread.is_alive() for thread in threads)
 
     def _work(self) -> None:
         jobs = self._jobs
