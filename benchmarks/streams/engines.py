@@ -1,7 +1,8 @@
 """SmolLM2's engines, a decode step at a time, in process: milliseconds a step and tokens/s at
 1, 16 and 32 sequences for torch-fp32 (numpy's OpenBLAS products), the same with torch's own
 products (MKL), int8 where its kernels run fast (x86 with AVX2, VNNI, arm) and llama.cpp;
-OpenBLAS over MKL alternating, int8 over fp32 in the same run. docs/benchmarks/llm.md."""
+OpenBLAS over MKL alternating, int8 over fp32 in the same run; and a lone chat's first token
+by the default torch engine with prompt state reuse off and on. docs/benchmarks/llm.md."""
 
 from __future__ import annotations
 
@@ -20,6 +21,14 @@ from carpool.backends.smollm2.served import default_engine
 from carpool.steps.model import StepModel
 
 SEQUENCES = (1, 16, 32)
+QUESTIONS = (  # unrelated chats: they share only the chat template's opening
+    "Explain glaciers to a sailor.",
+    "Write a poem about batteries that a child would enjoy.",
+    "What is the tallest mountain in Africa?",
+    "Give me three tips for sleeping better.",
+    "Why is the sky blue?",
+    "Describe a cat to someone who has never seen one.",
+)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -36,14 +45,17 @@ def prompts(count: int) -> list[Prompt]:
     ]
 
 
-def ready(engine: StepModel[Prompt, Any, Any], count: int) -> list[Any]:
-    """``count`` sequences started and prefilled, so that every step is a decode step."""
-    states = engine.start(prompts(count))
+def ready(engine: StepModel[Prompt, Any, Any], asked: int | Sequence[Prompt]) -> list[Any]:
+    """The prompts (or ``asked`` long ones) started and prefilled in the scheduler's parts, so
+    that every step is a decode step."""
+    states = engine.start(prompts(asked) if isinstance(asked, int) else asked)
     for state in states:
         assert not isinstance(state, BaseException), state
     while owed := [s for s in states if engine.start_cost(s)]:
-        engine.prefill(owed, [engine.start_cost(s) for s in owed])
-    return states
+        engine.prefill(
+            owed, [min(engine.start_cost(s), engine.start_chunk or 1 << 30) for s in owed]
+        )
+    return list(states)
 
 
 def with_torch_products(engine: Any) -> Callable[[], None]:
@@ -120,6 +132,40 @@ def other_engine(figures: Figures, name: str, count: int, repeats: int, steps: i
     return seconds
 
 
+def first_tokens(figures: Figures, repeats: int) -> None:
+    """A lone chat's time to its first token (start, prefill, first step) on the default
+    torch engine, prompt state reuse off and on alternating (a fresh store, which one chat
+    fills first), each chat new to the engine; the median over the repeats' chats."""
+    from carpool.backends.smollm2.torch_engine import SmolLM2Torch
+
+    engine = SmolLM2Torch(threads=1, int8=default_engine() == "torch")
+    times: dict[str, list[float]] = {"no_reuse": [], "reuse": []}
+    reused = 0
+    for repeat in range(repeats + 1):  # the first repeat warms
+        for kind in times:
+            engine.reuse_prefixes(64 << 20 if kind == "reuse" else 0)
+            for state in ready(engine, [Prompt("Hello.", max_tokens=1)]):  # the opening
+                engine.free(state)
+            for question in QUESTIONS:
+                prompt = Prompt(f"{question} ({kind} {repeat})", max_tokens=1, temperature=0)
+                start = time.perf_counter()
+                [state] = ready(engine, [prompt])
+                engine.step([state])
+                if repeat:
+                    times[kind].append(time.perf_counter() - start)
+                    reused += state.reused
+                engine.free(state)
+    for kind, seconds in times.items():
+        figures.add(f"first_token_ms_{kind}", statistics.median(seconds) * 1000, "ms")
+    ratio = statistics.median(times["reuse"]) / statistics.median(times["no_reuse"])
+    figures.add("first_token_reuse_over_no_reuse", ratio, "x")
+    figures.add("first_token_reused_tokens", reused / len(times["reuse"]), "tokens")
+    print(
+        f"  first token: {statistics.median(times['reuse']) * 1000:.1f} ms with reuse, "
+        f"{statistics.median(times['no_reuse']) * 1000:.1f} ms without ({ratio:.2f}x)"
+    )
+
+
 def make(name: str) -> StepModel[Prompt, Any, Any]:
     if name == "int8":
         from carpool.backends.smollm2.torch_engine import SmolLM2Torch
@@ -154,6 +200,7 @@ def measure(args: argparse.Namespace) -> Figures:
             seconds = other_engine(figures, name, count, repeats, steps)
             if name == "int8":
                 figures.add(f"int8_over_fp32_{count}", seconds / fp32, "x")
+    first_tokens(figures, repeats)
     return figures
 
 

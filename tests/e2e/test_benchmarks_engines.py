@@ -38,7 +38,12 @@ def test_engines_quick_run(figures: dict[str, object]) -> None:
         **{f"fp32_openblas_over_mkl_{count}": "float" for count in (1, 16)},
         **{f"fp32_openblas_tokens_equal_mkl_{count}": "bool" for count in (1, 16)},
         **{f"int8_over_fp32_{count}": "float" for count in (1, 16) if int8},
+        **{f"first_token_ms_{kind}": "float" for kind in ("no_reuse", "reuse")},
+        "first_token_reuse_over_no_reuse": "float",
+        "first_token_reused_tokens": "float",
     }
     assert figures["fp32_openblas_tokens_equal_mkl_1"] is True
     assert figures["fp32_openblas_tokens_equal_mkl_16"] is True
     assert all(figures[name] > 0 for name in steps)  # type: ignore[operator]
+    # int8 keeps 8-token parts: every chat reuses the template's 24-token opening
+    assert figures["first_token_reused_tokens"] == (24.0 if int8 else 0.0)

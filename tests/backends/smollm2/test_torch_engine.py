@@ -260,8 +260,10 @@ def test_the_last_prompt_token_rides_with_the_prefill(
     assert model.prefill([folded], [model.start_cost(folded)]) == [None]
     assert folded.cache is not None
     assert folded.cache.length == len(folded.ids)
+    owed, size = apart.ids[:-1], model.part_tokens  # the prompt's own split
+    parts = [owed[i : i + size] for i in range(0, len(owed), size)]
     with torch.inference_mode():
-        model._forward([apart], [apart.ids[:-1]], False)
+        model._forward([apart] * len(parts), parts, False)
         alone = model._forward([apart], [[apart.ids[-1]]], True)
     assert folded.first is not None
     if int8:  # integer products: a row's result is the same in any batch

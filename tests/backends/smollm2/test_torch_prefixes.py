@@ -107,7 +107,7 @@ def fresh(engine: SmolLM2Torch, prompt: Prompt) -> tuple[torch.Tensor, list[int]
 def shared_parts(engine: SmolLM2Torch, *prompts: Prompt) -> int:
     """Whole parts the prompts' prefills share, from the first."""
     owed = [engine.codec.prompt_ids(p)[:-1] for p in prompts]
-    size, parts = engine.start_chunk, 0
+    size, parts = engine.part_tokens, 0
     while all(len(o) >= (parts + 1) * size for o in owed) and all(
         o[: (parts + 1) * size] == owed[0][: (parts + 1) * size] for o in owed
     ):
@@ -124,7 +124,7 @@ def test_a_shared_prefix_is_reused_bit_for_bit(engine: SmolLM2Torch) -> None:
     generated(engine, prefilled(engine, [WHEN]))
     [state] = engine.start([PRICE])
     assert isinstance(state, TorchState)
-    assert state.fed == state.reused == parts * engine.start_chunk  # whole parts only
+    assert state.fed == state.reused == parts * engine.part_tokens  # whole parts only
     while engine.start_cost(state):
         engine.prefill([state], [min(engine.start_cost(state), engine.start_chunk)])
     assert torch.equal(prompt_kv(state), kv)
@@ -177,7 +177,7 @@ def test_later_starts_pick_up_parts_stored_since(engine: SmolLM2Torch) -> None:
 
 def test_eviction_keeps_the_budget_and_the_first_parts(engine: SmolLM2Torch) -> None:
     c = engine.config
-    part = engine.start_chunk * c.layers * 2 * c.kv_heads * c.head_dim * 4
+    part = engine.part_tokens * c.layers * 2 * c.kv_heads * c.head_dim * 4
     _, tokens = fresh(engine, PRICE)
     engine.reuse_prefixes(part + part // 2)  # one whole part, never two
     generated(engine, prefilled(engine, [WHEN]))
@@ -185,7 +185,7 @@ def test_eviction_keeps_the_budget_and_the_first_parts(engine: SmolLM2Torch) -> 
     assert store is not None
     assert (len(store), store.used) == (1, part)  # the first part: later ones need it
     [state] = prefilled(engine, [PRICE])
-    assert state.reused == engine.start_chunk
+    assert state.reused == engine.part_tokens
     assert generated(engine, [state]) == [tokens]
     assert store.used <= store.budget
 
@@ -204,7 +204,7 @@ def test_the_other_flavour_reuses_too(reader: Any) -> None:
     other.reuse_prefixes(64 << 20)
     generated(other, prefilled(other, [WHEN]))
     [state] = prefilled(other, [PRICE])
-    assert state.reused == shared_parts(other, WHEN, PRICE) * other.start_chunk
+    assert state.reused == shared_parts(other, WHEN, PRICE) * other.part_tokens
     assert torch.equal(prompt_kv(state), kv)
     assert generated(other, [state]) == [tokens]
 
@@ -216,3 +216,21 @@ def test_a_decode_step_is_alone_whoever_shares_it(engine: SmolLM2Torch) -> None:
     others = [Prompt(f"Count to {i}.", temperature=0, max_tokens=4 + i) for i in range(15)]
     [alone] = generated(engine, prefilled(engine, [first]))
     assert generated(engine, prefilled(engine, [first, *others]))[0] == alone
+
+
+def test_prompts_sharing_only_the_chat_template_reuse_its_opening(engine: SmolLM2Torch) -> None:
+    """Two unrelated questions share the template's opening (its default system message and
+    the user's tag): the second reuses its whole parts, bit for bit, and computes the rest."""
+    first = Prompt("Explain glaciers to a sailor.", temperature=0, max_tokens=6)
+    second = Prompt("Why is the sky blue?", temperature=0, max_tokens=6)
+    kv, tokens = fresh(engine, second)
+    engine.reuse_prefixes(64 << 20)
+    generated(engine, prefilled(engine, [first]))
+    [state] = prefilled(engine, [second])
+    shared = shared_parts(engine, first, second) * engine.part_tokens
+    assert shared == (24 if INT8 else 0)  # int8's parts are 8 tokens; fp32's 64
+    assert state.reused == shared
+    assert torch.equal(prompt_kv(state), kv)
+    assert generated(engine, [state]) == [tokens]
+    owed = len(engine.codec.prompt_ids(first)) + len(state.ids) - 2
+    assert engine.prefix_counts() == PrefixCounts(int(INT8), shared, owed - shared)

@@ -93,8 +93,12 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
     ``int8``: the matrix products in integers (7-bit weights per output row, 8-bit activations
     per token, exact on every CPU): 2.4x fp32's decode step at 16 sequences on one AMD EPYC
     core, not the same tokens as fp32 (the text stays the model's).
-    Prompts are prefilled in parts of ``start_chunk`` tokens: int8's answer depends on how a
-    prompt was split, so it is always split the same way, however busy the steps.
+    Prompts are prefilled ``start_chunk`` tokens a step at most, cut at every ``part_tokens``:
+    int8's answer depends on how a prompt was split, so it is always split the same way,
+    however busy the steps; a part is what a shared prefix reuses. int8 cuts at 8 (its rows
+    are exact in any batch), so the chat template's 24-token opening is three shared parts;
+    fp32's rows depend on the rows beside them (BLAS blocking), so fp32 cuts where the
+    steps do, at ``start_chunk``.
     """
 
     start_chunk = 64
@@ -111,6 +115,7 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
         self.config = self.weights.config
         self._cos, self._sin = _rope_tables(self.config)
         linear = Int8Linear if int8 else Fp32Linear
+        self.part_tokens = 8 if int8 else self.start_chunk
         self._linears = [
             (linear(x.qkv), linear(x.out), linear(x.gate_up), linear(x.down))
             for x in self.weights.layers
@@ -146,14 +151,14 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
             pending=ids[-1],
         )
         if self._store is not None:
-            state.keys = part_keys(ids[:-1], self.start_chunk)
+            state.keys = part_keys(ids[:-1], self.part_tokens)
             self._reuse(state, self._store)
         return state
 
     def reuse_prefixes(self, budget_bytes: int) -> bool:
         """Keep prefill parts' keys and values (fp32: ``layers * 2 * kv_heads * head_dim * 4``
         bytes a token) within ``budget_bytes``; 0 turns reuse off. Only what a fresh prefill
-        reproduces bit for bit is reused: whole parts, as the prompt's own ``start_chunk``
+        reproduces bit for bit is reused: whole parts, as the prompt's own ``part_tokens``
         split cuts them, each after the same tokens. Sequences that start the same part in
         one prefill compute it once."""
         self._store = None if budget_bytes == 0 else PrefixStore(budget_bytes)
@@ -172,80 +177,95 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
     ) -> list[BaseException | None]:
         live = [s.cache is not None for s in states]
         store = self._store
-        chunks = []
+        plans = []
         for state, count, alive in zip(states, tokens, live, strict=True):
             if alive and store is not None:
                 self._reuse(state, store)  # parts stored since it started
             take = max(0, min(count, self.start_cost(state))) if alive else 0
-            chunks.append(state.ids[state.fed : state.fed + take])
-        parts: list[int | None] = [None] * len(states)
-        if store is not None:
-            parts = [self._part(s, len(c)) for s, c in zip(states, chunks, strict=True)]
+            plans.append(self._cut(state, take))
         leaders: dict[bytes, TorchState] = {}  # who computes each part that several start
-        fed = list(chunks)
-        for index, (state, part) in enumerate(zip(states, parts, strict=True)):
-            if part is not None and leaders.setdefault(state.keys[part], state) is not state:
-                fed[index] = []
+        fed = []  # each state's spans up to the first part another computes
+        for state, plan in zip(states, plans, strict=True):
+            own = 0
+            for _, _, part in plan:
+                if part is not None and leaders.setdefault(state.keys[part], state) is not state:
+                    break
+                own += 1
+            fed.append(plan[:own])
         self._prefill_forward(states, fed)
-        if store is not None:
-            self._share(states, chunks, parts, fed, leaders, store)
-        for state, chunk in zip(states, chunks, strict=True):
-            state.fed += len(chunk)
+        for state, plan, spans in zip(states, plans, fed, strict=True):
+            self._share(state, plan, len(spans), leaders, store)
         return [None if alive else ValueError("the sequence was freed") for alive in live]
 
-    def _prefill_forward(self, states: Sequence[TorchState], fed: Sequence[Sequence[int]]) -> None:
-        """Feed the chunks; a chunk that ends a prompt's prefill takes the prompt's last token
+    def _cut(self, state: TorchState, take: int) -> list[tuple[int, int, int | None]]:
+        """The next ``take`` prompt tokens as spans (start, end, part): cut at every
+        ``part_tokens`` from the prompt's start, so a prompt's floats never depend on the
+        steps' budgets; ``part`` indexes a whole part (reusable), None for a caller's split."""
+        size, owed, spans = self.part_tokens, len(state.ids) - 1, []
+        start, stop = state.fed, state.fed + take
+        while start < stop:
+            end = min(start - start % size + size, stop)
+            whole = bool(state.keys) and not start % size and end == min(start + size, owed)
+            spans.append((start, end, start // size if whole else None))
+            start = end
+        return spans
+
+    def _prefill_forward(
+        self, states: Sequence[TorchState], fed: Sequence[Sequence[tuple[int, int, int | None]]]
+    ) -> None:
+        """Feed the spans; a state whose spans end its prefill takes the prompt's last token
         along, in the same products, as its own span: its logits are the very ones a first
         step would compute, and that step then only samples, a weight pass sooner."""
         ends = [
             s
-            for s, chunk in zip(states, fed, strict=True)
-            if chunk and s.fed + len(chunk) == len(s.ids) - 1
+            for s, spans in zip(states, fed, strict=True)
+            if spans and spans[-1][1] == len(s.ids) - 1
         ]
-        wanted = [False] * len(states) + [True] * len(ends)
+        fedding = [
+            (s, s.ids[a:b]) for s, spans in zip(states, fed, strict=True) for a, b, _ in spans
+        ]
+        chunks = [chunk for _, chunk in fedding] + [[s.ids[-1]] for s in ends]
+        wanted = [False] * len(fedding) + [True] * len(ends)
         with torch.inference_mode():
-            logits = self._forward([*states, *ends], [*fed, *([s.ids[-1]] for s in ends)], wanted)
+            logits = self._forward([*(s for s, _ in fedding), *ends], chunks, wanted)
         for state, row in zip(ends, logits, strict=True):
             state.first = row
 
     def _share(
         self,
-        states: Sequence[TorchState],
-        chunks: Sequence[Sequence[int]],
-        parts: Sequence[int | None],
-        fed: Sequence[Sequence[int]],
+        state: TorchState,
+        plan: Sequence[tuple[int, int, int | None]],
+        own: int,
         leaders: dict[bytes, TorchState],
-        store: PrefixStore[torch.Tensor],
+        store: PrefixStore[torch.Tensor] | None,
     ) -> None:
-        """After a prefill (before ``fed`` moves): store the whole parts just computed, copy
-        each to the sequences that started the same part, and count."""
-        for state, chunk, part, computed in zip(states, chunks, parts, fed, strict=True):
-            if computed:
-                store.record(computed=len(computed))
-            if part is None or not chunk:
-                continue
-            cache, end = _cache(state), state.fed + len(chunk)
-            leader = leaders[state.keys[part]]
-            if leader is state:
-                block = cache.part(state.fed, end)
+        """After a prefill: store the whole parts the state computed (its first ``own``
+        spans), copy the parts after them that others computed, move ``fed`` and count."""
+        cache = state.cache
+        if cache is None:
+            return
+        computed = sum(end - start for start, end, _ in plan[:own])
+        state.fed += computed
+        if store is None:
+            return
+        for start, end, part in plan[:own]:
+            if part is not None:
+                block = cache.part(start, end)
                 store.put(state.keys[: part + 1], block, block.numel() * block.element_size())
-            else:
-                cache.extend(_cache(leader).part(state.fed, end))
-                store.record(reused=len(chunk), hit=not state.reused)
-                state.reused += len(chunk)
-
-    def _part(self, state: TorchState, count: int) -> int | None:
-        """The index of the part of the prompt's split that feeding ``count`` more tokens
-        computes, None when it is not one whole part (a caller's own split)."""
-        size = self.start_chunk
-        if not count or state.fed % size or not state.keys:
-            return None
-        end = min(state.fed + size, len(state.ids) - 1)
-        return state.fed // size if state.fed + count == end else None
+        if computed:
+            store.record(computed=computed)
+        for start, end, part in plan[own:]:
+            leader = leaders.get(state.keys[part]) if part is not None else None
+            if leader is None or leader is state or leader.cache is None:
+                break
+            cache.extend(leader.cache.part(start, end))
+            store.record(reused=end - start, hit=not state.reused)
+            state.reused += end - start
+            state.fed = end
 
     def _reuse(self, state: TorchState, store: PrefixStore[torch.Tensor]) -> None:
         """Append the stored parts that continue the state's prefill, as far as they go."""
-        cache, size = _cache(state), self.start_chunk
+        cache, size = _cache(state), self.part_tokens
         if state.fed % size:
             return
         index, first = state.fed // size, state.fed
