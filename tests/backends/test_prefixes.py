@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from carpool.backends.prefixes import PrefixStore, part_keys
+from carpool.backends.prefixes import PrefixStore, final_key, part_keys
 from carpool.steps.model import PrefixCounts
 
 
@@ -18,6 +18,14 @@ def test_keys_name_the_whole_prefix() -> None:
     assert part_keys([*range(9)], 4)[2] != keys[2]  # a shorter last part is another part
     assert part_keys([7, *range(1, 10)], 4)[1] != keys[1]  # an earlier token differs
     assert part_keys([], 4) == []
+
+
+def test_a_whole_prompts_key_is_no_parts_key() -> None:
+    ids = list(range(10))
+    assert final_key(ids) == final_key(list(range(10)))
+    assert final_key(ids) != final_key(ids[:-1])
+    parts = {key for size in range(1, 12) for key in part_keys(ids, size)}
+    assert final_key(ids) not in parts  # not even the one-part split of the same tokens
 
 
 def test_least_recently_used_go_first_within_the_budget() -> None:

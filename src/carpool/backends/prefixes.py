@@ -13,7 +13,7 @@ from typing import Generic, TypeVar
 
 from carpool.steps.model import PrefixCounts
 
-__all__ = ["PrefixStore", "part_keys"]
+__all__ = ["PrefixStore", "final_key", "part_keys"]
 
 V = TypeVar("V")
 _DIGEST = 16  # bytes of blake2b: a collision is as likely as a cosmic ray, never a concern
@@ -30,6 +30,13 @@ def part_keys(ids: Sequence[int], part: int) -> list[bytes]:
         key = hashlib.blake2b(key + tokens, digest_size=_DIGEST).digest()
         keys.append(key)
     return keys
+
+
+def final_key(ids: Sequence[int]) -> bytes:
+    """The key of a whole prompt (its every token): what its last token leaves (its state,
+    its logits) is kept apart from its parts', under a key no part's can be."""
+    tokens = array("q", ids).tobytes()
+    return hashlib.blake2b(tokens, digest_size=_DIGEST, person=b"carpool-final").digest()
 
 
 class PrefixStore(Generic[V]):

@@ -150,6 +150,8 @@ def test_n_identical_prompts_compute_it_once(engine: SmolLM2Torch) -> None:
     _, tokens = fresh(engine, PRICE)
     engine.reuse_prefixes(64 << 20)
     states = prefilled(engine, [PRICE] * 3)
+    # the first fed the last prompt token with its prefill; the others took its logits
+    assert [s.first is not None for s in states] == [True, INT8, INT8]
     assert generated(engine, states) == [tokens] * 3
     owed = len(states[0].ids) - 1
     assert engine.prefix_counts() == PrefixCounts(hits=2, reused=2 * owed, computed=owed)
@@ -234,3 +236,32 @@ def test_prompts_sharing_only_the_chat_template_reuse_its_opening(engine: SmolLM
     assert generated(engine, [state]) == [tokens]
     owed = len(engine.codec.prompt_ids(first)) + len(state.ids) - 2
     assert engine.prefix_counts() == PrefixCounts(int(INT8), shared, owed - shared)
+
+
+def test_a_repeated_prompt_only_samples_its_first_token(
+    engine: SmolLM2Torch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same prompt again finds its last token's state and logits kept too (int8, whose
+    rows are the same floats in any batch): its first step runs no weight pass, and its
+    tokens are the ones a fresh prefill gives. fp32 feeds that token again."""
+    _, tokens = fresh(engine, WHEN)
+    engine.reuse_prefixes(64 << 20)
+    generated(engine, prefilled(engine, [WHEN]))
+    [again] = engine.start([WHEN])
+    assert isinstance(again, TorchState)
+    assert engine.start_cost(again) == 0
+    assert again.cache is not None
+    assert again.cache.length == len(again.ids) - (not INT8)
+    passes: list[Any] = []
+    forward = engine._forward
+
+    def counted(*args: Any) -> Any:
+        passes.append(args[1])
+        return forward(*args)
+
+    monkeypatch.setattr(engine, "_forward", counted)
+    [piece] = engine.step([again])
+    assert passes == ([[]] if INT8 else [[[again.ids[-1]]]])
+    assert isinstance(piece, Piece)
+    monkeypatch.undo()
+    assert generated(engine, [again]) == [tokens]

@@ -14,8 +14,9 @@ from threadpoolctl import threadpool_limits
 from torch.nn import functional
 
 from carpool.backends.generation import FinishReason, Piece, Prompt, StopText
-from carpool.backends.prefixes import PrefixStore, part_keys
+from carpool.backends.prefixes import PrefixStore, final_key, part_keys
 from carpool.backends.smollm2.files import gguf_path
+from carpool.backends.smollm2.kv_cache import KVCache
 from carpool.backends.smollm2.products import Fp32Linear, Int8Linear
 from carpool.backends.smollm2.sampling import Sampler, pick
 from carpool.backends.smollm2.text import Detokenizer, TextCodec
@@ -23,46 +24,6 @@ from carpool.backends.smollm2.weights import LlamaConfig, LlamaWeights, load_wei
 from carpool.steps.model import PrefixCounts, StepModel
 
 __all__ = ["KVCache", "SmolLM2Torch", "TorchState"]
-
-_GROWTH = 128  # cache capacity grows in multiples of this many tokens, by half at least
-
-
-class KVCache:
-    """One sequence's keys and values, [layers, 2, kv_heads, capacity, head_dim] (keys at 0,
-    values at 1), grown ahead of need so appending a token never copies the history."""
-
-    def __init__(self, config: LlamaConfig, limit: int) -> None:
-        self._config = config
-        self.limit = limit  # the most tokens the sequence can hold
-        self.length = 0
-        self.data = self._empty(0)
-
-    def reserve(self, tokens: int) -> None:
-        """Room for ``tokens`` more."""
-        needed = self.length + tokens
-        capacity = self.data.shape[3]
-        if needed <= capacity:
-            return
-        wanted = max(needed, capacity + capacity // 2)
-        grown = min(-(-wanted // _GROWTH) * _GROWTH, max(self.limit, needed))
-        data = self._empty(grown)
-        data[..., : self.length, :] = self.data[..., : self.length, :]
-        self.data = data
-
-    def part(self, start: int, end: int) -> torch.Tensor:
-        """A copy of the keys and values of tokens ``start`` to ``end``."""
-        return self.data[..., start:end, :].clone()
-
-    def extend(self, part: torch.Tensor) -> None:
-        """Append ``part``'s tokens (as ``part`` returns them) as if computed here."""
-        count = part.shape[3]
-        self.reserve(count)
-        self.data[..., self.length : self.length + count, :] = part
-        self.length += count
-
-    def _empty(self, capacity: int) -> torch.Tensor:
-        c = self._config
-        return torch.empty(c.layers, 2, c.kv_heads, capacity, c.head_dim)
 
 
 @dataclass(eq=False)
@@ -116,6 +77,7 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
         self._cos, self._sin = _rope_tables(self.config)
         linear = Int8Linear if int8 else Fp32Linear
         self.part_tokens = 8 if int8 else self.start_chunk
+        self._exact = int8  # a row's floats are the same in any batch
         self._linears = [
             (linear(x.qkv), linear(x.out), linear(x.gate_up), linear(x.down))
             for x in self.weights.layers
@@ -194,7 +156,10 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
             fed.append(plan[:own])
         self._prefill_forward(states, fed)
         for state, plan, spans in zip(states, plans, fed, strict=True):
-            self._share(state, plan, len(spans), leaders, store)
+            self._keep(state, plan[: len(spans)], store)
+        if store is not None:  # once every part and prompt computed here is kept
+            for state, plan, spans in zip(states, plans, fed, strict=True):
+                self._follow(state, plan[len(spans) :], leaders, store)
         return [None if alive else ValueError("the sequence was freed") for alive in live]
 
     def _cut(self, state: TorchState, take: int) -> list[tuple[int, int, int | None]]:
@@ -231,45 +196,51 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
         for state, row in zip(ends, logits, strict=True):
             state.first = row
 
-    def _share(
+    def _keep(
         self,
         state: TorchState,
-        plan: Sequence[tuple[int, int, int | None]],
-        own: int,
-        leaders: dict[bytes, TorchState],
+        spans: Sequence[tuple[int, int, int | None]],
         store: PrefixStore[torch.Tensor] | None,
     ) -> None:
-        """After a prefill: store the whole parts the state computed (its first ``own``
-        spans), copy the parts after them that others computed, move ``fed`` and count."""
-        cache = state.cache
-        if cache is None:
-            return
-        computed = sum(end - start for start, end, _ in plan[:own])
+        """After a prefill: move ``fed`` past the spans the state computed, store the whole
+        parts among them and, when they ended its prefill, what its last token left."""
+        computed = sum(end - start for start, end, _ in spans)
         state.fed += computed
-        if store is None:
+        if store is None or state.cache is None or not computed:
             return
-        for start, end, part in plan[:own]:
+        for start, end, part in spans:
             if part is not None:
-                block = cache.part(start, end)
+                block = state.cache.part(start, end)
                 store.put(state.keys[: part + 1], block, block.numel() * block.element_size())
-        if computed:
-            store.record(computed=computed)
-        for start, end, part in plan[own:]:
+        store.record(computed=computed)
+        if state.first is not None:  # the prefill fed the prompt's last token too
+            self._keep_first(state, state.first)
+
+    def _follow(
+        self,
+        state: TorchState,
+        rest: Sequence[tuple[int, int, int | None]],
+        leaders: dict[bytes, TorchState],
+        store: PrefixStore[torch.Tensor],
+    ) -> None:
+        """Copy the parts after the state's own that others computed in this prefill, and
+        then what its last token left, when its whole prompt was kept."""
+        for start, end, part in rest:
             leader = leaders.get(state.keys[part]) if part is not None else None
-            if leader is None or leader is state or leader.cache is None:
+            if leader is None or leader is state or leader.cache is None or state.cache is None:
                 break
-            cache.extend(leader.cache.part(start, end))
+            state.cache.extend(leader.cache.part(start, end))
             store.record(reused=end - start, hit=not state.reused)
             state.reused += end - start
             state.fed = end
+        if state.cache is not None:
+            self._kept_first(state, store)
 
     def _reuse(self, state: TorchState, store: PrefixStore[torch.Tensor]) -> None:
         """Append the stored parts that continue the state's prefill, as far as they go."""
         cache, size = _cache(state), self.part_tokens
-        if state.fed % size:
-            return
         index, first = state.fed // size, state.fed
-        while index < len(state.keys):
+        while not state.fed % size and index < len(state.keys):
             part = store.get(state.keys[index])
             if part is None:
                 break
@@ -280,6 +251,32 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
             store.touch(state.keys[:index])
             store.record(reused=state.fed - first, hit=not state.reused)
             state.reused += state.fed - first
+        self._kept_first(state, store)
+
+    def _keep_first(self, state: TorchState, logits: torch.Tensor) -> None:
+        """Keep what a whole prompt's last token left (its keys and values, then its logits,
+        as one flat tensor), so that the same prompt again only samples its first token.
+        Only where a row's floats never depend on its batch: they are the very ones again."""
+        store, cache, at = self._store, state.cache, len(state.ids) - 1
+        if store is None or cache is None or not self._exact or state.tokens:
+            return
+        kept = torch.cat([cache.data[..., at : at + 1, :].flatten(), logits])
+        store.put([*state.keys, final_key(state.ids)], kept, kept.numel() * kept.element_size())
+
+    def _kept_first(self, state: TorchState, store: PrefixStore[torch.Tensor]) -> None:
+        """A whole prompt kept before, its parts all reused: its last token's state and
+        logits, so its first step only samples (as after a prefill that fed the token)."""
+        cache = _cache(state)
+        if self.start_cost(state) or state.first is not None or cache.length > state.fed:
+            return
+        kept = store.get(final_key(state.ids))
+        if kept is None:
+            return
+        c = self.config
+        size = c.layers * 2 * c.kv_heads * c.head_dim
+        cache.extend(kept[:size].view(c.layers, 2, c.kv_heads, 1, c.head_dim))
+        state.first = kept[size:]
+        store.touch([*state.keys, final_key(state.ids)])
 
     def step(self, states: Sequence[TorchState]) -> list[Piece | BaseException]:
         ready = [s for s in states if self.start_cost(s) == 0 and not s.done]
@@ -288,6 +285,8 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
             fresh = [s for s in ready if s.first is None]
             with torch.inference_mode():
                 logits = self._forward(fresh, [[s.pending] for s in fresh], True)
+                for state, row in zip(fresh, logits, strict=True):
+                    self._keep_first(state, row)  # its first step fed the prompt's last token
                 if len(fresh) < len(ready):  # some have their logits from their prefill
                     computed = iter(logits)
                     rows = [next(computed) if s.first is None else s.first for s in ready]
