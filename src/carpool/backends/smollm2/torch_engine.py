@@ -76,8 +76,8 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
         self.config = self.weights.config
         self._cos, self._sin = _rope_tables(self.config)
         linear = Int8Linear if int8 else Fp32Linear
-        self.part_tokens = 8 if int8 else self.start_chunk
         self._exact = int8  # a row's floats are the same in any batch
+        self.part_tokens = 8 if self._exact else self.start_chunk
         self._linears = [
             (linear(x.qkv), linear(x.out), linear(x.gate_up), linear(x.down))
             for x in self.weights.layers
@@ -269,14 +269,15 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
         cache = _cache(state)
         if self.start_cost(state) or state.first is not None or cache.length > state.fed:
             return
-        kept = store.get(final_key(state.ids))
+        key = final_key(state.ids)
+        kept = store.get(key)
         if kept is None:
             return
         c = self.config
         size = c.layers * 2 * c.kv_heads * c.head_dim
         cache.extend(kept[:size].view(c.layers, 2, c.kv_heads, 1, c.head_dim))
         state.first = kept[size:]
-        store.touch([*state.keys, final_key(state.ids)])
+        store.touch([*state.keys, key])
 
     def step(self, states: Sequence[TorchState]) -> list[Piece | BaseException]:
         ready = [s for s in states if self.start_cost(s) == 0 and not s.done]
@@ -285,8 +286,9 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
             fresh = [s for s in ready if s.first is None]
             with torch.inference_mode():
                 logits = self._forward(fresh, [[s.pending] for s in fresh], True)
-                for state, row in zip(fresh, logits, strict=True):
-                    self._keep_first(state, row)  # its first step fed the prompt's last token
+                if self._store is not None and self._exact:  # first steps fed prompts' last
+                    for state, row in zip(fresh, logits, strict=True):
+                        self._keep_first(state, row)
                 if len(fresh) < len(ready):  # some have their logits from their prefill
                     computed = iter(logits)
                     rows = [next(computed) if s.first is None else s.first for s in ready]
