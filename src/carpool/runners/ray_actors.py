@@ -316,6 +316,9 @@ class _Watch:
 def _connect(address: str | None, name: str) -> Any:
     """The ``ray`` module, connected: to ``address``, to this process's connection, or to
     the running cluster ``ray.init("auto")`` finds. :class:`WorkerStartError` if none."""
+    # Ray's C++ failure handler takes SIGTERM before Python's (the drain's) and at times
+    # aborts the process (-6) instead of handing it on: the driver leaves signals to us.
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     try:
         import ray
     except ImportError as exc:
