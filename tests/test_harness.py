@@ -25,6 +25,15 @@ def test_figures_keep_order_goals_and_checks() -> None:
     assert "MISSED" in figures.table()
 
 
+def test_a_goal_not_measured_is_neither_met_nor_missed() -> None:
+    figures = Figures()
+    figures.at_least("over_peer", math.nan, 3)
+    figures.at_most("ratio", math.nan, 0.5)
+    assert [f.met for f in figures] == [None, None]
+    assert "MISSED" not in figures.table()
+    assert figures.table().splitlines()[-1].split()[-1] == "n/a"
+
+
 def test_a_name_is_reported_once() -> None:
     figures = Figures()
     figures.add("x", 1)

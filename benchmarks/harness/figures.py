@@ -28,7 +28,8 @@ class Figure:
     """One measured number (or a check's outcome) with its unit and, when it has one, its goal.
 
     ``name`` is stable (snake_case): tests, docs and ``--json`` readers refer to it.
-    ``met`` is the goal's verdict; a missed goal is reported, never a failure (noisy boxes).
+    ``met`` is the goal's verdict; a missed goal is reported, never a failure (noisy boxes);
+    None for a goal whose figure was not measured (NaN: a peer or tool left out).
     """
 
     name: str
@@ -57,11 +58,15 @@ class Figures:
 
     def at_least(self, name: str, value: float, target: float, unit: str = "x") -> Figure:
         """A figure whose goal is ``value >= target``."""
-        return self.add(name, value, unit, goal=f">= {target:g}", met=value >= target)
+        return self.add(
+            name, value, unit, goal=f">= {target:g}", met=_verdict(value, value >= target)
+        )
 
     def at_most(self, name: str, value: float, target: float, unit: str = "x") -> Figure:
         """A figure whose goal is ``value <= target``."""
-        return self.add(name, value, unit, goal=f"<= {target:g}", met=value <= target)
+        return self.add(
+            name, value, unit, goal=f"<= {target:g}", met=_verdict(value, value <= target)
+        )
 
     def check(self, name: str, ok: bool) -> Figure:
         """A correctness check (answers equal a reference, nothing lost): ``run`` fails if
@@ -93,7 +98,7 @@ class Figures:
                 _shown(f.value),
                 f.unit,
                 f.goal,
-                "" if f.met is None else ("met" if f.met else "MISSED"),
+                _shown_verdict(f),
             )
             for f in self
         ]
@@ -101,6 +106,17 @@ class Figures:
 
     def as_json(self) -> list[dict[str, Any]]:
         return [asdict(f) for f in self]
+
+
+def _verdict(value: float, held: bool) -> bool | None:
+    """A goal's verdict; None when its figure is NaN (every comparison with NaN is False)."""
+    return None if math.isnan(value) else held
+
+
+def _shown_verdict(figure: Figure) -> str:
+    if figure.met is None:
+        return "n/a" if figure.goal else ""
+    return "met" if figure.met else "MISSED"
 
 
 def _shown(value: Value) -> str:
