@@ -58,15 +58,16 @@ class Figures:
 
     def at_least(self, name: str, value: float, target: float, unit: str = "x") -> Figure:
         """A figure whose goal is ``value >= target``."""
-        return self.add(
-            name, value, unit, goal=f">= {target:g}", met=_verdict(value, value >= target)
-        )
+        return self._goal(name, value, unit, f">= {target:g}", value >= target)
 
     def at_most(self, name: str, value: float, target: float, unit: str = "x") -> Figure:
         """A figure whose goal is ``value <= target``."""
-        return self.add(
-            name, value, unit, goal=f"<= {target:g}", met=_verdict(value, value <= target)
-        )
+        return self._goal(name, value, unit, f"<= {target:g}", value <= target)
+
+    def _goal(self, name: str, value: float, unit: str, goal: str, held: bool) -> Figure:
+        """A figure with its goal; its verdict None when it is NaN (not measured), since
+        every comparison with NaN is False."""
+        return self.add(name, value, unit, goal=goal, met=None if math.isnan(value) else held)
 
     def check(self, name: str, ok: bool) -> Figure:
         """A correctness check (answers equal a reference, nothing lost): ``run`` fails if
@@ -106,11 +107,6 @@ class Figures:
 
     def as_json(self) -> list[dict[str, Any]]:
         return [asdict(f) for f in self]
-
-
-def _verdict(value: float, held: bool) -> bool | None:
-    """A goal's verdict; None when its figure is NaN (every comparison with NaN is False)."""
-    return None if math.isnan(value) else held
 
 
 def _shown_verdict(figure: Figure) -> str:
