@@ -206,6 +206,7 @@ def test_a_front_end_that_dies_is_replaced_and_costs_only_its_connections(
         lost = threads.submit(infer, on_two, "gated", 2.0)
         server.wait_queued("gated", pending=2, queued_rows=1)
         os.kill(dead, signal.SIGKILL)
+        server.reconnect()
         with pytest.raises((http.client.RemoteDisconnected, ConnectionError)):
             lost.result()
         server.wait_queued("gated", pending=1, queued_rows=0)  # withdrawn, never run
@@ -259,6 +260,7 @@ def test_a_hung_front_end_is_killed_and_replaced_and_health_never_waits_on_it(
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(hung, signal.SIGCONT)
+        server.reconnect()
         with pytest.raises((http.client.RemoteDisconnected, ConnectionError)):
             lost.result()
         server.wait_queued("gated", pending=1, queued_rows=0)  # withdrawn, never run

@@ -77,6 +77,7 @@ def test_a_killed_front_end_loses_none_of_the_answers_it_sent(serve: Launcher) -
             clients.submit(load.client)
         wait_until(lambda: load.received >= 1500, "1,500 answers before the kill")
         os.kill(dead, signal.SIGKILL)
+        server.reconnect()
         wait_until(lambda: front_ends(server).get(1, dead) != dead, "front end #1 replaced")
         sent = load.received
         wait_until(lambda: load.received >= sent + 500, "500 answers after the kill")

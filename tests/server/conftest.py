@@ -93,6 +93,12 @@ class Server:
         self.signalled = False  # a test or stop() sent it a signal already
         self.killed = False  # SIGKILLed after failing to exit: its exit code means nothing
 
+    def reconnect(self) -> None:
+        """Drop the shared keep-alive connection, after a test killed a front end: the one it
+        kills may be the one holding that connection, which the kernel then resets."""
+        self.http.close()
+        self.http = httpx.Client(base_url=self.url, timeout=30.0, verify=self._tls)
+
     def stderr(self) -> str:
         return self.stderr_path.read_text(errors="replace")
 
