@@ -98,6 +98,39 @@ class Prompted(StepModel[tuple[int, int], dict[str, Any], int]):
         return output >= state["left"]
 
 
+class Fused(Prompted):
+    """Prompted that feeds a tick's prefill and step in one call (``prefill_and_step``), and
+    raises from it for the sequences whose prompt is ``bad`` tokens long (then each call
+    apart must fail that one alone)."""
+
+    def __init__(self, bad: int = -1) -> None:
+        super().__init__()
+        self.bad = bad
+        self.fused: list[tuple[list[int], int]] = []  # (prefill tokens, sequences ready)
+
+    def prefill_and_step(
+        self,
+        starts: Sequence[dict[str, Any]],
+        tokens: Sequence[int],
+        ready: Sequence[dict[str, Any]],
+    ) -> tuple[list[None], list[int]]:
+        if any(s.get("prompt") == self.bad for s in starts):
+            raise ValueError(f"a {self.bad}-token prompt fails the fused call")
+        self.fused.append((list(tokens), len(ready)))
+        for state, n in zip(starts, tokens, strict=True):
+            state["owed"] -= n
+        finished = [s for s in starts if not s["owed"]]
+        return [None] * len(starts), self.step([*ready, *finished])
+
+    def start(self, inputs: Sequence[tuple[int, int]]) -> list[dict[str, Any]]:
+        return [{**state, "prompt": p} for state, (p, _) in zip(super().start(inputs), inputs)]
+
+    def prefill(self, states: Sequence[dict[str, Any]], tokens: Sequence[int]) -> list[Any]:
+        if any(s["prompt"] == self.bad for s in states):
+            raise ValueError(f"a {self.bad}-token prompt fails")
+        return super().prefill(states, tokens)
+
+
 class Reusing(StepModel[tuple[int, ...], dict[str, Any], tuple[int, int, int]]):
     """Prompts of ints, each state's tokens a byte: a prompt that starts with a stored one
     reuses its tokens. One output per sequence: (the budget this replica was given, the

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from carpool.steps.replica import StepReplica, Tick, allot
-from steps.models import Counter, Faulty, Prompted
+from steps.models import Counter, Faulty, Fused, Prompted
 
 
 def test_allot_gives_oldest_first_and_splits_the_last() -> None:
@@ -102,3 +102,39 @@ def test_without_a_tight_budget_a_start_is_paid_at_once(budget: int | None) -> N
     report = StepReplica(model)(Tick(joins=[(1, (30, 1)), (2, (5, 1))], budget=budget))
     assert model.prefills == [[30, 5]]
     assert report.outputs == [(1, 1), (2, 1)]
+
+
+def test_a_model_that_fuses_prefills_and_steps_in_one_call_per_tick() -> None:
+    """Its step covers the sequences ready before the tick, then the starts it finished; a
+    tick with nobody ready (or no start) makes the plain calls."""
+    model = Fused()
+    replica = StepReplica(model)
+    first = replica(Tick(joins=[(1, (4, 3))]))  # nobody ready: prefill, then step
+    assert (model.fused, model.prefills, first.outputs) == ([], [[4]], [(1, 1)])
+    report = replica(Tick(joins=[(2, (20, 2)), (3, (3, 1))], budget=8))
+    assert model.fused == [([7], 1)]  # one call: 7 tokens of 2's start, 1's step
+    assert report.outputs == [(1, 2)]
+    report = replica(Tick())
+    assert model.fused[-1] == ([13, 3], 1)  # both starts paid: they step in the call too
+    assert report.outputs == [(1, 3), (2, 1), (3, 1)]
+    assert report.ended == [1, 3]
+    assert report.prefilled == 16
+    report = replica(Tick())  # nobody starting: the plain step
+    assert (len(model.fused), report.outputs, report.ended) == (2, [(2, 2)], [2])
+
+
+def test_a_fused_call_that_raises_is_made_apart_and_the_ready_step_on() -> None:
+    """Apart, the prefill raises again: its starts fail, as with a plain model."""
+    model = Fused(bad=5)
+    replica = StepReplica(model)
+    replica(Tick(joins=[(1, (0, 3))]))
+    report = replica(Tick(joins=[(2, (5, 1)), (3, (2, 1))]))
+    assert model.fused == []
+    assert [(sid, str(e)) for sid, e in report.failed] == [
+        (2, "a 5-token prompt fails"),
+        (3, "a 5-token prompt fails"),
+    ]
+    assert report.outputs == [(1, 2)]
+    report = replica(Tick(joins=[(4, (2, 1))]))
+    assert model.fused == [([2], 1)]
+    assert report.outputs == [(1, 3), (4, 1)]

@@ -68,6 +68,17 @@ class StepModel(ABC, Generic[In, State, Out]):
         """Do ``tokens[i]`` more of ``states[i]``'s start work (only when ``start_cost`` > 0)."""
         raise NotImplementedError(f"{type(self).__name__} has start work but no prefill")
 
+    def prefill_and_step(
+        self, starts: Sequence[State], tokens: Sequence[int], ready: Sequence[State]
+    ) -> tuple[Sequence[BaseException | None], Sequence[Out | BaseException]]:
+        """``prefill(starts, tokens)``, then ``step`` of ``ready`` (those that owed no start
+        work) followed by the starts it finished, in one call: an engine that overrides it
+        can feed a step's prompt tokens and its next tokens in one pass (Sarathi's
+        piggybacked prefill), paying a pass's fixed cost once. When it raises, carpool calls
+        ``prefill`` and ``step`` apart for the tick, so a bad sequence fails alone: nothing
+        it fed may be fed again."""
+        raise NotImplementedError(f"{type(self).__name__} steps and prefills apart")
+
     def reuse_prefixes(self, budget_bytes: int) -> bool:
         """Keep prompts' computed state, within ``budget_bytes``, for later sequences whose
         prompts share a prefix (least recently used out first); False: this model cannot,

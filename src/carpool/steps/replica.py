@@ -75,6 +75,7 @@ class StepReplica:
         self._states: dict[int, Any] = {}  # in join order: the oldest start goes first
         # a model without start work never owes any: its states are all ready at once
         self._prefills = type(model).start_cost is not StepModel.start_cost
+        self._fuses = type(model).prefill_and_step is not StepModel.prefill_and_step
         self.reuses = prefix_budget > 0 and bool(model.reuse_prefixes(prefix_budget))
 
     def __call__(self, tick: Tick) -> StepReport:
@@ -96,9 +97,39 @@ class StepReplica:
         owing = set(starting)
         ready = [sid for sid in self._states if sid not in owing]
         left = None if budget is None else budget - len(ready)
-        report.prefilled = self._prefill(starting, left, report)
-        ready = [sid for sid, state in self._states.items() if cost(state) == 0]
-        self._step(ready, report)
+        costs = [cost(self._states[sid]) for sid in starting]
+        shares = allot(costs, left, self.model.start_chunk)
+        chosen = [(sid, share) for sid, share in zip(starting, shares, strict=True) if share > 0]
+        report.prefilled = sum(share for _, share in chosen)
+        if not (self._fuses and chosen and ready and self._fused(chosen, ready, report)):
+            self._prefill(chosen, report)
+            self._step([sid for sid, state in self._states.items() if cost(state) == 0], report)
+
+    def _fused(self, chosen: list[tuple[int, int]], ready: list[int], report: StepReport) -> bool:
+        """The tick's prefill and step in one call; False when it raised (the caller then
+        makes the two calls apart)."""
+        held = self._states
+        starts = [held[sid] for sid, _ in chosen]
+        try:
+            errors, outputs = self.model.prefill_and_step(
+                starts, [share for _, share in chosen], [held[sid] for sid in ready]
+            )
+        except Exception:
+            return False
+        finished = [
+            sid
+            for (sid, _), error in zip(chosen, errors, strict=True)
+            if error is None and self.model.start_cost(held[sid]) == 0
+        ]
+        for (sid, _), error in zip(chosen, errors, strict=True):
+            if error is not None:
+                self._fail(sid, error, report)
+        stepped = [*ready, *finished]
+        if len(outputs) != len(stepped):
+            error = ValueError(f"{len(stepped)} sequences stepped, {len(outputs)} results out")
+            outputs = [error] * len(stepped)
+        self._deliver(stepped, list(outputs), report)
+        return True
 
     def __len__(self) -> int:
         return len(self._states)
@@ -117,12 +148,9 @@ class StepReplica:
             else:
                 self._states[sid] = state
 
-    def _prefill(self, starting: list[int], budget: int | None, report: StepReport) -> int:
-        costs = [self.model.start_cost(self._states[sid]) for sid in starting]
-        shares = allot(costs, budget, self.model.start_chunk)
-        chosen = [(sid, share) for sid, share in zip(starting, shares, strict=True) if share > 0]
+    def _prefill(self, chosen: list[tuple[int, int]], report: StepReport) -> None:
         if not chosen:
-            return 0
+            return
         states = [self._states[sid] for sid, _ in chosen]
         tokens = [share for _, share in chosen]
         try:
@@ -132,14 +160,17 @@ class StepReplica:
         for (sid, _), error in zip(chosen, errors or [None] * len(chosen), strict=True):
             if error is not None:
                 self._fail(sid, error, report)
-        return sum(tokens)
 
     def _step(self, ready: list[int], report: StepReport) -> None:
-        if not ready:
-            return
+        if ready:
+            self._deliver(
+                ready, _isolated(self.model.step, [self._states[sid] for sid in ready]), report
+            )
+
+    def _deliver(self, ready: list[int], outputs: list[Any], report: StepReport) -> None:
+        """Hand out a step's outputs; the sequences they finish (or fail) leave."""
         held = self._states
         states = [held[sid] for sid in ready]
-        outputs = _isolated(self.model.step, states)
         report.stepped = len(ready)
         delivered, finished = report.outputs, self.model.finished
         for sid, state, output in zip(ready, states, outputs, strict=True):

@@ -20,6 +20,7 @@ from carpool.backends.smollm2.files import gguf_path
 from carpool.backends.smollm2.text import Detokenizer
 from carpool.backends.smollm2.torch_engine import SmolLM2Torch, TorchState
 from carpool.backends.smollm2.weights import read_gguf
+from carpool.steps.replica import StepReplica, Tick
 
 pytestmark = pytest.mark.slow  # the model loads for seconds
 
@@ -287,3 +288,38 @@ def test_the_last_prompt_token_rides_with_the_prefill(
     assert folded.tokens == [int(alone[0].argmax())]
     for state in (folded, apart):
         model.free(state)
+
+
+def test_a_tick_feeds_its_prompts_and_its_steps_in_one_pass(reader: Any) -> None:
+    """int8 through a replica: sequences that join while others step get the very tokens
+    they get alone, and every tick, joins or not, runs one weight pass."""
+    int8 = SmolLM2Torch(reader=reader, int8=True)
+    prompts = [dataclasses.replace(p, max_tokens=6) for p in (GREEDY, FRANCE)]
+    prompts.append(Prompt("hi", temperature=0, max_tokens=6))
+    alone = [run(int8, [p])[0][0].tokens for p in prompts]
+    started: list[TorchState] = []
+    passes: list[int] = []
+    start, forward = int8.start, int8._forward
+
+    def starting(inputs: Sequence[Prompt]) -> Any:
+        states = start(inputs)
+        started.extend(s for s in states if isinstance(s, TorchState))
+        return states
+
+    def counted(states: Any, chunks: Sequence[Sequence[int]], logits: Any) -> Any:
+        if any(chunks):
+            passes.append(sum(map(len, chunks)))
+        return forward(states, chunks, logits)
+
+    int8.start, int8._forward = starting, counted  # type: ignore[method-assign]
+    replica = StepReplica(int8)
+    joins = {0: [(0, prompts[0])], 2: [(1, prompts[1])], 3: [(2, prompts[2])]}
+    ended: list[int] = []
+    busy = 0  # ticks with a sequence to start or step
+    for tick in range(12):
+        busy += bool(len(replica) or tick in joins)
+        ended += replica(Tick(joins=joins.get(tick, ()))).ended
+    assert sorted(ended) == [0, 1, 2]
+    assert [s.tokens for s in started] == alone
+    assert len(passes) == busy
+    assert passes[2] == 1 + len(started[1].ids)  # 0's next token, 1's whole prompt

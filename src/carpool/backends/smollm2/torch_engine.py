@@ -15,6 +15,7 @@ from torch.nn import functional
 
 from carpool.backends.generation import FinishReason, Piece, Prompt, StopText
 from carpool.backends.prefixes import PrefixStore, final_key, part_keys
+from carpool.backends.smollm2.attention import PassAttention, Span
 from carpool.backends.smollm2.files import gguf_path
 from carpool.backends.smollm2.kv_cache import KVCache
 from carpool.backends.smollm2.products import Fp32Linear, Int8Linear
@@ -42,7 +43,7 @@ class TorchState:
     done: bool = False
     keys: list[bytes] = field(default_factory=list)  # its prefill parts' (when reusing)
     reused: int = 0  # prompt tokens whose state it reused
-    first: torch.Tensor | None = None  # the last prompt token's logits, when prefill fed it
+    first: torch.Tensor | None = None  # logits of the token the next step feeds, once fed
 
 
 class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
@@ -137,6 +138,29 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
     def prefill(
         self, states: Sequence[TorchState], tokens: Sequence[int]
     ) -> list[BaseException | None]:
+        return self._prefill(states, tokens, ())
+
+    def prefill_and_step(
+        self, starts: Sequence[TorchState], tokens: Sequence[int], ready: Sequence[TorchState]
+    ) -> tuple[list[BaseException | None], list[Piece | BaseException]]:
+        """int8: the ready sequences' next tokens ride in the prefill's pass, their logits
+        kept (``first``), so the step only samples: one weight pass a tick, not two. A row's
+        floats are its own in any batch there; fp32's prompt rows would depend on who steps
+        beside them (and so would their reuse), so fp32 passes apart."""
+        riders = [s for s in ready if self._rides(s)] if self._exact else []
+        errors = self._prefill(starts, tokens, riders)
+        finished = [
+            s for s, e in zip(starts, errors, strict=True) if e is None and not self.start_cost(s)
+        ]
+        return errors, self.step([*ready, *finished])
+
+    def _rides(self, state: TorchState) -> bool:
+        """Whether a step would feed the state a token (not if its logits are at hand)."""
+        return state.cache is not None and not state.done and state.first is None
+
+    def _prefill(
+        self, states: Sequence[TorchState], tokens: Sequence[int], riders: Sequence[TorchState]
+    ) -> list[BaseException | None]:
         live = [s.cache is not None for s in states]
         store = self._store
         plans = []
@@ -154,7 +178,7 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
                     break
                 own += 1
             fed.append(plan[:own])
-        self._prefill_forward(states, fed)
+        self._prefill_forward(states, fed, riders)
         for state, plan, spans in zip(states, plans, fed, strict=True):
             self._keep(state, plan[: len(spans)], store)
         if store is not None:  # once every part and prompt computed here is kept
@@ -176,11 +200,15 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
         return spans
 
     def _prefill_forward(
-        self, states: Sequence[TorchState], fed: Sequence[Sequence[tuple[int, int, int | None]]]
+        self,
+        states: Sequence[TorchState],
+        fed: Sequence[Sequence[tuple[int, int, int | None]]],
+        riders: Sequence[TorchState],
     ) -> None:
-        """Feed the spans; a state whose spans end its prefill takes the prompt's last token
-        along, in the same products, as its own span: its logits are the very ones a first
-        step would compute, and that step then only samples, a weight pass sooner."""
+        """Feed the spans, after the riders' next tokens; a state whose spans end its prefill
+        takes the prompt's last token along, in the same products, as its own span. The
+        riders' and those tokens' logits are the very ones a step would compute, so that
+        step then only samples, a weight pass sooner."""
         ends = [
             s
             for s, spans in zip(states, fed, strict=True)
@@ -189,12 +217,15 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
         fedding = [
             (s, s.ids[a:b]) for s, spans in zip(states, fed, strict=True) for a, b, _ in spans
         ]
-        chunks = [chunk for _, chunk in fedding] + [[s.ids[-1]] for s in ends]
-        wanted = [False] * len(fedding) + [True] * len(ends)
+        chunks = [[s.pending] for s in riders] + [chunk for _, chunk in fedding]
+        chunks += [[s.ids[-1]] for s in ends]
+        wanted = [True] * len(riders) + [False] * len(fedding) + [True] * len(ends)
         with torch.inference_mode():
-            logits = self._forward([*(s for s, _ in fedding), *ends], chunks, wanted)
-        for state, row in zip(ends, logits, strict=True):
+            logits = self._forward([*riders, *(s for s, _ in fedding), *ends], chunks, wanted)
+        for state, row in zip([*riders, *ends], logits, strict=True):
             state.first = row
+        for state, row in zip(riders, logits, strict=False):  # a first step: its prompt's last
+            self._keep_first(state, row)
 
     def _keep(
         self,
@@ -346,102 +377,28 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
         if not flat:
             return torch.empty(0, c.vocab)
         tokens, rotated = len(flat), c.heads + c.kv_heads
-        alone = tokens == len(spans) == len({id(k) for k, _, _ in spans})
-        decode = _Decode(self.config, [k for k, _, _ in spans]) if alone else None
+        attend = PassAttention(c, spans)
         positions = torch.cat([torch.arange(past, past + n) for _, n, past in spans])
         cos, sin = self._cos[positions][:, None, :], self._sin[positions][:, None, :]
-        masks = [_causal(n, past, c.heads // c.kv_heads) for _, n, past in spans]
         x = w.embed[torch.tensor(flat)]
         for index, layer in enumerate(w.layers):
             h = functional.rms_norm(x, (c.hidden,), layer.attn_norm, c.rms_eps)
             qkv = self._linears[index][0](h).view(tokens, rotated + c.kv_heads, c.head_dim)
             qk = _rotate(qkv[:, :rotated], cos, sin)
-            if decode is not None:
-                mixed = decode.attend(index, qk, qkv[:, rotated:])
-            else:
-                mixed = self._attend(index, spans, masks, qk, qkv[:, rotated:])
-            x = x + self._linears[index][1](mixed)
+            x = x + self._linears[index][1](attend(index, qk, qkv[:, rotated:]))
             h = functional.rms_norm(x, (c.hidden,), layer.ffn_norm, c.rms_eps)
             gate, up = self._linears[index][2](h).chunk(2, dim=1)
             x = x + self._linears[index][3](functional.silu(gate) * up)
-        for cache, n, _ in spans:
-            cache.length += n
         asks = [logits] * len(chunks) if isinstance(logits, bool) else logits
         picked = [bool(ask) for ask, chunk in zip(asks, chunks, strict=True) if chunk]
         ends = torch.tensor([n for _, n, _ in spans]).cumsum(0) - 1  # each span's last row
         last = ends[torch.tensor(picked, dtype=torch.bool)]
-        if not len(last):
-            return x.new_empty(0, c.vocab)
-        return self._head(functional.rms_norm(x[last], (c.hidden,), w.norm, c.rms_eps))
-
-    def _attend(
-        self,
-        layer: int,
-        spans: Sequence[tuple[KVCache, int, int]],
-        masks: Sequence[torch.Tensor | None],
-        qk: torch.Tensor,
-        v: torch.Tensor,
-    ) -> torch.Tensor:
-        """Each sequence's queries against its cache (its new keys written in first); the
-        outputs packed back as [tokens, hidden]. A kv head's query heads are its rows, so
-        no key is repeated: q as [kv_heads, group, tokens, dim]."""
-        c = self.config
-        group, tokens = c.heads // c.kv_heads, qk.shape[0]
-        sizes = [n for _, n, _ in spans]
-        q = qk[:, : c.heads].view(tokens, c.kv_heads, group, c.head_dim).permute(1, 2, 0, 3)
-        queries = torch.split(q, sizes, dim=2)  # [kv_heads, group, n, dim] each
-        # the new keys and values, [2, kv_heads, n, dim] each: one copy into each cache
-        news = torch.split(torch.stack([qk[:, c.heads :], v]).permute(0, 2, 1, 3), sizes, dim=2)
-        outs = []
-        for (cache, n, past), mask, query, new in zip(spans, masks, queries, news, strict=True):
-            cached = cache.data[layer]  # [2, kv_heads, capacity, dim]
-            cached[:, :, past : past + n] = new
-            seen = cached[:, None, :, : past + n]  # [2, 1, kv_heads, past + n, dim]
-            mixed = functional.scaled_dot_product_attention(
-                query.reshape(1, c.kv_heads, group * n, c.head_dim),
-                seen[0],
-                seen[1],
-                attn_mask=mask,
-            )
-            outs.append(mixed.view(c.kv_heads, group, n, c.head_dim).permute(2, 0, 1, 3))
-        return torch.cat(outs).view(tokens, c.heads * c.head_dim)
-
-
-class _Decode:
-    """A step's attention when every sequence feeds one token: each cache's views for every
-    layer made once a step, the new keys and values written with one call a layer, so a
-    layer costs each sequence one attention call. Each sequence's attention is the very
-    call ``_attend`` makes (the same floats), alone whoever shares the step."""
-
-    def __init__(self, config: LlamaConfig, caches: Sequence[KVCache]) -> None:
-        self._config = config
-        slots, keys, values = [], [], []
-        for cache in caches:
-            data, past = cache.data, cache.length
-            slots.append(data[:, :, :, past].unbind(0))  # [2, kv_heads, dim] each layer
-            seen = data[:, :, None, :, : past + 1]  # [layers, 2, 1, kv_heads, past + 1, dim]
-            keys.append(seen[:, 0].unbind(0))
-            values.append(seen[:, 1].unbind(0))
-        # by layer, then sequence
-        self._slots, self._keys, self._values = (
-            list(zip(*x, strict=True)) for x in (slots, keys, values)
-        )
-
-    def attend(self, layer: int, qk: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """[tokens, hidden] of the sequences' queries (``qk``'s heads, then its new keys)."""
-        c = self._config
-        tokens, group = qk.shape[0], c.heads // c.kv_heads
-        new = torch.stack([qk[:, c.heads :], v], dim=1)  # [tokens, 2, kv_heads, dim]
-        torch._foreach_copy_(self._slots[layer], new.unbind(0))
-        queries = qk[:, : c.heads].view(tokens, 1, c.kv_heads, group, c.head_dim).unbind(0)
-        attention = functional.scaled_dot_product_attention
-        outs = [
-            attention(query, keys, values)
-            for query, keys, values in zip(
-                queries, self._keys[layer], self._values[layer], strict=True
-            )
-        ]
-        return torch.cat(outs).view(tokens, c.heads * c.head_dim)
+        out = x.new_empty(0, c.vocab)
+        if len(last):
+            out = self._head(functional.rms_norm(x[last], (c.hidden,), w.norm, c.rms_eps))
+        for cache, n, _ in spans:  # fed only once the pass has not raised
+            cache.length += n
+        return out
 
 
 def _cache(state: TorchState) -> KVCache:
@@ -451,12 +408,10 @@ def _cache(state: TorchState) -> KVCache:
     return state.cache
 
 
-def _spans(
-    states: Sequence[TorchState], chunks: Sequence[Sequence[int]]
-) -> list[tuple[KVCache, int, int]]:
+def _spans(states: Sequence[TorchState], chunks: Sequence[Sequence[int]]) -> list[Span]:
     """(cache, tokens, tokens before) of each non-empty chunk, in order, each cache reserved
     for all its chunks: a state's second chunk follows its first."""
-    spans: list[tuple[KVCache, int, int]] = []
+    spans: list[Span] = []
     ends: dict[int, int] = {}
     for state, chunk in zip(states, chunks, strict=True):
         if chunk:
@@ -467,15 +422,6 @@ def _spans(
     for cache, _, _ in spans:
         cache.reserve(ends[id(cache)] - cache.length)
     return spans
-
-
-def _causal(n: int, past: int, group: int) -> torch.Tensor | None:
-    """The mask of a chunk of ``n`` tokens after ``past`` cached ones, rows ordered (member of
-    the kv head's group, token): token i sees the past and the chunk's tokens up to i."""
-    if n == 1:
-        return None
-    seen = torch.arange(n).repeat(group) + past
-    return torch.arange(past + n)[None, :] <= seen[:, None]
 
 
 def _rope_tables(config: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
