@@ -1,8 +1,9 @@
 """SmolLM2's engines, a decode step at a time, in process: milliseconds a step and tokens/s at
 1, 16 and 32 sequences for torch-fp32 (numpy's OpenBLAS products), the same with torch's own
 products (MKL), int8 where its kernels run fast (x86 with AVX2, VNNI, arm) and llama.cpp;
-OpenBLAS over MKL alternating, int8 over fp32 in the same run; and a lone chat's first token
-by the default torch engine with prompt state reuse off and on. docs/benchmarks/llm.md."""
+OpenBLAS over MKL alternating, int8 over fp32 in the same run; a lone chat's first token
+by the default torch engine with prompt state reuse off and on; and int8 serving 16 chats
+that end and join, a tick's prefill and step in one pass or apart. docs/benchmarks/llm.md."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ from benchmarks.harness import Figures, common, run
 from carpool.backends.generation import Prompt
 from carpool.backends.smollm2.served import default_engine
 from carpool.steps.model import StepModel
+from carpool.steps.replica import StepReplica, Tick
 
 SEQUENCES = (1, 16, 32)
+CHURN_CHATS, CHURN_TOKENS = 16, 32  # the chat scenario's 16 conversations and answers
 QUESTIONS = (  # unrelated chats: they share only the chat template's opening
     "Explain glaciers to a sailor.",
     "Write a poem about batteries that a child would enjoy.",
@@ -166,6 +169,62 @@ def first_tokens(figures: Figures, repeats: int) -> None:
     )
 
 
+def churn(figures: Figures, repeats: int, ticks: int) -> None:
+    """The chat scenario in process: 16 conversations in an int8 replica (prompt reuse on),
+    ``CHURN_TOKENS`` tokens each, a new one joining as one ends; each tick fused (one weight
+    pass for the prefill and the step) against apart (the prefill's pass, then the step's),
+    alternating; tokens/s over ``ticks`` ticks after the joins spread; the texts compared."""
+    from carpool.backends.smollm2.torch_engine import SmolLM2Torch
+
+    class Apart(SmolLM2Torch):
+        prefill_and_step = StepModel.prefill_and_step  # not overridden: the calls apart
+
+    engines = {"fused": SmolLM2Torch(threads=1, int8=True), "apart": Apart(threads=1, int8=True)}
+    rates: dict[str, list[float]] = {kind: [] for kind in engines}
+    texts: dict[str, list[dict[int, str]]] = {kind: [] for kind in engines}
+    for repeat in range(repeats):
+        for kind in sorted(engines, reverse=bool(repeat % 2)):
+            rate, said = _churn_run(engines[kind], repeat, ticks)
+            rates[kind].append(rate)
+            texts[kind].append(said)
+    for kind, seen in rates.items():
+        figures.add(f"int8_churn_tokens_per_s_{kind}", statistics.median(seen), "tok/s")
+    ratio = statistics.median(rates["fused"]) / statistics.median(rates["apart"])
+    figures.add("int8_churn_fused_over_apart", ratio, "x")
+    figures.check("int8_churn_texts_equal", texts["fused"] == texts["apart"])
+    print(
+        f"  16 chats, joining as they end: {statistics.median(rates['fused']):.1f} tok/s "
+        f"fused, {statistics.median(rates['apart']):.1f} apart ({ratio:.2f}x)"
+    )
+
+
+def _churn_run(
+    engine: StepModel[Prompt, Any, Any], repeat: int, ticks: int
+) -> tuple[float, dict[int, str]]:
+    """Tokens/s over ``ticks`` ticks, after 2 x ``CHURN_TOKENS`` ticks of joins spreading
+    (one a tick until 16 are aboard); each conversation's text."""
+    replica = StepReplica(engine, 64 << 20)  # a fresh prefix store
+    said: dict[int, str] = {}
+    warm, made, start = 2 * CHURN_TOKENS, 0, 0.0
+    for tick in range(warm + ticks):
+        room = CHURN_CHATS - len(replica)
+        joins = []
+        for sid in range(len(said), len(said) + (min(room, 1) if tick < CHURN_CHATS else room)):
+            question = f"{QUESTIONS[sid % len(QUESTIONS)]} (chat {sid}, run {repeat})"
+            joins.append((sid, Prompt(question, max_tokens=CHURN_TOKENS, temperature=0)))
+            said[sid] = ""
+        if tick == warm:
+            start = time.perf_counter()
+        report = replica(Tick(joins=joins))
+        assert not report.failed, report.failed
+        for sid, piece in report.outputs:
+            said[sid] += piece.text
+        made += len(report.outputs) if tick >= warm else 0
+    seconds = time.perf_counter() - start
+    replica.close()
+    return made / seconds, said
+
+
 def make(name: str) -> StepModel[Prompt, Any, Any]:
     if name == "int8":
         from carpool.backends.smollm2.torch_engine import SmolLM2Torch
@@ -201,6 +260,8 @@ def measure(args: argparse.Namespace) -> Figures:
             if name == "int8":
                 figures.add(f"int8_over_fp32_{count}", seconds / fp32, "x")
     first_tokens(figures, repeats)
+    if int8:
+        churn(figures, repeats, 16 if args.quick else 64)
     return figures
 
 
