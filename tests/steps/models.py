@@ -123,7 +123,8 @@ class Fused(Prompted):
         return [None] * len(starts), self.step([*ready, *finished])
 
     def start(self, inputs: Sequence[tuple[int, int]]) -> list[dict[str, Any]]:
-        return [{**state, "prompt": p} for state, (p, _) in zip(super().start(inputs), inputs)]
+        states = super().start(inputs)
+        return [{**state, "prompt": p} for state, (p, _) in zip(states, inputs, strict=True)]
 
     def prefill(self, states: Sequence[dict[str, Any]], tokens: Sequence[int]) -> list[Any]:
         if any(s["prompt"] == self.bad for s in states):

@@ -308,23 +308,15 @@ class SmolLM2Llama(StepModel[Prompt, LlamaState, Piece]):
         state.pending = token
         first = len(state.tokens) if state.generated == 1 else 0
         if llama_cpp.llama_vocab_is_eog(self._vocab, token):
-            text, reason = self._finish(state, "", "stop")
+            text, reason = _finish(state, "", "stop")
             return Piece(text, finish_reason=reason, prompt_tokens=first)
         text, stopped = state.stop.feed(state.decoder.decode(self._bytes(token)))
         if stopped:
             return Piece(text, finish_reason="stop", prompt_tokens=first)
         if state.generated >= prompt.max_tokens or state.fed >= self.context:
-            text, reason = self._finish(state, text, "length")
+            text, reason = _finish(state, text, "length")
             return Piece(text, finish_reason=reason, prompt_tokens=first)
         return Piece(text, prompt_tokens=first)
-
-    @staticmethod
-    def _finish(state: LlamaState, text: str, reason: FinishReason) -> tuple[str, FinishReason]:
-        """The text still held (an unfinished UTF-8 character, a possible stop's beginning)."""
-        more, stopped = state.stop.feed(state.decoder.decode(b"", final=True))
-        if stopped:
-            return text + more, "stop"
-        return text + more + state.stop.flush(), reason
 
     def _bytes(self, token: int, *, special: bool = False) -> bytes:
         buf = ctypes.create_string_buffer(64)
@@ -376,3 +368,11 @@ def _nucleus(probs: np.ndarray, nucleus: float) -> np.ndarray:
             return top[np.argsort(-probs[top], kind="stable")]
         size *= 8
     return np.argsort(-probs, kind="stable")
+
+
+def _finish(state: LlamaState, text: str, reason: FinishReason) -> tuple[str, FinishReason]:
+    """The text still held (an unfinished UTF-8 character, a possible stop's beginning)."""
+    more, stopped = state.stop.feed(state.decoder.decode(b"", final=True))
+    if stopped:
+        return text + more, "stop"
+    return text + more + state.stop.flush(), reason

@@ -147,16 +147,14 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
         kept (``first``), so the step only samples: one weight pass a tick, not two. A row's
         floats are its own in any batch there; fp32's prompt rows would depend on who steps
         beside them (and so would their reuse), so fp32 passes apart."""
-        riders = [s for s in ready if self._rides(s)] if self._exact else []
+        # those a step would feed a token (not those whose logits are at hand)
+        riders = [s for s in ready if s.cache is not None and not s.done and s.first is None]
+        riders = riders if self._exact else []
         errors = self._prefill(starts, tokens, riders)
         finished = [
             s for s, e in zip(starts, errors, strict=True) if e is None and not self.start_cost(s)
         ]
         return errors, self.step([*ready, *finished])
-
-    def _rides(self, state: TorchState) -> bool:
-        """Whether a step would feed the state a token (not if its logits are at hand)."""
-        return state.cache is not None and not state.done and state.first is None
 
     def _prefill(
         self, states: Sequence[TorchState], tokens: Sequence[int], riders: Sequence[TorchState]
@@ -224,8 +222,8 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
             logits = self._forward([*riders, *(s for s, _ in fedding), *ends], chunks, wanted)
         for state, row in zip([*riders, *ends], logits, strict=True):
             state.first = row
-        for state, row in zip(riders, logits, strict=False):  # a first step: its prompt's last
-            self._keep_first(state, row)
+        for state, row in zip(riders, logits[: len(riders)], strict=True):
+            self._keep_first(state, row)  # a first step's token: its prompt's last
 
     def _keep(
         self,
