@@ -208,8 +208,9 @@ def _churn_run(
     warm, made, start = 2 * CHURN_TOKENS, 0, 0.0
     for tick in range(warm + ticks):
         room = CHURN_CHATS - len(replica)
+        joining = min(room, 1) if tick < CHURN_CHATS else room
         joins = []
-        for sid in range(len(said), len(said) + (min(room, 1) if tick < CHURN_CHATS else room)):
+        for sid in range(len(said), len(said) + joining):
             question = f"{QUESTIONS[sid % len(QUESTIONS)]} (chat {sid}, run {repeat})"
             joins.append((sid, Prompt(question, max_tokens=CHURN_TOKENS, temperature=0)))
             said[sid] = ""

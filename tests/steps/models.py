@@ -99,9 +99,8 @@ class Prompted(StepModel[tuple[int, int], dict[str, Any], int]):
 
 
 class Fused(Prompted):
-    """Prompted that feeds a tick's prefill and step in one call (``prefill_and_step``), and
-    raises from it for the sequences whose prompt is ``bad`` tokens long (then each call
-    apart must fail that one alone)."""
+    """Prompted that feeds a tick's prefill and step in one call (``prefill_and_step``); a
+    start whose prompt is ``bad`` tokens long makes it raise, and ``prefill`` too."""
 
     def __init__(self, bad: int = -1) -> None:
         super().__init__()
@@ -114,7 +113,7 @@ class Fused(Prompted):
         tokens: Sequence[int],
         ready: Sequence[dict[str, Any]],
     ) -> tuple[list[None], list[int]]:
-        if any(s.get("prompt") == self.bad for s in starts):
+        if any(s["prompt"] == self.bad for s in starts):
             raise ValueError(f"a {self.bad}-token prompt fails the fused call")
         self.fused.append((list(tokens), len(ready)))
         for state, n in zip(starts, tokens, strict=True):

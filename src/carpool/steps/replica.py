@@ -93,12 +93,11 @@ class StepReplica:
 
     def _prefill_and_step(self, budget: int | None, report: StepReport) -> None:
         cost = self.model.start_cost
-        starting = [sid for sid, state in self._states.items() if cost(state) > 0]
-        owing = set(starting)
-        ready = [sid for sid in self._states if sid not in owing]
+        owed = {sid: cost(state) for sid, state in self._states.items()}
+        starting = [sid for sid, tokens in owed.items() if tokens > 0]
+        ready = [sid for sid, tokens in owed.items() if tokens <= 0]
         left = None if budget is None else budget - len(ready)
-        costs = [cost(self._states[sid]) for sid in starting]
-        shares = allot(costs, left, self.model.start_chunk)
+        shares = allot([owed[sid] for sid in starting], left, self.model.start_chunk)
         chosen = [(sid, share) for sid, share in zip(starting, shares, strict=True) if share > 0]
         report.prefilled = sum(share for _, share in chosen)
         if not (self._fuses and chosen and ready and self._fused(chosen, ready, report)):
@@ -125,10 +124,7 @@ class StepReplica:
             if error is not None:
                 self._fail(sid, error, report)
         stepped = [*ready, *finished]
-        if len(outputs) != len(stepped):
-            error = ValueError(f"{len(stepped)} sequences stepped, {len(outputs)} results out")
-            outputs = [error] * len(stepped)
-        self._deliver(stepped, list(outputs), report)
+        self._deliver(stepped, _one_each(list(outputs), len(stepped)), report)
         return True
 
     def __len__(self) -> int:
@@ -167,13 +163,13 @@ class StepReplica:
                 ready, _isolated(self.model.step, [self._states[sid] for sid in ready]), report
             )
 
-    def _deliver(self, ready: list[int], outputs: list[Any], report: StepReport) -> None:
+    def _deliver(self, stepped: list[int], outputs: list[Any], report: StepReport) -> None:
         """Hand out a step's outputs; the sequences they finish (or fail) leave."""
         held = self._states
-        states = [held[sid] for sid in ready]
-        report.stepped = len(ready)
+        states = [held[sid] for sid in stepped]
+        report.stepped = len(stepped)
         delivered, finished = report.outputs, self.model.finished
-        for sid, state, output in zip(ready, states, outputs, strict=True):
+        for sid, state, output in zip(stepped, states, outputs, strict=True):
             if isinstance(output, BaseException):
                 self._fail(sid, output, report)
                 continue
@@ -207,7 +203,11 @@ def _isolated(call: Callable[[list[Any]], Sequence[Any]], items: list[Any]) -> l
         if len(items) == 1:
             return [exc]
         return [_isolated(call, [item])[0] for item in items]
-    if len(results) != len(items):
-        error = ValueError(f"{len(items)} sequences in, {len(results)} results out")
-        return [error] * len(items)
+    return _one_each(results, len(items))
+
+
+def _one_each(results: list[Any], count: int) -> list[Any]:
+    """``results``, when there is one for each of ``count`` sequences; else an error each."""
+    if len(results) != count:
+        return [ValueError(f"{count} sequences in, {len(results)} results out")] * count
     return results

@@ -147,9 +147,11 @@ class SmolLM2Torch(StepModel[Prompt, TorchState, Piece]):
         kept (``first``), so the step only samples: one weight pass a tick, not two. A row's
         floats are its own in any batch there; fp32's prompt rows would depend on who steps
         beside them (and so would their reuse), so fp32 passes apart."""
-        # those a step would feed a token (not those whose logits are at hand)
-        riders = [s for s in ready if s.cache is not None and not s.done and s.first is None]
-        riders = riders if self._exact else []
+        riders = [  # those a step would feed a token (not those whose logits are at hand)
+            s
+            for s in ready
+            if self._exact and s.cache is not None and not s.done and s.first is None
+        ]
         errors = self._prefill(starts, tokens, riders)
         finished = [
             s for s, e in zip(starts, errors, strict=True) if e is None and not self.start_cost(s)
