@@ -81,7 +81,14 @@ def front_ends(server: Server) -> dict[int, int]:
 
 
 def alive(pid: int) -> bool:
-    return _title(pid) != "" and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    """Whether ``pid`` runs or is still exiting. Not its cmdline, which empties as its
+    memory goes, before its sockets close: a connection the kernel then hands its dying
+    listener is reset. Its state follows ``)``: the name itself may hold spaces."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
 def _sockets_of(pid: int) -> set[str]:
@@ -206,6 +213,7 @@ def test_a_front_end_that_dies_is_replaced_and_costs_only_its_connections(
         lost = threads.submit(infer, on_two, "gated", 2.0)
         server.wait_queued("gated", pending=2, queued_rows=1)
         os.kill(dead, signal.SIGKILL)
+        wait_until(lambda: not alive(dead), "the killed front end to end")
         server.reconnect()
         with pytest.raises((http.client.RemoteDisconnected, ConnectionError)):
             lost.result()
